@@ -1,0 +1,1 @@
+"""celery_durable: durable workflows for teams that already run Celery."""

@@ -1,0 +1,133 @@
+"""The library's error tree.
+
+Backend exceptions (sqlite3, azure-cosmos) are translated into these at the store boundary
+(``raise StoreUnavailable(...) from exc``) so the engine and user code never see a raw SDK
+error. Engine control flow that user code must not swallow lives in ``engine`` as
+``BaseException`` subclasses, not here.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "DurableError",
+    "ConfigurationError",
+    "StoreError",
+    "ConflictError",
+    "NotFoundError",
+    "DocumentTooLarge",
+    "StoreUnavailable",
+    "Throttled",
+    "CorruptDocument",
+    "PayloadValidationError",
+    "UnknownWorkflowError",
+    "NonDeterminismError",
+    "WorkflowFailedError",
+    "WorkflowCancelledError",
+    "ActivityError",
+    "NonRetryableError",
+    "TimeoutError",
+]
+
+
+class DurableError(Exception):
+    """Base class of every error raised by celery_durable."""
+
+
+class ConfigurationError(DurableError):
+    """A setting or URL is invalid."""
+
+
+# --- store errors -------------------------------------------------------------------------
+
+
+class StoreError(DurableError):
+    """Base class of storage errors."""
+
+
+class ConflictError(StoreError):
+    """An optimistic-concurrency check failed (stale etag, missing document, or id taken)."""
+
+
+class NotFoundError(StoreError):
+    """The document does not exist."""
+
+
+class DocumentTooLarge(StoreError):
+    """The document exceeds the store's size limit (2 MB, Cosmos' limit, on every backend)."""
+
+    def __init__(self, doc_id: str, size: int, limit: int) -> None:
+        super().__init__(f"document {doc_id!r} is {size} bytes; the limit is {limit} bytes")
+        self.doc_id = doc_id
+        self.size = size
+        self.limit = limit
+
+
+class StoreUnavailable(StoreError):
+    """The store could not be reached or answered with a server error; the operation may be retried."""
+
+
+class Throttled(StoreUnavailable):
+    """The store asked us to slow down (Cosmos 429) and retries were exhausted."""
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class CorruptDocument(StoreError):
+    """A stored document could not be decoded."""
+
+
+# --- workflow errors ----------------------------------------------------------------------
+
+
+class PayloadValidationError(DurableError, ValueError):
+    """A payload, signal value or effect payload does not match its declared type.
+
+    Raised in the caller (``start()``, ``signal()``, ``enqueue()``) before anything is stored.
+    """
+
+
+class UnknownWorkflowError(DurableError):
+    """No workflow of that name is registered in this process."""
+
+
+class NonDeterminismError(DurableError):
+    """Replay met a different step than the one recorded in the history."""
+
+
+class WorkflowFailedError(DurableError):
+    """The workflow ended with an error; ``type_name`` and ``message`` describe the cause."""
+
+    def __init__(self, workflow_id: str, type_name: str, message: str) -> None:
+        super().__init__(f"workflow {workflow_id!r} failed: {type_name}: {message}")
+        self.workflow_id = workflow_id
+        self.type_name = type_name
+        self.message = message
+
+
+class WorkflowCancelledError(DurableError):
+    """The workflow was cancelled (raised by ``handle.result()``, and inside the workflow)."""
+
+
+class ActivityError(DurableError):
+    """An activity failed after its retries; raised inside the workflow at the call site.
+
+    Carries the original exception's type name and message so the workflow can decide to
+    compensate without importing the activity's exception classes.
+    """
+
+    def __init__(self, activity: str, type_name: str, message: str, attempts: int) -> None:
+        super().__init__(f"activity {activity!r} failed after {attempts} attempt(s): {type_name}: {message}")
+        self.activity = activity
+        self.type_name = type_name
+        self.message = message
+        self.attempts = attempts
+
+
+class NonRetryableError(DurableError):
+    """Raise (or subclass) in an activity to fail at once, skipping Celery's autoretry."""
+
+
+class TimeoutError(DurableError):  # noqa: A001 - deliberately mirrors the builtin's name
+    """Waiting for a result took longer than the caller allowed."""

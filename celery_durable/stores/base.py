@@ -1,0 +1,218 @@
+"""The storage contract every backend implements (DESIGN.md §4).
+
+A *document* is a JSON-able ``dict`` with two mandatory keys: ``"pk"`` (the partition; the
+execution id for workflow documents) and ``"id"`` (unique within the partition). Reads add an
+opaque ``"_etag"`` key; writes ignore any ``"_etag"`` in the body. Keys starting with ``_`` are
+reserved for stores.
+
+Two optional keys make a document *due*: ``"due_kind"`` (str) and ``"due_at"`` (epoch seconds,
+float). :meth:`Store.scan_due` returns documents of one kind whose ``due_at`` has passed; its cost
+grows with what is due, never with everything stored (SQLite: a partial index; Cosmos: small
+index documents in time-bucketed partitions). Clocks, expired leases, lost activity messages
+and claimable outbox rows are all found this way. Remove the keys (or set them to ``None``) and
+the document leaves the scan.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ..errors import ConfigurationError, DocumentTooLarge
+
+__all__ = [
+    "Doc",
+    "Op",
+    "DueRef",
+    "PartitionRead",
+    "Store",
+    "MAX_DOC_BYTES",
+    "MAX_BATCH_OPS",
+    "check_doc",
+    "doc_size",
+]
+
+Doc = dict[str, Any]
+
+#: Cosmos DB's item size limit; every backend enforces the same so behaviour never differs.
+MAX_DOC_BYTES = 2 * 1024 * 1024
+#: Cosmos TransactionalBatch's operation limit; every backend enforces the same.
+MAX_BATCH_OPS = 100
+
+RESERVED = ("_etag",)
+
+
+@dataclass(frozen=True)
+class Op:
+    """One operation of a :meth:`Store.batch`.
+
+    ``kind`` is ``create`` (fails the batch if the id exists), ``replace`` (needs ``if_match``
+    unless ``None`` means "any version"), ``upsert`` or ``delete``.
+    """
+
+    kind: Literal["create", "replace", "upsert", "delete"]
+    doc: Doc | None = None
+    id: str | None = None
+    if_match: str | None = None
+
+    @staticmethod
+    def create(doc: Doc) -> Op:
+        return Op("create", doc=doc)
+
+    @staticmethod
+    def replace(doc: Doc, if_match: str | None) -> Op:
+        return Op("replace", doc=doc, if_match=if_match)
+
+    @staticmethod
+    def upsert(doc: Doc) -> Op:
+        return Op("upsert", doc=doc)
+
+    @staticmethod
+    def delete(doc_id: str, if_match: str | None = None) -> Op:
+        return Op("delete", id=doc_id, if_match=if_match)
+
+    @property
+    def doc_id(self) -> str:
+        if self.doc is not None:
+            return str(self.doc["id"])
+        assert self.id is not None
+        return self.id
+
+
+@dataclass(frozen=True)
+class DueRef:
+    """A document found by :meth:`Store.scan_due`."""
+
+    pk: str
+    id: str
+    due_at: float
+
+
+@dataclass
+class PartitionRead:
+    """The answer of :meth:`Store.query_partition`.
+
+    ``cursor`` is opaque: pass it back as ``since`` to get only what changed after this read
+    (a backend may return a few unchanged documents again; merge by id).
+    """
+
+    docs: list[Doc] = field(default_factory=list)
+    cursor: Any = None
+
+
+def doc_size(doc: Doc) -> int:
+    """Size of the document as stored: compact JSON, UTF-8."""
+    return len(json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
+
+
+def check_doc(doc: Doc, limit: int = MAX_DOC_BYTES) -> str:
+    """Validate shape and size; return the compact JSON body (without reserved keys)."""
+    if not isinstance(doc.get("pk"), str) or not doc["pk"]:
+        raise ConfigurationError("a document needs a non-empty string 'pk'")
+    if not isinstance(doc.get("id"), str) or not doc["id"]:
+        raise ConfigurationError("a document needs a non-empty string 'id'")
+    body = {k: v for k, v in doc.items() if k not in RESERVED}
+    text = json.dumps(body, separators=(",", ":"), ensure_ascii=False)
+    size = len(text.encode("utf-8"))
+    if size > limit:
+        raise DocumentTooLarge(doc["id"], size, limit)
+    return text
+
+
+class Store(ABC):
+    """A partitioned document store with optimistic concurrency (DESIGN.md §4).
+
+    Implementations translate their backend's exceptions into :mod:`celery_durable.errors`
+    at this boundary. They must be safe to share between threads; after ``fork()`` call
+    :meth:`reopen` (Celery's ``worker_process_init`` does).
+    """
+
+    max_doc_bytes: int = MAX_DOC_BYTES
+    max_batch_ops: int = MAX_BATCH_OPS
+
+    @abstractmethod
+    def read(self, pk: str, doc_id: str) -> Doc | None:
+        """The document with its ``_etag``, or ``None``."""
+
+    @abstractmethod
+    def create(self, doc: Doc) -> str | None:
+        """Create-only: the new etag, or ``None`` (not an exception) if the id exists.
+
+        First writer wins: of any number of concurrent creators of one id exactly one gets an
+        etag.
+        """
+
+    @abstractmethod
+    def replace(self, doc: Doc, if_match: str | None) -> str:
+        """Replace and return the new etag.
+
+        Raises :class:`ConflictError` when ``if_match`` is stale or the document is gone.
+        ``if_match=None`` replaces whatever version exists (still failing if it is gone).
+        """
+
+    @abstractmethod
+    def upsert(self, doc: Doc) -> str:
+        """Create or replace unconditionally; return the new etag."""
+
+    @abstractmethod
+    def delete(self, pk: str, doc_id: str, if_match: str | None = None) -> bool:
+        """Delete; ``False`` if it did not exist. Stale ``if_match`` raises :class:`ConflictError`."""
+
+    @abstractmethod
+    def query_partition(self, pk: str, since: Any = None) -> PartitionRead:
+        """Every document of one partition in one round trip (only changes after ``since``)."""
+
+    @abstractmethod
+    def batch(self, pk: str, ops: Sequence[Op]) -> list[str | None]:
+        """All-or-nothing within one partition; return the etags (``None`` for deletes).
+
+        Any failing op (create on an existing id, stale ``if_match``, missing document) raises
+        :class:`ConflictError` and leaves nothing applied. At most :attr:`max_batch_ops` ops.
+        """
+
+    @abstractmethod
+    def scan_due(self, kind: str, now: float, limit: int = 100) -> list[DueRef]:
+        """Documents with ``due_kind == kind`` and ``due_at <= now``, oldest first."""
+
+    def scan_partitions(self, pk_prefix: str, limit: int = 1000) -> list[str]:
+        """Partition keys starting with ``pk_prefix`` holding an ``exec`` document (for CLI listing)."""
+        raise NotImplementedError
+
+    def reopen(self) -> None:
+        """Drop connections inherited across ``fork()``; the next call opens fresh ones."""
+
+    def close(self) -> None:
+        """Release connections."""
+
+    # helpers shared by backends -------------------------------------------------------
+
+    def _check_batch(self, pk: str, ops: Sequence[Op]) -> None:
+        if len(ops) > self.max_batch_ops:
+            raise ConfigurationError(f"a batch holds at most {self.max_batch_ops} operations, got {len(ops)}")
+        ids: set[str] = set()
+        for op in ops:
+            if op.doc is not None:
+                if op.doc.get("pk") != pk:
+                    raise ConfigurationError(f"batch op for {op.doc_id!r} is not in partition {pk!r}")
+                check_doc(op.doc, self.max_doc_bytes)
+            if op.doc_id in ids:
+                raise ConfigurationError(f"batch touches {op.doc_id!r} twice")
+            ids.add(op.doc_id)
+
+
+def due_fields(doc: Doc) -> tuple[str | None, float | None]:
+    """The ``(due_kind, due_at)`` of a document, or ``(None, None)``."""
+    kind = doc.get("due_kind")
+    at = doc.get("due_at")
+    if kind is None or at is None:
+        return None, None
+    return str(kind), float(at)
+
+
+def strip_reserved(doc: Doc) -> Doc:
+    return {k: v for k, v in doc.items() if k not in RESERVED}
+
+

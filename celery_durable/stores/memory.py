@@ -1,0 +1,154 @@
+"""An in-process store for engine unit tests only (like dramatiq's StubBroker).
+
+It keeps everything in one dict behind a lock, so it is not shared between processes and
+is not durable. Do not use it for anything but tests.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import ConflictError
+from .base import Doc, DueRef, Op, PartitionRead, Store, check_doc, due_fields, strip_reserved
+
+__all__ = ["MemoryStore"]
+
+
+class MemoryStore(Store):
+    """Thread-safe in-memory implementation of the storage contract."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        # pk -> id -> (seq, body); seq doubles as etag and as change cursor
+        self._parts: dict[str, dict[str, tuple[int, Doc]]] = {}
+        self._seq = 0
+        #: every call counted by operation name; tests use it to check round trips
+        self.calls: dict[str, int] = {}
+
+    def _count(self, name: str) -> None:
+        self.calls[name] = self.calls.get(name, 0) + 1
+
+    def _next(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    @staticmethod
+    def _out(seq: int, body: Doc) -> Doc:
+        doc = copy.deepcopy(body)
+        doc["_etag"] = str(seq)
+        return doc
+
+    def read(self, pk: str, doc_id: str) -> Doc | None:
+        with self._lock:
+            self._count("read")
+            entry = self._parts.get(pk, {}).get(doc_id)
+            return None if entry is None else self._out(*entry)
+
+    def create(self, doc: Doc) -> str | None:
+        check_doc(doc, self.max_doc_bytes)
+        with self._lock:
+            self._count("create")
+            part = self._parts.setdefault(doc["pk"], {})
+            if doc["id"] in part:
+                return None
+            seq = self._next()
+            part[doc["id"]] = (seq, copy.deepcopy(strip_reserved(doc)))
+            return str(seq)
+
+    def replace(self, doc: Doc, if_match: str | None) -> str:
+        check_doc(doc, self.max_doc_bytes)
+        with self._lock:
+            self._count("replace")
+            return self._replace(doc, if_match)
+
+    def _replace(self, doc: Doc, if_match: str | None) -> str:
+        part = self._parts.get(doc["pk"], {})
+        entry = part.get(doc["id"])
+        if entry is None:
+            raise ConflictError(f"{doc['id']!r} does not exist")
+        if if_match is not None and str(entry[0]) != if_match:
+            raise ConflictError(f"{doc['id']!r} changed since it was read")
+        seq = self._next()
+        part[doc["id"]] = (seq, copy.deepcopy(strip_reserved(doc)))
+        return str(seq)
+
+    def upsert(self, doc: Doc) -> str:
+        check_doc(doc, self.max_doc_bytes)
+        with self._lock:
+            self._count("upsert")
+            seq = self._next()
+            self._parts.setdefault(doc["pk"], {})[doc["id"]] = (seq, copy.deepcopy(strip_reserved(doc)))
+            return str(seq)
+
+    def delete(self, pk: str, doc_id: str, if_match: str | None = None) -> bool:
+        with self._lock:
+            self._count("delete")
+            part = self._parts.get(pk, {})
+            entry = part.get(doc_id)
+            if entry is None:
+                return False
+            if if_match is not None and str(entry[0]) != if_match:
+                raise ConflictError(f"{doc_id!r} changed since it was read")
+            del part[doc_id]
+            return True
+
+    def query_partition(self, pk: str, since: Any = None) -> PartitionRead:
+        with self._lock:
+            self._count("query_partition")
+            after = int(since or 0)
+            docs = [self._out(s, b) for s, b in self._parts.get(pk, {}).values() if s > after]
+            return PartitionRead(docs=docs, cursor=self._seq)
+
+    def batch(self, pk: str, ops: Sequence[Op]) -> list[str | None]:
+        self._check_batch(pk, ops)
+        with self._lock:
+            self._count("batch")
+            part = self._parts.get(pk, {})
+            # validate everything first so a failing op leaves nothing applied
+            for op in ops:
+                entry = part.get(op.doc_id)
+                if op.kind == "create" and entry is not None:
+                    raise ConflictError(f"batch create: {op.doc_id!r} exists")
+                if op.kind in ("replace", "delete"):
+                    if entry is None:
+                        raise ConflictError(f"batch {op.kind}: {op.doc_id!r} does not exist")
+                    if op.if_match is not None and str(entry[0]) != op.if_match:
+                        raise ConflictError(f"batch {op.kind}: {op.doc_id!r} changed since it was read")
+            out: list[str | None] = []
+            part = self._parts.setdefault(pk, {})
+            for op in ops:
+                if op.kind == "delete":
+                    del part[op.doc_id]
+                    out.append(None)
+                else:
+                    assert op.doc is not None
+                    seq = self._next()
+                    part[op.doc_id] = (seq, copy.deepcopy(strip_reserved(op.doc)))
+                    out.append(str(seq))
+            return out
+
+    def scan_due(self, kind: str, now: float, limit: int = 100) -> list[DueRef]:
+        with self._lock:
+            self._count("scan_due")
+            found: list[DueRef] = []
+            for pk, part in self._parts.items():
+                for doc_id, (_, body) in part.items():
+                    k, at = due_fields(body)
+                    if k == kind and at is not None and at <= now:
+                        found.append(DueRef(pk, doc_id, at))
+            found.sort(key=lambda r: (r.due_at, r.pk, r.id))
+            return found[:limit]
+
+    def scan_partitions(self, pk_prefix: str, limit: int = 1000) -> list[str]:
+        with self._lock:
+            return sorted(pk for pk, part in self._parts.items() if pk.startswith(pk_prefix) and "exec" in part)[
+                :limit
+            ]
+
+
+def from_url(url: str, **options: Any) -> MemoryStore:
+    """``memory://`` — a fresh, empty store."""
+    return MemoryStore()
