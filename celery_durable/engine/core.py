@@ -1,0 +1,162 @@
+"""The engine: one object tying a store, a dispatcher and the registries together.
+
+No Celery import here (DESIGN.md §3): the Celery glue builds an :class:`Engine` with a
+dispatcher made of Celery tasks; unit tests build one with :class:`InlineDispatcher` and the
+in-memory store.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import (
+    ConfigurationError,
+    ConflictError,
+    DurableError,
+    TimeoutError,
+    UnknownWorkflowError,
+)
+from ..stores.base import Doc, Store
+from .activity import ActivityRunner
+from .cache import PartitionCache
+from .dispatcher import Dispatcher
+from .driver import Driver
+from .leases import LeaseKeeper
+from .model import DUE_EXEC, EXEC_ID, RUNNING, TERMINAL, Clock, Settings, SystemClock
+from .registry import Registry, WorkflowDef
+
+__all__ = ["Engine"]
+
+log = logging.getLogger("celery_durable.engine")
+
+Listener = Callable[..., None]
+
+
+class Engine:
+    def __init__(
+        self,
+        store: Store,
+        dispatcher: Dispatcher,
+        registry: Registry | None = None,
+        settings: Settings | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        self.store = store
+        self.dispatcher = dispatcher
+        self.registry = registry or Registry()
+        self.settings = settings or Settings()
+        self.clock: Clock = clock or SystemClock()
+        self.cache = PartitionCache(store)
+        self.driver = Driver(self)
+        self.activities = ActivityRunner(self)
+        self.leases = LeaseKeeper(self)
+        self._listeners: list[Listener] = []
+
+    # --- events (the Celery glue forwards them to celery_durable.signals) -----------------
+
+    def subscribe(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    def emit(self, event: str, **kwargs: Any) -> None:
+        for listener in self._listeners:
+            try:
+                listener(event, **kwargs)
+            except Exception:  # a broken receiver must never break a drive
+                log.exception("listener for %s failed", event)
+
+    # --- client side --------------------------------------------------------------------
+
+    def start(
+        self,
+        workflow: WorkflowDef,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        workflow_id: str | None = None,
+        parent: dict[str, Any] | None = None,
+    ) -> tuple[str, bool]:
+        """Create the execution (idempotent by id) and send its first drive.
+
+        The payload is validated here, in the caller, before anything is stored or sent.
+        Returns ``(execution_id, created)``; ``created`` is False when the id existed (joined).
+        """
+        payload = workflow.codec.encode_args(args, kwargs)
+        eid = workflow_id or uuid.uuid4().hex
+        now = self.clock.now()
+        doc: Doc = {
+            "pk": eid,
+            "id": EXEC_ID,
+            "type": "exec",
+            "workflow": workflow.name,
+            "payload": payload,
+            "parent": parent,
+            "status": RUNNING,
+            "cancel_requested": False,
+            "result": None,
+            "error": None,
+            "lease": None,
+            "wakeups": 0,
+            "drives": 0,
+            "steps": 0,
+            "created_at": now,
+            "updated_at": now,
+            # if the first drive message is lost, recovery drives it after this
+            "due_kind": DUE_EXEC,
+            "due_at": now + self.settings.drive_timeout,
+        }
+        if self.store.create(doc) is None:
+            existing = self.store.read(eid, EXEC_ID)
+            if existing is not None and existing.get("workflow") != workflow.name:
+                raise ConfigurationError(
+                    f"execution {eid!r} exists and runs workflow {existing.get('workflow')!r}, not {workflow.name!r}"
+                )
+            return eid, False
+        self.emit("workflow_started", execution_id=eid, workflow=workflow.name)
+        self.dispatcher.send_drive(eid)
+        return eid, True
+
+    def read_exec(self, execution_id: str) -> Doc:
+        doc = self.store.read(execution_id, EXEC_ID)
+        if doc is None:
+            raise UnknownWorkflowError(f"no execution with id {execution_id!r}")
+        return doc
+
+    def wait(self, execution_id: str, timeout: float | None = None, poll: float = 0.01) -> Doc:
+        """Block until the execution ends; return its exec document."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = poll
+        while True:
+            doc = self.read_exec(execution_id)
+            if doc.get("status") in TERMINAL:
+                return doc
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"execution {execution_id!r} still {doc.get('status')} after {timeout}s")
+            time.sleep(delay if deadline is None else max(0.0, min(delay, deadline - time.monotonic())))
+            delay = min(delay * 1.5, 0.25)
+
+    def cancel(self, execution_id: str) -> bool:
+        """Persist a cancel request (never downgraded) and wake the execution.
+
+        Returns False when the execution had already ended.
+        """
+        for _ in range(100):
+            ex = self.read_exec(execution_id)
+            if ex.get("status") in TERMINAL:
+                return False
+            if ex.get("cancel_requested"):
+                return True
+            updated = {k: v for k, v in ex.items() if k != "_etag"}
+            updated.update(cancel_requested=True, wakeups=int(ex.get("wakeups") or 0) + 1)
+            try:
+                self.store.replace(updated, if_match=ex["_etag"])
+            except ConflictError:
+                continue
+            self.dispatcher.send_drive(execution_id)
+            return True
+        raise DurableError(f"could not record the cancel request of {execution_id!r}: too much contention")
+
+    def drive(self, execution_id: str) -> str:
+        return self.driver.drive(execution_id)

@@ -1,0 +1,83 @@
+"""The engine's only way to make work happen elsewhere (DESIGN.md §3).
+
+The engine never imports Celery: it asks a :class:`Dispatcher` to "run this activity",
+"drive this execution" or "fire this clock at t". The Celery glue implements it with tasks;
+unit tests use :class:`InlineDispatcher`, which queues the work and runs it in-process.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+__all__ = ["ActivityRequest", "Dispatcher", "InlineDispatcher"]
+
+
+@dataclass(frozen=True)
+class ActivityRequest:
+    """One activity attempt to send: deterministic ``task_id`` so duplicates are recognisable."""
+
+    execution_id: str
+    seq: int
+    name: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    task_id: str
+    workflow: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+class Dispatcher(Protocol):
+    def send_activity(self, request: ActivityRequest) -> None: ...
+
+    def send_drive(self, execution_id: str, countdown: float | None = None) -> None: ...
+
+    def send_clock(self, execution_id: str, seq: int, fire_at: float) -> None: ...
+
+
+class InlineDispatcher:
+    """Queues work and runs it when :meth:`run_until_idle` is called (tests, no broker)."""
+
+    def __init__(self) -> None:
+        self.queue: deque[tuple[str, Any]] = deque()
+        self.sent: list[tuple[str, Any]] = []
+        self.handlers: dict[str, Callable[[Any], None]] = {}
+
+    def send_activity(self, request: ActivityRequest) -> None:
+        self._put("activity", request)
+
+    def send_drive(self, execution_id: str, countdown: float | None = None) -> None:
+        self._put("drive", execution_id)
+
+    def send_clock(self, execution_id: str, seq: int, fire_at: float) -> None:
+        self._put("clock", (execution_id, seq, fire_at))
+
+    def _put(self, kind: str, item: Any) -> None:
+        self.queue.append((kind, item))
+        self.sent.append((kind, item))
+
+    def run_some(self, count: int) -> int:
+        """Run at most ``count`` queued items; return how many ran."""
+        ran = 0
+        while self.queue and ran < count:
+            kind, item = self.queue.popleft()
+            handler = self.handlers.get(kind)
+            if handler is not None:
+                handler(item)
+            ran += 1
+        return ran
+
+    def run_until_idle(self, limit: int = 100_000) -> int:
+        """Run queued work (and what it queues) until nothing is left; return how many ran."""
+        ran = 0
+        while self.queue:
+            if ran >= limit:
+                raise RuntimeError("InlineDispatcher: too much work, is something looping?")
+            kind, item = self.queue.popleft()
+            handler = self.handlers.get(kind)
+            if handler is not None:
+                handler(item)
+            ran += 1
+        return ran

@@ -1,0 +1,274 @@
+"""Driving an execution: replay, then commit what replay decided (DESIGN.md §6).
+
+The common path is optimistic and costs one partition read and one all-or-nothing batch:
+read the partition, replay the function, then commit ``[create new steps…, replace exec
+if-match]``. Messages are sent only *after* the commit, so a concurrent drive that loses the
+race never schedules anything.
+
+Under contention the drive takes the exec lease instead (an etag replace): others then only
+record their documents and bump the wake-up counter, which changes the exec etag, so the
+lease holder's releasing commit fails, it re-reads and drives again. That is the "no lost
+wake-ups" rule: a completion is either seen by a drive that commits after it, or it bumps
+the exec so the next commit must re-read.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConflictError, CorruptDocument, PayloadValidationError, WorkflowCancelledError
+from ..stores.base import Doc, Op
+from .context import Fatal, Suspend, WorkflowContext
+from .dispatcher import ActivityRequest
+from .model import (
+    CANCELLED,
+    COMPLETED,
+    DUE_EXEC,
+    EXEC_ID,
+    FAILED,
+    TERMINAL,
+    error_info,
+    lease_live,
+    marker_id,
+    worker_identity,
+)
+
+if TYPE_CHECKING:
+    from .core import Engine
+
+__all__ = ["Driver", "Replay"]
+
+log = logging.getLogger("celery_durable.drive")
+
+MAX_ROUNDS = 500
+
+
+@dataclass
+class Replay:
+    kind: str  # completed | failed | cancelled | suspended | unknown
+    value: Any = None
+    error: dict[str, Any] | None = None
+    new_docs: list[Doc] = field(default_factory=list)
+    sends: list[ActivityRequest] = field(default_factory=list)
+    steps: int = 0
+
+
+def _strip(doc: Doc) -> Doc:
+    return {k: v for k, v in doc.items() if k != "_etag"}
+
+
+class Driver:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    # --- replay -------------------------------------------------------------------------
+
+    def replay(self, ex: Doc, history: dict[str, Doc], now: float) -> Replay:
+        eng = self.engine
+        wf = eng.registry.workflow(ex["workflow"])
+        if wf is None:
+            return Replay("unknown")
+        ctx = WorkflowContext(
+            execution_id=ex["pk"],
+            workflow=wf.name,
+            history=history,
+            now=now,
+            registry=eng.registry,
+            cancel_requested=bool(ex.get("cancel_requested")),
+            activity_queue_timeout=eng.settings.activity_queue_timeout,
+        )
+        try:
+            args, kwargs = wf.codec.decode_args(ex.get("payload") or {})
+        except (PayloadValidationError, TypeError, AttributeError) as exc:
+            err = CorruptDocument(f"stored payload of {ex['pk']!r} cannot be decoded: {exc}")
+            return Replay("failed", error=error_info(err))
+        kind, value, error = "completed", None, None
+        with ctx:
+            try:
+                result = wf.fn(*args, **kwargs)
+            except Suspend:
+                kind = "suspended"
+            except Fatal as fatal:
+                kind, error = "failed", error_info(fatal.error)
+            except WorkflowCancelledError as exc:
+                kind, error = ("cancelled" if ctx.cancel_requested else "failed"), error_info(exc)
+            except Exception as exc:  # the workflow's own failure is its outcome
+                kind, error = "failed", error_info(exc)
+            else:
+                recorded = int(ex.get("steps") or 0)
+                if recorded > ctx.seq:
+                    kind = "failed"
+                    error = {
+                        "type": "NonDeterminismError",
+                        "message": f"workflow {wf.name!r} returned after {ctx.seq} steps but the history "
+                        f"has {recorded}: the code changed under a running execution",
+                    }
+                else:
+                    try:
+                        value = wf.codec.encode_result(result)
+                    except PayloadValidationError as exc:
+                        kind, error = "failed", error_info(exc)
+        return Replay(
+            kind, value=value, error=error, new_docs=list(ctx.new_docs.values()), sends=ctx.sends, steps=ctx.seq
+        )
+
+    # --- drive --------------------------------------------------------------------------
+
+    def drive(self, execution_id: str, carry: Sequence[Doc] = (), release: Sequence[int] = ()) -> str:
+        """Drive once to a suspension or an end; ``carry`` are documents to record with it.
+
+        Returns what happened: completed, failed, cancelled, suspended, deferred (another
+        worker holds the lease and will see our documents), noop, terminal, missing,
+        unknown (workflow not registered here), lease-lost.
+        """
+        eng = self.engine
+        store = eng.store
+        me = worker_identity()
+        holding = False
+        conflicts = 0
+        carry = list(carry)
+        release = list(release)
+        orphan_sends: dict[str, ActivityRequest] = {}
+        try:
+            for _ in range(MAX_ROUNDS):
+                docs = eng.cache.load(execution_id)
+                ex = docs.get(EXEC_ID)
+                carry_new = [d for d in carry if d["id"] not in docs]
+                if ex is None:
+                    log.error("drive %s: no such execution", execution_id)
+                    return "missing"
+                if ex.get("status") in TERMINAL:
+                    self._record(carry_new)
+                    return "terminal"
+                now = eng.clock.now()
+                lease = ex.get("lease")
+                mine = bool(lease) and lease["holder"] == me
+                if holding and not mine:
+                    log.warning("drive %s: lease lost to %s", execution_id, lease and lease["holder"])
+                    return "lease-lost"
+                if not mine and lease_live(ex, now):
+                    # someone else is driving: record ours, then bump so their release re-reads
+                    self._record(carry_new)
+                    self._release_each(docs, release)
+                    carry, release = [], []
+                    bumped = _strip(ex) | {"wakeups": int(ex.get("wakeups") or 0) + 1}
+                    try:
+                        store.replace(bumped, if_match=ex["_etag"])
+                    except ConflictError:
+                        continue
+                    return "deferred"
+                if not holding and conflicts >= eng.settings.optimistic_attempts:
+                    # contention: persist ours, then take the lease so others defer to us
+                    self._record(carry_new)
+                    self._release_each(docs, release)
+                    carry, release = [], []
+                    claimed = _strip(ex) | {
+                        "lease": {"holder": me, "expires": now + eng.settings.lease_ttl},
+                        "due_kind": DUE_EXEC,
+                        "due_at": now + eng.settings.lease_ttl,
+                    }
+                    try:
+                        store.replace(claimed, if_match=ex["_etag"])
+                        holding = True
+                    except ConflictError:
+                        pass
+                    continue
+                history = dict(docs)
+                for d in carry_new:
+                    history[d["id"]] = d
+                replay = self.replay(ex, history, now)
+                ops = self._commit_ops(ex, docs, carry_new, release, replay, now)
+                if ops is None:
+                    return "noop"
+                try:
+                    self._apply(execution_id, ops, replay, orphan_sends)
+                except ConflictError:
+                    conflicts += 1
+                    continue
+                for req in replay.sends:
+                    orphan_sends[req.task_id] = req
+                self._after_commit(ex, replay)
+                return replay.kind
+            log.error("drive %s: gave up after %d rounds of contention", execution_id, MAX_ROUNDS)
+            return "contended"
+        finally:
+            for req in orphan_sends.values():
+                eng.dispatcher.send_activity(req)
+
+    def _commit_ops(
+        self, ex: Doc, docs: dict[str, Doc], carry_new: list[Doc], release: list[int], replay: Replay, now: float
+    ) -> list[Op] | None:
+        eng = self.engine
+        ops: list[Op] = [Op.create(d) for d in carry_new]
+        ops += [Op.create(d) for d in replay.new_docs if d["id"] not in docs]
+        for seq in release:
+            marker = docs.get(marker_id(seq))
+            if marker is not None and (marker.get("lease") or marker.get("due_kind")):
+                cleared = _strip(marker) | {"lease": None, "due_kind": None, "due_at": None}
+                ops.append(Op.replace(cleared, marker["_etag"]))
+        new_ex = _strip(ex)
+        new_ex.update(lease=None, due_kind=None, due_at=None, last_error=None, steps=max(replay.steps, int(ex.get("steps") or 0)))
+        if replay.kind == "unknown":
+            known = ", ".join(sorted(eng.registry.workflows)) or "none"
+            new_ex.update(
+                last_error=f"workflow {ex['workflow']!r} is not registered in this worker (registered: {known}); "
+                "it will be retried",
+                due_kind=DUE_EXEC,
+                due_at=now + eng.settings.unknown_retry_delay,
+            )
+            log.error("execution %s: %s", ex["pk"], new_ex["last_error"])
+        elif replay.kind == "completed":
+            new_ex.update(status=COMPLETED, result=replay.value, completed_at=now)
+        elif replay.kind == "failed":
+            new_ex.update(status=FAILED, error=replay.error, completed_at=now)
+        elif replay.kind == "cancelled":
+            new_ex.update(status=CANCELLED, error=replay.error, completed_at=now)
+        idle = replay.kind == "suspended" and not ops and not replay.sends
+        if idle and not ex.get("lease") and not ex.get("due_kind") and not ex.get("last_error"):
+            return None  # nothing new: a duplicate drive message
+        new_ex["updated_at"] = now
+        new_ex["drives"] = int(ex.get("drives") or 0) + 1
+        ops.append(Op.replace(new_ex, ex["_etag"]))
+        return ops
+
+    def _apply(self, pk: str, ops: list[Op], replay: Replay, orphan_sends: dict[str, ActivityRequest]) -> None:
+        store = self.engine.store
+        limit = store.max_batch_ops
+        if len(ops) > limit:
+            # Too many for one transactional batch (a wide fan-out): create the overflow first.
+            # They are create-only, so a retry after a conflict finds them recorded; their
+            # messages must then still be sent, whatever happens to this drive.
+            overflow, ops = ops[: len(ops) - limit], ops[len(ops) - limit :]
+            sent_ids = {d["id"] for d in replay.new_docs}
+            for op in overflow:
+                assert op.doc is not None and op.kind == "create"
+                store.create(op.doc)
+            for req in replay.sends:
+                if marker_id(req.seq) in sent_ids:
+                    orphan_sends[req.task_id] = req
+        store.batch(pk, ops)
+
+    def _record(self, docs: list[Doc]) -> None:
+        for d in docs:
+            self.engine.store.create(d)
+
+    def _release_each(self, docs: dict[str, Doc], release: list[int]) -> None:
+        for seq in release:
+            marker = docs.get(marker_id(seq))
+            if marker is not None and (marker.get("lease") or marker.get("due_kind")):
+                try:
+                    cleared = _strip(marker) | {"lease": None, "due_kind": None, "due_at": None}
+                    self.engine.store.replace(cleared, if_match=marker["_etag"])
+                except ConflictError:
+                    pass  # the recovery scan clears a marker whose result exists
+
+    def _after_commit(self, ex: Doc, replay: Replay) -> None:
+        eng = self.engine
+        eng.emit("drive_committed", execution_id=ex["pk"], outcome=replay.kind)
+        if replay.kind in ("completed", "failed", "cancelled"):
+            eng.emit(f"workflow_{replay.kind}", execution_id=ex["pk"], workflow=ex["workflow"])
+        elif replay.kind == "suspended":
+            eng.emit("workflow_suspended", execution_id=ex["pk"], workflow=ex["workflow"])

@@ -1,0 +1,52 @@
+"""Name → definition tables for workflows and activities (names are stored: keep them stable)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..codecs import CallCodec, codec_for
+from ..errors import ConfigurationError
+
+__all__ = ["WorkflowDef", "ActivityDef", "Registry"]
+
+
+@dataclass(frozen=True)
+class WorkflowDef:
+    name: str
+    fn: Callable[..., Any]
+    codec: CallCodec
+
+
+@dataclass(frozen=True)
+class ActivityDef:
+    name: str
+    fn: Callable[..., Any]
+    codec: CallCodec
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+class Registry:
+    def __init__(self) -> None:
+        self.workflows: dict[str, WorkflowDef] = {}
+        self.activities: dict[str, ActivityDef] = {}
+
+    def add_workflow(self, name: str, fn: Callable[..., Any]) -> WorkflowDef:
+        existing = self.workflows.get(name)
+        if existing is not None and existing.fn is not fn:
+            raise ConfigurationError(f"two workflows are named {name!r}")
+        wf = WorkflowDef(name, fn, codec_for(fn))
+        self.workflows[name] = wf
+        return wf
+
+    def add_activity(self, name: str, fn: Callable[..., Any], options: dict[str, Any] | None = None) -> ActivityDef:
+        act = ActivityDef(name, fn, codec_for(fn), dict(options or {}))
+        self.activities[name] = act
+        return act
+
+    def workflow(self, name: str) -> WorkflowDef | None:
+        return self.workflows.get(name)
+
+    def activity(self, name: str) -> ActivityDef | None:
+        return self.activities.get(name)
