@@ -1,1 +1,57 @@
-"""celery_durable: durable workflows for teams that already run Celery."""
+"""celery_durable: durable workflows for teams that already run Celery.
+
+>>> app = Celery("shop", broker="redis://localhost:6379/0")
+>>> durable = Durable(app)
+>>> @durable_activity
+... def charge(order_id: str, cents: int) -> str: ...
+>>> @durable.workflow
+... def fulfil(order_id: str) -> str:
+...     return charge(order_id, 100)
+>>> fulfil.start("o-1", _workflow_id="order-o-1").result(timeout=60)
+"""
+
+from .activity import durable_activity
+from .app import Durable, Workflow
+from .errors import (
+    ActivityError,
+    ConfigurationError,
+    DurableError,
+    DurableTimeoutError,
+    NonDeterminismError,
+    NonRetryableError,
+    PayloadValidationError,
+    StoreError,
+    StoreUnavailable,
+    UnknownWorkflowError,
+    WorkflowCancelledError,
+    WorkflowFailedError,
+)
+from .handle import ExecutionInfo, WorkflowHandle
+from .retry import RetryPolicy
+from .settings import DurableSettings
+from .workflow import DurableFuture
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Durable",
+    "Workflow",
+    "durable_activity",
+    "WorkflowHandle",
+    "ExecutionInfo",
+    "DurableFuture",
+    "DurableSettings",
+    "RetryPolicy",
+    "DurableError",
+    "ConfigurationError",
+    "PayloadValidationError",
+    "UnknownWorkflowError",
+    "NonDeterminismError",
+    "WorkflowFailedError",
+    "WorkflowCancelledError",
+    "ActivityError",
+    "NonRetryableError",
+    "DurableTimeoutError",
+    "StoreError",
+    "StoreUnavailable",
+]

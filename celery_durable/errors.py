@@ -25,7 +25,7 @@ __all__ = [
     "WorkflowCancelledError",
     "ActivityError",
     "NonRetryableError",
-    "TimeoutError",
+    "DurableTimeoutError",
 ]
 
 
@@ -129,5 +129,5 @@ class NonRetryableError(DurableError):
     """Raise (or subclass) in an activity to fail at once, skipping Celery's autoretry."""
 
 
-class TimeoutError(DurableError):  # noqa: A001 - deliberately mirrors the builtin's name
-    """Waiting for a result took longer than the caller allowed."""
+class DurableTimeoutError(DurableError, TimeoutError):
+    """Waiting for a result took longer than the caller allowed (also a builtin ``TimeoutError``)."""

@@ -6,4 +6,4 @@ run instead of skipping: see ``require_service``.
 
 from __future__ import annotations
 
-pytest_plugins = ["tests.plugins.cosmos_server"]
+pytest_plugins = ["tests.plugins.cosmos_server", "tests.plugins.workers"]

@@ -17,7 +17,7 @@ from ..errors import (
     ConfigurationError,
     ConflictError,
     DurableError,
-    TimeoutError,
+    DurableTimeoutError,
     UnknownWorkflowError,
 )
 from ..stores.base import Doc, Store
@@ -27,6 +27,7 @@ from .dispatcher import Dispatcher
 from .driver import Driver
 from .leases import LeaseKeeper
 from .model import DUE_EXEC, EXEC_ID, RUNNING, TERMINAL, Clock, Settings, SystemClock
+from .recovery import Recovery
 from .registry import Registry, WorkflowDef
 
 __all__ = ["Engine"]
@@ -54,6 +55,7 @@ class Engine:
         self.driver = Driver(self)
         self.activities = ActivityRunner(self)
         self.leases = LeaseKeeper(self)
+        self.recovery = Recovery(self)
         self._listeners: list[Listener] = []
 
     # --- events (the Celery glue forwards them to celery_durable.signals) -----------------
@@ -133,7 +135,7 @@ class Engine:
             if doc.get("status") in TERMINAL:
                 return doc
             if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(f"execution {execution_id!r} still {doc.get('status')} after {timeout}s")
+                raise DurableTimeoutError(f"execution {execution_id!r} still {doc.get('status')} after {timeout}s")
             time.sleep(delay if deadline is None else max(0.0, min(delay, deadline - time.monotonic())))
             delay = min(delay * 1.5, 0.25)
 

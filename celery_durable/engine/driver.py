@@ -210,7 +210,8 @@ class Driver:
                 cleared = _strip(marker) | {"lease": None, "due_kind": None, "due_at": None}
                 ops.append(Op.replace(cleared, marker["_etag"]))
         new_ex = _strip(ex)
-        new_ex.update(lease=None, due_kind=None, due_at=None, last_error=None, steps=max(replay.steps, int(ex.get("steps") or 0)))
+        steps = max(replay.steps, int(ex.get("steps") or 0))
+        new_ex.update(lease=None, due_kind=None, due_at=None, last_error=None, steps=steps)
         if replay.kind == "unknown":
             known = ", ".join(sorted(eng.registry.workflows)) or "none"
             new_ex.update(

@@ -27,6 +27,11 @@ class ActivityDef:
     options: dict[str, Any] = field(default_factory=dict)
 
 
+#: Activities declared with ``@durable_activity`` are Celery shared tasks, usable by every app,
+#: so their definitions are process-wide too.
+GLOBAL_ACTIVITIES: dict[str, ActivityDef] = {}
+
+
 class Registry:
     def __init__(self) -> None:
         self.workflows: dict[str, WorkflowDef] = {}
@@ -49,4 +54,4 @@ class Registry:
         return self.workflows.get(name)
 
     def activity(self, name: str) -> ActivityDef | None:
-        return self.activities.get(name)
+        return self.activities.get(name) or GLOBAL_ACTIVITIES.get(name)

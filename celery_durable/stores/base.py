@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -181,10 +181,10 @@ class Store(ABC):
         """Partition keys starting with ``pk_prefix`` holding an ``exec`` document (for CLI listing)."""
         raise NotImplementedError
 
-    def reopen(self) -> None:
+    def reopen(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Drop connections inherited across ``fork()``; the next call opens fresh ones."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release connections."""
 
     # helpers shared by backends -------------------------------------------------------

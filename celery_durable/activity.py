@@ -1,0 +1,176 @@
+"""``@durable_activity``: a Celery task that is also a durable workflow step.
+
+Outside a workflow the task is an ordinary Celery task (``.delay()``, direct call). Inside a
+workflow, calling it records a step and schedules it (once) instead; the message carries a
+``durable_step`` header (execution id, step) that tells the worker to run it as one. Celery's own options (``autoretry_for``, ``retry_backoff``, ``max_retries``,
+``time_limit`` …) keep their meaning: the attempt loop *is* Celery's.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any, TypeVar, overload
+
+from celery import Task, shared_task
+from celery._state import connect_on_app_finalize
+from celery.exceptions import Retry
+
+from .codecs import codec_for
+from .engine.context import DurableFuture, current_context, require_context
+from .engine.registry import GLOBAL_ACTIVITIES
+from .errors import NonRetryableError, StoreUnavailable
+
+__all__ = ["durable_activity", "DurableActivityTask", "DURABLE_HEADER"]
+
+log = logging.getLogger("celery_durable.activity")
+
+#: message header carrying the step's identity (and, on a re-delivery, an unrecorded outcome)
+DURABLE_HEADER = "durable_step"
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class DurableActivityTask(Task):  # type: ignore[misc]
+    """Task base class of durable activities (mixed into stacked tasks too)."""
+
+    abstract = True
+    #: never autoretry these, whatever ``autoretry_for`` says
+    dont_autoretry_for: tuple[type[BaseException], ...] = (NonRetryableError,)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        ctx = current_context()
+        if ctx is not None:
+            # inside a workflow replay: a durable call, not an execution
+            return self.start(*args, **kwargs).result()
+        meta = _step_header(self.request)
+        if meta is None:
+            return super().__call__(*args, **kwargs)
+        return _run_attempt(self, meta, args, kwargs)
+
+    def start(self, *args: Any, **kwargs: Any) -> DurableFuture[Any]:
+        """Inside a workflow: schedule the activity and return a future (``.result()`` waits)."""
+        ctx = require_context(f"{self.name}.start()")
+        definition = _definition(self)
+        return ctx.call_activity(self.name, definition.codec, args, kwargs, definition.options)
+
+
+def _step_header(request: Any) -> dict[str, Any] | None:
+    meta = getattr(request, DURABLE_HEADER, None)
+    if meta is None:
+        meta = (getattr(request, "headers", None) or {}).get(DURABLE_HEADER)
+    return meta if isinstance(meta, dict) else None
+
+
+def _definition(task: Task) -> Any:
+    definition = GLOBAL_ACTIVITIES.get(task.name)
+    if definition is None:
+        from .engine.registry import ActivityDef
+
+        fn = getattr(task, "_orig_run", None) or task.run
+        definition = ActivityDef(task.name, fn, codec_for(fn))
+        GLOBAL_ACTIVITIES[task.name] = definition
+    return definition
+
+
+def _countdown(exc: Retry) -> float:
+    when = exc.when
+    if isinstance(when, datetime):
+        from datetime import UTC
+
+        now = datetime.now(tz=when.tzinfo or UTC)
+        return max(0.0, (when - now).total_seconds())
+    return float(when or 0.0)
+
+
+def _run_attempt(task: Task, meta: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    from .app import Durable
+
+    durable = Durable.of(task.app)
+    engine = durable.engine
+    runner = engine.activities
+    execution_id, seq = str(meta["e"]), int(meta["s"])
+    outcome = meta.get("outcome")
+    attempt, why = runner.begin(execution_id, seq)
+    if attempt is None:
+        log.info("activity %s (%s step %d) not run: %s", task.name, execution_id, seq, why)
+        return None
+    if outcome is not None:
+        # an earlier delivery ran the function but could not record it: record only
+        doc = outcome
+        doc["attempts"] = attempt.number
+    else:
+        definition = _definition(task)
+        try:
+            dargs, dkwargs = definition.codec.decode_args({"args": list(args), "kwargs": kwargs})
+            value = task.run(*dargs, **dkwargs)
+            doc = runner.result_doc(attempt, value=definition.codec.encode_result(value))
+        except Retry as exc:
+            runner.retrying(attempt, _countdown(exc), exc.exc or exc)
+            raise
+        except Exception as exc:  # retries exhausted or not retryable: the workflow decides
+            doc = runner.result_doc(attempt, error=exc)
+    try:
+        runner.complete(attempt, doc)
+    except StoreUnavailable as exc:
+        # Never lose a result to a store outage: re-deliver with the outcome attached, so the
+        # next try records it without running the function again.
+        log.warning("store unavailable recording %s step %d, will retry: %s", execution_id, seq, exc)
+        engine.leases.release(attempt)
+        headers = dict(getattr(task.request, "headers", None) or {})
+        headers[DURABLE_HEADER] = dict(meta, outcome=doc)
+        raise task.retry(countdown=2.0, max_retries=None, exc=exc, headers=headers) from exc
+    return None
+
+
+@overload
+def durable_activity(fn: F) -> F: ...
+@overload
+def durable_activity(*, name: str | None = None, **options: Any) -> Callable[[F], F]: ...
+def durable_activity(fn: Any = None, *, name: str | None = None, **options: Any) -> Any:
+    """Declare a durable activity.
+
+    On a plain function it creates a Celery shared task (``options`` are Celery task
+    options). Stacked on ``@app.task`` or ``@shared_task`` it upgrades that task in place.
+    """
+
+    def wrap(target: Any) -> Any:
+        if isinstance(target, Task):
+            return _upgrade(target)
+        if hasattr(target, "__wrapped__") and type(target).__name__ == "Proxy":
+            return _upgrade_proxy(target)
+        task_name = name or f"{target.__module__}.{target.__qualname__}"
+        GLOBAL_ACTIVITIES[task_name] = _make_def(task_name, target, options)
+        return shared_task(name=task_name, base=DurableActivityTask, **options)(target)
+
+    return wrap(fn) if fn is not None else wrap
+
+
+def _make_def(task_name: str, fn: Callable[..., Any], options: dict[str, Any]) -> Any:
+    from .engine.registry import ActivityDef
+
+    return ActivityDef(task_name, fn, codec_for(fn), {})
+
+
+def _upgrade(task: Task) -> Task:
+    cls = type(task)
+    if not issubclass(cls, DurableActivityTask):
+        dont = tuple(getattr(task, "dont_autoretry_for", ()) or ()) + (NonRetryableError,)
+        task.__class__ = type(cls.__name__, (DurableActivityTask, cls), {"dont_autoretry_for": dont})
+    fn = getattr(task, "_orig_run", None) or task.run
+    GLOBAL_ACTIVITIES[task.name] = _make_def(task.name, fn, {})
+    return task
+
+
+def _upgrade_proxy(proxy: Any) -> Any:
+    # ``@shared_task`` returns a lazy proxy; upgrade the real task in every app as it finalizes.
+    task_name = proxy.name
+
+    @connect_on_app_finalize
+    def _on_finalize(app: Any) -> None:
+        if task_name in app.tasks:
+            _upgrade(app.tasks[task_name])
+
+    _upgrade(proxy._get_current_object())
+    return proxy

@@ -1,0 +1,147 @@
+"""Recovery scans run by beat (DESIGN.md §8): cost grows with what is due, not with history.
+
+* ``exec`` due — an execution that needed a drive and got none (lost message, dead driver,
+  lapsed exec lease, workflow unknown here until a deploy): send a drive.
+* ``activity`` due — an activity whose message was never picked up, or whose attempt lease
+  lapsed without a result (killed worker): send it again. The first-writer-wins result makes
+  a duplicate harmless. After ``max_lost_attempts`` lost attempts the step fails.
+
+Each found document is pushed forward with an etag replace before anything is sent, so two
+beats by mistake send at most one message per item and interval.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..errors import ConflictError, CorruptDocument, StoreError
+from ..stores.base import Doc
+from .dispatcher import ActivityRequest
+from .model import DUE_ACTIVITY, DUE_EXEC, EXEC_ID, TERMINAL, error_info, lease_live, marker_id, result_id, seq_of
+
+if TYPE_CHECKING:
+    from .core import Engine
+
+__all__ = ["Recovery", "ScanReport"]
+
+log = logging.getLogger("celery_durable.recovery")
+
+
+@dataclass
+class ScanReport:
+    redriven: int = 0
+    resent: int = 0
+    failed: int = 0
+    cleared: int = 0
+    errors: int = 0
+
+
+def _strip(doc: Doc) -> Doc:
+    return {k: v for k, v in doc.items() if k != "_etag"}
+
+
+class Recovery:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def scan(self, limit: int = 500) -> ScanReport:
+        report = ScanReport()
+        now = self.engine.clock.now()
+        for ref in self.engine.store.scan_due(DUE_EXEC, now, limit):
+            self._guard(report, self._exec_due, ref.pk, now, report)
+        for ref in self.engine.store.scan_due(DUE_ACTIVITY, now, limit):
+            self._guard(report, self._activity_due, ref.pk, seq_of(ref.id), now, report)
+        return report
+
+    def _guard(self, report: ScanReport, fn: object, *args: object) -> None:
+        # One bad execution (corrupt document, a conflict storm) must not stop the scan
+        # for everyone else.
+        try:
+            fn(*args)  # type: ignore[operator]
+        except (StoreError, KeyError, TypeError, ValueError) as exc:
+            report.errors += 1
+            log.exception("recovery of %s failed: %s", args[0], exc)
+
+    def _exec_due(self, pk: str, now: float, report: ScanReport) -> None:
+        eng = self.engine
+        ex = eng.store.read(pk, EXEC_ID)
+        if ex is None:
+            return
+        if ex.get("status") in TERMINAL or lease_live(ex, now):
+            if ex.get("status") in TERMINAL:
+                try:
+                    eng.store.replace(_strip(ex) | {"due_kind": None, "due_at": None}, if_match=ex["_etag"])
+                    report.cleared += 1
+                except ConflictError:
+                    pass
+            return
+        pushed = _strip(ex) | {"due_at": now + eng.settings.drive_timeout, "lease": None}
+        try:
+            eng.store.replace(pushed, if_match=ex["_etag"])
+        except ConflictError:
+            return  # someone is on it (another beat, or a drive)
+        eng.emit("recovery_redrive", execution_id=pk)
+        eng.dispatcher.send_drive(pk)
+        report.redriven += 1
+
+    def _activity_due(self, pk: str, seq: int, now: float, report: ScanReport) -> None:
+        eng = self.engine
+        docs = eng.cache.load(pk)
+        marker = docs.get(marker_id(seq))
+        ex = docs.get(EXEC_ID)
+        if marker is None:
+            return
+        if marker.get("kind") != "activity" or "input" not in marker:
+            raise CorruptDocument(f"{pk}/{marker_id(seq)} is not an activity step")
+        done = result_id(seq) in docs or ex is None or ex.get("status") in TERMINAL
+        if done:
+            try:
+                eng.store.replace(_strip(marker) | {"lease": None, "due_kind": None, "due_at": None}, marker["_etag"])
+                report.cleared += 1
+            except ConflictError:
+                pass
+            return
+        if lease_live(marker, now):
+            return
+        lost = int(marker.get("lost") or 0) + (1 if marker.get("lease") else 0)
+        if lost > eng.settings.max_lost_attempts:
+            err = RuntimeError(f"activity {marker['name']!r} was lost {lost} times (worker killed?)")
+            result = {
+                "pk": pk,
+                "id": result_id(seq),
+                "type": "result",
+                "seq": seq,
+                "name": marker["name"],
+                "ok": False,
+                "error": error_info(err, attempts=int(marker.get("attempts") or 0)),
+                "attempts": int(marker.get("attempts") or 0),
+                "completed_at": now,
+            }
+            eng.driver.drive(pk, carry=[result], release=[seq])
+            report.failed += 1
+            return
+        pushed = _strip(marker) | {
+            "lease": None,
+            "lost": lost,
+            "due_at": now + eng.settings.activity_queue_timeout,
+        }
+        try:
+            eng.store.replace(pushed, if_match=marker["_etag"])
+        except ConflictError:
+            return
+        payload = marker["input"]
+        eng.emit("recovery_resend", execution_id=pk, seq=seq, activity=marker["name"])
+        eng.dispatcher.send_activity(
+            ActivityRequest(
+                execution_id=pk,
+                seq=seq,
+                name=str(marker["name"]),
+                args=list(payload.get("args", [])),
+                kwargs=dict(payload.get("kwargs", {})),
+                task_id=str(marker.get("task_id") or f"{pk}:{seq}"),
+                workflow=str((ex or {}).get("workflow", "")),
+            )
+        )
+        report.resent += 1

@@ -1,0 +1,41 @@
+"""Celery signal receivers, connected once per app in :func:`install` (``dispatch_uid``)."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from celery import signals as celery_signals
+
+from . import EVENT_SIGNALS
+
+if TYPE_CHECKING:
+    from ..app import Durable
+
+__all__ = ["install", "forward_event"]
+
+log = logging.getLogger("celery_durable.signals")
+
+
+def forward_event(event: str, **kwargs: Any) -> None:
+    """Engine listener: re-send an engine event as the matching library signal."""
+    signal = EVENT_SIGNALS.get(event)
+    if signal is not None and signal.receivers:
+        sender = kwargs.get("workflow") or kwargs.get("activity") or "celery_durable"
+        signal.send(sender=sender, **kwargs)
+
+
+def install(durable: Durable) -> None:
+    uid = f"celery_durable:{id(durable.app)}"
+
+    def on_process_init(**_: Any) -> None:
+        # A forked child must not share the parent's store connections (SQLite handles,
+        # HTTP pools): drop them; the engine is rebuilt lazily in the child.
+        durable.reset_after_fork()
+
+    def on_shutdown(**_: Any) -> None:
+        durable.shutdown()
+
+    celery_signals.worker_process_init.connect(on_process_init, weak=False, dispatch_uid=uid + ":init")
+    celery_signals.worker_process_shutdown.connect(on_shutdown, weak=False, dispatch_uid=uid + ":pshutdown")
+    celery_signals.worker_shutdown.connect(on_shutdown, weak=False, dispatch_uid=uid + ":shutdown")

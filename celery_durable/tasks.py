@@ -1,0 +1,87 @@
+"""The library's own Celery tasks and the Celery implementation of the engine's dispatcher.
+
+Task names are stored in messages and schedules, so they are explicit and stable:
+``celery_durable.drive``, ``celery_durable.recover``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from celery import Celery
+
+from .activity import DURABLE_HEADER
+from .engine.dispatcher import ActivityRequest
+from .errors import StoreUnavailable
+
+if TYPE_CHECKING:
+    from .app import Durable
+
+__all__ = ["CeleryDispatcher", "register_tasks", "DRIVE_TASK", "RECOVER_TASK"]
+
+log = logging.getLogger("celery_durable.tasks")
+
+DRIVE_TASK = "celery_durable.drive"
+RECOVER_TASK = "celery_durable.recover"
+FIRE_CLOCK_TASK = "celery_durable.fire_clock"
+FIRE_DUE_CLOCKS_TASK = "celery_durable.fire_due_clocks"
+
+
+class CeleryDispatcher:
+    """Sends engine work as Celery messages (JSON only, deterministic task ids)."""
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+
+    def send_activity(self, request: ActivityRequest) -> None:
+        kwargs = dict(request.kwargs)
+        options: dict[str, Any] = {
+            "task_id": request.task_id,
+            # the step's identity travels in a header: it survives Celery's retries and keeps
+            # the user's kwargs (and Celery's argument checking) untouched
+            "headers": {DURABLE_HEADER: {"e": request.execution_id, "s": request.seq, "w": request.workflow}},
+            # Flower shows this instead of the bare task name
+            "shadow": f"{request.name} [{request.workflow} {request.execution_id} #{request.seq}]",
+            "serializer": "json",
+            "ignore_result": True,
+        }
+        task = self.app.tasks.get(request.name)
+        if task is not None:
+            task.apply_async(args=list(request.args), kwargs=kwargs, **options)
+        else:  # defined only in the worker's code base: route by name
+            self.app.send_task(request.name, args=list(request.args), kwargs=kwargs, **options)
+
+    def send_drive(self, execution_id: str, countdown: float | None = None) -> None:
+        self.app.send_task(
+            DRIVE_TASK,
+            args=[execution_id],
+            countdown=countdown,
+            shadow=f"drive [{execution_id}]",
+            serializer="json",
+            ignore_result=True,
+        )
+
+    def send_clock(self, execution_id: str, seq: int, fire_at: float) -> None:
+        raise NotImplementedError("durable timers arrive with the timers issue")
+
+
+def register_tasks(app: Celery, durable: Durable) -> None:
+    """Register the internal tasks on ``app`` (idempotent)."""
+    if DRIVE_TASK in app.tasks:
+        return
+
+    @app.task(name=DRIVE_TASK, bind=True, ignore_result=True, max_retries=None, acks_late=False)
+    def drive(self: Any, execution_id: str) -> str:
+        try:
+            return durable.engine.drive(execution_id)
+        except StoreUnavailable as exc:
+            # the execution stays due; retrying here just makes recovery faster
+            raise self.retry(exc=exc, countdown=min(30.0, 1.0 * 2 ** min(self.request.retries, 5))) from exc
+
+    @app.task(name=RECOVER_TASK, ignore_result=True)
+    def recover() -> dict[str, int]:
+        report = durable.engine.recovery.scan()
+        if report.redriven or report.resent or report.failed or report.errors:
+            log.info("recovery: %s", report)
+        return dict(report.__dict__)

@@ -1,0 +1,139 @@
+"""A Celery app used by the worker tests: ``celery -A tests.apps.basic worker``.
+
+Configured from the environment so each test can point it at its own broker and store.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from celery import Celery, signals
+from pydantic import BaseModel
+
+from celery_durable import ActivityError, Durable, NonRetryableError, durable_activity
+from celery_durable import workflow as wf
+
+app = Celery("basic", broker=os.environ.get("TEST_BROKER_URL", "redis://127.0.0.1:6379/15"))
+app.conf.update(
+    task_serializer="json",
+    accept_content=["json"],
+    result_serializer="json",
+    broker_connection_retry_on_startup=True,
+    worker_hijack_root_logger=False,
+    task_default_queue=os.environ.get("TEST_QUEUE", "celery"),
+    broker_transport_options=json.loads(os.environ.get("TEST_BROKER_OPTIONS") or "{}"),
+    durable_lease_ttl=float(os.environ.get("TEST_LEASE_TTL", "30")),
+    durable_heartbeat_interval=float(os.environ.get("TEST_HEARTBEAT", "10")),
+    durable_recovery_interval=float(os.environ.get("TEST_RECOVERY_INTERVAL", "15")),
+)
+durable = Durable(app)
+
+MARKS = Path(os.environ.get("TEST_MARKS_DIR", "/tmp/celery_durable_marks"))
+
+
+@signals.worker_ready.connect
+def _ready(**_: object) -> None:
+    ready = os.environ.get("TEST_READY_FILE")
+    if ready:
+        Path(ready).write_text(str(os.getpid()))
+
+
+def mark(name: str) -> int:
+    """Append a line to a marks file (across processes); return how many lines it now has."""
+    MARKS.mkdir(parents=True, exist_ok=True)
+    path = MARKS / name
+    with path.open("a") as fh:
+        fh.write(f"{os.getpid()}\n")
+    return len(path.read_text().splitlines())
+
+
+class Item(BaseModel):
+    sku: str
+    qty: int
+
+
+@durable_activity
+def add(a: int, b: int) -> int:
+    return a + b
+
+
+@durable_activity
+def pack(item: Item) -> str:
+    mark(f"pack-{item.sku}")
+    return f"box:{item.sku}x{item.qty}"
+
+
+@durable_activity(autoretry_for=(ConnectionError,), max_retries=5, default_retry_delay=0)
+def flaky(key: str, failures: int) -> str:
+    n = mark(f"flaky-{key}")
+    if n <= failures:
+        raise ConnectionError(f"attempt {n} failed")
+    return f"ok after {n}"
+
+
+@durable_activity(autoretry_for=(ConnectionError,), max_retries=2, default_retry_delay=0)
+def always_down(key: str) -> str:
+    mark(f"down-{key}")
+    raise ConnectionError("service down")
+
+
+@durable_activity(autoretry_for=(Exception,), max_retries=5, default_retry_delay=0)
+def refuses(key: str) -> str:
+    mark(f"refuses-{key}")
+    raise NonRetryableError("card declined")
+
+
+@app.task(name="tests.apps.basic.plain_then_durable")
+def _plain(x: int) -> int:
+    return x * 2
+
+
+stacked = durable_activity(_plain)
+
+
+@durable.workflow(name="sum_chain")
+def sum_chain(n: int) -> int:
+    total = 0
+    for i in range(n):
+        total = add(total, i)
+    return total
+
+
+@durable.workflow(name="fan_out")
+def fan_out(items: list[Item]) -> list[str]:
+    return wf.gather(pack.s(item) for item in items)
+
+
+@durable.workflow(name="retry_then_ok")
+def retry_then_ok(key: str, failures: int) -> str:
+    return flaky(key, failures)
+
+
+@durable.workflow(name="compensate")
+def compensate(key: str) -> dict[str, object]:
+    try:
+        always_down(key)
+    except ActivityError as exc:
+        return {"caught": exc.type_name, "attempts": exc.attempts, "undo": add(1, 1)}
+    return {"caught": None}
+
+
+@durable.workflow(name="non_retryable")
+def non_retryable(key: str) -> dict[str, object]:
+    try:
+        refuses(key)
+    except ActivityError as exc:
+        return {"caught": exc.type_name, "attempts": exc.attempts}
+    return {"caught": None}
+
+
+@durable.workflow(name="stacked_flow")
+def stacked_flow(x: int) -> int:
+    return stacked(x) + 1
+
+
+@durable.workflow(name="racing")
+def racing(n: int) -> int:
+    return sum(wf.gather(add.s(i, 0) for i in range(n)))

@@ -1,0 +1,65 @@
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.apps import basic
+from tests.plugins.workers import WorkerFactory, broker_url
+
+
+
+
+@dataclass
+class Cluster:
+    """The test process as a client of the test app, plus the workers it starts."""
+
+    broker: str
+    store_url: str
+    workers: WorkerFactory
+    queue: str
+
+    @property
+    def durable(self):  # type: ignore[no-untyped-def]
+        return basic.durable
+
+    def start_worker(self, **kw):  # type: ignore[no-untyped-def]
+        return self.workers.start(**kw)
+
+
+def _store_url(kind: str, tmp: Path, request: pytest.FixtureRequest) -> str:
+    if kind == "sqlite":
+        return f"sqlite:///{tmp / 'durable.db'}"
+    if kind == "cosmos":
+        return str(request.getfixturevalue("cosmos_url"))
+    raise ValueError(kind)
+
+
+def make_cluster(request: pytest.FixtureRequest, tmp: Path, workers: WorkerFactory, broker: str, store: str) -> Cluster:
+    url, opts = broker_url(broker, tmp)
+    store_url = _store_url(store, tmp, request)
+    queue = f"q-{uuid.uuid4().hex[:10]}"
+    import json
+
+    workers.env.update(
+        TEST_BROKER_URL=url,
+        TEST_BROKER_OPTIONS=json.dumps(opts),
+        DURABLE_STORE_URL=store_url,
+        TEST_QUEUE=queue,
+    )
+    app = basic.app
+    app.conf.update(broker_url=url, broker_transport_options=opts, task_default_queue=queue)
+    # drop connections made for an earlier test's broker
+    app._pool = None
+    app.amqp._producer_pool = None
+    basic.durable.configure(store=store_url)
+    return Cluster(url, store_url, workers, queue)
+
+
+@pytest.fixture
+def cluster(request: pytest.FixtureRequest, tmp_path: Path, worker_factory: WorkerFactory) -> Iterator[Cluster]:
+    broker, store = getattr(request, "param", ("redis", "sqlite"))
+    yield make_cluster(request, tmp_path, worker_factory, broker, store)
