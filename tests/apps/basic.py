@@ -137,3 +137,34 @@ def stacked_flow(x: int) -> int:
 @durable.workflow(name="racing")
 def racing(n: int) -> int:
     return sum(wf.gather(add.s(i, 0) for i in range(n)))
+
+
+@durable_activity
+def gate(path: str, timeout: float = 60.0) -> bool:
+    """Block until ``path`` exists (the test opens the gate)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not Path(path).exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gate {path} never opened")
+        time.sleep(0.02)
+    return True
+
+
+@durable_activity
+def left() -> str:
+    return "left"
+
+
+@durable_activity
+def right() -> str:
+    return "right"
+
+
+@durable.workflow(name="shifty")
+def shifty(flag: str, gate_path: str) -> str:
+    # Deliberately non-deterministic: the branch depends on the file system, not on history.
+    first = left() if Path(flag).exists() else right()
+    gate(gate_path)
+    return first

@@ -70,3 +70,78 @@ def test_invalid_payload_rejected_in_caller(cluster) -> None:  # type: ignore[no
     with pytest.raises(PayloadValidationError, match="qty"):
         basic.fan_out.start([{"sku": "x", "qty": "many"}], _workflow_id="bad-1")
     assert cluster.durable.store.read("bad-1", "exec") is None
+
+
+def test_duplicate_delivery_records_one_result(cluster) -> None:  # type: ignore[no-untyped-def]
+    from celery_durable.engine.dispatcher import ActivityRequest
+
+    cluster.start_worker(concurrency=4)
+    gate_file = cluster.workers.tmp / "gate-dup"
+    h = basic.shifty.start(str(cluster.workers.tmp / "no-flag"), str(gate_file))
+    store = cluster.durable.store
+    marker = wait_until(lambda: store.read(h.id, "s:000002"), what="the gate step to be scheduled")
+    req = ActivityRequest(h.id, 2, marker["name"], marker["input"]["args"], marker["input"]["kwargs"],
+                          marker["task_id"], "shifty")
+    for _ in range(3):  # the broker delivers the same message again, several times
+        cluster.durable.engine.dispatcher.send_activity(req)
+    gate_file.write_text("open")
+    assert h.result(timeout=60) == "right"
+    result = store.read(h.id, "r:000002")
+    assert result["ok"] is True and result["attempts"] == 1
+    for _ in range(2):  # late duplicates after completion change nothing
+        cluster.durable.engine.dispatcher.send_activity(req)
+    first = store.read(h.id, "r:000002")
+    assert first["_etag"] == result["_etag"]
+
+
+def test_racing_completions_lose_no_wakeup(cluster) -> None:  # type: ignore[no-untyped-def]
+    cluster.start_worker(concurrency=4)
+    cluster.start_worker(concurrency=4)
+    h = basic.racing.start(500)
+    assert h.result(timeout=240) == sum(range(500))
+    docs = cluster.durable.store.query_partition(h.id).docs
+    assert sum(1 for d in docs if d["id"].startswith("r:")) == 500
+
+
+def test_thousand_step_workflow(cluster) -> None:  # type: ignore[no-untyped-def]
+    cluster.start_worker(concurrency=2)
+    h = basic.sum_chain.start(1000)
+    assert h.result(timeout=280) == sum(range(1000))
+    info = h.poll()
+    assert info.steps == 1000
+
+
+def test_nondeterminism_fails_with_both_steps_named(cluster) -> None:  # type: ignore[no-untyped-def]
+    from celery_durable import WorkflowFailedError
+
+    cluster.start_worker()
+    flag = cluster.workers.tmp / "flag"
+    gate_file = cluster.workers.tmp / "gate-nd"
+    h = basic.shifty.start(str(flag), str(gate_file))
+    store = cluster.durable.store
+    wait_until(lambda: store.read(h.id, "s:000002"), what="the gate step to be scheduled")
+    flag.write_text("now the code takes the other branch")
+    gate_file.write_text("open")
+    with pytest.raises(WorkflowFailedError) as info:
+        h.result(timeout=60)
+    assert info.value.type_name == "NonDeterminismError"
+    assert "'tests.apps.basic.right'" in info.value.message and "'tests.apps.basic.left'" in info.value.message
+
+
+def test_unknown_workflow_is_reported_and_kept(cluster) -> None:  # type: ignore[no-untyped-def]
+    def only_in_the_caller(n: int) -> int:
+        return n
+
+    wf = cluster.durable.workflow(name="only_in_the_caller")(only_in_the_caller)
+    try:
+        worker = cluster.start_worker()
+        h = wf.start(7)
+        info = wait_until(lambda: (i := h.poll()).last_error and i, what="the worker to report the unknown name")
+        assert info.status == "running"
+        assert "only_in_the_caller" in info.last_error and "not registered" in info.last_error
+        doc = cluster.durable.store.read(h.id, "exec")
+        assert doc["payload"] == {"args": [7], "kwargs": {}}  # nothing lost
+        assert doc["due_kind"] == "exec"  # will be retried by recovery
+        assert "not registered" in worker.log()
+    finally:
+        cluster.durable.registry.workflows.pop("only_in_the_caller", None)
