@@ -95,7 +95,9 @@ class CallCodec:
         """Inverse of :meth:`encode_args`."""
         args = list(data.get("args", []))
         kwargs = dict(data.get("kwargs", {}))
-        names = [n for n, p in self.signature.parameters.items() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        names = [
+            n for n, p in self.signature.parameters.items() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
         dec_args = tuple(
             (self._codec(names[i]) if i < len(names) else self._var).decode(v, f"argument {i} of {self.name}")
             for i, v in enumerate(args)
@@ -110,7 +112,7 @@ class CallCodec:
         return self.result.decode(data, f"result of {self.name}")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cached(fn: Callable[..., Any]) -> CallCodec:
     return CallCodec(fn)
 

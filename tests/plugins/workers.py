@@ -111,12 +111,13 @@ def broker_url(kind: str, tmp: Path) -> tuple[str, dict[str, str]]:
         return "amqp://guest:guest@127.0.0.1:5672//", {}
     if kind == "filesystem":
         folder = tmp / "broker"
-        for sub in ("in", "processed"):
+        for sub in ("in", "processed", "control"):
             (folder / sub).mkdir(parents=True, exist_ok=True)
         opts = {
             "data_folder_in": str(folder / "in"),
             "data_folder_out": str(folder / "in"),
             "processed_folder": str(folder / "processed"),
+            "control_folder": str(folder / "control"),
             "store_processed": False,
             "polling_interval": 0.05,
         }
