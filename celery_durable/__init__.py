@@ -13,6 +13,7 @@
 from .activity import durable_activity
 from .app import Durable, Workflow
 from .errors import (
+    ChildWorkflowError,
     ActivityError,
     ConfigurationError,
     DurableError,
@@ -50,6 +51,7 @@ __all__ = [
     "WorkflowFailedError",
     "WorkflowCancelledError",
     "ActivityError",
+    "ChildWorkflowError",
     "NonRetryableError",
     "DurableTimeoutError",
     "StoreError",

@@ -90,9 +90,9 @@ def _run_attempt(task: Task, meta: dict[str, Any], args: tuple[Any, ...], kwargs
     durable = Durable.of(task.app)
     engine = durable.engine
     runner = engine.activities
-    execution_id, seq = str(meta["e"]), int(meta["s"])
+    execution_id, seq, run = str(meta["e"]), int(meta["s"]), int(meta.get("r") or 0)
     outcome = meta.get("outcome")
-    attempt, why = runner.begin(execution_id, seq)
+    attempt, why = runner.begin(execution_id, seq, run)
     if attempt is None:
         log.info("activity %s (%s step %d) not run: %s", task.name, execution_id, seq, why)
         return None

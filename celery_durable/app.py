@@ -10,7 +10,7 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 from celery import Celery
 
 from . import workflow as _wf
-from .engine.context import current_context
+from .engine.context import DurableFuture, current_context, require_context
 from .engine.core import Engine
 from .engine.registry import Registry, WorkflowDef
 from .errors import ConfigurationError
@@ -18,7 +18,7 @@ from .handle import WorkflowHandle
 from .settings import DurableSettings
 from .signals.receivers import forward_event, install
 from .stores import Store, store_from_url
-from .tasks import RECOVER_TASK, CeleryDispatcher, register_tasks
+from .tasks import FIRE_DUE_CLOCKS_TASK, RECOVER_TASK, CeleryDispatcher, register_tasks
 
 __all__ = ["Durable", "Workflow"]
 
@@ -43,10 +43,21 @@ class Workflow(Generic[P, R]):
         self.__doc__ = definition.fn.__doc__
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        """Inside a workflow: run as a child workflow and wait for it. Outside: a plain call."""
         if current_context() is not None:
-            raise NotImplementedError("child workflows arrive with the children issue; use start() outside")
+            value: R = self.start_child(*args, **kwargs).result()
+            return value
         result: R = self.definition.fn(*args, **kwargs)
         return result
+
+    def start_child(self, *args: Any, _workflow_id: str | None = None, **kwargs: Any) -> DurableFuture[R]:
+        """Inside a workflow: start this workflow as a child; ``.result()`` waits for it.
+
+        The child's id derives from the parent's id and the step (idempotent on replay) unless
+        ``_workflow_id`` is given. Cancelling the parent cancels its running children.
+        """
+        ctx = require_context(f"{self.name}.start_child()")
+        return ctx.start_child(self.definition, args, kwargs, _workflow_id)
 
     def start(self, *args: Any, _workflow_id: str | None = None, **kwargs: Any) -> WorkflowHandle[R]:
         """Start (or join, when ``_workflow_id`` exists) an execution; validate in the caller."""
@@ -102,7 +113,8 @@ class Durable:
                     if store is None or isinstance(store, str):
                         store = store_from_url(store or settings.store_url, **settings.store_options)
                     self._store_arg = store
-                    engine = Engine(store, CeleryDispatcher(self.app), self.registry, settings.engine_settings())
+                    dispatcher = CeleryDispatcher(self.app, fast_timer_max=float(settings.timer_fast_path_max))
+                    engine = Engine(store, dispatcher, self.registry, settings.engine_settings())
                     engine.subscribe(forward_event)
                     self._engine = engine
                 engine = self._engine
@@ -142,6 +154,10 @@ class Durable:
             RECOVER_TASK,
             {"task": RECOVER_TASK, "schedule": timedelta(seconds=float(settings.recovery_interval))},
         )
+        schedule.setdefault(
+            FIRE_DUE_CLOCKS_TASK,
+            {"task": FIRE_DUE_CLOCKS_TASK, "schedule": timedelta(seconds=float(settings.clock_interval))},
+        )
         self.app.conf.beat_schedule = schedule
 
     # --- declaring ----------------------------------------------------------------------
@@ -149,19 +165,29 @@ class Durable:
     @overload
     def workflow(self, fn: Callable[P, R]) -> Workflow[P, R]: ...
     @overload
-    def workflow(self, *, name: str | None = None) -> Callable[[Callable[P, R]], Workflow[P, R]]: ...
-    def workflow(self, fn: Any = None, *, name: str | None = None) -> Any:
-        """Register a workflow function; its name (default ``module.qualname``) is stored."""
+    def workflow(
+        self, *, name: str | None = None, signals: dict[str, Any] | None = None
+    ) -> Callable[[Callable[P, R]], Workflow[P, R]]: ...
+    def workflow(self, fn: Any = None, *, name: str | None = None, signals: dict[str, Any] | None = None) -> Any:
+        """Register a workflow function; its name (default ``module.qualname``) is stored.
+
+        ``signals`` declares signal names and their types: values sent to them are validated
+        in the sender.
+        """
 
         def wrap(f: Callable[P, R]) -> Workflow[P, R]:
             wf_name = name or f"{f.__module__}.{f.__qualname__}"
-            return Workflow(self, self.registry.add_workflow(wf_name, f))
+            return Workflow(self, self.registry.add_workflow(wf_name, f, signals))
 
         return wrap(fn) if fn is not None else wrap
 
     def handle(self, workflow_id: str) -> WorkflowHandle[Any]:
         """A handle to an existing execution by id."""
         return WorkflowHandle(self.engine, workflow_id)
+
+    def signal(self, workflow_id: str, name: str, value: Any) -> bool:
+        """Send a signal from anywhere; False when it was ignored (a value was already recorded)."""
+        return self.engine.signal(workflow_id, name, value)
 
     # --- the in-workflow API, also reachable as durable.<name> ---------------------------
 
@@ -170,3 +196,9 @@ class Durable:
     random = staticmethod(_wf.random)
     gather = staticmethod(_wf.gather)
     execution_id = staticmethod(_wf.execution_id)
+    sleep = staticmethod(_wf.sleep)
+    sleep_until = staticmethod(_wf.sleep_until)
+    start_timer = staticmethod(_wf.start_timer)
+    wait_signal = staticmethod(_wf.wait_signal)
+    continue_as_new = staticmethod(_wf.continue_as_new)
+    Saga = _wf.Saga

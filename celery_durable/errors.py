@@ -24,6 +24,7 @@ __all__ = [
     "WorkflowFailedError",
     "WorkflowCancelledError",
     "ActivityError",
+    "ChildWorkflowError",
     "NonRetryableError",
     "DurableTimeoutError",
 ]
@@ -123,6 +124,17 @@ class ActivityError(DurableError):
         self.type_name = type_name
         self.message = message
         self.attempts = attempts
+
+
+class ChildWorkflowError(DurableError):
+    """A child workflow failed; raised in the parent at the point it waits for the child."""
+
+    def __init__(self, workflow: str, child_id: str, type_name: str, message: str) -> None:
+        super().__init__(f"child workflow {workflow!r} ({child_id}) failed: {type_name}: {message}")
+        self.workflow = workflow
+        self.child_id = child_id
+        self.type_name = type_name
+        self.message = message
 
 
 class NonRetryableError(DurableError):

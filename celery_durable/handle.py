@@ -84,6 +84,11 @@ class WorkflowHandle(Generic[R]):
             raise WorkflowCancelledError(f"workflow {self.id!r} was cancelled")
         raise WorkflowFailedError(self.id, str(err.get("type", "Error")), str(err.get("message", "")))
 
+    def signal(self, name: str, value: Any) -> bool:
+        """Send signal ``name``; validated against the declared type here. False when ignored
+        because a value (or the wait's timeout) was already recorded: first writer wins."""
+        return self._engine.signal(self.id, name, value)
+
     def cancel(self) -> bool:
         """Request cancellation; False if the execution had already ended."""
         return self._engine.cancel(self.id)

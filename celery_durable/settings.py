@@ -11,6 +11,8 @@ setting                            default                     meaning
 ``durable_clock_interval``         1 s                         beat: due timers
 ``durable_activity_queue_timeout`` 300 s                       unstarted activity → re-sent
 ``durable_drive_timeout``          30 s                        undriven execution → re-driven
+``durable_timer_fast_path_max``   60 s                        timers up to this get a countdown
+                                                               task too (0: beat's scan only)
 ``durable_install_beat``           True                        add the beat entries
 ``durable_store_options``          {}                          extra backend options
 =================================  ==========================  ===============================
@@ -39,6 +41,7 @@ class DurableSettings:
     clock_interval: float = 1.0
     activity_queue_timeout: float = 300.0
     drive_timeout: float = 30.0
+    timer_fast_path_max: float = 60.0
     install_beat: bool = True
     store_options: dict[str, Any] = field(default_factory=dict)
 

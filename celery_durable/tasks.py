@@ -7,18 +7,26 @@ Task names are stored in messages and schedules, so they are explicit and stable
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery
 
 from .activity import DURABLE_HEADER
-from .engine.dispatcher import ActivityRequest
+from .engine.dispatcher import ActivityRequest, ClockRequest
 from .errors import StoreUnavailable
 
 if TYPE_CHECKING:
     from .app import Durable
 
-__all__ = ["CeleryDispatcher", "register_tasks", "DRIVE_TASK", "RECOVER_TASK"]
+__all__ = [
+    "CeleryDispatcher",
+    "register_tasks",
+    "DRIVE_TASK",
+    "RECOVER_TASK",
+    "FIRE_CLOCK_TASK",
+    "FIRE_DUE_CLOCKS_TASK",
+]
 
 log = logging.getLogger("celery_durable.tasks")
 
@@ -31,8 +39,9 @@ FIRE_DUE_CLOCKS_TASK = "celery_durable.fire_due_clocks"
 class CeleryDispatcher:
     """Sends engine work as Celery messages (JSON only, deterministic task ids)."""
 
-    def __init__(self, app: Celery) -> None:
+    def __init__(self, app: Celery, fast_timer_max: float = 60.0) -> None:
         self.app = app
+        self.fast_timer_max = fast_timer_max
 
     def send_activity(self, request: ActivityRequest) -> None:
         kwargs = dict(request.kwargs)
@@ -40,7 +49,9 @@ class CeleryDispatcher:
             "task_id": request.task_id,
             # the step's identity travels in a header: it survives Celery's retries and keeps
             # the user's kwargs (and Celery's argument checking) untouched
-            "headers": {DURABLE_HEADER: {"e": request.execution_id, "s": request.seq, "w": request.workflow}},
+            "headers": {
+                DURABLE_HEADER: {"e": request.execution_id, "s": request.seq, "r": request.run, "w": request.workflow}
+            },
             # Flower shows this instead of the bare task name
             "shadow": f"{request.name} [{request.workflow} {request.execution_id} #{request.seq}]",
             "serializer": "json",
@@ -62,8 +73,20 @@ class CeleryDispatcher:
             ignore_result=True,
         )
 
-    def send_clock(self, execution_id: str, seq: int, fire_at: float) -> None:
-        raise NotImplementedError("durable timers arrive with the timers issue")
+    def send_clock(self, request: ClockRequest) -> None:
+        # Fast path for short timers only: a broker ETA longer than the visibility timeout
+        # would be redelivered or lost; long timers rely on the store and beat's clock scan.
+        delay = request.fire_at - time.time()
+        if delay > self.fast_timer_max:
+            return
+        self.app.send_task(
+            FIRE_CLOCK_TASK,
+            args=[request.execution_id, request.seq, request.run],
+            countdown=max(0.0, delay),
+            shadow=f"timer [{request.execution_id} #{request.seq}]",
+            serializer="json",
+            ignore_result=True,
+        )
 
 
 def register_tasks(app: Celery, durable: Durable) -> None:
@@ -78,6 +101,20 @@ def register_tasks(app: Celery, durable: Durable) -> None:
         except StoreUnavailable as exc:
             # the execution stays due; retrying here just makes recovery faster
             raise self.retry(exc=exc, countdown=min(30.0, 1.0 * 2 ** min(self.request.retries, 5))) from exc
+
+    @app.task(name=FIRE_CLOCK_TASK, bind=True, ignore_result=True, max_retries=None)
+    def fire_clock(self: Any, execution_id: str, seq: int, run: int = 0) -> str:
+        try:
+            outcome = durable.engine.fire_clock(execution_id, seq, run)
+        except StoreUnavailable as exc:
+            raise self.retry(exc=exc, countdown=1.0) from exc
+        if outcome == "early":  # delivered before its time (clock skew): try again shortly
+            raise self.retry(countdown=0.05, max_retries=100)
+        return outcome
+
+    @app.task(name=FIRE_DUE_CLOCKS_TASK, ignore_result=True)
+    def fire_due_clocks() -> int:
+        return durable.engine.links.fire_due_clocks()
 
     @app.task(name=RECOVER_TASK, ignore_result=True)
     def recover() -> dict[str, int]:

@@ -8,13 +8,31 @@ from __future__ import annotations
 
 import random as _random
 import uuid as _uuid
-from collections.abc import Iterable
-from datetime import UTC, datetime
-from typing import Any
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime, timedelta
+from types import TracebackType
+from typing import Any, TypeVar
 
-from .engine.context import DurableFuture, in_workflow, require_context
+from .codecs import ValueCodec
+from .engine.context import ContinueAsNew, DurableFuture, in_workflow, require_context
 
-__all__ = ["now", "uuid4", "random", "gather", "in_workflow", "DurableFuture", "execution_id"]
+__all__ = [
+    "now",
+    "uuid4",
+    "random",
+    "gather",
+    "sleep",
+    "sleep_until",
+    "start_timer",
+    "wait_signal",
+    "continue_as_new",
+    "Saga",
+    "in_workflow",
+    "DurableFuture",
+    "execution_id",
+]
+
+T = TypeVar("T")
 
 
 def now() -> datetime:
@@ -51,3 +69,88 @@ def _is_item(obj: Any) -> bool:
 def execution_id() -> str:
     """The id of the running execution."""
     return require_context("durable.execution_id()").execution_id
+
+
+def _seconds(delay: timedelta | float) -> float:
+    return delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
+
+
+def start_timer(delay: timedelta | float) -> DurableFuture[None]:
+    """Start a durable timer and return its future (to race it against other steps)."""
+    ctx = require_context("durable.start_timer()")
+    return ctx.sleep_until(ctx.now + _seconds(delay))
+
+
+def sleep(delay: timedelta | float) -> None:
+    """Sleep durably: survives restarts; may last days (the store holds the clock, not the broker)."""
+    start_timer(delay).result()
+
+
+def sleep_until(when: datetime) -> None:
+    """Sleep durably until ``when`` (a timezone-aware datetime; naive means UTC)."""
+    ctx = require_context("durable.sleep_until()")
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    ctx.sleep_until(when.timestamp()).result()
+
+
+def wait_signal(name: str, type: Any = None, timeout: timedelta | float | None = None) -> Any:  # noqa: A002
+    """Wait for signal ``name`` and return its value, typed by ``type`` (or the type declared
+    with ``@durable.workflow(signals={...})``). A signal sent before the workflow got here is
+    kept and returned at once. With ``timeout``, raises :class:`DurableTimeoutError` if the
+    timer wins; signal and timer race and the first writer wins."""
+    ctx = require_context("durable.wait_signal()")
+    declared = type if type is not None else ctx.signal_types.get(name, Any)
+    timeout_at = None if timeout is None else ctx.now + _seconds(timeout)
+    return ctx.wait_signal(name, ValueCodec(declared), timeout_at).result()
+
+
+def continue_as_new(*args: Any, **kwargs: Any) -> None:
+    """Restart this workflow with new arguments and an empty history (same workflow id)."""
+    ctx = require_context("durable.continue_as_new()")
+    definition = ctx.registry.workflow(ctx.workflow)
+    assert definition is not None
+    raise ContinueAsNew(definition.codec.encode_args(args, kwargs))
+
+
+class Saga:
+    """Compensations that run, durably and in reverse order, when the block fails or is cancelled.
+
+    >>> with Saga() as saga:
+    ...     charge(order)
+    ...     saga.add(refund, order.id)
+    ...     ship(order)
+
+    Each compensation is an activity call, hence a durable step: a crash in the middle of
+    compensating resumes where it stopped. A compensation that fails is recorded and the
+    others still run; the original error is re-raised afterwards.
+    """
+
+    def __init__(self) -> None:
+        self._compensations: list[tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = []
+        #: errors raised by compensations (type name and message), for inspection
+        self.failures: list[str] = []
+
+    def add(self, compensation: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        """Register ``compensation(*args, **kwargs)`` (usually an activity) to undo a step."""
+        self._compensations.append((compensation, args, kwargs))
+
+    def compensate(self) -> None:
+        """Run the registered compensations, last first."""
+        from .errors import ActivityError
+
+        for compensation, args, kwargs in reversed(self._compensations):
+            try:
+                compensation(*args, **kwargs)
+            except ActivityError as exc:
+                self.failures.append(f"{exc.type_name}: {exc.message}")
+
+    def __enter__(self) -> Saga:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool:
+        if exc is not None and isinstance(exc, Exception):
+            self.compensate()
+        return False

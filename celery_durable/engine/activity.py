@@ -36,6 +36,7 @@ class Attempt:
     etag: str
     holder: str
     number: int
+    run: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     lost: bool = False
 
@@ -44,7 +45,7 @@ class ActivityRunner:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
-    def begin(self, execution_id: str, seq: int) -> tuple[Attempt | None, str]:
+    def begin(self, execution_id: str, seq: int, run: int = 0) -> tuple[Attempt | None, str]:
         """Take the step's lease; ``(None, reason)`` when this delivery must not run."""
         eng = self.engine
         me = worker_identity()
@@ -55,9 +56,11 @@ class ActivityRunner:
                 return None, "no such execution"
             if ex.get("status") in TERMINAL:
                 return None, f"execution is {ex['status']}"
-            if result_id(seq) in docs:
+            if int(ex.get("run") or 0) != run:
+                return None, "the execution continued as new"
+            if result_id(seq, run) in docs:
                 return None, "duplicate: the result is already recorded"
-            marker = docs.get(marker_id(seq))
+            marker = docs.get(marker_id(seq, run))
             if marker is None or marker.get("kind") != "activity":
                 return None, "no such activity step"
             now = eng.clock.now()
@@ -77,7 +80,7 @@ class ActivityRunner:
                 etag = eng.store.replace(claimed, if_match=marker["_etag"])
             except ConflictError:
                 continue
-            attempt = Attempt(execution_id, seq, str(marker["name"]), etag, me, number)
+            attempt = Attempt(execution_id, seq, str(marker["name"]), etag, me, number, run)
             eng.leases.track(attempt)
             return attempt, "started"
         return None, "the step kept changing under us"
@@ -85,8 +88,9 @@ class ActivityRunner:
     def result_doc(self, attempt: Attempt, value: Any = None, error: BaseException | None = None) -> Doc:
         doc: Doc = {
             "pk": attempt.execution_id,
-            "id": result_id(attempt.seq),
+            "id": result_id(attempt.seq, attempt.run),
             "type": "result",
+            "run": attempt.run,
             "seq": attempt.seq,
             "name": attempt.name,
             "attempts": attempt.number,
@@ -122,7 +126,7 @@ class ActivityRunner:
         eng.leases.untrack(attempt)
         now = eng.clock.now()
         for _ in range(3):
-            marker = eng.store.read(attempt.execution_id, marker_id(attempt.seq))
+            marker = eng.store.read(attempt.execution_id, marker_id(attempt.seq, attempt.run))
             if marker is None or (marker.get("lease") or {}).get("holder") != attempt.holder:
                 return
             updated = {k: v for k, v in marker.items() if k != "_etag"}

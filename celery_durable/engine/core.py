@@ -23,9 +23,10 @@ from ..errors import (
 from ..stores.base import Doc, Store
 from .activity import ActivityRunner
 from .cache import PartitionCache
-from .dispatcher import Dispatcher
+from .dispatcher import ActivityRequest, CancelRequest, ChildRequest, ClockRequest, Dispatcher
 from .driver import Driver
 from .leases import LeaseKeeper
+from .links import Links
 from .model import DUE_EXEC, EXEC_ID, RUNNING, TERMINAL, Clock, Settings, SystemClock
 from .recovery import Recovery
 from .registry import Registry, WorkflowDef
@@ -56,6 +57,7 @@ class Engine:
         self.activities = ActivityRunner(self)
         self.leases = LeaseKeeper(self)
         self.recovery = Recovery(self)
+        self.links = Links(self)
         self._listeners: list[Listener] = []
 
     # --- events (the Celery glue forwards them to celery_durable.signals) -----------------
@@ -87,12 +89,24 @@ class Engine:
         """
         payload = workflow.codec.encode_args(args, kwargs)
         eid = workflow_id or uuid.uuid4().hex
+        if not self.create_execution(workflow.name, payload, eid, parent):
+            existing = self.store.read(eid, EXEC_ID)
+            if existing is not None and existing.get("workflow") != workflow.name:
+                raise ConfigurationError(
+                    f"execution {eid!r} exists and runs workflow {existing.get('workflow')!r}, not {workflow.name!r}"
+                )
+            return eid, False
+        return eid, True
+
+    def create_execution(self, workflow: str, payload: dict[str, Any], eid: str, parent: dict[str, Any] | None) -> bool:
+        """Create-only: False when ``eid`` exists. Sends the first drive when created."""
         now = self.clock.now()
         doc: Doc = {
             "pk": eid,
             "id": EXEC_ID,
             "type": "exec",
-            "workflow": workflow.name,
+            "workflow": workflow,
+            "run": 0,
             "payload": payload,
             "parent": parent,
             "status": RUNNING,
@@ -110,15 +124,10 @@ class Engine:
             "due_at": now + self.settings.drive_timeout,
         }
         if self.store.create(doc) is None:
-            existing = self.store.read(eid, EXEC_ID)
-            if existing is not None and existing.get("workflow") != workflow.name:
-                raise ConfigurationError(
-                    f"execution {eid!r} exists and runs workflow {existing.get('workflow')!r}, not {workflow.name!r}"
-                )
-            return eid, False
-        self.emit("workflow_started", execution_id=eid, workflow=workflow.name)
+            return False
+        self.emit("workflow_started", execution_id=eid, workflow=workflow)
         self.dispatcher.send_drive(eid)
-        return eid, True
+        return True
 
     def read_exec(self, execution_id: str) -> Doc:
         doc = self.store.read(execution_id, EXEC_ID)
@@ -162,3 +171,24 @@ class Engine:
 
     def drive(self, execution_id: str) -> str:
         return self.driver.drive(execution_id)
+
+    def signal(self, execution_id: str, name: str, value: Any) -> bool:
+        """Send signal ``name`` (validated here); False when it was ignored (first value wins)."""
+        return self.links.signal(execution_id, name, value)
+
+    def fire_clock(self, execution_id: str, seq: int, run: int = 0) -> str:
+        return self.links.fire_clock(execution_id, seq, run)
+
+    def dispatch(self, send: ActivityRequest | ClockRequest | ChildRequest | CancelRequest) -> None:
+        """Carry out what a committed drive decided."""
+        if isinstance(send, ActivityRequest):
+            self.dispatcher.send_activity(send)
+        elif isinstance(send, ClockRequest):
+            self.dispatcher.send_clock(send)
+        elif isinstance(send, ChildRequest):
+            self.links.start_child(send)
+        else:
+            try:
+                self.cancel(send.execution_id)
+            except UnknownWorkflowError:
+                pass

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-__all__ = ["ActivityRequest", "Dispatcher", "InlineDispatcher"]
+__all__ = ["ActivityRequest", "ClockRequest", "ChildRequest", "CancelRequest", "Dispatcher", "InlineDispatcher"]
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,52 @@ class ActivityRequest:
     task_id: str
     workflow: str
     options: dict[str, Any] = field(default_factory=dict)
+    run: int = 0
+
+    @property
+    def key(self) -> str:
+        return f"activity:{self.task_id}"
+
+
+@dataclass(frozen=True)
+class ClockRequest:
+    """Fire step ``seq`` of ``execution_id`` at ``fire_at`` (epoch seconds)."""
+
+    execution_id: str
+    seq: int
+    fire_at: float
+    run: int = 0
+
+    @property
+    def key(self) -> str:
+        return f"clock:{self.execution_id}:{self.run}:{self.seq}"
+
+
+@dataclass(frozen=True)
+class ChildRequest:
+    """Start a child execution (done by the engine itself after the parent's commit)."""
+
+    parent_id: str
+    seq: int
+    workflow: str
+    payload: dict[str, Any]
+    child_id: str
+    run: int = 0
+
+    @property
+    def key(self) -> str:
+        return f"child:{self.child_id}"
+
+
+@dataclass(frozen=True)
+class CancelRequest:
+    """Cancel an execution (a child, when its parent is cancelled)."""
+
+    execution_id: str
+
+    @property
+    def key(self) -> str:
+        return f"cancel:{self.execution_id}"
 
 
 class Dispatcher(Protocol):
@@ -34,7 +80,9 @@ class Dispatcher(Protocol):
 
     def send_drive(self, execution_id: str, countdown: float | None = None) -> None: ...
 
-    def send_clock(self, execution_id: str, seq: int, fire_at: float) -> None: ...
+    def send_clock(self, request: ClockRequest) -> None:
+        """Fire at ``request.fire_at`` if you can (a countdown); beat's scan is the safety net."""
+        ...
 
 
 class InlineDispatcher:
@@ -51,8 +99,8 @@ class InlineDispatcher:
     def send_drive(self, execution_id: str, countdown: float | None = None) -> None:
         self._put("drive", execution_id)
 
-    def send_clock(self, execution_id: str, seq: int, fire_at: float) -> None:
-        self._put("clock", (execution_id, seq, fire_at))
+    def send_clock(self, request: ClockRequest) -> None:
+        self._put("clock", request)
 
     def _put(self, kind: str, item: Any) -> None:
         self.queue.append((kind, item))

@@ -21,14 +21,14 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConflictError, CorruptDocument, PayloadValidationError, WorkflowCancelledError
 from ..stores.base import Doc, Op
-from .context import Fatal, Suspend, WorkflowContext
-from .dispatcher import ActivityRequest
+from .context import ContinueAsNew, Fatal, Send, Suspend, WorkflowContext
 from .model import (
     CANCELLED,
     COMPLETED,
     DUE_EXEC,
     EXEC_ID,
     FAILED,
+    RUNNING,
     TERMINAL,
     error_info,
     lease_live,
@@ -48,12 +48,14 @@ MAX_ROUNDS = 500
 
 @dataclass
 class Replay:
-    kind: str  # completed | failed | cancelled | suspended | unknown
+    kind: str  # completed | failed | cancelled | suspended | unknown | continued
     value: Any = None
     error: dict[str, Any] | None = None
     new_docs: list[Doc] = field(default_factory=list)
-    sends: list[ActivityRequest] = field(default_factory=list)
+    sends: list[Send] = field(default_factory=list)
     steps: int = 0
+    #: the new payload, for ``continued``
+    payload: dict[str, Any] | None = None
 
 
 def _strip(doc: Doc) -> Doc:
@@ -79,18 +81,22 @@ class Driver:
             registry=eng.registry,
             cancel_requested=bool(ex.get("cancel_requested")),
             activity_queue_timeout=eng.settings.activity_queue_timeout,
+            run=int(ex.get("run") or 0),
+            signal_types=wf.signals,
         )
         try:
             args, kwargs = wf.codec.decode_args(ex.get("payload") or {})
         except (PayloadValidationError, TypeError, AttributeError) as exc:
             err = CorruptDocument(f"stored payload of {ex['pk']!r} cannot be decoded: {exc}")
             return Replay("failed", error=error_info(err))
-        kind, value, error = "completed", None, None
+        kind, value, error, payload = "completed", None, None, None
         with ctx:
             try:
                 result = wf.fn(*args, **kwargs)
             except Suspend:
                 kind = "suspended"
+            except ContinueAsNew as cont:
+                kind, payload = "continued", cont.payload
             except Fatal as fatal:
                 kind, error = "failed", error_info(fatal.error)
             except WorkflowCancelledError as exc:
@@ -112,7 +118,13 @@ class Driver:
                     except PayloadValidationError as exc:
                         kind, error = "failed", error_info(exc)
         return Replay(
-            kind, value=value, error=error, new_docs=list(ctx.new_docs.values()), sends=ctx.sends, steps=ctx.seq
+            kind,
+            value=value,
+            error=error,
+            new_docs=list(ctx.new_docs.values()),
+            sends=ctx.sends,
+            steps=ctx.seq,
+            payload=payload,
         )
 
     # --- drive --------------------------------------------------------------------------
@@ -131,7 +143,7 @@ class Driver:
         conflicts = 0
         carry = list(carry)
         release = list(release)
-        orphan_sends: dict[str, ActivityRequest] = {}
+        orphan_sends: dict[str, Send] = {}
         try:
             for _ in range(MAX_ROUNDS):
                 docs = eng.cache.load(execution_id)
@@ -189,23 +201,24 @@ class Driver:
                     conflicts += 1
                     continue
                 for req in replay.sends:
-                    orphan_sends[req.task_id] = req
+                    orphan_sends[req.key] = req
                 self._after_commit(ex, replay)
                 return replay.kind
             log.error("drive %s: gave up after %d rounds of contention", execution_id, MAX_ROUNDS)
             return "contended"
         finally:
             for req in orphan_sends.values():
-                eng.dispatcher.send_activity(req)
+                eng.dispatch(req)
 
     def _commit_ops(
         self, ex: Doc, docs: dict[str, Doc], carry_new: list[Doc], release: list[int], replay: Replay, now: float
     ) -> list[Op] | None:
         eng = self.engine
+        run = int(ex.get("run") or 0)
         ops: list[Op] = [Op.create(d) for d in carry_new]
         ops += [Op.create(d) for d in replay.new_docs if d["id"] not in docs]
         for seq in release:
-            marker = docs.get(marker_id(seq))
+            marker = docs.get(marker_id(seq, run))
             if marker is not None and (marker.get("lease") or marker.get("due_kind")):
                 cleared = _strip(marker) | {"lease": None, "due_kind": None, "due_at": None}
                 ops.append(Op.replace(cleared, marker["_etag"]))
@@ -221,12 +234,27 @@ class Driver:
                 due_at=now + eng.settings.unknown_retry_delay,
             )
             log.error("execution %s: %s", ex["pk"], new_ex["last_error"])
-        elif replay.kind == "completed":
-            new_ex.update(status=COMPLETED, result=replay.value, completed_at=now)
-        elif replay.kind == "failed":
-            new_ex.update(status=FAILED, error=replay.error, completed_at=now)
-        elif replay.kind == "cancelled":
-            new_ex.update(status=CANCELLED, error=replay.error, completed_at=now)
+        elif replay.kind == "continued":
+            # a fresh run with a fresh history; the old run's documents are deleted after commit
+            new_ex.update(
+                status=RUNNING,
+                run=run + 1,
+                payload=replay.payload,
+                steps=0,
+                continued=int(ex.get("continued") or 0) + 1,
+                due_kind=DUE_EXEC,
+                due_at=now + eng.settings.drive_timeout,
+            )
+        elif replay.kind in ("completed", "failed", "cancelled"):
+            status = {"completed": COMPLETED, "failed": FAILED, "cancelled": CANCELLED}[replay.kind]
+            new_ex.update(status=status, completed_at=now)
+            if replay.kind == "completed":
+                new_ex["result"] = replay.value
+            else:
+                new_ex["error"] = replay.error
+            if ex.get("parent"):
+                # stays due until the parent has been told (recovery retries a lost notice)
+                new_ex.update(parent_notified=False, due_kind=DUE_EXEC, due_at=now + eng.settings.drive_timeout)
         idle = replay.kind == "suspended" and not ops and not replay.sends
         if idle and not ex.get("lease") and not ex.get("due_kind") and not ex.get("last_error"):
             return None  # nothing new: a duplicate drive message
@@ -235,7 +263,7 @@ class Driver:
         ops.append(Op.replace(new_ex, ex["_etag"]))
         return ops
 
-    def _apply(self, pk: str, ops: list[Op], replay: Replay, orphan_sends: dict[str, ActivityRequest]) -> None:
+    def _apply(self, pk: str, ops: list[Op], replay: Replay, orphan_sends: dict[str, Send]) -> None:
         store = self.engine.store
         limit = store.max_batch_ops
         if len(ops) > limit:
@@ -243,13 +271,11 @@ class Driver:
             # They are create-only, so a retry after a conflict finds them recorded; their
             # messages must then still be sent, whatever happens to this drive.
             overflow, ops = ops[: len(ops) - limit], ops[len(ops) - limit :]
-            sent_ids = {d["id"] for d in replay.new_docs}
             for op in overflow:
                 assert op.doc is not None and op.kind == "create"
                 store.create(op.doc)
             for req in replay.sends:
-                if marker_id(req.seq) in sent_ids:
-                    orphan_sends[req.task_id] = req
+                orphan_sends[req.key] = req
         store.batch(pk, ops)
 
     def _record(self, docs: list[Doc]) -> None:
@@ -257,8 +283,9 @@ class Driver:
             self.engine.store.create(d)
 
     def _release_each(self, docs: dict[str, Doc], release: list[int]) -> None:
+        run = int((docs.get(EXEC_ID) or {}).get("run") or 0)
         for seq in release:
-            marker = docs.get(marker_id(seq))
+            marker = docs.get(marker_id(seq, run))
             if marker is not None and (marker.get("lease") or marker.get("due_kind")):
                 try:
                     cleared = _strip(marker) | {"lease": None, "due_kind": None, "due_at": None}
@@ -271,5 +298,11 @@ class Driver:
         eng.emit("drive_committed", execution_id=ex["pk"], outcome=replay.kind)
         if replay.kind in ("completed", "failed", "cancelled"):
             eng.emit(f"workflow_{replay.kind}", execution_id=ex["pk"], workflow=ex["workflow"])
+            if ex.get("parent"):
+                eng.links.notify_parent(ex["pk"])
         elif replay.kind == "suspended":
             eng.emit("workflow_suspended", execution_id=ex["pk"], workflow=ex["workflow"])
+        elif replay.kind == "continued":
+            eng.emit("workflow_continued", execution_id=ex["pk"], workflow=ex["workflow"])
+            eng.links.prune_run(ex["pk"], int(ex.get("run") or 0))
+            eng.dispatcher.send_drive(ex["pk"])

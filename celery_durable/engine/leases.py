@@ -72,7 +72,7 @@ class LeaseKeeper:
     def renew(self, attempt: Attempt) -> bool:
         eng = self.engine
         with attempt.lock:
-            marker = eng.store.read(attempt.execution_id, marker_id(attempt.seq))
+            marker = eng.store.read(attempt.execution_id, marker_id(attempt.seq, attempt.run))
             lease = (marker or {}).get("lease") or {}
             if marker is None or lease.get("holder") != attempt.holder:
                 attempt.lost = True
@@ -93,7 +93,7 @@ class LeaseKeeper:
         eng = self.engine
         self.untrack(attempt)
         try:
-            marker = eng.store.read(attempt.execution_id, marker_id(attempt.seq))
+            marker = eng.store.read(attempt.execution_id, marker_id(attempt.seq, attempt.run))
             if marker is None or (marker.get("lease") or {}).get("holder") != attempt.holder:
                 return
             updated = {k: v for k, v in marker.items() if k != "_etag"}

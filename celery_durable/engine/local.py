@@ -28,13 +28,14 @@ class LocalWorker:
         self.executed: list[tuple[str, int, str]] = []
         dispatcher.handlers["drive"] = self._drive
         dispatcher.handlers["activity"] = self._activity
+        dispatcher.handlers["clock"] = self._clock
 
     def _drive(self, execution_id: Any) -> None:
         self.engine.drive(str(execution_id))
 
     def _activity(self, req: ActivityRequest) -> None:
         eng = self.engine
-        attempt, _why = eng.activities.begin(req.execution_id, req.seq)
+        attempt, _why = eng.activities.begin(req.execution_id, req.seq, req.run)
         if attempt is None:
             return
         act = eng.registry.activity(req.name)
@@ -54,6 +55,11 @@ class LocalWorker:
             eng.activities.complete(attempt, eng.activities.result_doc(attempt, error=exc))
             return
         eng.activities.complete(attempt, eng.activities.result_doc(attempt, value=value))
+
+    def _clock(self, req: Any) -> None:
+        # The inline dispatcher has no countdown: a clock fires only once the (fake) time is
+        # due, through fire_due_clocks — exactly the beat path.
+        pass
 
     def run(self) -> int:
         return self.dispatcher.run_until_idle()

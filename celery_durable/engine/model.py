@@ -52,6 +52,7 @@ TERMINAL = frozenset({COMPLETED, FAILED, CANCELLED})
 DUE_EXEC = "exec"
 DUE_ACTIVITY = "activity"
 DUE_CLOCK = "clock"
+DUE_CHILD = "child"
 
 
 class Clock(Protocol):
@@ -65,16 +66,23 @@ class SystemClock:
         return time.time()
 
 
-def marker_id(seq: int) -> str:
-    return f"s:{seq:06d}"
+# Step documents are keyed by run (continue-as-new starts run 1, 2, …) and call order.
+def marker_id(seq: int, run: int = 0) -> str:
+    return f"s{run or ''}:{seq:06d}"
 
 
-def result_id(seq: int) -> str:
-    return f"r:{seq:06d}"
+def result_id(seq: int, run: int = 0) -> str:
+    return f"r{run or ''}:{seq:06d}"
 
 
-def seq_of(doc_id: str) -> int:
-    return int(doc_id.split(":", 1)[1])
+def signal_id(name: str, run: int = 0) -> str:
+    return f"sig{run or ''}:{name}"
+
+
+def parse_step_id(doc_id: str) -> tuple[int, int]:
+    """``"s2:000007"`` → ``(run 2, seq 7)``."""
+    head, _, tail = doc_id.partition(":")
+    return int(head[1:] or 0), int(tail)
 
 
 def error_info(exc: BaseException, attempts: int | None = None) -> dict[str, Any]:

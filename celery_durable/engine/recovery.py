@@ -19,7 +19,18 @@ from typing import TYPE_CHECKING
 from ..errors import ConflictError, CorruptDocument, StoreError
 from ..stores.base import Doc
 from .dispatcher import ActivityRequest
-from .model import DUE_ACTIVITY, DUE_EXEC, EXEC_ID, TERMINAL, error_info, lease_live, marker_id, result_id, seq_of
+from .model import (
+    DUE_ACTIVITY,
+    DUE_CHILD,
+    DUE_EXEC,
+    EXEC_ID,
+    TERMINAL,
+    error_info,
+    lease_live,
+    marker_id,
+    parse_step_id,
+    result_id,
+)
 
 if TYPE_CHECKING:
     from .core import Engine
@@ -52,8 +63,16 @@ class Recovery:
         for ref in self.engine.store.scan_due(DUE_EXEC, now, limit):
             self._guard(report, self._exec_due, ref.pk, now, report)
         for ref in self.engine.store.scan_due(DUE_ACTIVITY, now, limit):
-            self._guard(report, self._activity_due, ref.pk, seq_of(ref.id), now, report)
+            run, seq = parse_step_id(ref.id)
+            self._guard(report, self._activity_due, ref.pk, seq, run, now, report)
+        for ref in self.engine.store.scan_due(DUE_CHILD, now, limit):
+            self._guard(report, self._child_due, ref.pk, ref.id)
         return report
+
+    def _child_due(self, pk: str, marker_id_: str) -> None:
+        marker = self.engine.store.read(pk, marker_id_)
+        if marker is not None and marker.get("due_kind") == DUE_CHILD:
+            self.engine.links.check_child(pk, marker)
 
     def _guard(self, report: ScanReport, fn: object, *args: object) -> None:
         # One bad execution (corrupt document, a conflict storm) must not stop the scan
@@ -68,6 +87,10 @@ class Recovery:
         eng = self.engine
         ex = eng.store.read(pk, EXEC_ID)
         if ex is None:
+            return
+        if ex.get("status") in TERMINAL and ex.get("parent") and not ex.get("parent_notified"):
+            eng.links.notify_parent(pk)  # the child finished but its parent was never told
+            report.redriven += 1
             return
         if ex.get("status") in TERMINAL or lease_live(ex, now):
             if ex.get("status") in TERMINAL:
@@ -86,16 +109,18 @@ class Recovery:
         eng.dispatcher.send_drive(pk)
         report.redriven += 1
 
-    def _activity_due(self, pk: str, seq: int, now: float, report: ScanReport) -> None:
+    def _activity_due(self, pk: str, seq: int, run: int, now: float, report: ScanReport) -> None:
         eng = self.engine
         docs = eng.cache.load(pk)
-        marker = docs.get(marker_id(seq))
+        marker = docs.get(marker_id(seq, run))
         ex = docs.get(EXEC_ID)
         if marker is None:
             return
         if marker.get("kind") != "activity" or "input" not in marker:
-            raise CorruptDocument(f"{pk}/{marker_id(seq)} is not an activity step")
-        done = result_id(seq) in docs or ex is None or ex.get("status") in TERMINAL
+            raise CorruptDocument(f"{pk}/{marker_id(seq, run)} is not an activity step")
+        done = (
+            result_id(seq, run) in docs or ex is None or ex.get("status") in TERMINAL or int(ex.get("run") or 0) != run
+        )
         if done:
             try:
                 eng.store.replace(_strip(marker) | {"lease": None, "due_kind": None, "due_at": None}, marker["_etag"])
@@ -110,8 +135,9 @@ class Recovery:
             err = RuntimeError(f"activity {marker['name']!r} was lost {lost} times (worker killed?)")
             result = {
                 "pk": pk,
-                "id": result_id(seq),
+                "id": result_id(seq, run),
                 "type": "result",
+                "run": run,
                 "seq": seq,
                 "name": marker["name"],
                 "ok": False,
@@ -142,6 +168,7 @@ class Recovery:
                 kwargs=dict(payload.get("kwargs", {})),
                 task_id=str(marker.get("task_id") or f"{pk}:{seq}"),
                 workflow=str((ex or {}).get("workflow", "")),
+                run=run,
             )
         )
         report.resent += 1

@@ -17,6 +17,8 @@ class WorkflowDef:
     name: str
     fn: Callable[..., Any]
     codec: CallCodec
+    #: declared signal types: values are validated against them when sent
+    signals: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -37,11 +39,11 @@ class Registry:
         self.workflows: dict[str, WorkflowDef] = {}
         self.activities: dict[str, ActivityDef] = {}
 
-    def add_workflow(self, name: str, fn: Callable[..., Any]) -> WorkflowDef:
+    def add_workflow(self, name: str, fn: Callable[..., Any], signals: dict[str, Any] | None = None) -> WorkflowDef:
         existing = self.workflows.get(name)
         if existing is not None and existing.fn is not fn:
             raise ConfigurationError(f"two workflows are named {name!r}")
-        wf = WorkflowDef(name, fn, codec_for(fn))
+        wf = WorkflowDef(name, fn, codec_for(fn), dict(signals or {}))
         self.workflows[name] = wf
         return wf
 
