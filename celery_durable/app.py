@@ -87,7 +87,10 @@ class Durable:
         setattr(app, _ATTR, self)
         register_tasks(app, self)
         install(self)
-        app.on_after_configure.connect(self._install_beat, weak=False)
+        if app.configured:  # the config was already read (e.g. app.conf.update() ran first)
+            self._install_beat()
+        else:
+            app.on_after_configure.connect(self._install_beat, weak=False)
 
     @staticmethod
     def of(app: Celery) -> Durable:

@@ -27,6 +27,9 @@ app.conf.update(
     durable_lease_ttl=float(os.environ.get("TEST_LEASE_TTL", "30")),
     durable_heartbeat_interval=float(os.environ.get("TEST_HEARTBEAT", "10")),
     durable_recovery_interval=float(os.environ.get("TEST_RECOVERY_INTERVAL", "15")),
+    durable_clock_interval=float(os.environ.get("TEST_CLOCK_INTERVAL", "1")),
+    durable_timer_fast_path_max=float(os.environ.get("TEST_FAST_TIMER_MAX", "60")),
+    durable_activity_queue_timeout=float(os.environ.get("TEST_QUEUE_TIMEOUT", "300")),
 )
 durable = Durable(app)
 
@@ -168,3 +171,33 @@ def shifty(flag: str, gate_path: str) -> str:
     first = left() if Path(flag).exists() else right()
     gate(gate_path)
     return first
+
+
+class Approval(BaseModel):
+    ok: bool
+    by: str
+
+
+@durable_activity
+def note(key: str) -> int:
+    """Count executions of this step across processes (workflow code itself is replayed)."""
+    return mark(key)
+
+
+@durable.workflow(name="sleeper")
+def sleeper(key: str, seconds: float) -> float:
+    """Sleep, then run one activity; return how late the timer fired (seconds)."""
+    due = wf.now().timestamp() + seconds
+    wf.sleep(seconds)
+    woke = wf.now().timestamp()
+    note(f"woke-{key}")
+    return woke - due
+
+
+@durable.workflow(name="approval", signals={"approval": Approval})
+def approval(timeout: float) -> str:
+    try:
+        got = wf.wait_signal("approval", timeout=timeout)
+    except Exception as exc:  # DurableTimeoutError
+        return type(exc).__name__
+    return f"{got.by}:{got.ok}"

@@ -98,6 +98,30 @@ class WorkerFactory:
         wait_until(up, timeout=ready_timeout, what=f"worker {name} to be ready")
         return worker
 
+    def start_beat(self, app: str = "tests.apps.basic", env: dict[str, str] | None = None) -> Worker:
+        """A ``celery beat`` process with its own schedule file; ready once it logs its start."""
+        name = f"beat{len(self.workers)}-{uuid.uuid4().hex[:6]}"
+        log_path = self.tmp / f"{name}.log"
+        full_env = dict(os.environ) | self.env | (env or {})
+        cmd = [
+            sys.executable, "-m", "celery", "-A", app, "beat", "-s", str(self.tmp / f"{name}.schedule"),
+            "--loglevel=DEBUG", "--max-interval", "1",
+        ]
+        with log_path.open("wb") as out:
+            proc = subprocess.Popen(
+                cmd, cwd=REPO, env=full_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        beat = Worker(proc, log_path, self.tmp / f"{name}.none", name)
+        self.workers.append(beat)
+
+        def up() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"beat exited with {proc.returncode}:\n{beat.log()[-4000:]}")
+            return "beat: Starting" in beat.log()
+
+        wait_until(up, timeout=30, what=f"{name} to start")
+        return beat
+
     def stop_all(self) -> None:
         for w in self.workers:
             w.stop()
