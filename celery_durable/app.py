@@ -18,7 +18,7 @@ from .handle import WorkflowHandle
 from .settings import DurableSettings
 from .signals.receivers import forward_event, install
 from .stores import Store, store_from_url
-from .tasks import FIRE_DUE_CLOCKS_TASK, RECOVER_TASK, CeleryDispatcher, register_tasks
+from .tasks import FIRE_DUE_CLOCKS_TASK, RECOVER_TASK, START_SCHEDULED_TASK, CeleryDispatcher, register_tasks
 
 __all__ = ["Durable", "Workflow"]
 
@@ -84,6 +84,7 @@ class Durable:
         self.registry = Registry()
         self._lock = threading.Lock()
         self._engine: Engine | None = None
+        self._schedules: dict[str, dict[str, Any]] = {}
         setattr(app, _ATTR, self)
         register_tasks(app, self)
         install(self)
@@ -148,11 +149,39 @@ class Durable:
         if engine is not None:
             engine.leases.stop(release=True)
 
+    def schedule(
+        self,
+        name: str,
+        workflow: Workflow[Any, Any],
+        every: timedelta | Any,
+        *args: Any,
+        **kwargs: Any,
+    ) -> None:
+        """Start ``workflow(*args, **kwargs)`` on a schedule through beat.
+
+        ``every`` is a ``timedelta`` (ticks aligned to the epoch) or a Celery ``crontab``. Each
+        tick gets the workflow id ``"{name}@{tick}"``, so two beats by mistake still start one
+        execution per tick. The payload is validated now, not at the first tick.
+        """
+        payload = workflow.definition.codec.encode_args(args, kwargs)
+        period = every.total_seconds() if isinstance(every, timedelta) else 60.0
+        if period <= 0:
+            raise ConfigurationError("a schedule period must be positive")
+        entry = {
+            "task": START_SCHEDULED_TASK,
+            "schedule": every,
+            "args": [name, workflow.name, payload, period],
+        }
+        self._schedules[f"{START_SCHEDULED_TASK}:{name}"] = entry
+        if self.app.configured:
+            self._install_beat()
+
     def _install_beat(self, **_: Any) -> None:
         settings = self.settings
         if not settings.install_beat:
             return
         schedule = dict(self.app.conf.beat_schedule or {})
+        schedule.update(self._schedules)
         schedule.setdefault(
             RECOVER_TASK,
             {"task": RECOVER_TASK, "schedule": timedelta(seconds=float(settings.recovery_interval))},

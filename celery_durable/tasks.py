@@ -7,7 +7,9 @@ Task names are stored in messages and schedules, so they are explicit and stable
 from __future__ import annotations
 
 import logging
+import math
 import time
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery
@@ -34,6 +36,14 @@ DRIVE_TASK = "celery_durable.drive"
 RECOVER_TASK = "celery_durable.recover"
 FIRE_CLOCK_TASK = "celery_durable.fire_clock"
 FIRE_DUE_CLOCKS_TASK = "celery_durable.fire_due_clocks"
+START_SCHEDULED_TASK = "celery_durable.start_scheduled"
+
+
+def tick_id(schedule_name: str, period: float, now: float) -> str:
+    """The workflow id of the tick containing ``now``: equal for every beat in that window."""
+    tick = math.floor(now / period) * period
+    stamp = datetime.fromtimestamp(tick, tz=UTC).strftime("%Y%m%dT%H%M%S")
+    return f"{schedule_name}@{stamp}"
 
 
 class CeleryDispatcher:
@@ -115,6 +125,13 @@ def register_tasks(app: Celery, durable: Durable) -> None:
     @app.task(name=FIRE_DUE_CLOCKS_TASK, ignore_result=True)
     def fire_due_clocks() -> int:
         return durable.engine.links.fire_due_clocks()
+
+    @app.task(name=START_SCHEDULED_TASK, ignore_result=True)
+    def start_scheduled(schedule_name: str, workflow: str, payload: dict[str, Any], period: float) -> str:
+        engine = durable.engine
+        wid = tick_id(schedule_name, period, engine.clock.now())
+        created = engine.create_execution(workflow, payload, wid, None)
+        return f"{wid} {'started' if created else 'already started'}"
 
     @app.task(name=RECOVER_TASK, ignore_result=True)
     def recover() -> dict[str, int]:

@@ -201,3 +201,14 @@ def approval(timeout: float) -> str:
     except Exception as exc:  # DurableTimeoutError
         return type(exc).__name__
     return f"{got.by}:{got.ok}"
+
+
+@durable.workflow(name="ticker")
+def ticker(label: str) -> int:
+    return note(f"tick-{label}")
+
+
+if os.environ.get("TEST_SCHEDULE_EVERY"):
+    from datetime import timedelta
+
+    durable.schedule("every", ticker, timedelta(seconds=float(os.environ["TEST_SCHEDULE_EVERY"])), "sched")

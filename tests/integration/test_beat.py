@@ -77,3 +77,28 @@ def test_signal_timeout_fires_through_fast_path(cluster) -> None:  # type: ignor
     cluster.start_worker()
     h = basic.approval.start(1.0)
     assert h.result(timeout=30) == "DurableTimeoutError"
+
+
+def test_schedule_starts_one_execution_per_tick_with_two_beats(cluster) -> None:  # type: ignore[no-untyped-def]
+    import time
+
+    from celery_durable.tasks import tick_id
+
+    env = {"TEST_SCHEDULE_EVERY": "1"}
+    cluster.start_worker(env=env, concurrency=2)
+    t0 = time.time()
+    cluster.workers.start_beat(env=env)
+    cluster.workers.start_beat(env=env)
+    store = cluster.durable.store
+    # wait for 4 whole ticks after both beats run
+    ticks = [tick_id("every", 1.0, t0 + 2 + i) for i in range(4)]
+    for wid in ticks:
+        wait_until(lambda wid=wid: (d := store.read(wid, "exec")) and d["status"] == "completed", timeout=30,
+                   what=f"scheduled execution {wid}")
+    for w in cluster.workers.workers:
+        w.stop()
+    ids = store.scan_partitions("every@")
+    marks = (cluster.workers.tmp / "marks" / "tick-sched").read_text().splitlines()
+    # one execution per tick, and its activity ran once: marks == executions
+    assert len(ids) == len(set(ids)) == len(marks)
+    assert set(ticks) <= set(ids)
