@@ -13,8 +13,8 @@
 from .activity import durable_activity
 from .app import Durable, Workflow
 from .errors import (
-    ChildWorkflowError,
     ActivityError,
+    ChildWorkflowError,
     ConfigurationError,
     DurableError,
     DurableTimeoutError,

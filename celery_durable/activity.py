@@ -2,8 +2,9 @@
 
 Outside a workflow the task is an ordinary Celery task (``.delay()``, direct call). Inside a
 workflow, calling it records a step and schedules it (once) instead; the message carries a
-``durable_step`` header (execution id, step) that tells the worker to run it as one. Celery's own options (``autoretry_for``, ``retry_backoff``, ``max_retries``,
-``time_limit`` …) keep their meaning: the attempt loop *is* Celery's.
+``durable_step`` header (execution id, step) that tells the worker to run it as one.
+Celery's own options (``autoretry_for``, ``retry_backoff``, ``max_retries``, ``time_limit`` …)
+keep their meaning: the attempt loop *is* Celery's.
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ class Workflow(Generic[P, R]):
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         """Inside a workflow: run as a child workflow and wait for it. Outside: a plain call."""
         if current_context() is not None:
-            value: R = self.start_child(*args, **kwargs).result()
+            value: R = self.start_child(*args, **kwargs).result()  # type: ignore[arg-type]
             return value
         result: R = self.definition.fn(*args, **kwargs)
         return result

@@ -75,8 +75,8 @@ class WorkflowHandle(Generic[R]):
         if status == COMPLETED:
             definition = self._definition or self._engine.registry.workflow(str(doc.get("workflow")))
             if definition is None:
-                value: R = doc.get("result")
-                return value
+                raw: R = doc.get("result")  # type: ignore[assignment]  # untyped: JSON as stored
+                return raw
             decoded: R = definition.codec.decode_result(doc.get("result"))
             return decoded
         err = doc.get("error") or {}

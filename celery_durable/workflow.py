@@ -11,7 +11,7 @@ import uuid as _uuid
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from .codecs import ValueCodec
 from .engine.context import ContinueAsNew, DurableFuture, in_workflow, require_context
@@ -150,7 +150,7 @@ class Saga:
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> bool:
+    ) -> Literal[False]:
         if exc is not None and isinstance(exc, Exception):
             self.compensate()
         return False

@@ -64,8 +64,8 @@ class ActivityRunner:
             if marker is None or marker.get("kind") != "activity":
                 return None, "no such activity step"
             now = eng.clock.now()
-            lease = marker.get("lease")
-            if lease_live(marker, now) and lease["holder"] != me:
+            lease: dict[str, Any] = marker.get("lease") or {}
+            if lease_live(marker, now) and lease.get("holder") != me:
                 return None, f"another attempt is running ({lease['holder']})"
             number = int(marker.get("attempts") or 0) + 1
             claimed = {k: v for k, v in marker.items() if k != "_etag"}

@@ -156,10 +156,10 @@ class Driver:
                     self._record(carry_new)
                     return "terminal"
                 now = eng.clock.now()
-                lease = ex.get("lease")
-                mine = bool(lease) and lease["holder"] == me
+                lease: dict[str, Any] = ex.get("lease") or {}
+                mine = lease.get("holder") == me
                 if holding and not mine:
-                    log.warning("drive %s: lease lost to %s", execution_id, lease and lease["holder"])
+                    log.warning("drive %s: lease lost to %s", execution_id, lease.get("holder"))
                     return "lease-lost"
                 if not mine and lease_live(ex, now):
                     # someone else is driving: record ours, then bump so their release re-reads

@@ -113,8 +113,8 @@ def worker_identity() -> str:
 
 def lease_live(doc: Doc, now: float) -> bool:
     """Whether the document's lease is held and not expired."""
-    lease = doc.get("lease")
-    return bool(lease) and float(lease["expires"]) > now
+    lease = doc.get("lease") or {}
+    return "expires" in lease and float(lease["expires"]) > now
 
 
 @dataclass(frozen=True)

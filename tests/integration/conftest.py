@@ -11,8 +11,6 @@ from tests.apps import basic
 from tests.plugins.workers import WorkerFactory, broker_url
 
 
-
-
 @dataclass
 class Cluster:
     """The test process as a client of the test app, plus the workers it starts."""

@@ -93,8 +93,11 @@ def test_schedule_starts_one_execution_per_tick_with_two_beats(cluster) -> None:
     # wait for 4 whole ticks after both beats run
     ticks = [tick_id("every", 1.0, t0 + 2 + i) for i in range(4)]
     for wid in ticks:
-        wait_until(lambda wid=wid: (d := store.read(wid, "exec")) and d["status"] == "completed", timeout=30,
-                   what=f"scheduled execution {wid}")
+        wait_until(
+            lambda wid=wid: (d := store.read(wid, "exec")) and d["status"] == "completed",
+            timeout=30,
+            what=f"scheduled execution {wid}",
+        )
     for w in cluster.workers.workers:
         w.stop()
     ids = store.scan_partitions("every@")

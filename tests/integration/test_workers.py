@@ -80,8 +80,9 @@ def test_duplicate_delivery_records_one_result(cluster) -> None:  # type: ignore
     h = basic.shifty.start(str(cluster.workers.tmp / "no-flag"), str(gate_file))
     store = cluster.durable.store
     marker = wait_until(lambda: store.read(h.id, "s:000002"), what="the gate step to be scheduled")
-    req = ActivityRequest(h.id, 2, marker["name"], marker["input"]["args"], marker["input"]["kwargs"],
-                          marker["task_id"], "shifty")
+    req = ActivityRequest(
+        h.id, 2, marker["name"], marker["input"]["args"], marker["input"]["kwargs"], marker["task_id"], "shifty"
+    )
     for _ in range(3):  # the broker delivers the same message again, several times
         cluster.durable.engine.dispatcher.send_activity(req)
     gate_file.write_text("open")

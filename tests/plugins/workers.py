@@ -24,7 +24,9 @@ __all__ = ["Worker", "WorkerFactory", "wait_until", "broker_url"]
 REPO = Path(__file__).resolve().parents[2]
 
 
-def wait_until(predicate: Callable[[], object], timeout: float = 30.0, interval: float = 0.05, what: str = "") -> object:
+def wait_until(
+    predicate: Callable[[], object], timeout: float = 30.0, interval: float = 0.05, what: str = ""
+) -> object:
     """Poll ``predicate`` until it returns something truthy; fail the test on timeout."""
     deadline = time.monotonic() + timeout
     while True:
@@ -72,16 +74,34 @@ class WorkerFactory:
     workers: list[Worker] = field(default_factory=list)
 
     def start(
-        self, app: str = "tests.apps.basic", concurrency: int = 2, pool: str = "prefork", extra: list[str] | None = None,
-        env: dict[str, str] | None = None, ready_timeout: float = 60.0,
+        self,
+        app: str = "tests.apps.basic",
+        concurrency: int = 2,
+        pool: str = "prefork",
+        extra: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        ready_timeout: float = 60.0,
     ) -> Worker:
         name = f"w{len(self.workers)}-{uuid.uuid4().hex[:6]}"
         ready = self.tmp / f"{name}.ready"
         log_path = self.tmp / f"{name}.log"
         full_env = dict(os.environ) | self.env | (env or {}) | {"TEST_READY_FILE": str(ready)}
         cmd = [
-            sys.executable, "-m", "celery", "-A", app, "worker", "-P", pool, "-c", str(concurrency),
-            "-n", f"{name}@%h", "--loglevel=INFO", "--without-gossip", "--without-mingle",
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            app,
+            "worker",
+            "-P",
+            pool,
+            "-c",
+            str(concurrency),
+            "-n",
+            f"{name}@%h",
+            "--loglevel=INFO",
+            "--without-gossip",
+            "--without-mingle",
         ] + (extra or [])
         with log_path.open("wb") as out:
             proc = subprocess.Popen(
@@ -104,8 +124,17 @@ class WorkerFactory:
         log_path = self.tmp / f"{name}.log"
         full_env = dict(os.environ) | self.env | (env or {})
         cmd = [
-            sys.executable, "-m", "celery", "-A", app, "beat", "-s", str(self.tmp / f"{name}.schedule"),
-            "--loglevel=DEBUG", "--max-interval", "1",
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            app,
+            "beat",
+            "-s",
+            str(self.tmp / f"{name}.schedule"),
+            "--loglevel=DEBUG",
+            "--max-interval",
+            "1",
         ]
         with log_path.open("wb") as out:
             proc = subprocess.Popen(

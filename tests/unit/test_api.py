@@ -1,0 +1,97 @@
+"""The public API is pinned, and the layering of DESIGN.md §3 holds."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import celery_durable
+import celery_durable.workflow
+
+PKG = Path(celery_durable.__file__).parent
+
+PUBLIC = {
+    "Durable",
+    "Workflow",
+    "durable_activity",
+    "WorkflowHandle",
+    "ExecutionInfo",
+    "DurableFuture",
+    "DurableSettings",
+    "RetryPolicy",
+    "DurableError",
+    "ConfigurationError",
+    "PayloadValidationError",
+    "UnknownWorkflowError",
+    "NonDeterminismError",
+    "WorkflowFailedError",
+    "WorkflowCancelledError",
+    "ActivityError",
+    "ChildWorkflowError",
+    "NonRetryableError",
+    "DurableTimeoutError",
+    "StoreError",
+    "StoreUnavailable",
+}
+
+WORKFLOW_API = {
+    "now",
+    "uuid4",
+    "random",
+    "gather",
+    "sleep",
+    "sleep_until",
+    "start_timer",
+    "wait_signal",
+    "continue_as_new",
+    "Saga",
+    "in_workflow",
+    "DurableFuture",
+    "execution_id",
+}
+
+
+def test_public_api_is_pinned() -> None:
+    assert set(celery_durable.__all__) == PUBLIC
+    for name in PUBLIC:
+        assert getattr(celery_durable, name) is not None
+
+
+def test_workflow_api_is_pinned() -> None:
+    assert set(celery_durable.workflow.__all__) == WORKFLOW_API
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module)
+    return found
+
+
+def test_engine_and_stores_never_import_celery() -> None:
+    for folder in ("engine", "stores"):
+        for path in (PKG / folder).rglob("*.py"):
+            bad = {m for m in _imports(path) if m == "celery" or m.startswith("celery.")}
+            assert not bad, f"{path.relative_to(PKG)} imports {bad}"
+
+
+def test_only_stores_touch_backend_libraries() -> None:
+    for path in PKG.rglob("*.py"):
+        rel = path.relative_to(PKG)
+        if rel.parts[0] in ("stores", "testing"):
+            continue
+        bad = {m for m in _imports(path) if m.split(".")[0] in ("azure", "sqlite3")}
+        assert not bad, f"{rel} imports {bad}"
+
+
+def test_modules_stay_small() -> None:
+    big = [(p.relative_to(PKG), n) for p in PKG.rglob("*.py") if (n := len(p.read_text().splitlines())) > 600]
+    assert not big, f"modules over 600 lines, split them by concern: {big}"
+
+
+def test_py_typed_marker_ships() -> None:
+    assert (PKG / "py.typed").exists()
