@@ -146,7 +146,11 @@ class Driver:
         orphan_sends: dict[str, Send] = {}
         try:
             for _ in range(MAX_ROUNDS):
-                docs = eng.cache.load(execution_id)
+                try:
+                    docs = eng.cache.load(execution_id)
+                except CorruptDocument as exc:
+                    self.fail_corrupt(execution_id, exc)
+                    return "failed"
                 ex = docs.get(EXEC_ID)
                 carry_new = [d for d in carry if d["id"] not in docs]
                 if ex is None:
@@ -191,8 +195,14 @@ class Driver:
                 history = dict(docs)
                 for d in carry_new:
                     history[d["id"]] = d
-                replay = self.replay(ex, history, now)
-                ops = self._commit_ops(ex, docs, carry_new, release, replay, now)
+                try:
+                    replay = self.replay(ex, history, now)
+                    ops = self._commit_ops(ex, docs, carry_new, release, replay, now)
+                except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                    # user code's errors are caught inside replay: what escapes is a document
+                    # the engine cannot make sense of
+                    self.fail_corrupt(execution_id, CorruptDocument(f"malformed document in {execution_id!r}: {exc!r}"))
+                    return "failed"
                 if ops is None:
                     return "noop"
                 try:
@@ -209,6 +219,40 @@ class Driver:
         finally:
             for req in orphan_sends.values():
                 eng.dispatch(req)
+
+    def fail_corrupt(self, execution_id: str, error: Exception) -> None:
+        """Mark an execution whose documents cannot be read as failed, with a clear error.
+
+        Its other documents are left as they are (for inspection); the execution leaves every
+        scan, so recovery keeps running for everyone else.
+        """
+        eng = self.engine
+        store = eng.store
+        log.error("execution %s failed: %s", execution_id, error)
+        info = error_info(error)
+        fields = {
+            "status": FAILED,
+            "error": info,
+            "lease": None,
+            "due_kind": None,
+            "due_at": None,
+            "completed_at": eng.clock.now(),
+        }
+        for _ in range(10):
+            try:
+                ex = store.read(execution_id, EXEC_ID)
+            except CorruptDocument:
+                ex = None
+            try:
+                if ex is not None and isinstance(ex.get("workflow"), str):
+                    store.replace(_strip(ex) | fields, if_match=ex["_etag"])
+                else:
+                    store.upsert({"pk": execution_id, "id": EXEC_ID, "type": "exec", "workflow": "?"} | fields)
+                break
+            except ConflictError:
+                continue
+        eng.cache.invalidate(execution_id)
+        eng.emit("workflow_failed", execution_id=execution_id, workflow="?")
 
     def _commit_ops(
         self, ex: Doc, docs: dict[str, Doc], carry_new: list[Doc], release: list[int], replay: Replay, now: float

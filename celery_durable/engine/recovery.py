@@ -79,6 +79,9 @@ class Recovery:
         # for everyone else.
         try:
             fn(*args)  # type: ignore[operator]
+        except CorruptDocument as exc:
+            report.errors += 1
+            self.engine.driver.fail_corrupt(str(args[0]), exc)
         except (StoreError, KeyError, TypeError, ValueError) as exc:
             report.errors += 1
             log.exception("recovery of %s failed: %s", args[0], exc)

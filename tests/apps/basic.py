@@ -30,6 +30,7 @@ app.conf.update(
     durable_clock_interval=float(os.environ.get("TEST_CLOCK_INTERVAL", "1")),
     durable_timer_fast_path_max=float(os.environ.get("TEST_FAST_TIMER_MAX", "60")),
     durable_activity_queue_timeout=float(os.environ.get("TEST_QUEUE_TIMEOUT", "300")),
+    durable_drive_timeout=float(os.environ.get("TEST_DRIVE_TIMEOUT", "30")),
 )
 durable = Durable(app)
 
@@ -212,3 +213,33 @@ if os.environ.get("TEST_SCHEDULE_EVERY"):
     from datetime import timedelta
 
     durable.schedule("every", ticker, timedelta(seconds=float(os.environ["TEST_SCHEDULE_EVERY"])), "sched")
+
+
+@durable_activity
+def slow(key: str, seconds: float) -> int:
+    """Mark the start, work for a while, mark the end; return the pid that did it."""
+    import time
+
+    mark(f"start-{key}")
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+    mark(f"end-{key}")
+    return os.getpid()
+
+
+@durable.workflow(name="slow_flow")
+def slow_flow(key: str, seconds: float) -> int:
+    return slow(key, seconds)
+
+
+@durable.workflow(name="stalls_in_replay")
+def stalls_in_replay(gate_path: str) -> int:
+    first = add(1, 1)
+    if not Path(gate_path).exists():
+        # workflow code that hangs while driving, so a test can kill the worker mid-drive
+        mark("drive-stalled")  # a plain side effect, not a durable step
+        import time
+
+        time.sleep(600)
+    return first + add(2, 2)
