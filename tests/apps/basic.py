@@ -243,3 +243,15 @@ def stalls_in_replay(gate_path: str) -> int:
 
         time.sleep(600)
     return first + add(2, 2)
+
+
+@durable_activity
+def needs_flag(flag: str) -> str:
+    if not Path(flag).exists():
+        raise NonRetryableError(f"{flag} is missing")
+    return "flag found"
+
+
+@durable.workflow(name="fragile")
+def fragile(flag: str) -> str:
+    return needs_flag(flag)
