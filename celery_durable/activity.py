@@ -22,6 +22,7 @@ from .codecs import codec_for
 from .engine.context import DurableFuture, current_context, require_context
 from .engine.registry import GLOBAL_ACTIVITIES
 from .errors import NonRetryableError, StoreUnavailable
+from .observability import span
 
 __all__ = ["durable_activity", "DurableActivityTask", "DURABLE_HEADER"]
 
@@ -105,7 +106,16 @@ def _run_attempt(task: Task, meta: dict[str, Any], args: tuple[Any, ...], kwargs
         definition = _definition(task)
         try:
             dargs, dkwargs = definition.codec.decode_args({"args": list(args), "kwargs": kwargs})
-            value = task.run(*dargs, **dkwargs)
+            log.info(
+                "activity %s: %s step %d attempt %d",
+                task.name,
+                execution_id,
+                seq,
+                attempt.number,
+                extra={"workflow_id": execution_id, "step": seq, "attempt": attempt.number},
+            )
+            with span("activity", activity=task.name, execution_id=execution_id, step=seq, attempt=attempt.number):
+                value = task.run(*dargs, **dkwargs)
             doc = runner.result_doc(attempt, value=definition.codec.encode_result(value))
         except Retry as exc:
             runner.retrying(attempt, _countdown(exc), exc.exc or exc)

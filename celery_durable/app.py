@@ -15,6 +15,7 @@ from .engine.core import Engine
 from .engine.registry import Registry, WorkflowDef
 from .errors import ConfigurationError
 from .handle import WorkflowHandle
+from .observability import Counters
 from .settings import DurableSettings
 from .signals.receivers import forward_event, install
 from .stores import Store, store_from_url
@@ -127,6 +128,11 @@ class Durable:
     @property
     def store(self) -> Store:
         return self.engine.store
+
+    @property
+    def counters(self) -> Counters:
+        """Event counters of this process (for a Prometheus exporter)."""
+        return self.engine.counters
 
     def configure(self, store: Store | str | None = None, **settings: Any) -> None:
         """Change the store and/or settings of this process (tests, scripts); rebuilds the engine."""

@@ -20,6 +20,7 @@ from ..errors import (
     DurableTimeoutError,
     UnknownWorkflowError,
 )
+from ..observability import Counters
 from ..stores.base import Doc, Store
 from .activity import ActivityRunner
 from .cache import PartitionCache
@@ -59,6 +60,8 @@ class Engine:
         self.recovery = Recovery(self)
         self.links = Links(self)
         self._listeners: list[Listener] = []
+        self.counters = Counters()
+        self._listeners.append(self.counters.on_event)
 
     # --- events (the Celery glue forwards them to celery_durable.signals) -----------------
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConflictError, CorruptDocument, PayloadValidationError, WorkflowCancelledError
+from ..observability import span
 from ..stores.base import Doc, Op
 from .context import ContinueAsNew, Fatal, Send, Suspend, WorkflowContext
 from .model import (
@@ -206,10 +207,21 @@ class Driver:
                 if ops is None:
                     return "noop"
                 try:
-                    self._apply(execution_id, ops, replay, orphan_sends)
+                    with span("commit", execution_id=execution_id, ops=len(ops), outcome=replay.kind):
+                        self._apply(execution_id, ops, replay, orphan_sends)
                 except ConflictError:
                     conflicts += 1
+                    eng.counters.incr("drive_conflict")
                     continue
+                log.debug(
+                    "drive %s: %s after %d steps (%d new documents, %d sends)",
+                    execution_id,
+                    replay.kind,
+                    replay.steps,
+                    len(ops) - 1,
+                    len(replay.sends),
+                    extra={"workflow_id": execution_id, "workflow": ex.get("workflow"), "step": replay.steps},
+                )
                 for req in replay.sends:
                     orphan_sends[req.key] = req
                 self._after_commit(ex, replay)

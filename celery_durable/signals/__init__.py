@@ -1,7 +1,28 @@
 """Signals: the library's own (built like Celery's) and the Celery receivers it installs.
 
-Library signals are sent with ``sender`` = the workflow name (or activity name) and keyword
-arguments as documented on each.
+Connect as with Celery's: ``@workflow_completed.connect def on_done(sender, execution_id, **kw)``.
+``sender`` is the workflow name (activity name for activity signals). Keyword arguments:
+
+=======================  =======================================================
+signal                   arguments
+=======================  =======================================================
+workflow_started         execution_id, workflow
+workflow_suspended       execution_id, workflow (a drive ended waiting on steps)
+workflow_completed       execution_id, workflow
+workflow_failed          execution_id, workflow
+workflow_cancelled       execution_id, workflow
+workflow_continued       execution_id, workflow (continue-as-new)
+activity_completed       execution_id, seq, activity, attempts
+activity_failed          execution_id, seq, activity, attempts (after the last retry)
+timer_fired              execution_id, seq, lateness (seconds)
+signal_received          execution_id, name
+signal_ignored           execution_id, name, reason
+lease_lost               execution_id, seq
+recovery_redrive         execution_id
+recovery_resend          execution_id, seq, activity
+=======================  =======================================================
+
+They fire in the process where the event happens (usually a worker).
 """
 
 from __future__ import annotations
@@ -16,6 +37,10 @@ __all__ = [
     "workflow_cancelled",
     "activity_completed",
     "activity_failed",
+    "workflow_continued",
+    "timer_fired",
+    "signal_received",
+    "signal_ignored",
     "lease_lost",
     "recovery_redrive",
     "recovery_resend",
@@ -29,6 +54,10 @@ workflow_failed = Signal(name="workflow_failed", providing_args={"execution_id",
 workflow_cancelled = Signal(name="workflow_cancelled", providing_args={"execution_id", "workflow"})
 activity_completed = Signal(name="activity_completed", providing_args={"execution_id", "seq", "activity", "attempts"})
 activity_failed = Signal(name="activity_failed", providing_args={"execution_id", "seq", "activity", "attempts"})
+workflow_continued = Signal(name="workflow_continued", providing_args={"execution_id", "workflow"})
+timer_fired = Signal(name="timer_fired", providing_args={"execution_id", "seq", "lateness"})
+signal_received = Signal(name="signal_received", providing_args={"execution_id", "name"})
+signal_ignored = Signal(name="signal_ignored", providing_args={"execution_id", "name", "reason"})
 lease_lost = Signal(name="lease_lost", providing_args={"execution_id", "seq"})
 recovery_redrive = Signal(name="recovery_redrive", providing_args={"execution_id"})
 recovery_resend = Signal(name="recovery_resend", providing_args={"execution_id", "seq", "activity"})
@@ -42,6 +71,10 @@ EVENT_SIGNALS: dict[str, Signal] = {
     "workflow_cancelled": workflow_cancelled,
     "activity_completed": activity_completed,
     "activity_failed": activity_failed,
+    "workflow_continued": workflow_continued,
+    "timer_fired": timer_fired,
+    "signal_received": signal_received,
+    "signal_ignored": signal_ignored,
     "lease_lost": lease_lost,
     "recovery_redrive": recovery_redrive,
     "recovery_resend": recovery_resend,

@@ -69,6 +69,10 @@ class WorkflowEnvironment:
         self.store = store or MemoryStore()
         self.engine = Engine(self.store, self.dispatcher, registry, Settings(), self.clock)
         self.worker = LocalWorker(self.engine, self.dispatcher, max_attempts=activity_attempts)
+        # library signals (celery_durable.signals) fire here as they do on workers
+        from ..signals.receivers import forward_event
+
+        self.engine.subscribe(forward_event)
 
     # --- driving -------------------------------------------------------------------------
 
