@@ -49,7 +49,8 @@ def make_cluster(request: pytest.FixtureRequest, tmp: Path, workers: WorkerFacto
         TEST_QUEUE=queue,
     )
     app = basic.app
-    app.conf.update(broker_url=url, broker_transport_options=opts, task_default_queue=queue)
+    transport = "celery_durable.contrib.filesystem:Transport" if broker == "filesystem" else None
+    app.conf.update(broker_url=url, broker_transport_options=opts, task_default_queue=queue, broker_transport=transport)
     # drop connections made for an earlier test's broker
     app._pool = None
     app.amqp._producer_pool = None

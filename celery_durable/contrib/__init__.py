@@ -1,0 +1,1 @@
+"""Optional add-ons that are not part of the core API."""
