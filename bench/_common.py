@@ -1,0 +1,261 @@
+"""Shared helpers of the benchmarks: worker subprocesses, temp dirs, statistics, tables.
+
+The benches run real ``celery worker`` processes the way an operator would (the same harness
+as ``tests/plugins/workers.py``): a subprocess started in its own session, awaited through a
+ready file written on Celery's ``worker_ready`` signal, stopped with SIGTERM and, if it does not
+go, SIGKILL to its whole process group. Everything a bench creates lives in one temp dir that is
+removed on exit; Redis keys are confined to a dedicated database and a per-run queue name.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = [
+    "BENCH_DIR",
+    "REDIS_DB",
+    "REDIS_URL",
+    "BenchEnv",
+    "Worker",
+    "bench_env",
+    "cleanup_redis",
+    "exit_on_sigterm",
+    "fmt_ms",
+    "machine",
+    "mean",
+    "percentile",
+    "print_table",
+    "start_worker",
+    "verdict",
+    "wait_all",
+    "wait_until",
+]
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO = BENCH_DIR.parent
+#: a Redis database used by nothing else (the tests use 15)
+REDIS_DB = int(os.environ.get("BENCH_REDIS_DB", "11"))
+REDIS_URL = os.environ.get("BENCH_REDIS_URL", f"redis://127.0.0.1:6379/{REDIS_DB}")
+
+
+def wait_until(predicate: Callable[[], object], timeout: float, interval: float = 0.02, what: str = "") -> object:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout}s waiting for {what or predicate}")
+        time.sleep(interval)
+
+
+@dataclass
+class BenchEnv:
+    """One bench run: a temp dir (SQLite file, worker logs), a unique queue, the env for workers."""
+
+    tmp: Path
+    queue: str
+    store_url: str
+    env: dict[str, str] = field(default_factory=dict)
+
+    def apply_to_process(self) -> None:
+        """Make this (client) process see the same configuration as the workers."""
+        os.environ.update(self.env)
+
+
+@contextmanager
+def bench_env(prefix: str) -> Iterator[BenchEnv]:
+    tmp = Path(tempfile.mkdtemp(prefix=f"celery-durable-{prefix}-"))
+    queue = f"bench-{prefix}-{uuid.uuid4().hex[:8]}"
+    store_url = f"sqlite:///{tmp / 'durable.db'}"
+    env = {
+        "BENCH_BROKER_URL": REDIS_URL,
+        "BENCH_RESULT_URL": REDIS_URL,
+        "BENCH_QUEUE": queue,
+        "DURABLE_STORE_URL": store_url,
+    }
+    try:
+        yield BenchEnv(tmp, queue, store_url, env)
+    finally:
+        cleanup_redis(queue)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def cleanup_redis(queue: str, result_ids: Sequence[str] = ()) -> None:
+    """Delete this run's queue keys and the given result keys from the bench database."""
+    try:
+        import redis
+    except ImportError:  # pragma: no cover - redis is a bench dependency
+        return
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        keys = [k for k in client.scan_iter(match=f"*{queue}*", count=1000)]
+        keys += [f"celery-task-meta-{rid}" for rid in result_ids]
+        for i in range(0, len(keys), 500):
+            client.delete(*keys[i : i + 500])
+        # kombu's shared bindings (the workers' control mailbox): only once no other bench runs
+        if not any(True for _ in client.scan_iter(match="*bench-*", count=1000)):
+            shared = list(client.scan_iter(match="_kombu.binding*", count=1000))
+            if shared:
+                client.delete(*shared)
+    finally:
+        client.close()
+
+
+@dataclass
+class Worker:
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    name: str
+
+    def log_tail(self, n: int = 3000) -> str:
+        return self.log_path.read_text(errors="replace")[-n:] if self.log_path.exists() else ""
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """SIGTERM the process group (warm shutdown), then SIGKILL it if it lingers."""
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        # pool children may outlive their parent: kill whatever is left of the group
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        if self.proc.poll() is None:
+            self.proc.wait(10)
+
+
+def start_worker(
+    env: BenchEnv,
+    app: str = "apps.benchapp",
+    concurrency: int = 2,
+    pool: str = "prefork",
+    loglevel: str = "WARNING",
+    ready_timeout: float = 60.0,
+) -> Worker:
+    """Start ``celery -A <app> worker`` with cwd in the temp dir and ``bench/`` on PYTHONPATH."""
+    name = f"bench-{uuid.uuid4().hex[:6]}"
+    ready = env.tmp / f"{name}.ready"
+    log_path = env.tmp / f"{name}.log"
+    pythonpath = os.pathsep.join(p for p in (str(BENCH_DIR), os.environ.get("PYTHONPATH", "")) if p)
+    full_env = dict(os.environ) | env.env | {"BENCH_READY_FILE": str(ready), "PYTHONPATH": pythonpath}
+    cmd = [
+        sys.executable, "-m", "celery", "-A", app, "worker", "-P", pool, "-c", str(concurrency),
+        "-n", f"{name}@%h", f"--loglevel={loglevel}", "--without-gossip", "--without-mingle",
+        "--without-heartbeat",
+    ]  # fmt: skip
+    with log_path.open("wb") as out:
+        proc = subprocess.Popen(
+            cmd, cwd=env.tmp, env=full_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    worker = Worker(proc, log_path, name)
+
+    def up() -> bool:
+        if proc.poll() is not None:
+            raise RuntimeError(f"worker exited with {proc.returncode}:\n{worker.log_tail()}")
+        return ready.exists()
+
+    try:
+        wait_until(up, timeout=ready_timeout, what=f"worker {name} to be ready")
+    except BaseException:
+        worker.stop()
+        raise
+    return worker
+
+
+def exit_on_sigterm() -> None:
+    """Turn SIGTERM into ``SystemExit`` so ``finally`` blocks stop the workers and remove temp dirs."""
+
+    def handler(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+# --- statistics and output ----------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile, ``q`` in [0, 100]."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q / 100.0
+    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def mean(values: Sequence[float]) -> float:
+    return statistics.fmean(values) if values else float("nan")
+
+
+def machine() -> str:
+    """Cores and load average: the figures are only comparable on a quiet machine."""
+    one, five, _ = os.getloadavg()
+    return f"{os.cpu_count()} cores, load average {one:.2f} (1 min) {five:.2f} (5 min)"
+
+
+def fmt_ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f}"
+
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]], title: str | None = None) -> None:
+    """Plain-text columns: first column left-aligned, the others right-aligned."""
+    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+
+    def line(row: Sequence[str]) -> str:
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True)))
+
+    if title:
+        print(f"\n{title}")
+    print(line(cells[0]))
+    print("  ".join("-" * w for w in widths))
+    for row in cells[1:]:
+        print(line(row))
+
+
+def verdict(label: str, value: float, target: float, higher_is_better: bool, goal: float | None = None) -> str:
+    ok = value >= target if higher_is_better else value <= target
+    cmp = ">=" if higher_is_better else "<="
+    extra = ""
+    if goal is not None:
+        met = value >= goal if higher_is_better else value <= goal
+        extra = f", goal {cmp} {goal:g}: {'met' if met else 'not met'}"
+    return f"{label} = {value:.2f} (target {cmp} {target:g}{extra}) -> {'PASS' if ok else 'MISS'}"
+
+
+def wait_all(
+    read_status: Callable[[str], str | None], ids: Sequence[str], timeout: float, interval: float = 0.01
+) -> None:
+    """Wait for every id to reach a terminal status, in start order.
+
+    One point read every ``interval`` on the oldest unfinished id, then straight on to the next:
+    executions finish roughly in start order, so this costs about ``len(ids)`` + elapsed/interval
+    reads, instead of a read of every pending id per round (which would take a core from the
+    workers on a 2-core machine).
+    """
+    deadline = time.monotonic() + timeout
+    for i, eid in enumerate(ids):
+        while read_status(eid) not in ("completed", "failed", "cancelled"):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{len(ids) - i} executions still running after {timeout}s")
+            time.sleep(interval)

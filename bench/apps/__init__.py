@@ -1,0 +1,1 @@
+"""Celery apps of the benchmarks (imported by worker subprocesses with ``bench/`` on PYTHONPATH)."""

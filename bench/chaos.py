@@ -1,0 +1,147 @@
+"""Chaos: workflows on 2 worker processes while a random worker is SIGKILLed every ~2 s.
+
+Each workflow runs N sequential activities whose results are a pure function of their inputs,
+so the fault-free result is known. Reports completed / lost / duplicate activity executions /
+results equal to the fault-free run. Target: all completed, 0 lost, results equal.
+
+    python bench/chaos.py                      # 200 workflows x 5 activities, SQLite, Redis broker
+    python bench/chaos.py --store cosmos --workflows 40
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _beat import start_beat  # noqa: E402
+from _common import BenchEnv, Worker, bench_env, exit_on_sigterm, machine, print_table, start_worker  # noqa: E402
+
+
+def kill(worker: Worker) -> None:
+    try:
+        os.killpg(worker.proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    worker.proc.wait(10)
+
+
+def run(env: BenchEnv, args: argparse.Namespace) -> bool:
+    import redis
+
+    from apps import chaosapp
+
+    prefix = env.env["BENCH_COUNTER_PREFIX"]
+    workers = [start_worker(env, app="apps.chaosapp", concurrency=2) for _ in range(2)]
+    beats = [start_beat(env)]
+    kills = 0
+    done = threading.Event()
+    lock = threading.Lock()
+    rng = random.Random(args.seed)
+
+    def killer() -> None:
+        nonlocal kills
+        while not done.wait(rng.uniform(0.5, 1.5) * args.kill_every):
+            idx = rng.randrange(len(workers))
+            with lock:
+                kill(workers[idx])
+                kills += 1
+                if done.is_set():
+                    return
+                workers[idx] = start_worker(env, app="apps.chaosapp", concurrency=2)
+
+    t0 = time.monotonic()
+    handles = [
+        chaosapp.pipeline.start(f"wf{i}", args.steps, args.ms, _workflow_id=f"chaos-{i}") for i in range(args.workflows)
+    ]
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + args.timeout
+    statuses: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        statuses = {h.id: h.status() for h in handles}
+        if all(s != "running" for s in statuses.values()):
+            break
+        time.sleep(0.5)
+    elapsed = time.monotonic() - t0
+    done.set()
+    thread.join(60)
+    try:
+        completed = [h for h in handles if statuses.get(h.id) == "completed"]
+        results_equal = all(
+            h.result(timeout=0) == [chaosapp.expected(f"wf{i}", j) for j in range(args.steps)]
+            for i, h in enumerate(handles)
+            if h in completed
+        )
+        client = redis.Redis.from_url(env.env["BENCH_BROKER_URL"])
+        runs = [int(client.get(f"{prefix}:runs:wf{i}:{j}") or 0) for i in range(args.workflows) for j in range(args.steps)]
+        for key in client.scan_iter(match=f"{prefix}:*", count=1000):
+            client.delete(key)
+    finally:
+        for w in workers + beats:
+            w.stop()
+    total = args.workflows * args.steps
+    duplicates = sum(max(0, r - 1) for r in runs)
+    never = sum(1 for r in runs if r == 0)
+    lost = args.workflows - len(completed)
+    print_table(
+        ["measure", "value"],
+        [
+            ["workflows x activities", f"{args.workflows} x {args.steps}"],
+            ["store", args.store],
+            ["workers SIGKILLed", kills],
+            ["elapsed", f"{elapsed:.1f} s"],
+            ["completed", f"{len(completed)}/{args.workflows}"],
+            ["lost", lost],
+            ["activity executions", f"{sum(runs)} for {total} steps"],
+            ["duplicate activity executions", duplicates],
+            ["steps never executed", never],
+            ["results equal to a fault-free run", "yes" if results_equal and not lost else "NO"],
+        ],
+        title=f"chaos ({machine()})",
+    )
+    ok = lost == 0 and results_equal
+    print(f"\n{len(completed)}/{args.workflows} completed, {lost} lost, results equal: {results_equal} -> "
+          f"{'PASS' if ok else 'MISS'}")
+    return ok
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workflows", type=int, default=200)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--ms", type=float, default=20.0, help="duration of each activity")
+    p.add_argument("--kill-every", type=float, default=2.0)
+    p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--store", choices=["sqlite", "cosmos"], default="sqlite")
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--quick", action="store_true", help="40 workflows")
+    args = p.parse_args()
+    if args.quick:
+        args.workflows = min(args.workflows, 40)
+    exit_on_sigterm()
+    with bench_env("chaos") as env:
+        env.env["BENCH_COUNTER_PREFIX"] = f"chaos-{env.queue}"
+        server = None
+        if args.store == "cosmos":
+            from celery_durable.testing.cosmos_server import CosmosTestServer
+
+            server = CosmosTestServer().start()
+            env.env["DURABLE_STORE_URL"] = server.url_for("bench", f"chaos{int(time.time())}")
+        env.apply_to_process()
+        try:
+            return 0 if run(env, args) else 1
+        finally:
+            if server is not None:
+                server.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
