@@ -35,7 +35,6 @@ def kill(worker: Worker) -> None:
 
 def run(env: BenchEnv, args: argparse.Namespace) -> bool:
     import redis
-
     from apps import chaosapp
 
     prefix = env.env["BENCH_COUNTER_PREFIX"]
@@ -81,7 +80,9 @@ def run(env: BenchEnv, args: argparse.Namespace) -> bool:
             if h in completed
         )
         client = redis.Redis.from_url(env.env["BENCH_BROKER_URL"])
-        runs = [int(client.get(f"{prefix}:runs:wf{i}:{j}") or 0) for i in range(args.workflows) for j in range(args.steps)]
+        runs = [
+            int(client.get(f"{prefix}:runs:wf{i}:{j}") or 0) for i in range(args.workflows) for j in range(args.steps)
+        ]
         for key in client.scan_iter(match=f"{prefix}:*", count=1000):
             client.delete(key)
     finally:
@@ -108,8 +109,10 @@ def run(env: BenchEnv, args: argparse.Namespace) -> bool:
         title=f"chaos ({machine()})",
     )
     ok = lost == 0 and results_equal
-    print(f"\n{len(completed)}/{args.workflows} completed, {lost} lost, results equal: {results_equal} -> "
-          f"{'PASS' if ok else 'MISS'}")
+    print(
+        f"\n{len(completed)}/{args.workflows} completed, {lost} lost, results equal: {results_equal} -> "
+        f"{'PASS' if ok else 'MISS'}"
+    )
     return ok
 
 

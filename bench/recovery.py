@@ -42,7 +42,6 @@ def main() -> int:
         )
         env.apply_to_process()
         import redis
-
         from apps import chaosapp
 
         client = redis.Redis.from_url(env.env["BENCH_BROKER_URL"])
@@ -74,8 +73,12 @@ def main() -> int:
         title=f"recovery after SIGKILL mid-activity ({machine()})",
     )
     worst = max(times)
-    print(f"\nlease TTL {args.lease_ttl:g} s + recovery interval {args.recovery_interval:g} s + 2 s = bound {bound:g} s")
-    print(f"recovery time p50 {percentile(times, 50):.2f} s, max {worst:.2f} s -> {'PASS' if worst <= bound else 'MISS'}")
+    print(
+        f"\nlease TTL {args.lease_ttl:g} s + recovery interval {args.recovery_interval:g} s + 2 s = bound {bound:g} s"
+    )
+    print(
+        f"recovery time p50 {percentile(times, 50):.2f} s, max {worst:.2f} s -> {'PASS' if worst <= bound else 'MISS'}"
+    )
     return 0 if worst <= bound else 1
 
 

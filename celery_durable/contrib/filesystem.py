@@ -1,4 +1,6 @@
-"""kombu's ``filesystem://`` transport with atomic writes (select it with ``broker_transport = "celery_durable.contrib.filesystem:Transport"``).
+"""kombu's ``filesystem://`` transport with atomic writes.
+
+Select it with ``broker_transport = "celery_durable.contrib.filesystem:Transport"``.
 
 kombu 5.7's filesystem transport writes a message by opening its final ``*.msg`` name and then
 writing, while a consumer moves and reads ``*.msg`` files without taking the writer's lock. A
