@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any, TypeVar, overload
+from typing import Any, ParamSpec, Protocol, TypeVar, overload
 
 from celery import Task, shared_task
 from celery._state import connect_on_app_finalize
@@ -24,14 +24,15 @@ from .engine.registry import GLOBAL_ACTIVITIES
 from .errors import NonRetryableError, StoreUnavailable
 from .observability import span
 
-__all__ = ["durable_activity", "DurableActivityTask", "DURABLE_HEADER"]
+__all__ = ["durable_activity", "ActivityTask", "DurableActivityTask", "DURABLE_HEADER"]
 
 log = logging.getLogger("celery_durable.activity")
 
 #: message header carrying the step's identity (and, on a re-delivery, an unrecorded outcome)
 DURABLE_HEADER = "durable_step"
 
-F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 class DurableActivityTask(Task):  # type: ignore[misc]
@@ -135,10 +136,22 @@ def _run_attempt(task: Task, meta: dict[str, Any], args: tuple[Any, ...], kwargs
     return None
 
 
+class ActivityTask(Protocol[P, R]):
+    """What ``@durable_activity`` returns: a Celery task whose calls are durable in workflows."""
+
+    name: str
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R: ...
+    def start(self, *args: P.args, **kwargs: P.kwargs) -> DurableFuture[R]: ...
+    def s(self, *args: Any, **kwargs: Any) -> Any: ...
+    def delay(self, *args: P.args, **kwargs: P.kwargs) -> Any: ...
+    def apply_async(self, *args: Any, **kwargs: Any) -> Any: ...
+
+
 @overload
-def durable_activity(fn: F) -> F: ...
+def durable_activity(fn: Callable[P, R]) -> ActivityTask[P, R]: ...
 @overload
-def durable_activity(*, name: str | None = None, **options: Any) -> Callable[[F], F]: ...
+def durable_activity(*, name: str | None = None, **options: Any) -> Callable[[Callable[P, R]], ActivityTask[P, R]]: ...
 def durable_activity(fn: Any = None, *, name: str | None = None, **options: Any) -> Any:
     """Declare a durable activity.
 

@@ -35,7 +35,7 @@ def fulfil_order(order: Order) -> Shipment:
         compensations.append(lambda: refund(receipt))
 
         # fan out / fan in: one task per line item, spread over the workers
-        parcels: list[Parcel] = wf.gather(pack_item.s(order.id, item) for item in order.items)  # type: ignore[attr-defined]
+        parcels: list[Parcel] = wf.gather(pack_item.s(order.id, item) for item in order.items)
 
         tracking = ship(order, parcels)
     except ActivityError as exc:
