@@ -3,8 +3,9 @@
 ``begin`` reads the partition (one query), skips duplicates (a result is recorded, or another
 live attempt holds the step's lease) and takes the step's lease (one etag replace). The outcome
 is then committed together with the next drive (one batch): that is the inline continuation —
-the worker that finishes an activity drives the workflow itself, no extra broker hop. Three
-store round trips per activity on the common path.
+the worker that finishes an activity drives the workflow itself, no extra broker hop, on the
+partition it read in ``begin`` (the commit is conditional on the exec etag). Three store round
+trips per activity on the common path: query, lease, commit.
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ class ActivityRunner:
                 etag = eng.store.replace(claimed, if_match=marker["_etag"])
             except ConflictError:
                 continue
+            eng.cache.put(execution_id, claimed | {"_etag": etag})
             attempt = Attempt(execution_id, seq, str(marker["name"]), etag, me, number, run)
             eng.leases.track(attempt)
             return attempt, "started"
@@ -114,7 +116,10 @@ class ActivityRunner:
             activity=attempt.name,
             attempts=attempt.number,
         )
-        return eng.driver.drive(attempt.execution_id, carry=[result], release=[attempt.seq])
+        # Inline continuation on the partition read by ``begin`` (if recent): no second read.
+        return eng.driver.drive(
+            attempt.execution_id, carry=[result], release=[attempt.seq], trust_cache=eng.settings.trust_cache_for
+        )
 
     def retrying(self, attempt: Attempt, countdown: float, exc: BaseException) -> None:
         """The attempt failed and Celery will retry in ``countdown`` s: give the lease back.

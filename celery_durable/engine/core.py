@@ -149,7 +149,7 @@ class Engine:
             if deadline is not None and time.monotonic() >= deadline:
                 raise DurableTimeoutError(f"execution {execution_id!r} still {doc.get('status')} after {timeout}s")
             time.sleep(delay if deadline is None else max(0.0, min(delay, deadline - time.monotonic())))
-            delay = min(delay * 1.5, 0.25)
+            delay = min(delay * 1.5, 0.05)
 
     def cancel(self, execution_id: str) -> bool:
         """Persist a cancel request (never downgraded) and wake the execution.

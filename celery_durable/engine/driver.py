@@ -130,7 +130,13 @@ class Driver:
 
     # --- drive --------------------------------------------------------------------------
 
-    def drive(self, execution_id: str, carry: Sequence[Doc] = (), release: Sequence[int] = ()) -> str:
+    def drive(
+        self,
+        execution_id: str,
+        carry: Sequence[Doc] = (),
+        release: Sequence[int] = (),
+        trust_cache: float = 0.0,
+    ) -> str:
         """Drive once to a suspension or an end; ``carry`` are documents to record with it.
 
         Returns what happened: completed, failed, cancelled, suspended, deferred (another
@@ -146,9 +152,10 @@ class Driver:
         release = list(release)
         orphan_sends: dict[str, Send] = {}
         try:
-            for _ in range(MAX_ROUNDS):
+            for round_ in range(MAX_ROUNDS):
                 try:
-                    docs = eng.cache.load(execution_id)
+                    cached = eng.cache.peek(execution_id, trust_cache) if round_ == 0 and trust_cache else None
+                    docs = cached if cached is not None else eng.cache.load(execution_id)
                 except CorruptDocument as exc:
                     self.fail_corrupt(execution_id, exc)
                     return "failed"

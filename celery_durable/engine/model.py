@@ -133,6 +133,8 @@ class Settings:
     max_lost_attempts: int = 10
     #: conflicts tolerated in optimistic drives before taking the exec lease
     optimistic_attempts: int = 2
+    #: an activity's inline drive reuses the partition read at its start if younger than this
+    trust_cache_for: float = 2.0
 
     def __post_init__(self) -> None:
         if not 0 < self.heartbeat_interval < self.lease_ttl:
