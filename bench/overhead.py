@@ -1,0 +1,263 @@
+"""Latency overhead: a durable workflow of 10 trivial activities vs a Celery chain of the same tasks.
+
+Both sides use the same task function (``bench.step``: ``x + 1``), the same Redis broker
+(a dedicated database, a unique queue), the same single ``celery worker`` (prefork, ``-c 2``) and
+run interleaved in one process after a warm-up. The durable side keeps its state in a SQLite
+file; the chain keeps its results in the Redis result backend (Celery's usual setup).
+
+What is timed, per run, from just before the start call to the moment the caller has the result:
+
+* ``celery chain``: ``chain(step.s(0), step.s(), ...).apply_async().get()`` — the result backend
+  pushes the result (Redis pub/sub), so the caller learns it at once.
+* ``durable handle.result()``: ``sequential.start(10).result()`` — the public API, which polls the
+  exec document with a growing interval (10 ms x 1.5 up to 250 ms).
+* ``durable tight poll``: the same workflow, the caller reads the exec document every 1 ms: the
+  latency of the engine itself, without the client's polling granularity.
+* ``durable stored``: ``completed_at - created_at`` of the exec document (worker-side clock).
+
+A second table starts ``--parallel`` runs of each side at once and reports runs/s.
+
+    python bench/overhead.py            # 40 runs each, 3 parallel rounds of 20
+    python bench/overhead.py --quick    # 10 runs each, 1 parallel round of 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from typing import Any
+
+from _common import (
+    BenchEnv,
+    bench_env,
+    cleanup_redis,
+    exit_on_sigterm,
+    fmt_ms,
+    machine,
+    mean,
+    percentile,
+    print_table,
+    start_worker,
+    verdict,
+    wait_all,
+)
+
+
+class Sides:
+    """The three ways of running one sequence of ``steps`` trivial tasks."""
+
+    def __init__(self, env: BenchEnv, steps: int) -> None:
+        from apps import benchapp
+        from celery import chain
+
+        self.bench = benchapp
+        self.chain = chain
+        self.steps = steps
+        self.env = env
+        self.result_ids: list[str] = []
+        self.stored: list[float] = []
+        benchapp.durable.configure(store=env.store_url)
+        self.store = benchapp.durable.store
+
+    def _check(self, value: Any) -> None:
+        if value != self.steps:
+            raise AssertionError(f"expected {self.steps}, got {value!r}")
+
+    def _record_stored(self, eid: str) -> None:
+        ex = self.store.read(eid, "exec")
+        assert ex is not None
+        self.stored.append(float(ex["completed_at"]) - float(ex["created_at"]))
+
+    def durable_result(self) -> float:
+        t0 = time.perf_counter()
+        h = self.bench.sequential.start(self.steps)
+        value = h.result(timeout=60)
+        elapsed = time.perf_counter() - t0
+        self._check(value)
+        self._record_stored(h.id)
+        return elapsed
+
+    def durable_tight(self) -> float:
+        t0 = time.perf_counter()
+        h = self.bench.sequential.start(self.steps)
+        deadline = time.monotonic() + 60
+        while True:
+            ex = self.store.read(h.id, "exec")
+            if ex is not None and ex.get("status") != "running":
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(h.id)
+            time.sleep(0.001)
+        elapsed = time.perf_counter() - t0
+        self._check(ex.get("result"))
+        self._record_stored(h.id)
+        return elapsed
+
+    def _chain_sig(self) -> Any:
+        step: Any = self.bench.step  # a Celery task: has .s()
+        return self.chain(step.s(0), *[step.s() for _ in range(self.steps - 1)])
+
+    def _remember(self, res: Any) -> None:
+        while res is not None:
+            self.result_ids.append(res.id)
+            res = res.parent
+
+    def chain_run(self) -> float:
+        t0 = time.perf_counter()
+        res = self._chain_sig().apply_async()
+        value = res.get(timeout=60)
+        elapsed = time.perf_counter() - t0
+        self._check(value)
+        self._remember(res)
+        return elapsed
+
+    # --- N at once ---------------------------------------------------------------------
+
+    def durable_parallel(self, n: int) -> float:
+        t0 = time.perf_counter()
+        ids = [self.bench.sequential.start(self.steps).id for _ in range(n)]
+        wait_all(self._status, ids, timeout=120)
+        elapsed = time.perf_counter() - t0
+        for eid in ids:
+            ex = self.store.read(eid, "exec")
+            assert ex is not None and ex["status"] == "completed", ex
+            self._check(ex["result"])
+        return elapsed
+
+    def _status(self, eid: str) -> str | None:
+        ex = self.store.read(eid, "exec")
+        return None if ex is None else str(ex.get("status"))
+
+    def chain_parallel(self, n: int) -> float:
+        t0 = time.perf_counter()
+        results = [self._chain_sig().apply_async() for _ in range(n)]
+        values = [r.get(timeout=120) for r in results]
+        elapsed = time.perf_counter() - t0
+        for v in values:
+            self._check(v)
+        for r in results:
+            self._remember(r)
+        return elapsed
+
+
+def run(args: argparse.Namespace) -> None:
+    t_start = time.perf_counter()
+    print(f"{machine()} at the start", flush=True)
+    with bench_env("overhead") as env:
+        env.apply_to_process()
+        worker = start_worker(env, concurrency=args.concurrency)
+        sides: Sides | None = None
+        try:
+            sides = Sides(env, args.steps)
+            variants: list[tuple[str, Callable[[], float]]] = [
+                ("celery chain (result.get)", sides.chain_run),
+                ("durable (handle.result)", sides.durable_result),
+                ("durable (tight 1 ms poll)", sides.durable_tight),
+            ]
+            for _ in range(args.warmup):
+                for _, fn in variants:
+                    fn()
+            sides.stored.clear()
+            times: dict[str, list[float]] = {name: [] for name, _ in variants}
+            for i in range(args.runs):
+                # interleave, rotating the order so no side always runs right after another
+                k = i % len(variants)
+                for name, fn in variants[k:] + variants[:k]:
+                    times[name].append(fn())
+            times["durable (stored completed-created)"] = list(sides.stored)
+
+            par: dict[str, list[float]] = {"celery chain": [], "durable": []}
+            if args.parallel > 0:
+                sides.chain_parallel(args.parallel)  # warm-up
+                sides.durable_parallel(args.parallel)
+                for r in range(args.parallel_rounds):
+                    order = [("celery chain", sides.chain_parallel), ("durable", sides.durable_parallel)]
+                    for name, pfn in order if r % 2 == 0 else order[::-1]:
+                        par[name].append(pfn(args.parallel))
+        finally:
+            worker.stop()
+            if sides is not None:
+                sides.bench.durable.shutdown()
+                cleanup_redis(env.queue, sides.result_ids)
+
+    chain_t = times["celery chain (result.get)"]
+    print(
+        f"\noverhead: {args.steps} sequential trivial tasks; 1 worker, prefork -c {args.concurrency}; "
+        f"Redis broker db {env.env['BENCH_BROKER_URL'].rsplit('/', 1)[1]}; durable store SQLite; "
+        f"{args.runs} interleaved runs each after {args.warmup} warm-up rounds"
+    )
+    rows = []
+    for name, ts in times.items():
+        ratio_p50 = percentile(ts, 50) / percentile(chain_t, 50)
+        ratio_mean = mean(ts) / mean(chain_t)
+        rows.append(
+            [
+                name,
+                len(ts),
+                fmt_ms(percentile(ts, 50)),
+                fmt_ms(mean(ts)),
+                fmt_ms(percentile(ts, 90)),
+                fmt_ms(min(ts)),
+                fmt_ms(max(ts)),
+                f"{ratio_p50:.2f}",
+                f"{ratio_mean:.2f}",
+            ]
+        )
+    print_table(
+        ["variant", "runs", "p50 ms", "mean ms", "p90 ms", "min ms", "max ms", "p50/chain", "mean/chain"],
+        rows,
+        title="Latency per run (start -> result)",
+    )
+    per_step = percentile(times["durable (tight 1 ms poll)"], 50) - percentile(chain_t, 50)
+    extra = fmt_ms(per_step / args.steps)
+    print(f"durable extra latency per step, (tight poll p50 - chain p50) / {args.steps}: {extra} ms")
+
+    if args.parallel > 0:
+        prow = []
+        c_rate = [args.parallel / t for t in par["celery chain"]]
+        for name, ts in par.items():
+            rates = [args.parallel / t for t in ts]
+            prow.append(
+                [
+                    name,
+                    len(ts),
+                    args.parallel,
+                    f"{percentile(ts, 50):.2f}",
+                    f"{percentile(rates, 50):.1f}",
+                    f"{percentile(rates, 50) * args.steps:.0f}",
+                    f"{percentile(c_rate, 50) / percentile(rates, 50):.2f}",
+                ]
+            )
+        print_table(
+            ["variant", "rounds", "at once", "p50 wall s", "runs/s", "steps/s", "chain/this rate"],
+            prow,
+            title=f"Throughput variant: {args.parallel} runs of {args.steps} steps started at once "
+            "(durable waited by polling exec docs in start order every 10 ms)",
+        )
+
+    ratio = percentile(times["durable (handle.result)"], 50) / percentile(chain_t, 50)
+    tight = percentile(times["durable (tight 1 ms poll)"], 50) / percentile(chain_t, 50)
+    print(f"\n(engine only, tight poll: durable/chain p50 = {tight:.2f})")
+    print(f"run time {time.perf_counter() - t_start:.1f} s; {machine()} at the end")
+    print(verdict("latency ratio durable(handle.result)/chain p50", ratio, 2.0, higher_is_better=False, goal=1.5))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=40, help="timed runs per variant (default 40)")
+    parser.add_argument("--warmup", type=int, default=5, help="warm-up rounds (default 5)")
+    parser.add_argument("--steps", type=int, default=10, help="tasks per run (default 10)")
+    parser.add_argument("--concurrency", type=int, default=2, help="worker prefork concurrency (default 2)")
+    parser.add_argument("--parallel", type=int, default=20, help="runs started at once in the throughput variant")
+    parser.add_argument("--parallel-rounds", type=int, default=3, help="rounds of the throughput variant")
+    parser.add_argument("--quick", action="store_true", help="10 runs, 2 warm-ups, 1 parallel round of 10")
+    args = parser.parse_args()
+    exit_on_sigterm()
+    if args.quick:
+        args.runs, args.warmup, args.parallel, args.parallel_rounds = 10, 2, 10, 1
+    run(args)
+
+
+if __name__ == "__main__":
+    main()
