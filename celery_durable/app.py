@@ -16,6 +16,7 @@ from .engine.registry import Registry, WorkflowDef
 from .errors import ConfigurationError
 from .handle import WorkflowHandle
 from .observability import Counters
+from .outbox import OUTBOX_SCAN_TASK, Outbox
 from .settings import DurableSettings
 from .signals.receivers import forward_event, install
 from .stores import Store, store_from_url
@@ -88,6 +89,8 @@ class Durable:
         self._schedules: dict[str, dict[str, Any]] = {}
         setattr(app, _ATTR, self)
         register_tasks(app, self)
+        #: the effect outbox (DESIGN.md §9): ``durable.outbox.enqueue(...)``, ``@durable.effect``
+        self.outbox = Outbox(self)
         install(self)
         if app.configured:  # the config was already read (e.g. app.conf.update() ran first)
             self._install_beat()
@@ -121,6 +124,7 @@ class Durable:
                     dispatcher = CeleryDispatcher(self.app, fast_timer_max=float(settings.timer_fast_path_max))
                     engine = Engine(store, dispatcher, self.registry, settings.engine_settings())
                     engine.subscribe(forward_event)
+                    self.outbox.attach(engine)
                     self._engine = engine
                 engine = self._engine
         return engine
@@ -193,6 +197,10 @@ class Durable:
             {"task": RECOVER_TASK, "schedule": timedelta(seconds=float(settings.recovery_interval))},
         )
         schedule.setdefault(
+            OUTBOX_SCAN_TASK,
+            {"task": OUTBOX_SCAN_TASK, "schedule": timedelta(seconds=self.outbox.config.scan_interval)},
+        )
+        schedule.setdefault(
             FIRE_DUE_CLOCKS_TASK,
             {"task": FIRE_DUE_CLOCKS_TASK, "schedule": timedelta(seconds=float(settings.clock_interval))},
         )
@@ -219,6 +227,17 @@ class Durable:
 
         return wrap(fn) if fn is not None else wrap
 
+    def effect(self, effect_type: str, **options: Any) -> Callable[[Callable[P, R]], Callable[P, R]]:
+        """Register an outbox effect handler, a Celery task ``celery_durable.effect.<type>``.
+
+        Options: ``replay_safe`` (True: requeued after its worker died; False: process-bound,
+        failed instead), ``max_attempts`` (5), ``retry`` (a :class:`RetryPolicy`; default backoff
+        min(30 s, 100 ms·2^(attempt−1))), ``non_retryable`` (exception types that skip retries),
+        ``non_retryable_status`` ("failed" or "succeeded"), ``timeout`` (s), ``interruptible``,
+        ``queue``, ``name``.
+        """
+        return self.outbox.effect(effect_type, **options)
+
     def handle(self, workflow_id: str) -> WorkflowHandle[Any]:
         """A handle to an existing execution by id."""
         return WorkflowHandle(self.engine, workflow_id)
@@ -239,4 +258,5 @@ class Durable:
     start_timer = staticmethod(_wf.start_timer)
     wait_signal = staticmethod(_wf.wait_signal)
     continue_as_new = staticmethod(_wf.continue_as_new)
+    emit = staticmethod(_wf.emit)
     Saga = _wf.Saga

@@ -26,6 +26,7 @@ __all__ = [
     "start_timer",
     "wait_signal",
     "continue_as_new",
+    "emit",
     "Saga",
     "in_workflow",
     "DurableFuture",
@@ -111,6 +112,25 @@ def continue_as_new(*args: Any, **kwargs: Any) -> None:
     definition = ctx.registry.workflow(ctx.workflow)
     assert definition is not None
     raise ContinueAsNew(definition.codec.encode_args(args, kwargs))
+
+
+def emit(
+    type: str,  # noqa: A002
+    payload: Any = None,
+    *,
+    key: str | None = None,
+    effect_id: str | None = None,
+    delay: timedelta | float = 0.0,
+) -> str:
+    """Enqueue an outbox effect from workflow code, exactly once (a durable step).
+
+    ``payload`` is validated against the handler's declared type now (a bad one raises here, in
+    the workflow). ``key`` is the ordering lane (default: this execution, so one workflow's
+    effects run in call order); ``effect_id`` defaults to one derived from the execution and the
+    step. Returns the effect id. The workflow does not wait for the effect to run.
+    """
+    ctx = require_context("durable.emit()")
+    return ctx.emit(type, payload, key, effect_id, _seconds(delay))
 
 
 class Saga:

@@ -30,6 +30,8 @@ from ..errors import (
 from ..stores.base import Doc
 from .dispatcher import ActivityRequest, CancelRequest, ChildRequest, ClockRequest
 from .model import DUE_ACTIVITY, DUE_CHILD, DUE_CLOCK, marker_id, result_id, signal_id
+from .outbox.model import DUE_ADMIT, OutboxSettings, note_intent
+from .outbox.runtime import effects_of
 
 if TYPE_CHECKING:
     from .registry import Registry, WorkflowDef
@@ -257,6 +259,34 @@ class WorkflowContext:
         if marker is None:
             marker = self._marker(seq, kind, kind, value=produce())
         return marker["value"]
+
+    def emit(self, effect_type: str, payload: Any, key: str | None, effect_id: str | None, delay: float) -> str:
+        """Record an outbox effect as a step; it is admitted to the outbox after the commit.
+
+        The marker is the effect's intent (due ``outbox_admit``): the committing worker admits
+        it right after the commit, beat's outbox scan if that worker died first. Replay finds
+        the marker and records nothing, so an emit is enqueued exactly once.
+        """
+        seq, marker = self._step("emit", effect_type)
+        if marker is None:
+            definition = effects_of(self.registry).require(effect_type)
+            run = f":{self.run}" if self.run else ""
+            eid = effect_id or f"{self.execution_id}{run}:{seq:06d}"
+            created = self.now + seq * 1e-6  # keeps call order within one drive
+            effect = {
+                "id": eid,
+                "type": effect_type,
+                "key": key or self.execution_id,
+                "payload": definition.encode(payload),
+                "created_at": created,
+                "available_at": created + max(0.0, delay),
+                "replay_safe": definition.replay_safe,
+                "max_attempts": definition.policy.maximum_attempts,
+            }
+            due = created + OutboxSettings.admit_grace
+            marker = self._marker(seq, "emit", effect_type, effect=effect, due_kind=DUE_ADMIT, due_at=due)
+            note_intent(self.execution_id, str(marker["id"]))
+        return str(marker["effect"]["id"])
 
     def random(self) -> _random.Random:
         """A PRNG seeded once per execution from a recorded seed."""

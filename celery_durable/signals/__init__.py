@@ -20,6 +20,13 @@ signal_ignored           execution_id, name, reason
 lease_lost               execution_id, seq
 recovery_redrive         execution_id
 recovery_resend          execution_id, seq, activity
+effect_enqueued          effect_id, key, effect_type
+effect_claimed           effect_id, key, attempt, effect_type
+effect_settled           effect_id, key, outcome, attempt
+effect_cancelled         effect_id, key, was
+effect_lease_lost        effect_id, key
+effect_requeued          effect_id, key (worker lost, replay-safe)
+effect_failed            effect_id, key, reason (worker lost, process-bound)
 =======================  =======================================================
 
 They fire in the process where the event happens (usually a worker).
@@ -44,6 +51,13 @@ __all__ = [
     "lease_lost",
     "recovery_redrive",
     "recovery_resend",
+    "effect_enqueued",
+    "effect_claimed",
+    "effect_settled",
+    "effect_cancelled",
+    "effect_lease_lost",
+    "effect_requeued",
+    "effect_failed",
     "EVENT_SIGNALS",
 ]
 
@@ -62,6 +76,14 @@ lease_lost = Signal(name="lease_lost", providing_args={"execution_id", "seq"})
 recovery_redrive = Signal(name="recovery_redrive", providing_args={"execution_id"})
 recovery_resend = Signal(name="recovery_resend", providing_args={"execution_id", "seq", "activity"})
 
+effect_enqueued = Signal(name="effect_enqueued", providing_args={"effect_id", "key", "effect_type"})
+effect_claimed = Signal(name="effect_claimed", providing_args={"effect_id", "key", "attempt", "effect_type"})
+effect_settled = Signal(name="effect_settled", providing_args={"effect_id", "key", "outcome", "attempt"})
+effect_cancelled = Signal(name="effect_cancelled", providing_args={"effect_id", "key", "was"})
+effect_lease_lost = Signal(name="effect_lease_lost", providing_args={"effect_id", "key"})
+effect_requeued = Signal(name="effect_requeued", providing_args={"effect_id", "key"})
+effect_failed = Signal(name="effect_failed", providing_args={"effect_id", "key", "reason"})
+
 #: engine event name -> signal
 EVENT_SIGNALS: dict[str, Signal] = {
     "workflow_started": workflow_started,
@@ -78,4 +100,11 @@ EVENT_SIGNALS: dict[str, Signal] = {
     "lease_lost": lease_lost,
     "recovery_redrive": recovery_redrive,
     "recovery_resend": recovery_resend,
+    "effect_enqueued": effect_enqueued,
+    "effect_claimed": effect_claimed,
+    "effect_settled": effect_settled,
+    "effect_cancelled": effect_cancelled,
+    "effect_lease_lost": effect_lease_lost,
+    "effect_requeued": effect_requeued,
+    "effect_failed": effect_failed,
 }

@@ -21,7 +21,7 @@ def forward_event(event: str, **kwargs: Any) -> None:
     """Engine listener: re-send an engine event as the matching library signal."""
     signal = EVENT_SIGNALS.get(event)
     if signal is not None and signal.receivers:
-        sender = kwargs.get("workflow") or kwargs.get("activity") or "celery_durable"
+        sender = kwargs.get("workflow") or kwargs.get("activity") or kwargs.get("effect_type") or "celery_durable"
         signal.send(sender=sender, **kwargs)
 
 

@@ -214,5 +214,3 @@ def due_fields(doc: Doc) -> tuple[str | None, float | None]:
 
 def strip_reserved(doc: Doc) -> Doc:
     return {k: v for k, v in doc.items() if k not in RESERVED}
-
-

@@ -144,9 +144,7 @@ class MemoryStore(Store):
 
     def scan_partitions(self, pk_prefix: str, limit: int = 1000) -> list[str]:
         with self._lock:
-            return sorted(pk for pk, part in self._parts.items() if pk.startswith(pk_prefix) and "exec" in part)[
-                :limit
-            ]
+            return sorted(pk for pk, part in self._parts.items() if pk.startswith(pk_prefix) and "exec" in part)[:limit]
 
 
 def from_url(url: str, **options: Any) -> MemoryStore:

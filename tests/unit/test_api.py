@@ -44,6 +44,7 @@ WORKFLOW_API = {
     "start_timer",
     "wait_signal",
     "continue_as_new",
+    "emit",
     "Saga",
     "in_workflow",
     "DurableFuture",

@@ -1,0 +1,408 @@
+"""The worker side of the outbox: handler definitions, the heartbeat, stopping a handler, and
+what to do with each attempt's outcome (the semantics of seed ``004``'s ``runOnce``).
+
+A running handler is watched by one heartbeat thread per process (:class:`EffectKeeper`). Every
+``cancel_poll`` seconds it re-reads the row: a cancelled row sets the handler's cancel flag
+(``effect_context().cancelled()``), wakes ``effect_context().sleep()`` and, unless the handler
+was declared ``interruptible=False``, raises :class:`EffectCancelled` inside the handler's
+thread (an asynchronous exception: it lands at the next Python bytecode, not inside a blocking C
+call). A handler past its ``timeout`` gets :class:`EffectTimeout` the same way. Both derive from
+``BaseException`` so a user ``except Exception`` cannot swallow them. The lease is extended when
+it runs low; a lease found taken marks the attempt lost (its settle will be a no-op).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import ctypes
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...codecs import ValueCodec
+from ...errors import ConfigurationError, DurableTimeoutError, StoreError
+from ...retry import RetryPolicy
+from .machine import OutboxEngine
+from .model import CANCELLED, FAILED, RETRY, SUCCEEDED, Claim
+
+__all__ = [
+    "EffectDef",
+    "EffectRegistry",
+    "EffectContext",
+    "EffectKeeper",
+    "EffectInterrupt",
+    "EffectCancelled",
+    "EffectTimeout",
+    "Outcome",
+    "UnknownEffectType",
+    "effects_of",
+    "effect_context",
+    "shielded",
+    "execute",
+]
+
+log = logging.getLogger("celery_durable.outbox")
+
+
+class EffectInterrupt(BaseException):  # noqa: N818 - control flow, like KeyboardInterrupt
+    """Raised inside a running handler to stop it (never caught by ``except Exception``)."""
+
+
+class EffectCancelled(EffectInterrupt):
+    """The effect was cancelled while its handler ran."""
+
+
+class EffectTimeout(EffectInterrupt):
+    """The handler ran longer than its ``timeout``."""
+
+
+class UnknownEffectType(ConfigurationError):
+    """No handler is registered for this effect type in this process."""
+
+
+@dataclass(frozen=True)
+class EffectDef:
+    """A registered handler (``@durable.effect``)."""
+
+    type: str
+    fn: Callable[[Any], Any]
+    codec: ValueCodec
+    replay_safe: bool = True
+    policy: RetryPolicy = field(default_factory=RetryPolicy)
+    #: status a non-retryable failure is settled as: ``failed`` or ``succeeded`` ("already done")
+    non_retryable_status: str = FAILED
+    timeout: float | None = None
+    interruptible: bool = True
+    queue: str | None = None
+    task_name: str = ""
+
+    def __post_init__(self) -> None:
+        if self.non_retryable_status not in (FAILED, SUCCEEDED):
+            raise ConfigurationError("non_retryable_status must be 'failed' or 'succeeded'")
+        if self.timeout is not None and self.timeout <= 0:
+            raise ConfigurationError("an effect timeout must be > 0 seconds")
+
+    def encode(self, payload: Any) -> Any:
+        """Validate a payload against the handler's declared type (in the enqueuer)."""
+        return self.codec.encode(payload, f"payload of effect {self.type!r}")
+
+
+class EffectRegistry:
+    def __init__(self) -> None:
+        self.defs: dict[str, EffectDef] = {}
+
+    def add(self, definition: EffectDef) -> EffectDef:
+        existing = self.defs.get(definition.type)
+        if existing is not None and existing.fn is not definition.fn:
+            raise ConfigurationError(f"two handlers for effect type {definition.type!r}")
+        self.defs[definition.type] = definition
+        return definition
+
+    def get(self, effect_type: str) -> EffectDef | None:
+        return self.defs.get(effect_type)
+
+    def require(self, effect_type: str) -> EffectDef:
+        definition = self.defs.get(effect_type)
+        if definition is None:
+            known = ", ".join(sorted(self.defs)) or "none"
+            raise UnknownEffectType(f"no handler for effect type {effect_type!r} (registered: {known})")
+        return definition
+
+
+_REGISTRIES: weakref.WeakKeyDictionary[object, EffectRegistry] = weakref.WeakKeyDictionary()
+_registries_lock = threading.Lock()
+
+
+def effects_of(owner: object) -> EffectRegistry:
+    """The effect registry attached to ``owner`` (the engine ``Registry`` of a ``Durable``)."""
+    with _registries_lock:
+        reg = _REGISTRIES.get(owner)
+        if reg is None:
+            reg = _REGISTRIES[owner] = EffectRegistry()
+        return reg
+
+
+_current: contextvars.ContextVar[EffectContext | None] = contextvars.ContextVar("celery_durable_effect", default=None)
+
+
+def effect_context() -> EffectContext:
+    """The context of the effect handler running in this thread."""
+    ctx = _current.get()
+    if ctx is None:
+        raise RuntimeError("effect_context() can only be used inside an effect handler")
+    return ctx
+
+
+@contextmanager
+def shielded() -> Iterator[None]:
+    """Shield library code called from a handler (e.g. ``durable.outbox.cancel``) from interrupts."""
+    ctx = _current.get()
+    if ctx is None:
+        yield
+        return
+    with ctx.shield():
+        yield
+
+
+def _async_raise(thread_id: int, exc_type: type[BaseException] | None) -> None:
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(thread_id), ctypes.py_object(exc_type) if exc_type is not None else None
+    )
+
+
+class EffectContext:
+    """What a handler can know about its attempt; also the guard that lets it be interrupted."""
+
+    def __init__(self, outbox: OutboxEngine, claim: Claim, definition: EffectDef) -> None:
+        self.outbox = outbox
+        self.claim = claim
+        self.definition = definition
+        self.deadline = None if definition.timeout is None else time.monotonic() + definition.timeout
+        self._cancel = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: int | None = None
+        self._active = False
+        self._interrupted = False
+        self._shield = 0
+        self._deferred: type[BaseException] | None = None
+        self.timed_out = False
+
+    @property
+    def effect_id(self) -> str:
+        return self.claim.effect_id
+
+    @property
+    def key(self) -> str:
+        return self.claim.key
+
+    @property
+    def effect_type(self) -> str:
+        return self.claim.type
+
+    @property
+    def attempt(self) -> int:
+        return self.claim.attempt
+
+    @property
+    def lease_lost(self) -> bool:
+        """Another worker took the row: this attempt's outcome will not be recorded."""
+        return self.claim.lost and not self.claim.cancelled
+
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    def check(self) -> None:
+        """Raise :class:`EffectCancelled` if the effect was cancelled."""
+        if self._cancel.is_set():
+            raise EffectCancelled(f"effect {self.effect_id!r} was cancelled")
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep, but wake up (raising :class:`EffectCancelled`) as soon as the effect is cancelled."""
+        if self._cancel.wait(max(0.0, seconds)):
+            raise EffectCancelled(f"effect {self.effect_id!r} was cancelled")
+
+    # --- used by the heartbeat ---------------------------------------------------------------
+
+    def mark_cancelled(self) -> None:
+        self._cancel.set()
+        if self.definition.interruptible:
+            self._interrupt(EffectCancelled)
+
+    def time_out(self) -> None:
+        self.timed_out = True
+        self._interrupt(EffectTimeout)
+
+    def _interrupt(self, exc_type: type[BaseException]) -> None:
+        with self._lock:
+            if self._active and not self._interrupted and self._thread is not None:
+                self._interrupted = True
+                if self._shield:
+                    self._deferred = exc_type  # raised when the library call returns
+                else:
+                    _async_raise(self._thread, exc_type)
+
+    @contextmanager
+    def shield(self) -> Iterator[None]:
+        """No interrupt lands inside this block (library code); one due is raised at its end."""
+        with self._lock:
+            self._shield += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._shield -= 1
+                deferred = self._deferred if self._shield == 0 else None
+                if deferred is not None:
+                    self._deferred = None
+        if deferred is not None:
+            raise deferred(f"effect {self.effect_id!r} interrupted")
+
+    # --- the guard around the handler call ----------------------------------------------------
+
+    def __enter__(self) -> EffectContext:
+        self._token = _current.set(self)
+        with self._lock:
+            self._thread = threading.get_ident()
+            self._active = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self._active = False
+            if self._interrupted and self._thread is not None:
+                _async_raise(self._thread, None)  # drop an interrupt that has not landed yet
+        _current.reset(self._token)
+
+
+class EffectKeeper:
+    """One heartbeat thread per process for every handler running in it."""
+
+    def __init__(self, poll: float = 1.0) -> None:
+        self.poll = poll
+        self._lock = threading.Lock()
+        self._running: dict[int, EffectContext] = {}
+        self._thread: threading.Thread | None = None
+        self._wake = threading.Event()
+
+    def track(self, ctx: EffectContext) -> None:
+        with self._lock:
+            self._running[id(ctx)] = ctx
+            if self._thread is None or not self._thread.is_alive():  # none yet, or lost in a fork
+                self._thread = threading.Thread(target=self._run, name="celery-durable-effects", daemon=True)
+                self._thread.start()
+        self._wake.set()
+
+    def untrack(self, ctx: EffectContext) -> None:
+        with self._lock:
+            self._running.pop(id(ctx), None)
+
+    def running(self) -> list[EffectContext]:
+        with self._lock:
+            return list(self._running.values())
+
+    def _run(self) -> None:
+        while True:
+            contexts = self.running()
+            wait = self.poll
+            now = time.monotonic()
+            for ctx in contexts:
+                if ctx.deadline is not None:
+                    wait = min(wait, max(0.0, ctx.deadline - now))
+            self._wake.wait(wait)
+            self._wake.clear()
+            self.beat()
+
+    def beat(self) -> None:
+        """Check every running handler once: timeout, cancellation, lease."""
+        for ctx in self.running():
+            if ctx.deadline is not None and time.monotonic() >= ctx.deadline and not ctx.timed_out:
+                ctx.time_out()
+            try:
+                state = ctx.outbox.renew(ctx.claim)
+            except StoreError as exc:  # keep beating; the lease may still be ours next time
+                log.warning("heartbeat of effect %s failed: %s", ctx.effect_id, exc)
+                continue
+            if state == "cancelled" and not ctx.cancelled():
+                log.info("effect %s was cancelled while running: stopping its handler", ctx.effect_id)
+                ctx.mark_cancelled()
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What became of one delivery.
+
+    ``kind``: succeeded | failed | retry (pending again: send it after ``delay``) | cancelled |
+    lease-lost (another worker owns the row: nothing was written) | unsettled (the store failed
+    twice: the lease will lapse and the scan decides).
+    """
+
+    kind: str
+    delay: float = 0.0
+    error: BaseException | None = None
+    #: a settle failed after the handler ran and the row was put back to pending
+    requeued: bool = False
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def execute(outbox: OutboxEngine, claim: Claim, definition: EffectDef, keeper: EffectKeeper) -> Outcome:
+    """Run the handler for a claimed row and settle the outcome (under lease ownership)."""
+    ctx = EffectContext(outbox, claim, definition)
+    keeper.track(ctx)
+    try:
+        return _execute(outbox, ctx, definition)
+    finally:
+        keeper.untrack(ctx)
+
+
+def _execute(outbox: OutboxEngine, ctx: EffectContext, definition: EffectDef) -> Outcome:
+    claim = ctx.claim
+    # a cancel may have committed between the claim and now: look before running
+    try:
+        state = outbox.renew(claim)
+    except StoreError as exc:  # the heartbeat keeps checking while the handler runs
+        log.warning("effect %s: cancel check failed (%s); running it anyway", claim.effect_id, exc)
+        state = "ok"
+    if state != "ok":
+        return Outcome(CANCELLED if state == "cancelled" else "lease-lost")
+    error: BaseException | None = None
+    try:
+        payload = definition.codec.decode(claim.payload, f"payload of effect {claim.type!r}")
+        with ctx:
+            definition.fn(payload)
+    except EffectCancelled as exc:
+        if ctx.cancelled() or claim.cancelled:
+            log.info("effect %s stopped: cancelled", claim.effect_id)
+            return Outcome(CANCELLED)
+        error = exc
+    except EffectTimeout:
+        error = DurableTimeoutError(f"effect {claim.type!r} timed out after {definition.timeout}s")
+    except Exception as exc:
+        error = exc
+    if error is None:
+        try:
+            return Outcome(outbox.settle(claim, SUCCEEDED))
+        except StoreError as exc:
+            # seed: a replay-safe effect is requeued, a process-bound one terminalized
+            return _settle_failed(outbox, claim, exc, requeue=claim.replay_safe)
+    text = _describe(error)
+    policy = definition.policy
+    if policy.non_retryable and isinstance(error, policy.non_retryable):
+        verb = definition.non_retryable_status
+    elif claim.attempt >= min(claim.max_attempts, policy.maximum_attempts):
+        verb = FAILED
+    else:
+        verb = RETRY
+    log.warning("effect %s (%s) attempt %d failed (%s): %s", claim.effect_id, claim.type, claim.attempt, verb, text)
+    try:
+        if verb == RETRY:
+            delay = policy.delay(claim.attempt).total_seconds()
+            kind = outbox.settle(claim, RETRY, error=text, delay=delay)
+            return Outcome(kind, delay=delay if kind == RETRY else 0.0, error=error)
+        reason = None if verb != FAILED or claim.attempt < claim.max_attempts else f"attempts exhausted: {text}"
+        return Outcome(outbox.settle(claim, verb, error=text, reason=reason), error=error)
+    except StoreError as exc:
+        return _settle_failed(outbox, claim, exc, requeue=verb == RETRY)
+
+
+def _settle_failed(outbox: OutboxEngine, claim: Claim, exc: StoreError, requeue: bool) -> Outcome:
+    try:
+        if requeue:
+            text = f"Worker failed before settling the claimed effect: {_describe(exc)}"
+            kind = outbox.settle(claim, RETRY, error=text, delay=0.0)
+            log.warning("effect %s: %s (%s)", claim.effect_id, text, "requeued" if kind == RETRY else kind)
+            return Outcome(kind, error=exc, requeued=kind == RETRY)
+        text = f"Worker failed to settle a process-bound effect after execution started: {_describe(exc)}"
+        kind = outbox.settle(claim, FAILED, error=text, reason=text)
+        log.error("effect %s: %s (%s)", claim.effect_id, text, "terminalized" if kind == FAILED else kind)
+        return Outcome(kind, error=exc)
+    except StoreError as again:
+        log.error("effect %s not settled (%s): its lease lapses and the scan decides", claim.effect_id, again)
+        return Outcome("unsettled", error=again)

@@ -1,0 +1,508 @@
+"""The effect outbox on Celery (DESIGN.md §9): ``durable.outbox``, ``@durable.effect``, the
+handler tasks and beat's ``celery_durable.outbox_scan``.
+
+>>> @durable.effect("email.send", replay_safe=True, max_attempts=5, non_retryable=(BadAddress,))
+... def send_email(msg: Email) -> None: ...
+>>> durable.outbox.enqueue("email.send", Email(...), key="user-42", effect_id="welcome-42")
+
+Each handler is a Celery task named ``celery_durable.effect.<type>`` whose message carries only
+``(key, effect_id)``. A delivery claims the row (if it is its key's turn), runs the handler and
+settles under lease ownership; a retryable failure is settled back to pending with the policy's
+delay and re-sent with Celery's own ``Task.retry(countdown=...)``. Settings (``app.conf``):
+
+=====================================  =========  ===============================================
+``durable_outbox_scan_interval``       5 s        beat: lost messages, due retries, expired leases
+``durable_outbox_retention``           7 days     succeeded/cancelled rows are then deleted
+``durable_outbox_queue_timeout``       60 s       an unclaimed claimable row is re-sent after this
+``durable_outbox_cancel_poll``         1 s        how often a running handler checks for a cancel
+``durable_outbox_fast_send_max``       60 s       delays up to this get a countdown message
+``durable_outbox_admit_grace``         10 s       an unadmitted intent is admitted by the scan
+``durable_outbox_max_lane_backlog``    10,000     live rows per key
+=====================================  =========  ===============================================
+
+Leases use ``durable_lease_ttl`` / ``durable_heartbeat_interval`` like activities.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import logging
+import threading
+import time
+import typing
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+
+from celery import Celery
+
+from .codecs import ValueCodec
+from .engine.outbox import (
+    Admitted,
+    EffectRef,
+    OutboxEngine,
+    OutboxSettings,
+    ScanReport,
+)
+from .engine.outbox.model import RETRY, TERMINAL, intent_id
+from .engine.outbox.runtime import (
+    EffectCancelled,
+    EffectContext,
+    EffectDef,
+    EffectKeeper,
+    EffectRegistry,
+    EffectTimeout,
+    effect_context,
+    effects_of,
+    execute,
+    shielded,
+)
+from .errors import ConfigurationError, DurableTimeoutError, StoreError, StoreUnavailable
+from .retry import RetryPolicy
+from .stores.base import Doc, Op
+
+if TYPE_CHECKING:
+    from .app import Durable
+    from .engine.core import Engine
+
+__all__ = [
+    "Outbox",
+    "OutboxConfig",
+    "EffectInfo",
+    "EffectContext",
+    "EffectCancelled",
+    "EffectTimeout",
+    "effect_context",
+    "OUTBOX_SCAN_TASK",
+    "EFFECT_TASK_PREFIX",
+]
+
+log = logging.getLogger("celery_durable.outbox")
+
+OUTBOX_SCAN_TASK = "celery_durable.outbox_scan"
+EFFECT_TASK_PREFIX = "celery_durable.effect."
+
+F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _shielded(method: Callable[P, R]) -> Callable[P, R]:
+    """Client API called from inside a handler: a cancel interrupt never lands mid-call."""
+
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        with shielded():
+            return method(*args, **kwargs)
+
+    wrapper.__name__, wrapper.__doc__, wrapper.__wrapped__ = method.__name__, method.__doc__, method  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _seconds(value: Any) -> float:
+    return value.total_seconds() if isinstance(value, timedelta) else float(value)
+
+
+@dataclass(frozen=True)
+class OutboxConfig:
+    """The ``durable_outbox_*`` settings (seconds; ``timedelta`` accepted)."""
+
+    scan_interval: float = 5.0
+    retention: float = 7 * 24 * 3600.0
+    queue_timeout: float = 60.0
+    cancel_poll: float = 1.0
+    fast_send_max: float = 60.0
+    admit_grace: float = 10.0
+    max_lane_backlog: int = 10_000
+
+    @classmethod
+    def from_conf(cls, conf: Any) -> OutboxConfig:
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            value = conf.get(f"durable_outbox_{f.name}") if hasattr(conf, "get") else None
+            if value is not None:
+                values[f.name] = int(value) if f.name == "max_lane_backlog" else _seconds(value)
+        config = cls(**values)
+        for f in fields(cls):
+            if float(getattr(config, f.name)) <= 0 and f.name not in ("fast_send_max", "admit_grace"):
+                raise ConfigurationError(f"durable_outbox_{f.name} must be > 0")
+        return config
+
+    def engine_settings(self, lease_ttl: float, heartbeat_interval: float) -> OutboxSettings:
+        return OutboxSettings(
+            lease_ttl=lease_ttl,
+            heartbeat_interval=heartbeat_interval,
+            queue_timeout=self.queue_timeout,
+            retention=self.retention,
+            cancel_poll=self.cancel_poll,
+            fast_send_max=self.fast_send_max,
+            admit_grace=self.admit_grace,
+            max_lane_backlog=self.max_lane_backlog,
+        )
+
+
+@dataclass(frozen=True)
+class EffectInfo:
+    """A snapshot of one outbox row (``durable.outbox.get(effect_id)``)."""
+
+    id: str
+    type: str
+    key: str
+    status: str
+    attempt: int
+    max_attempts: int
+    payload: Any
+    last_error: str | None
+    reason: str | None
+    created_at: float
+    available_at: float
+    started_at: float | None
+    completed_at: float | None
+    lease: dict[str, Any] | None
+
+    @property
+    def done(self) -> bool:
+        return self.status in TERMINAL
+
+    @classmethod
+    def from_row(cls, row: Doc) -> EffectInfo:
+        return cls(
+            id=str(row["effect_id"]),
+            type=str(row["effect_type"]),
+            key=str(row["key"]),
+            status=str(row["status"]),
+            attempt=int(row.get("attempt") or 0),
+            max_attempts=int(row.get("max_attempts") or 1),
+            payload=row.get("payload"),
+            last_error=row.get("last_error"),
+            reason=row.get("reason"),
+            created_at=float(row["created_at"]),
+            available_at=float(row["available_at"]),
+            started_at=row.get("started_at"),
+            completed_at=row.get("completed_at"),
+            lease=row.get("lease"),
+        )
+
+
+class CeleryEffectSender:
+    """Sends one row's message: its handler task with ``(key, effect_id)``, JSON only."""
+
+    def __init__(self, app: Celery, effects: EffectRegistry) -> None:
+        self.app = app
+        self.effects = effects
+
+    def send_effect(self, ref: EffectRef, countdown: float | None = None) -> None:
+        definition = self.effects.get(ref.type)
+        options: dict[str, Any] = {
+            "task_id": f"effect:{ref.effect_id}",
+            "shadow": f"{ref.type} [{ref.key} {ref.effect_id}]",  # what Flower shows
+            "serializer": "json",
+            "ignore_result": True,
+        }
+        if countdown:
+            options["countdown"] = countdown
+        if definition is not None and definition.queue:
+            options["queue"] = definition.queue
+        name = definition.task_name if definition is not None else EFFECT_TASK_PREFIX + ref.type
+        self.app.send_task(name, args=[ref.key, ref.effect_id], **options)
+
+
+def _payload_codec(fn: Callable[..., Any]) -> ValueCodec:
+    params = [
+        p for p in inspect.signature(fn).parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    if len(params) != 1:
+        raise ConfigurationError(f"an effect handler takes exactly one argument (the payload): {fn!r}")
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # unresolvable forward refs: accept anything rather than refuse to run
+        hints = {}
+    return ValueCodec(hints.get(params[0].name, Any))
+
+
+class Outbox:
+    """``durable.outbox``: enqueue, cancel and inspect effects; run by the handler tasks."""
+
+    def __init__(self, durable: Durable) -> None:
+        self._durable = durable
+        self.effects = effects_of(durable.registry)
+        self.keeper = EffectKeeper()
+        self._lock = threading.Lock()
+        self._core: OutboxEngine | None = None
+        self._core_of: Engine | None = None
+        self._register_scan_task()
+
+    # --- wiring -------------------------------------------------------------------------------
+
+    @property
+    def config(self) -> OutboxConfig:
+        return OutboxConfig.from_conf(self._durable.app.conf)
+
+    @property
+    def core(self) -> OutboxEngine:
+        """The engine-side state machine of this process (rebuilt with the engine)."""
+        engine = self._durable.engine
+        with self._lock:
+            if self._core is None or self._core_of is not engine:
+                settings = self.config.engine_settings(engine.settings.lease_ttl, engine.settings.heartbeat_interval)
+                sender = CeleryEffectSender(self._durable.app, self.effects)
+                self._core = OutboxEngine(engine.store, sender, settings, engine.clock, events=engine.emit)
+                self._core_of = engine
+                self.keeper.poll = min(settings.cancel_poll, settings.heartbeat_interval)
+            return self._core
+
+    def attach(self, engine: Engine) -> None:
+        """Admit the effects a drive emitted as soon as it commits (called for each new engine)."""
+        engine.subscribe(self._on_engine_event)
+
+    def _on_engine_event(self, event: str, **kwargs: Any) -> None:
+        if event != "drive_committed":
+            return
+        try:
+            self.core.admit_noted(str(kwargs["execution_id"]))
+        except StoreError as exc:  # the intent stays due: beat's scan admits it
+            log.warning("admitting effects of %s failed, the scan will: %s", kwargs.get("execution_id"), exc)
+
+    # --- declaring handlers ---------------------------------------------------------------------
+
+    def effect(
+        self,
+        effect_type: str,
+        *,
+        replay_safe: bool = True,
+        max_attempts: int | None = None,
+        retry: RetryPolicy | None = None,
+        non_retryable: Sequence[type[BaseException]] = (),
+        non_retryable_status: str = "failed",
+        timeout: float | timedelta | None = None,
+        interruptible: bool = True,
+        queue: str | None = None,
+        name: str | None = None,
+    ) -> Callable[[F], F]:
+        """Register ``fn(payload)`` as the handler of ``effect_type`` (see ``Durable.effect``)."""
+        policy = retry or RetryPolicy()
+        if max_attempts is not None:
+            policy = dataclasses.replace(policy, maximum_attempts=max_attempts)
+        if non_retryable:
+            policy = dataclasses.replace(policy, non_retryable=tuple(policy.non_retryable) + tuple(non_retryable))
+
+        def wrap(fn: F) -> F:
+            definition = EffectDef(
+                type=effect_type,
+                fn=fn,
+                codec=_payload_codec(fn),
+                replay_safe=replay_safe,
+                policy=policy,
+                non_retryable_status=non_retryable_status,
+                timeout=None if timeout is None else _seconds(timeout),
+                interruptible=interruptible,
+                queue=queue,
+                task_name=name or EFFECT_TASK_PREFIX + effect_type,
+            )
+            self.effects.add(definition)
+            self._register_task(definition)
+            return fn
+
+        return wrap
+
+    def _register_task(self, definition: EffectDef) -> None:
+        outbox = self
+
+        def run(task: Any, key: str, effect_id: str) -> str:
+            return outbox.deliver(task, key, effect_id)
+
+        run.__name__ = run.__qualname__ = definition.task_name.rsplit(".", 1)[-1].replace("-", "_")
+        options: dict[str, Any] = {
+            "name": definition.task_name,
+            "bind": True,
+            "ignore_result": True,
+            "max_retries": None,
+            "serializer": "json",
+            "shared": False,
+            "typing": False,
+        }
+        if definition.timeout is not None:  # hard backstop if the interrupt cannot land (C code)
+            options["time_limit"] = definition.timeout + max(10.0, definition.timeout)
+        if definition.queue:
+            options["queue"] = definition.queue
+        self._durable.app.task(**options)(run)
+
+    def _register_scan_task(self) -> None:
+        outbox = self
+
+        def outbox_scan() -> dict[str, int]:
+            report = outbox.scan()
+            if any(dataclasses.astuple(report)):
+                log.info("outbox scan: %s", report)
+            return dataclasses.asdict(report)
+
+        self._durable.app.task(name=OUTBOX_SCAN_TASK, ignore_result=True, shared=False)(outbox_scan)
+
+    # --- the handler task -------------------------------------------------------------------------
+
+    def deliver(self, task: Any, key: str, effect_id: str) -> str:
+        """One delivery of a row's message: claim, run, settle; Celery retries a retryable failure."""
+        core = self.core
+        try:
+            result = core.claim(key, effect_id)
+        except StoreUnavailable as exc:  # the lane stays due: retrying here only makes it faster
+            raise task.retry(exc=exc, countdown=1.0, max_retries=None) from exc
+        claim = result.claim
+        if claim is None:
+            if result.reason == "early" and result.wait <= core.settings.fast_send_max:
+                raise task.retry(countdown=result.wait, max_retries=None)
+            log.info("effect %s (key %s) not run: %s", effect_id, key, result.reason)
+            return result.reason
+        definition = self.effects.get(claim.type)
+        if definition is None:  # routed here by name, so this is a deployment mismatch
+            error = f"no handler for effect type {claim.type!r} in this worker"
+            core.settle(claim, RETRY, error=error, delay=core.settings.queue_timeout)
+            log.error("effect %s: %s", effect_id, error)
+            return "unknown-type"
+        outcome = execute(core, claim, definition, self.keeper)
+        log.info("effect %s (%s) attempt %d: %s", effect_id, claim.type, claim.attempt, outcome.kind)
+        if outcome.kind == RETRY:
+            # the row is pending again (lease ownership was checked by that settle); Celery's own
+            # retry carries the countdown, the scan re-sends it if that message is lost
+            cause = outcome.error if isinstance(outcome.error, Exception) else None
+            raise task.retry(countdown=outcome.delay, max_retries=None, exc=cause)
+        return outcome.kind
+
+    # --- client API -------------------------------------------------------------------------------
+
+    def _effect(
+        self,
+        effect_type: str,
+        payload: Any,
+        key: str | None,
+        effect_id: str | None,
+        available_at: datetime | float | None,
+        delay: timedelta | float | None,
+    ) -> Doc:
+        definition = self.effects.require(effect_type)
+        data = definition.encode(payload)  # a bad payload raises here, in the caller
+        core = self.core
+        at: float | None = None
+        if isinstance(available_at, datetime):
+            at = available_at.timestamp()
+        elif available_at is not None:
+            at = float(available_at)
+        if delay is not None:
+            at = max(at or 0.0, core.clock.now() + _seconds(delay))
+        return core.effect_body(
+            effect_type,
+            data,
+            key=key,
+            effect_id=effect_id,
+            available_at=at,
+            replay_safe=definition.replay_safe,
+            max_attempts=definition.policy.maximum_attempts,
+        )
+
+    @_shielded
+    def enqueue(
+        self,
+        effect_type: str,
+        payload: Any = None,
+        *,
+        key: str | None = None,
+        effect_id: str | None = None,
+        available_at: datetime | float | None = None,
+        delay: timedelta | float | None = None,
+        with_docs: Sequence[Doc | Op] = (),
+    ) -> Admitted:
+        """Enqueue an effect, idempotent by ``effect_id`` (a repeat writes and wakes nothing).
+
+        ``key`` is the ordering lane (default: the effect's own id, i.e. unordered). With
+        ``with_docs`` (documents to create, or store ``Op``\\ s, all in one partition) the
+        effect is recorded in the same all-or-nothing batch as them — the transactional outbox
+        — and admitted to its lane right after the commit (by beat's scan if this process dies
+        first).
+        """
+        effect = self._effect(effect_type, payload, key, effect_id, available_at, delay)
+        core = self.core
+        if not with_docs:
+            return core.admit(effect)
+        ops = [item if isinstance(item, Op) else Op.create(item) for item in with_docs]
+        pks = {op.doc["pk"] for op in ops if op.doc is not None}
+        if len(pks) != 1:
+            raise ConfigurationError("with_docs must hold documents of exactly one partition")
+        pk = pks.pop()
+        intent = core.intent(pk, effect)
+        core.store.batch(pk, [*ops, Op.create(intent)])
+        admitted = core.admit_intent(intent)
+        assert admitted is not None
+        return admitted
+
+    @_shielded
+    def enqueue_ops(
+        self,
+        pk: str,
+        effect_type: str,
+        payload: Any = None,
+        *,
+        key: str | None = None,
+        effect_id: str | None = None,
+        available_at: datetime | float | None = None,
+        delay: timedelta | float | None = None,
+    ) -> list[Op]:
+        """Store ops recording the effect in partition ``pk``: add them to your own ``store.batch(pk,
+        ...)``, then call :meth:`flush` (optional: beat's scan admits it after the grace period)."""
+        effect = self._effect(effect_type, payload, key, effect_id, available_at, delay)
+        return [Op.create(self.core.intent(pk, effect))]
+
+    @_shielded
+    def flush(self, pk: str, ops: Sequence[Op | str]) -> int:
+        """Admit intents committed with :meth:`enqueue_ops` (ops, or effect ids) now."""
+        core, done = self.core, 0
+        for item in ops:
+            doc_id = item.doc_id if isinstance(item, Op) else intent_id(item)
+            doc = core.store.read(pk, doc_id)
+            if doc is not None and core.admit_intent(doc) is not None:
+                done += 1
+        return done
+
+    @_shielded
+    def get(self, effect_id: str) -> EffectInfo | None:
+        row = self.core.get(effect_id)
+        return None if row is None else EffectInfo.from_row(row)
+
+    @_shielded
+    def rows(self, key: str) -> list[EffectInfo]:
+        """Every row of a key still stored (live, settled within retention, failed), in order."""
+        return [EffectInfo.from_row(r) for r in self.core.rows(key)]
+
+    @_shielded
+    def wait(self, effect_id: str, timeout: float = 60.0, poll: float = 0.02) -> EffectInfo:
+        """Block until the effect is settled (succeeded, failed or cancelled)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            info = self.get(effect_id)
+            if info is not None and info.done:
+                return info
+            if time.monotonic() > deadline:
+                state = "unknown" if info is None else info.status
+                raise DurableTimeoutError(f"effect {effect_id!r} still {state} after {timeout}s")
+            time.sleep(poll)
+
+    @_shielded
+    def cancel(
+        self,
+        effect_id: str | None = None,
+        *,
+        key: str | None = None,
+        types: Sequence[str] | None = None,
+        reason: str = "cancelled",
+    ) -> int:
+        """Cancel pending or running effects by id, or all of ``key`` (of ``types``); return how many.
+
+        A running handler is told (``effect_context().cancelled()``) and stopped; later effects of
+        the key are unblocked at once.
+        """
+        return self.core.cancel(effect_id, key=key, types=types, reason=reason)
+
+    @_shielded
+    def scan(self) -> ScanReport:
+        """One liveness pass (what beat's ``celery_durable.outbox_scan`` runs)."""
+        return self.core.scan()
