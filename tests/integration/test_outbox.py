@@ -290,3 +290,36 @@ def test_beat_resends_a_row_whose_message_was_lost(fx: Fx) -> None:
     assert fx.status("lost") == "pending"
     fx.beat()
     assert fx.wait("lost", timeout=30).status == "succeeded"
+
+
+def test_cli_outbox_list_show_cancel_retry(fx: Fx) -> None:
+    from celery.bin.celery import celery as celery_cli
+    from click.testing import CliRunner
+
+    def cli(*args: str) -> Any:
+        return CliRunner().invoke(celery_cli, ["-A", APP, "durable", "outbox", *args])
+
+    fx.worker()
+    fx.outbox.enqueue("fx.always", effects.Rec(), key="cli-k", effect_id="cli-fail")
+    assert fx.wait("cli-fail").status == "failed"
+    gate = fx.marks / "cli-gate"
+    fx.outbox.enqueue("fx.gate", effects.Gate(path=str(gate)), key="cli-k2", effect_id="cli-blocked")
+    wait_until(lambda: fx.status("cli-blocked") == "running", what="the gated effect to run")
+
+    listed = cli("list", "--key", "cli-k")
+    assert listed.exit_code == 0, listed.output
+    assert "cli-fail" in listed.output and "failed" in listed.output and "3/3" in listed.output
+    shown = cli("show", "cli-fail")
+    assert json.loads(shown.output)["status"] == "failed"
+    assert cli("show", "nope").exit_code != 0
+
+    cancelled = cli("cancel", "cli-blocked", "--yes")
+    assert cancelled.exit_code == 0 and "cancelled 1" in cancelled.output
+    assert fx.wait("cli-blocked").status == "cancelled"
+
+    refused = cli("retry", "cli-blocked", "--yes")
+    assert refused.exit_code != 0 and "not failed" in refused.output
+    retried = cli("retry", "cli-fail", "--yes")
+    assert retried.exit_code == 0 and "cli-fail:retry1" in retried.output
+    assert fx.wait("cli-fail:retry1").status == "failed"  # it still fails: the service is down
+    assert len(fx.runs("cli-fail:retry1")) == 3 and fx.status("cli-fail") == "failed"
