@@ -12,7 +12,8 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -343,40 +344,55 @@ def test_one_of_concurrent_batches_creating_one_id_wins(store: Store) -> None:
     assert store.read("race", "winner")["who"] == winners[0]  # type: ignore[index]
 
 
-def _create_in_process(url: str, barrier: Any, results: Any, i: int) -> None:
-    """Child of test_first_writer_wins_across_processes (module level so spawn can import it)."""
+def _race_in_process(url: str, barrier: Any, results: Any, i: int, doc_id: str) -> None:
+    """Child of the cross-process tests (module level so that spawn can import it)."""
     try:
         store = store_from_url(url)
-        store.read("race", "warm-up")  # open connections / schema before the race starts
+        store.read("race", "warm-up")  # connect (and, on a fresh store, set it up) first
         barrier.wait(timeout=120)
-        results.put((i, store.create(D("race", "winner", who=i))))
+        results.put((i, store.create(D("race", doc_id.format(i=i), who=i))))
         store.close()
     except BaseException as exc:  # noqa: B036 - reported to the parent
+        barrier.abort()  # release the others at once instead of letting them time out
         results.put((i, exc))
 
 
-def test_first_writer_wins_across_processes(shared_store_url: str) -> None:
+def race_processes(url: str, doc_id: str) -> dict[int, Any]:
+    """Run ``_race_in_process`` in N_RACERS spawned processes; their answers by index."""
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(N_RACERS)
     results = ctx.Queue()
-    procs = [
-        ctx.Process(target=_create_in_process, args=(shared_store_url, barrier, results, i)) for i in range(N_RACERS)
-    ]
+    procs = [ctx.Process(target=_race_in_process, args=(url, barrier, results, i, doc_id)) for i in range(N_RACERS)]
     for p in procs:
         p.start()
     try:
-        answers = dict(results.get(timeout=180) for _ in procs)
+        return dict(results.get(timeout=180) for _ in procs)
     finally:
         for p in procs:
             p.join(timeout=60)
             if p.is_alive():
                 p.kill()
+
+
+def test_first_writer_wins_across_processes(shared_store_url: str) -> None:
+    store_from_url(shared_store_url).read("race", "set-up")  # the store exists before the race
+    answers = race_processes(shared_store_url, "winner")
     errors = {i: r for i, r in answers.items() if isinstance(r, BaseException)}
     assert not errors, errors
     winners = [i for i, r in answers.items() if r is not None]
     assert len(answers) == N_RACERS and len(winners) == 1, answers
     got = store_from_url(shared_store_url).read("race", "winner")
     assert got is not None and got["who"] == winners[0] and got["_etag"] == answers[winners[0]]
+
+
+def test_processes_can_start_together_on_a_fresh_store(shared_store_url: str) -> None:
+    # several worker processes starting at once on a new file / container
+    answers = race_processes(shared_store_url, "mine-{i}")
+    errors = {i: r for i, r in answers.items() if isinstance(r, BaseException)}
+    assert not errors, errors
+    assert all(isinstance(r, str) for r in answers.values()) and len(answers) == N_RACERS
+    ids = {d["id"] for d in store_from_url(shared_store_url).query_partition("race").docs}
+    assert ids == {f"mine-{i}" for i in range(N_RACERS)}
 
 
 # --- batches --------------------------------------------------------------------------------
@@ -736,6 +752,43 @@ def test_another_handle_sees_the_same_data(other_handle: Callable[[], Store], st
     cursor = store.query_partition("p").cursor
     other.create(D("p", "b"))
     assert "b" in {d["id"] for d in store.query_partition("p", since=cursor).docs}
+
+
+@contextmanager
+def outage(request: pytest.FixtureRequest, url: str) -> Iterator[None]:
+    """Make the store behind ``url`` unavailable for writes while the block runs."""
+    if url.startswith("sqlite:"):
+        holder = sqlite3.connect(url.split(":///", 1)[1].split("?", 1)[0], isolation_level=None)
+        holder.execute("BEGIN EXCLUSIVE")  # another process holding the write lock for too long
+        try:
+            yield
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+    else:
+        server = request.getfixturevalue("cosmos_server")
+        server.pause()  # the listener goes away and open connections are cut
+        try:
+            yield
+        finally:
+            server.resume()
+
+
+def test_outage_raises_store_unavailable_then_recovers(request: pytest.FixtureRequest, shared_store_url: str) -> None:
+    url = shared_store_url + ("?busy_timeout=0.2" if shared_store_url.startswith("sqlite:") else "")
+    store = store_from_url(url)
+    etag = store.create(D("p", "a", v=1))
+    with outage(request, url):
+        with pytest.raises(StoreUnavailable):
+            store.create(D("p", "b"))
+        with pytest.raises(StoreUnavailable):
+            store.replace(D("p", "a", v=2), if_match=etag)
+        with pytest.raises(StoreUnavailable):
+            store.batch("p", [Op.create(D("p", "c"))])
+    assert store.read("p", "b") is None and store.read("p", "c") is None
+    assert store.read("p", "a")["v"] == 1  # type: ignore[index]
+    assert store.create(D("p", "b")) is not None
+    assert store.replace(D("p", "a", v=2), if_match=etag) != etag
 
 
 # --- SQLite specifics ----------------------------------------------------------------------------

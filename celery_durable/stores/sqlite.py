@@ -1,0 +1,442 @@
+"""The embedded default store: one SQLite file in WAL mode (DESIGN.md §4).
+
+Several Celery worker processes (and their threads) may share one file. Every write runs in a
+``BEGIN IMMEDIATE`` transaction, so writers are serialised by SQLite's own file lock and the
+first writer of an id wins across processes; readers never block writers (WAL).
+
+Schema: one ``docs`` table keyed by ``(pk, id)`` holding the JSON body, a ``version`` drawn from
+a global sequence (``meta.seq``) and the ``due_kind``/``due_at`` columns. Because versions are
+assigned inside the serialised write transaction they grow in commit order, so a version is at
+once the etag and a change cursor for :meth:`SqliteStore.query_partition`. A partial index over
+``(due_kind, due_at)`` restricted to ``due_kind IS NOT NULL`` makes :meth:`SqliteStore.scan_due`
+cost what is due, not what is stored.
+
+Connections come from a small per-process pool (one connection is used by one thread at a
+time). After ``fork()`` the pool is dropped, either by :meth:`SqliteStore.reopen` or when a
+process-id change is noticed, without closing the inherited handles (SQLite forbids using them
+in the child, closing them included).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from ..errors import ConfigurationError, ConflictError, CorruptDocument, StoreUnavailable
+from .base import Doc, DueRef, Op, PartitionRead, Store, check_doc, due_fields
+
+__all__ = ["SqliteStore", "from_url", "DEFAULT_BUSY_TIMEOUT"]
+
+#: seconds a connection waits for another writer's lock before giving up
+DEFAULT_BUSY_TIMEOUT = 5.0
+#: idle connections kept per process; extra ones are closed when released
+MAX_IDLE_CONNECTIONS = 8
+SCHEMA_VERSION = 1
+
+_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS docs (
+        pk TEXT NOT NULL,
+        id TEXT NOT NULL,
+        body TEXT NOT NULL,
+        version INTEGER NOT NULL,
+        due_kind TEXT,
+        due_at REAL,
+        PRIMARY KEY (pk, id)
+    )""",
+    # covering partial index: scan_due reads only due rows and never touches the table
+    """CREATE INDEX IF NOT EXISTS docs_due ON docs (due_kind, due_at, pk, id)
+        WHERE due_kind IS NOT NULL""",
+    "CREATE TABLE IF NOT EXISTS meta (k INTEGER PRIMARY KEY CHECK (k = 0), seq INTEGER NOT NULL)",
+    "INSERT OR IGNORE INTO meta (k, seq) VALUES (0, 0)",
+    f"PRAGMA user_version = {SCHEMA_VERSION}",
+)
+
+
+def _unavailable(exc: sqlite3.Error, path: str) -> StoreUnavailable:
+    return StoreUnavailable(f"sqlite store {path!r}: {exc}")
+
+
+def _decode(body: str, pk: str, doc_id: str, version: int) -> Doc:
+    try:
+        doc = json.loads(body)
+    except (ValueError, TypeError) as exc:
+        raise CorruptDocument(f"document {doc_id!r} in partition {pk!r} is not valid JSON: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise CorruptDocument(f"document {doc_id!r} in partition {pk!r} is not a JSON object")
+    doc["pk"] = pk
+    doc["id"] = doc_id
+    doc["_etag"] = str(version)
+    return doc
+
+
+def _prepare(doc: Doc, limit: int) -> tuple[str, str | None, float | None]:
+    """Validate a document; return its JSON body and due columns."""
+    body = check_doc(doc, limit)
+    try:
+        kind, at = due_fields(doc)
+    except (TypeError, ValueError) as exc:
+        raise ConfigurationError(f"document {doc['id']!r}: 'due_at' must be epoch seconds: {exc}") from exc
+    return body, kind, at
+
+
+def _parse_etag(if_match: str | None) -> int | None:
+    """An etag as the integer version it stands for; unknown etags match nothing (-1)."""
+    if if_match is None:
+        return None
+    try:
+        return int(if_match)
+    except (TypeError, ValueError):
+        return -1
+
+
+def _prefix_upper(prefix: str) -> str | None:
+    """The smallest string greater than every string starting with ``prefix`` (None: no bound)."""
+    chars = list(prefix)
+    while chars:
+        code = ord(chars[-1]) + 1
+        if 0xD800 <= code <= 0xDFFF:
+            code = 0xE000
+        if code <= 0x10FFFF:
+            chars[-1] = chr(code)
+            return "".join(chars)
+        chars.pop()
+    return None
+
+
+class SqliteStore(Store):
+    """The storage contract on one SQLite file, shared by threads and processes."""
+
+    def __init__(self, path: str, *, busy_timeout: float = DEFAULT_BUSY_TIMEOUT) -> None:
+        if not path or path == ":memory:" or path.startswith("file::memory:"):
+            raise ConfigurationError("the sqlite store needs a file path (an in-memory database is not shared)")
+        if busy_timeout < 0:
+            raise ConfigurationError(f"busy_timeout must be >= 0 seconds, got {busy_timeout}")
+        self.path = path
+        self.busy_timeout = float(busy_timeout)
+        self._lock = threading.Lock()
+        self._idle: list[sqlite3.Connection] = []
+        self._pid = os.getpid()
+        self._schema_ready = False
+        # handles inherited across fork(): kept referenced so they are never finalised here
+        self._abandoned: list[sqlite3.Connection] = []
+
+    def __repr__(self) -> str:
+        return f"SqliteStore({self.path!r})"
+
+    # connections ------------------------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False)
+        try:
+            conn.execute("PRAGMA synchronous = NORMAL")
+            if not self._schema_ready:
+                self._init_schema(conn)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _init_schema(self, conn: sqlite3.Connection) -> None:
+        # Switching to WAL takes an exclusive lock and may answer SQLITE_BUSY without waiting
+        # on the busy handler when several processes open a fresh file at once: retry.
+        deadline = time.monotonic() + self.busy_timeout
+        while True:
+            try:
+                mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+                if str(mode).lower() != "wal":
+                    conn.execute("PRAGMA journal_mode = WAL")
+                break
+            except sqlite3.OperationalError as exc:
+                if ("locked" not in str(exc) and "busy" not in str(exc)) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
+        (version,) = conn.execute("PRAGMA user_version").fetchone()
+        if version != SCHEMA_VERSION:
+            if version > SCHEMA_VERSION:
+                raise ConfigurationError(
+                    f"{self.path!r} has schema version {version}; this celery_durable knows {SCHEMA_VERSION}"
+                )
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                for statement in _SCHEMA:
+                    conn.execute(statement)
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+        self._schema_ready = True
+
+    def _after_fork(self) -> None:
+        """In a forked child: forget the parent's connections and its lock (maybe held there)."""
+        self._lock = threading.Lock()
+        self._abandoned.extend(self._idle)
+        self._idle = []
+        self._pid = os.getpid()
+
+    @contextmanager
+    def _conn(self) -> Iterator[sqlite3.Connection]:
+        """A pooled connection; sqlite3 errors leave as :class:`StoreUnavailable`."""
+        if os.getpid() != self._pid:
+            self._after_fork()
+        with self._lock:
+            conn = self._idle.pop() if self._idle else None
+            pid = self._pid
+        try:
+            if conn is None:
+                conn = self._connect()
+            yield conn
+        except sqlite3.Error as exc:
+            if conn is not None:
+                self._discard(conn)
+                conn = None
+            raise _unavailable(exc, self.path) from exc
+        finally:
+            if conn is not None:
+                self._release(conn, pid)
+
+    def _release(self, conn: sqlite3.Connection, pid: int) -> None:
+        if conn.in_transaction:  # an exception escaped mid-transaction
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                self._discard(conn)
+                return
+        with self._lock:
+            if pid == self._pid == os.getpid() and len(self._idle) < MAX_IDLE_CONNECTIONS:
+                self._idle.append(conn)
+                return
+        if pid == os.getpid():
+            conn.close()
+
+    @staticmethod
+    def _discard(conn: sqlite3.Connection) -> None:
+        try:
+            conn.close()
+        except sqlite3.Error:
+            pass
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction: ``BEGIN IMMEDIATE`` takes the file's write lock up front."""
+        with self._conn() as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+
+    @contextmanager
+    def _snapshot(self) -> Iterator[sqlite3.Connection]:
+        """A read transaction: several SELECTs see one consistent snapshot."""
+        with self._conn() as conn:
+            conn.execute("BEGIN")
+            try:
+                yield conn
+            finally:
+                conn.execute("COMMIT")
+
+    @staticmethod
+    def _allocate(conn: sqlite3.Connection, count: int = 1) -> int:
+        """Reserve ``count`` versions in the current write transaction; return the first."""
+        conn.execute("UPDATE meta SET seq = seq + ? WHERE k = 0", (count,))
+        (seq,) = conn.execute("SELECT seq FROM meta WHERE k = 0").fetchone()
+        return int(seq) - count + 1
+
+    def reopen(self) -> None:
+        if os.getpid() != self._pid:
+            self._after_fork()
+            return
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            self._discard(conn)
+
+    def close(self) -> None:
+        self.reopen()
+
+    # single-document operations ------------------------------------------------------------
+
+    def read(self, pk: str, doc_id: str) -> Doc | None:
+        with self._conn() as conn:
+            row = conn.execute("SELECT body, version FROM docs WHERE pk = ? AND id = ?", (pk, doc_id)).fetchone()
+        return None if row is None else _decode(row[0], pk, doc_id, row[1])
+
+    def create(self, doc: Doc) -> str | None:
+        body, kind, at = _prepare(doc, self.max_doc_bytes)
+        with self._write() as conn:
+            cur = conn.execute(
+                "INSERT INTO docs (pk, id, body, version, due_kind, due_at)"
+                " VALUES (?, ?, ?, (SELECT seq + 1 FROM meta WHERE k = 0), ?, ?)"
+                " ON CONFLICT (pk, id) DO NOTHING",
+                (doc["pk"], doc["id"], body, kind, at),
+            )
+            if cur.rowcount == 0:
+                return None  # first writer won; the empty transaction just commits
+            version = self._allocate(conn)
+        return str(version)
+
+    def replace(self, doc: Doc, if_match: str | None) -> str:
+        body, kind, at = _prepare(doc, self.max_doc_bytes)
+        expected = _parse_etag(if_match)
+        with self._write() as conn:
+            current = self._version(conn, doc["pk"], doc["id"])
+            if current is None:
+                raise ConflictError(f"{doc['id']!r} does not exist")
+            if expected is not None and current != expected:
+                raise ConflictError(f"{doc['id']!r} changed since it was read")
+            version = self._allocate(conn)
+            self._update(conn, doc, body, version, kind, at)
+        return str(version)
+
+    def upsert(self, doc: Doc) -> str:
+        body, kind, at = _prepare(doc, self.max_doc_bytes)
+        with self._write() as conn:
+            version = self._allocate(conn)
+            conn.execute(
+                "INSERT INTO docs (pk, id, body, version, due_kind, due_at) VALUES (?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (pk, id) DO UPDATE SET body = excluded.body, version = excluded.version,"
+                " due_kind = excluded.due_kind, due_at = excluded.due_at",
+                (doc["pk"], doc["id"], body, version, kind, at),
+            )
+        return str(version)
+
+    def delete(self, pk: str, doc_id: str, if_match: str | None = None) -> bool:
+        expected = _parse_etag(if_match)
+        with self._write() as conn:
+            current = self._version(conn, pk, doc_id)
+            if current is None:
+                return False
+            if expected is not None and current != expected:
+                raise ConflictError(f"{doc_id!r} changed since it was read")
+            conn.execute("DELETE FROM docs WHERE pk = ? AND id = ?", (pk, doc_id))
+        return True
+
+    @staticmethod
+    def _version(conn: sqlite3.Connection, pk: str, doc_id: str) -> int | None:
+        row = conn.execute("SELECT version FROM docs WHERE pk = ? AND id = ?", (pk, doc_id)).fetchone()
+        return None if row is None else int(row[0])
+
+    @staticmethod
+    def _update(
+        conn: sqlite3.Connection, doc: Doc, body: str, version: int, kind: str | None, at: float | None
+    ) -> None:
+        conn.execute(
+            "UPDATE docs SET body = ?, version = ?, due_kind = ?, due_at = ? WHERE pk = ? AND id = ?",
+            (body, version, kind, at, doc["pk"], doc["id"]),
+        )
+
+    # partition operations ------------------------------------------------------------------
+
+    def query_partition(self, pk: str, since: Any = None) -> PartitionRead:
+        try:
+            after = int(since or 0)
+        except (TypeError, ValueError) as exc:
+            raise ConfigurationError(f"not a cursor of this store: {since!r}") from exc
+        with self._snapshot() as conn:
+            rows = conn.execute(
+                "SELECT id, body, version FROM docs WHERE pk = ? AND version > ? ORDER BY id", (pk, after)
+            ).fetchall()
+            (cursor,) = conn.execute("SELECT seq FROM meta WHERE k = 0").fetchone()
+        return PartitionRead(docs=[_decode(body, pk, doc_id, version) for doc_id, body, version in rows], cursor=cursor)
+
+    def batch(self, pk: str, ops: Sequence[Op]) -> list[str | None]:
+        self._check_batch(pk, ops)
+        if not ops:
+            return []
+        prepared = [_prepare(op.doc, self.max_doc_bytes) if op.doc is not None else None for op in ops]
+        with self._write() as conn:
+            ids = [op.doc_id for op in ops]
+            marks = ",".join("?" * len(ids))
+            current: dict[str, int] = {
+                str(doc_id): int(version)
+                for doc_id, version in conn.execute(
+                    f"SELECT id, version FROM docs WHERE pk = ? AND id IN ({marks})", (pk, *ids)
+                )
+            }
+            # validate everything first so a failing op leaves nothing applied
+            for op in ops:
+                version = current.get(op.doc_id)
+                if op.kind == "create" and version is not None:
+                    raise ConflictError(f"batch create: {op.doc_id!r} exists")
+                if op.kind in ("replace", "delete"):
+                    if version is None:
+                        raise ConflictError(f"batch {op.kind}: {op.doc_id!r} does not exist")
+                    expected = _parse_etag(op.if_match)
+                    if expected is not None and version != expected:
+                        raise ConflictError(f"batch {op.kind}: {op.doc_id!r} changed since it was read")
+            writes = sum(1 for op in ops if op.kind != "delete")
+            version = self._allocate(conn, writes) if writes else 0
+            out: list[str | None] = []
+            for op, prep in zip(ops, prepared, strict=True):
+                if op.kind == "delete":
+                    conn.execute("DELETE FROM docs WHERE pk = ? AND id = ?", (pk, op.doc_id))
+                    out.append(None)
+                    continue
+                assert op.doc is not None and prep is not None
+                body, kind, at = prep
+                conn.execute(
+                    "INSERT INTO docs (pk, id, body, version, due_kind, due_at) VALUES (?, ?, ?, ?, ?, ?)"
+                    " ON CONFLICT (pk, id) DO UPDATE SET body = excluded.body, version = excluded.version,"
+                    " due_kind = excluded.due_kind, due_at = excluded.due_at",
+                    (pk, op.doc_id, body, version, kind, at),
+                )
+                out.append(str(version))
+                version += 1
+        return out
+
+    # scans ------------------------------------------------------------------------------------
+
+    def scan_due(self, kind: str, now: float, limit: int = 100) -> list[DueRef]:
+        with self._conn() as conn:
+            rows = conn.execute(
+                "SELECT pk, id, due_at FROM docs INDEXED BY docs_due"
+                " WHERE due_kind = ? AND due_kind IS NOT NULL AND due_at <= ?"
+                " ORDER BY due_at, pk, id LIMIT ?",
+                (kind, float(now), int(limit)),
+            ).fetchall()
+        return [DueRef(pk, doc_id, float(at)) for pk, doc_id, at in rows]
+
+    def scan_partitions(self, pk_prefix: str, limit: int = 1000) -> list[str]:
+        upper = _prefix_upper(pk_prefix)
+        sql = "SELECT pk FROM docs WHERE id = 'exec' AND pk >= ?"
+        params: list[Any] = [pk_prefix]
+        if upper is not None:
+            sql += " AND pk < ?"
+            params.append(upper)
+        sql += " AND substr(pk, 1, ?) = ? ORDER BY pk LIMIT ?"
+        params += [len(pk_prefix), pk_prefix, int(limit)]
+        with self._conn() as conn:
+            return [str(pk) for (pk,) in conn.execute(sql, params)]
+
+
+def from_url(url: str, **options: Any) -> SqliteStore:
+    """``sqlite:///relative/path.db`` or ``sqlite:////absolute/path.db``.
+
+    Options (keyword or URL query): ``busy_timeout`` — seconds to wait for another writer's lock
+    (default 5). Example: ``sqlite:////var/lib/app/durable.db?busy_timeout=10``.
+    """
+    parts = urlsplit(url)
+    if parts.scheme.lower() != "sqlite":
+        raise ConfigurationError(f"not a sqlite URL: {url!r}")
+    if parts.netloc:
+        raise ConfigurationError(f"sqlite URL {url!r} has a host; use sqlite:///relative or sqlite:////absolute")
+    path = unquote(parts.path[1:] if parts.path.startswith("/") else parts.path)
+    settings: dict[str, Any] = dict(parse_qsl(parts.query))
+    settings.update(options)
+    unknown = set(settings) - {"busy_timeout"}
+    if unknown:
+        raise ConfigurationError(f"unknown sqlite store option(s): {', '.join(sorted(unknown))}")
+    try:
+        busy_timeout = float(settings.get("busy_timeout", DEFAULT_BUSY_TIMEOUT))
+    except (TypeError, ValueError) as exc:
+        raise ConfigurationError(f"busy_timeout must be a number of seconds: {exc}") from exc
+    return SqliteStore(path, busy_timeout=busy_timeout)
