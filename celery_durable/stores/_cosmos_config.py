@@ -1,0 +1,113 @@
+"""URL parsing and secret handling of the Cosmos store (see :mod:`celery_durable.stores.cosmos`)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import parse_qsl, quote, quote_plus, urlsplit
+
+from ..errors import ConfigurationError
+
+__all__ = ["Secret", "parse_url", "server_message", "KEY_ENV"]
+
+#: Environment variable holding the account key.
+KEY_ENV = "DURABLE_COSMOS_KEY"
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+# the signature part of a Cosmos authorization token, should one ever end up in a message
+_SIG = re.compile(r"(sig(?:=|%3d|%3D))[^&\s'\"]+")
+
+
+class Secret:
+    """Holds the account key: its repr never shows it, :meth:`scrub` removes it from text."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def get(self) -> str:
+        return self._value
+
+    def scrub(self, text: str) -> str:
+        for form in {self._value, quote(self._value, safe=""), quote_plus(self._value)}:
+            text = text.replace(form, "***")
+        return _SIG.sub(r"\1***", text)
+
+    def __repr__(self) -> str:
+        return "<secret>"
+
+
+def server_message(exc: Exception) -> str:
+    """The service's own message from an SDK error (its body is usually ``{"code", "message"}``)."""
+    raw = getattr(exc, "http_error_message", None) or ""
+    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+    with contextlib.suppress(ValueError, AttributeError):
+        text = str(json.loads(text).get("message") or text)
+    return _SIG.sub(r"\1***", " ".join(text.split()))
+
+
+def _flag(name: str) -> Callable[[Any], bool]:
+    def convert(value: Any) -> bool:
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in _TRUE | _FALSE:
+            return text in _TRUE
+        raise ValueError(f"{name} is not a boolean")
+
+    return convert
+
+
+_OPTIONS: dict[str, Callable[[Any], Any]] = {
+    "verify": _flag("verify"),
+    "create": _flag("create"),
+    "discovery": _flag("discovery"),
+    "consistency": str,
+    "timeout": float,
+    "retries": int,
+    "throttle_retries": int,
+    "throttle_max_wait": int,
+    "due_bucket": float,
+    "credential": lambda v: v,
+}
+
+
+def parse_url(url: str, options: dict[str, Any]) -> tuple[str, str, str, str | None, dict[str, Any]]:
+    """``(endpoint, database, container, key, keyword options)`` from a ``cosmos://`` URL.
+
+    Keyword ``options`` override URL parameters. The key: ``key=`` option, else ``$DURABLE_COSMOS_KEY``,
+    else ``key=`` in the URL. Error messages never quote the URL (it may hold the key).
+    """
+    parts = urlsplit(url)
+    try:
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError as exc:
+        raise ConfigurationError("cosmos store URL has an invalid port") from exc
+    if parts.scheme.lower() not in ("cosmos", "cosmoss") or not parts.hostname:
+        raise ConfigurationError("cosmos store URL must look like cosmos://host[:port]/?database=DB&container=C")
+    params: dict[str, Any] = dict(parse_qsl(parts.query, keep_blank_values=True))
+    segments = [s for s in parts.path.split("/") if s]
+    for name, value in zip(("database", "container"), segments, strict=False):
+        params.setdefault(name, value)
+    url_key = params.pop("key", None)
+    if url_key is not None:
+        url_key = url_key.replace(" ", "+")  # an unencoded base64 "+" arrives as a space
+    params.update(options)
+    key = params.pop("key", None) or os.environ.get(KEY_ENV) or url_key
+    database, container = params.pop("database", None), params.pop("container", None)
+    if not database or not container:
+        raise ConfigurationError("cosmos store URL needs database= and container=")
+    kwargs: dict[str, Any] = {}
+    for name, value in params.items():
+        if name not in _OPTIONS:
+            raise ConfigurationError(f"unknown cosmos store option {name!r}")
+        try:
+            kwargs[name] = _OPTIONS[name](value)
+        except (TypeError, ValueError) as exc:
+            raise ConfigurationError(f"cosmos store option {name}={value!r} is invalid") from exc
+    return f"https://{parts.hostname}{port}/", str(database), str(container), key, kwargs
