@@ -114,6 +114,15 @@ def check_doc(doc: Doc, limit: int = MAX_DOC_BYTES) -> str:
         raise ConfigurationError("a document needs a non-empty string 'pk'")
     if not isinstance(doc.get("id"), str) or not doc["id"]:
         raise ConfigurationError("a document needs a non-empty string 'id'")
+    # Backends keep system fields under '_' (Cosmos drops unknown ones): refuse rather than lose
+    private = [k for k in doc if k.startswith("_") and k not in RESERVED]
+    if private:
+        raise ConfigurationError(f"document {doc['id']!r}: keys starting with '_' are reserved for stores: {private}")
+    kind, at = doc.get("due_kind"), doc.get("due_at")
+    if kind is not None and not isinstance(kind, str):
+        raise ConfigurationError(f"document {doc['id']!r}: due_kind must be a string")
+    if at is not None and (isinstance(at, bool) or not isinstance(at, int | float)):
+        raise ConfigurationError(f"document {doc['id']!r}: due_at must be a number (epoch seconds)")
     body = {k: v for k, v in doc.items() if k not in RESERVED}
     text = json.dumps(body, separators=(",", ":"), ensure_ascii=False)
     size = len(text.encode("utf-8"))

@@ -103,6 +103,24 @@ def test_sqlite_locked_for_ten_seconds_loses_nothing(fast) -> None:  # type: ign
     assert results == [10] * 5 + [15]
 
 
+@pytest.mark.cosmos
+@pytest.mark.parametrize("cluster", [("redis", "cosmos")], indirect=True)
+def test_cosmos_down_for_ten_seconds_loses_nothing(fast, request) -> None:  # type: ignore[no-untyped-def]
+    server = request.getfixturevalue("cosmos_server")
+    fast.start_worker(concurrency=2)
+    fast.workers.start_beat()
+    handles = [basic.sum_chain.start(4) for _ in range(3)]
+    server.pause()  # the port stays, nothing answers: workers and beat see StoreUnavailable
+    try:
+        with pytest.raises(StoreUnavailable):
+            basic.sum_chain.start(6)
+        time.sleep(10)  # the outage itself (not synchronisation)
+    finally:
+        server.resume()
+    handles.append(basic.sum_chain.start(6))
+    assert [h.result(timeout=180) for h in handles] == [6, 6, 6, 15]
+
+
 def test_two_beats_recover_a_killed_activity_once(fast) -> None:  # type: ignore[no-untyped-def]
     victim = fast.start_worker()
     h = basic.slow_flow.start("k3", 1.5)

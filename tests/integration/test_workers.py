@@ -10,6 +10,11 @@ from tests.plugins.workers import wait_until
 
 pytestmark = pytest.mark.worker
 
+STORES = [
+    pytest.param(("redis", "sqlite"), id="sqlite"),
+    pytest.param(("redis", "cosmos"), id="cosmos", marks=pytest.mark.cosmos),
+]
+
 BACKENDS = [
     pytest.param(("redis", "sqlite"), id="redis-sqlite"),
     pytest.param(("filesystem", "sqlite"), id="filesystem-sqlite"),
@@ -28,6 +33,7 @@ def test_happy_path(cluster) -> None:  # type: ignore[no-untyped-def]
     assert h.status() == "completed"
 
 
+@pytest.mark.parametrize("cluster", STORES, indirect=True)
 def test_idempotent_start_joins(cluster) -> None:  # type: ignore[no-untyped-def]
     cluster.start_worker()
     a = basic.fan_out.start([basic.Item(sku="one", qty=1)], _workflow_id="order-1")
@@ -38,6 +44,7 @@ def test_idempotent_start_joins(cluster) -> None:  # type: ignore[no-untyped-def
     assert len(marks.read_text().splitlines()) == 1
 
 
+@pytest.mark.parametrize("cluster", STORES, indirect=True)
 def test_retry_then_success(cluster) -> None:  # type: ignore[no-untyped-def]
     cluster.start_worker()
     h = basic.retry_then_ok.start("k1", 2)
@@ -46,6 +53,7 @@ def test_retry_then_success(cluster) -> None:  # type: ignore[no-untyped-def]
     assert result["ok"] is True and result["attempts"] == 3
 
 
+@pytest.mark.parametrize("cluster", STORES, indirect=True)
 def test_retries_exhausted_then_caught(cluster) -> None:  # type: ignore[no-untyped-def]
     cluster.start_worker()
     out = basic.compensate.start("k2").result(timeout=60)
@@ -53,6 +61,7 @@ def test_retries_exhausted_then_caught(cluster) -> None:  # type: ignore[no-unty
     assert len((cluster.workers.tmp / "marks" / "down-k2").read_text().splitlines()) == 3
 
 
+@pytest.mark.parametrize("cluster", STORES, indirect=True)
 def test_non_retryable_skips_retries(cluster) -> None:  # type: ignore[no-untyped-def]
     cluster.start_worker()
     out = basic.non_retryable.start("k3").result(timeout=60)
@@ -72,6 +81,7 @@ def test_invalid_payload_rejected_in_caller(cluster) -> None:  # type: ignore[no
     assert cluster.durable.store.read("bad-1", "exec") is None
 
 
+@pytest.mark.parametrize("cluster", STORES, indirect=True)
 def test_duplicate_delivery_records_one_result(cluster) -> None:  # type: ignore[no-untyped-def]
     from celery_durable.engine.dispatcher import ActivityRequest
 
@@ -129,6 +139,7 @@ def test_nondeterminism_fails_with_both_steps_named(cluster) -> None:  # type: i
     assert "'tests.apps.basic.right'" in info.value.message and "'tests.apps.basic.left'" in info.value.message
 
 
+@pytest.mark.parametrize("cluster", STORES, indirect=True)
 def test_unknown_workflow_is_reported_and_kept(cluster) -> None:  # type: ignore[no-untyped-def]
     def only_in_the_caller(n: int) -> int:
         return n

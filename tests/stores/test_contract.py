@@ -923,3 +923,13 @@ def test_sqlite_store_keeps_working_after_fork_without_reopen(tmp_path: Path) ->
     assert child.exitcode == 0
     assert store.read("p", "from-child")["_etag"] == answer  # type: ignore[index]
     assert store.create(D("p", "after-fork")) is not None
+
+
+def test_reserved_and_malformed_fields_are_refused_alike(store) -> None:  # type: ignore[no-untyped-def]
+    from celery_durable.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="reserved"):
+        store.create({"pk": "p", "id": "x", "_private": 1})
+    with pytest.raises(ConfigurationError, match="due_at"):
+        store.create({"pk": "p", "id": "y", "due_kind": "clock", "due_at": "soon"})
+    assert store.read("p", "x") is None and store.read("p", "y") is None
