@@ -52,6 +52,22 @@ class DurableActivityTask(Task):  # type: ignore[misc]
             return super().__call__(*args, **kwargs)
         return _run_attempt(self, meta, args, kwargs)
 
+    def retry(self, *args: Any, **kwargs: Any) -> Any:
+        """Celery's retry, but the step's lease is given back *before* the retry message is
+        sent: otherwise the redelivery can arrive while the lease still looks held, and skip."""
+        attempt = getattr(self.request, "durable_attempt", None)
+        if attempt is not None and not getattr(self.request, "durable_released", False):
+            max_retries = kwargs.get("max_retries", self.max_retries)
+            if max_retries is None or self.request.retries + 1 <= max_retries:  # a message will go
+                countdown = kwargs.get("countdown")
+                if countdown is None and kwargs.get("eta") is None:
+                    countdown = self.default_retry_delay
+                from .app import Durable
+
+                Durable.of(self.app).engine.activities.retrying(attempt, float(countdown or 0), kwargs.get("exc"))
+                self.request.durable_released = True
+        return super().retry(*args, **kwargs)
+
     def start(self, *args: Any, **kwargs: Any) -> DurableFuture[Any]:
         """Inside a workflow: schedule the activity and return a future (``.result()`` waits)."""
         ctx = require_context(f"{self.name}.start()")
@@ -105,6 +121,7 @@ def _run_attempt(task: Task, meta: dict[str, Any], args: tuple[Any, ...], kwargs
         doc["attempts"] = attempt.number
     else:
         definition = _definition(task)
+        task.request.durable_attempt = attempt  # for retry(): release before resending
         try:
             dargs, dkwargs = definition.codec.decode_args({"args": list(args), "kwargs": kwargs})
             log.info(
@@ -119,7 +136,8 @@ def _run_attempt(task: Task, meta: dict[str, Any], args: tuple[Any, ...], kwargs
                 value = task.run(*dargs, **dkwargs)
             doc = runner.result_doc(attempt, value=definition.codec.encode_result(value))
         except Retry as exc:
-            runner.retrying(attempt, _countdown(exc), exc.exc or exc)
+            if not getattr(task.request, "durable_released", False):  # a retry() bypassing ours
+                runner.retrying(attempt, _countdown(exc), exc.exc or exc)
             raise
         except Exception as exc:  # retries exhausted or not retryable: the workflow decides
             doc = runner.result_doc(attempt, error=exc)

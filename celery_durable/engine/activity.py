@@ -121,7 +121,7 @@ class ActivityRunner:
             attempt.execution_id, carry=[result], release=[attempt.seq], trust_cache=eng.settings.trust_cache_for
         )
 
-    def retrying(self, attempt: Attempt, countdown: float, exc: BaseException) -> None:
+    def retrying(self, attempt: Attempt, countdown: float, exc: BaseException | None) -> None:
         """The attempt failed and Celery will retry in ``countdown`` s: give the lease back.
 
         The step stays due a little after the retry is expected, so a lost retry message is
@@ -139,7 +139,7 @@ class ActivityRunner:
                 lease=None,
                 due_kind=DUE_ACTIVITY,
                 due_at=now + countdown + eng.settings.activity_queue_timeout,
-                last_error=error_info(exc, attempts=attempt.number),
+                last_error=error_info(exc, attempts=attempt.number) if exc is not None else None,
             )
             try:
                 eng.store.replace(updated, if_match=marker["_etag"])

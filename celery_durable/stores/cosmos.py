@@ -51,6 +51,7 @@ single-partition queries plus one read per due or stale entry, whatever the hist
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 import threading
 import time
@@ -92,6 +93,12 @@ from .base import Doc, DueRef, Op, PartitionRead, Store, check_doc, doc_size, du
 __all__ = ["CosmosStore", "from_url"]
 
 T = TypeVar("T")
+
+# The SDK logs every request and response at INFO (with the key redacted): far too chatty for a
+# worker at ``--loglevel=INFO``. Quiet unless the application chose a level for it.
+_http_log = logging.getLogger("azure.core.pipeline.policies.http_logging_policy")
+if _http_log.level == logging.NOTSET:
+    _http_log.setLevel(logging.WARNING)
 
 PARTITION_KEY_PATH = "/pk"
 _PAGE = 1000  # items per page when a query has to page
