@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConflictError
-from ..stores.base import Doc
+from ..stores.base import Doc, strip_reserved
 from .model import DUE_ACTIVITY, EXEC_ID, TERMINAL, error_info, lease_live, marker_id, result_id, worker_identity
 
 if TYPE_CHECKING:
@@ -69,7 +69,7 @@ class ActivityRunner:
             if lease_live(marker, now) and lease.get("holder") != me:
                 return None, f"another attempt is running ({lease['holder']})"
             number = int(marker.get("attempts") or 0) + 1
-            claimed = {k: v for k, v in marker.items() if k != "_etag"}
+            claimed = strip_reserved(marker)
             claimed.update(
                 attempts=number,
                 lease={"holder": me, "expires": now + eng.settings.lease_ttl},
@@ -134,7 +134,7 @@ class ActivityRunner:
             marker = eng.store.read(attempt.execution_id, marker_id(attempt.seq, attempt.run))
             if marker is None or (marker.get("lease") or {}).get("holder") != attempt.holder:
                 return
-            updated = {k: v for k, v in marker.items() if k != "_etag"}
+            updated = strip_reserved(marker)
             updated.update(
                 lease=None,
                 due_kind=DUE_ACTIVITY,

@@ -21,7 +21,7 @@ from ..errors import (
     UnknownWorkflowError,
 )
 from ..observability import Counters
-from ..stores.base import Doc, Store
+from ..stores.base import Doc, Store, strip_reserved
 from .activity import ActivityRunner
 from .cache import PartitionCache
 from .dispatcher import ActivityRequest, CancelRequest, ChildRequest, ClockRequest, Dispatcher
@@ -162,7 +162,7 @@ class Engine:
                 return False
             if ex.get("cancel_requested"):
                 return True
-            updated = {k: v for k, v in ex.items() if k != "_etag"}
+            updated = strip_reserved(ex)
             updated.update(cancel_requested=True, wakeups=int(ex.get("wakeups") or 0) + 1)
             try:
                 self.store.replace(updated, if_match=ex["_etag"])

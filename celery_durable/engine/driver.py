@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConflictError, CorruptDocument, PayloadValidationError, WorkflowCancelledError
 from ..observability import span
-from ..stores.base import Doc, Op
+from ..stores.base import Doc, Op, strip_reserved
 from .context import ContinueAsNew, Fatal, Send, Suspend, WorkflowContext
 from .model import (
     CANCELLED,
@@ -34,6 +34,7 @@ from .model import (
     error_info,
     lease_live,
     marker_id,
+    settled,
     worker_identity,
 )
 
@@ -57,10 +58,6 @@ class Replay:
     steps: int = 0
     #: the new payload, for ``continued``
     payload: dict[str, Any] | None = None
-
-
-def _strip(doc: Doc) -> Doc:
-    return {k: v for k, v in doc.items() if k != "_etag"}
 
 
 class Driver:
@@ -178,7 +175,7 @@ class Driver:
                     self._record(carry_new)
                     self._release_each(docs, release)
                     carry, release = [], []
-                    bumped = _strip(ex) | {"wakeups": int(ex.get("wakeups") or 0) + 1}
+                    bumped = strip_reserved(ex) | {"wakeups": int(ex.get("wakeups") or 0) + 1}
                     try:
                         store.replace(bumped, if_match=ex["_etag"])
                     except ConflictError:
@@ -189,7 +186,7 @@ class Driver:
                     self._record(carry_new)
                     self._release_each(docs, release)
                     carry, release = [], []
-                    claimed = _strip(ex) | {
+                    claimed = strip_reserved(ex) | {
                         "lease": {"holder": me, "expires": now + eng.settings.lease_ttl},
                         "due_kind": DUE_EXEC,
                         "due_at": now + eng.settings.lease_ttl,
@@ -264,7 +261,7 @@ class Driver:
                 ex = None
             try:
                 if ex is not None and isinstance(ex.get("workflow"), str):
-                    store.replace(_strip(ex) | fields, if_match=ex["_etag"])
+                    store.replace(strip_reserved(ex) | fields, if_match=ex["_etag"])
                 else:
                     store.upsert({"pk": execution_id, "id": EXEC_ID, "type": "exec", "workflow": "?"} | fields)
                 break
@@ -283,9 +280,9 @@ class Driver:
         for seq in release:
             marker = docs.get(marker_id(seq, run))
             if marker is not None and (marker.get("lease") or marker.get("due_kind")):
-                cleared = _strip(marker) | {"lease": None, "due_kind": None, "due_at": None}
+                cleared = settled(marker)
                 ops.append(Op.replace(cleared, marker["_etag"]))
-        new_ex = _strip(ex)
+        new_ex = strip_reserved(ex)
         steps = max(replay.steps, int(ex.get("steps") or 0))
         new_ex.update(lease=None, due_kind=None, due_at=None, last_error=None, steps=steps)
         if replay.kind == "unknown":
@@ -351,7 +348,7 @@ class Driver:
             marker = docs.get(marker_id(seq, run))
             if marker is not None and (marker.get("lease") or marker.get("due_kind")):
                 try:
-                    cleared = _strip(marker) | {"lease": None, "due_kind": None, "due_at": None}
+                    cleared = settled(marker)
                     self.engine.store.replace(cleared, if_match=marker["_etag"])
                 except ConflictError:
                     pass  # the recovery scan clears a marker whose result exists

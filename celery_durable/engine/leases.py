@@ -12,6 +12,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from ..errors import ConflictError, StoreError
+from ..stores.base import strip_reserved
 from .model import marker_id
 
 if TYPE_CHECKING:
@@ -80,7 +81,7 @@ class LeaseKeeper:
                 eng.emit("lease_lost", execution_id=attempt.execution_id, seq=attempt.seq)
                 return False
             expires = eng.clock.now() + eng.settings.lease_ttl
-            updated = {k: v for k, v in marker.items() if k != "_etag"}
+            updated = strip_reserved(marker)
             updated.update(lease={"holder": attempt.holder, "expires": expires}, due_at=expires)
             try:
                 attempt.etag = eng.store.replace(updated, if_match=marker["_etag"])
@@ -96,7 +97,7 @@ class LeaseKeeper:
             marker = eng.store.read(attempt.execution_id, marker_id(attempt.seq, attempt.run))
             if marker is None or (marker.get("lease") or {}).get("holder") != attempt.holder:
                 return
-            updated = {k: v for k, v in marker.items() if k != "_etag"}
+            updated = strip_reserved(marker)
             updated.update(lease=None, due_at=eng.clock.now())
             eng.store.replace(updated, if_match=marker["_etag"])
         except (ConflictError, StoreError):

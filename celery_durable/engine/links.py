@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..codecs import ValueCodec
 from ..errors import ConflictError, UnknownWorkflowError
-from ..stores.base import Doc
+from ..stores.base import Doc, strip_reserved
 from .dispatcher import ChildRequest
 from .model import (
     CANCELLED,
@@ -26,6 +26,7 @@ from .model import (
     marker_id,
     parse_step_id,
     result_id,
+    settled,
     signal_id,
 )
 
@@ -35,10 +36,6 @@ if TYPE_CHECKING:
 __all__ = ["Links"]
 
 log = logging.getLogger("celery_durable.links")
-
-
-def _strip(doc: Doc) -> Doc:
-    return {k: v for k, v in doc.items() if k != "_etag"}
 
 
 class Links:
@@ -93,7 +90,7 @@ class Links:
     def _clear_due(self, marker: Doc) -> None:
         if marker.get("due_kind"):
             try:
-                self.engine.store.replace(_strip(marker) | {"due_kind": None, "due_at": None}, marker["_etag"])
+                self.engine.store.replace(settled(marker), marker["_etag"])
             except ConflictError:
                 pass
 
@@ -141,7 +138,7 @@ class Links:
             ex = eng.store.read(execution_id, EXEC_ID)
             if ex is None or ex.get("status") in TERMINAL:
                 return
-            bumped = _strip(ex) | {"wakeups": int(ex.get("wakeups") or 0) + 1}
+            bumped = strip_reserved(ex) | {"wakeups": int(ex.get("wakeups") or 0) + 1}
             if not ex.get("due_kind"):
                 bumped.update(due_kind=DUE_EXEC, due_at=eng.clock.now() + eng.settings.drive_timeout)
             try:
@@ -192,7 +189,7 @@ class Links:
         for _ in range(20):
             try:
                 eng.store.replace(
-                    _strip(child) | {"parent_notified": True, "due_kind": None, "due_at": None}, child["_etag"]
+                    strip_reserved(child) | {"parent_notified": True, "due_kind": None, "due_at": None}, child["_etag"]
                 )
                 return
             except ConflictError:
@@ -214,7 +211,7 @@ class Links:
         elif child.get("status") in TERMINAL:
             self.notify_parent(child_id)
             return
-        pushed = _strip(marker) | {"due_at": eng.clock.now() + eng.settings.activity_queue_timeout}
+        pushed = strip_reserved(marker) | {"due_at": eng.clock.now() + eng.settings.activity_queue_timeout}
         try:
             eng.store.replace(pushed, if_match=marker["_etag"])
         except ConflictError:

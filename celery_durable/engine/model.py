@@ -22,7 +22,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..stores.base import Doc
+from ..stores.base import Doc, strip_reserved
 
 __all__ = [
     "EXEC_ID",
@@ -38,6 +38,7 @@ __all__ = [
     "error_info",
     "worker_identity",
     "lease_live",
+    "settled",
 ]
 
 EXEC_ID = "exec"
@@ -109,6 +110,11 @@ def worker_identity() -> str:
         if _identity is None or _identity[0] != pid:
             _identity = (pid, f"{socket.gethostname()}:{pid}:{uuid.uuid4().hex[:8]}")
         return _identity[1]
+
+
+def settled(doc: Doc) -> Doc:
+    """A copy to write back with no lease and out of every scan (the step or exec is done)."""
+    return strip_reserved(doc) | {"lease": None, "due_kind": None, "due_at": None}
 
 
 def lease_live(doc: Doc, now: float) -> bool:

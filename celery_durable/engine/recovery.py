@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..errors import ConflictError, CorruptDocument, StoreError
-from ..stores.base import Doc
+from ..stores.base import strip_reserved
 from .dispatcher import ActivityRequest
 from .model import (
     DUE_ACTIVITY,
@@ -30,6 +30,7 @@ from .model import (
     marker_id,
     parse_step_id,
     result_id,
+    settled,
 )
 
 if TYPE_CHECKING:
@@ -47,10 +48,6 @@ class ScanReport:
     failed: int = 0
     cleared: int = 0
     errors: int = 0
-
-
-def _strip(doc: Doc) -> Doc:
-    return {k: v for k, v in doc.items() if k != "_etag"}
 
 
 class Recovery:
@@ -98,12 +95,12 @@ class Recovery:
         if ex.get("status") in TERMINAL or lease_live(ex, now):
             if ex.get("status") in TERMINAL:
                 try:
-                    eng.store.replace(_strip(ex) | {"due_kind": None, "due_at": None}, if_match=ex["_etag"])
+                    eng.store.replace(settled(ex), if_match=ex["_etag"])
                     report.cleared += 1
                 except ConflictError:
                     pass
             return
-        pushed = _strip(ex) | {"due_at": now + eng.settings.drive_timeout, "lease": None}
+        pushed = strip_reserved(ex) | {"due_at": now + eng.settings.drive_timeout, "lease": None}
         try:
             eng.store.replace(pushed, if_match=ex["_etag"])
         except ConflictError:
@@ -126,7 +123,7 @@ class Recovery:
         )
         if done:
             try:
-                eng.store.replace(_strip(marker) | {"lease": None, "due_kind": None, "due_at": None}, marker["_etag"])
+                eng.store.replace(settled(marker), marker["_etag"])
                 report.cleared += 1
             except ConflictError:
                 pass
@@ -151,7 +148,7 @@ class Recovery:
             eng.driver.drive(pk, carry=[result], release=[seq])
             report.failed += 1
             return
-        pushed = _strip(marker) | {
+        pushed = strip_reserved(marker) | {
             "lease": None,
             "lost": lost,
             "due_at": now + eng.settings.activity_queue_timeout,

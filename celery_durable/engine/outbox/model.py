@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ...errors import DurableError
-from ...stores.base import Doc
+from ...stores.base import Doc, strip_reserved
 
 __all__ = [
     "DUE_LANE",
@@ -112,8 +112,8 @@ def intent_id(effect_id: str) -> str:
     return f"fxi:{effect_id}"
 
 
-def strip(doc: Doc) -> Doc:
-    return {k: v for k, v in doc.items() if k != "_etag"}
+#: a document without its ``_etag``, ready to write back
+strip = strip_reserved
 
 
 class LaneFull(DurableError):
