@@ -138,18 +138,22 @@ class Engine:
             raise UnknownWorkflowError(f"no execution with id {execution_id!r}")
         return doc
 
-    def wait(self, execution_id: str, timeout: float | None = None, poll: float = 0.01) -> Doc:
-        """Block until the execution ends; return its exec document."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        delay = poll
+    def wait(self, execution_id: str, timeout: float | None = None, max_poll: float = 0.05) -> Doc:
+        """Block until the execution ends; return its exec document.
+
+        Polls with a point read every 10% of the time waited so far (2 ms to ``max_poll``):
+        a short workflow is seen finished within a few ms, a long one costs ~20 reads/s at most.
+        """
+        started = time.monotonic()
+        deadline = None if timeout is None else started + timeout
         while True:
             doc = self.read_exec(execution_id)
             if doc.get("status") in TERMINAL:
                 return doc
             if deadline is not None and time.monotonic() >= deadline:
                 raise DurableTimeoutError(f"execution {execution_id!r} still {doc.get('status')} after {timeout}s")
+            delay = min(max_poll, max(0.002, 0.1 * (time.monotonic() - started)))
             time.sleep(delay if deadline is None else max(0.0, min(delay, deadline - time.monotonic())))
-            delay = min(delay * 1.5, 0.05)
 
     def cancel(self, execution_id: str) -> bool:
         """Persist a cancel request (never downgraded) and wake the execution.
