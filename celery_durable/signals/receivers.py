@@ -36,6 +36,17 @@ def install(durable: Durable) -> None:
     def on_shutdown(**_: Any) -> None:
         durable.shutdown()
 
+    def on_task_postrun(task: Any = None, **_: Any) -> None:
+        # Safety net: an attempt still tracked after its task returned (a BaseException that
+        # bypassed the normal outcome path) gives its lease back, so recovery re-sends the step
+        # at its next scan instead of waiting out the lease TTL.
+        attempt = getattr(getattr(task, "request", None), "durable_attempt", None)
+        engine = durable._engine
+        if attempt is not None and engine is not None and attempt in engine.leases.running():
+            log.warning("activity %s step %d ended without an outcome: lease released", attempt.name, attempt.seq)
+            engine.leases.release(attempt)
+
     celery_signals.worker_process_init.connect(on_process_init, weak=False, dispatch_uid=uid + ":init")
+    celery_signals.task_postrun.connect(on_task_postrun, weak=False, dispatch_uid=uid + ":postrun")
     celery_signals.worker_process_shutdown.connect(on_shutdown, weak=False, dispatch_uid=uid + ":pshutdown")
     celery_signals.worker_shutdown.connect(on_shutdown, weak=False, dispatch_uid=uid + ":shutdown")
