@@ -15,8 +15,9 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["Counters", "span"]
+__all__ = ["Counters", "span", "tracing_configured"]
 
+_otel_trace: Any
 try:  # optional dependency
     from opentelemetry import trace as _otel_trace
 except ImportError:  # pragma: no cover - depends on the environment
@@ -41,6 +42,17 @@ class Counters:
     def snapshot(self) -> dict[str, int]:
         with self._lock:
             return dict(self._counts)
+
+
+def tracing_configured() -> bool:
+    """Whether opentelemetry is installed *and* the application set a tracer provider.
+
+    Store calls are only wrapped in spans then: without a provider they would be no-ops that
+    still cost a wrapper per call.
+    """
+    if _otel_trace is None:
+        return False
+    return not isinstance(_otel_trace.get_tracer_provider(), _otel_trace.ProxyTracerProvider)
 
 
 @contextlib.contextmanager

@@ -20,7 +20,7 @@ from ..errors import (
     DurableTimeoutError,
     UnknownWorkflowError,
 )
-from ..observability import Counters
+from ..observability import Counters, tracing_configured
 from ..stores.base import Doc, Store, strip_reserved
 from .activity import ActivityRunner
 from .cache import PartitionCache
@@ -48,6 +48,10 @@ class Engine:
         settings: Settings | None = None,
         clock: Clock | None = None,
     ) -> None:
+        if tracing_configured():  # every store call becomes a span (with Cosmos' request charge)
+            from ..stores.traced import TracedStore
+
+            store = TracedStore(store)
         self.store = store
         self.dispatcher = dispatcher
         self.registry = registry or Registry()

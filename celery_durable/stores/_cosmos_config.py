@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 from collections.abc import Callable
@@ -111,3 +112,10 @@ def parse_url(url: str, options: dict[str, Any]) -> tuple[str, str, str, str | N
         except (TypeError, ValueError) as exc:
             raise ConfigurationError(f"cosmos store option {name}={value!r} is invalid") from exc
     return f"https://{parts.hostname}{port}/", str(database), str(container), key, kwargs
+
+
+# The SDK logs every request and response at INFO (with the key redacted): far too chatty for a
+# worker at ``--loglevel=INFO``. Quiet unless the application chose a level for it.
+_http_log = logging.getLogger("azure.core.pipeline.policies.http_logging_policy")
+if _http_log.level == logging.NOTSET:
+    _http_log.setLevel(logging.WARNING)

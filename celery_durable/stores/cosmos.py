@@ -51,7 +51,6 @@ single-partition queries plus one read per due or stale entry, whatever the hist
 from __future__ import annotations
 
 import contextlib
-import logging
 import re
 import threading
 import time
@@ -93,12 +92,6 @@ from .base import Doc, DueRef, Op, PartitionRead, Store, check_doc, doc_size, du
 __all__ = ["CosmosStore", "from_url"]
 
 T = TypeVar("T")
-
-# The SDK logs every request and response at INFO (with the key redacted): far too chatty for a
-# worker at ``--loglevel=INFO``. Quiet unless the application chose a level for it.
-_http_log = logging.getLogger("azure.core.pipeline.policies.http_logging_policy")
-if _http_log.level == logging.NOTSET:
-    _http_log.setLevel(logging.WARNING)
 
 PARTITION_KEY_PATH = "/pk"
 _PAGE = 1000  # items per page when a query has to page
@@ -207,6 +200,13 @@ class CosmosStore(Store):
                 f"cosmos container {self.container!r} is partitioned by {paths}, expected [{PARTITION_KEY_PATH!r}]"
             )
         return proxy
+
+    @property
+    def last_request_charge(self) -> float | None:
+        """Request units of this client's latest call (for tracing; approximate under threads)."""
+        with contextlib.suppress(Exception):  # observability must never break a store call
+            return float(self._container().client_connection.last_response_headers.get("x-ms-request-charge") or 0)
+        return None
 
     def reopen(self) -> None:
         # after fork(): forget the inherited client (its sockets are the parent's; the SDK's and our
