@@ -20,7 +20,7 @@ from celery.exceptions import Retry
 
 from .codecs import codec_for
 from .engine.context import DurableFuture, current_context, require_context
-from .engine.registry import GLOBAL_ACTIVITIES
+from .engine.registry import GLOBAL_ACTIVITIES, ActivityDef
 from .errors import NonRetryableError, StoreUnavailable
 from .observability import span
 
@@ -82,14 +82,17 @@ def _step_header(request: Any) -> dict[str, Any] | None:
     return meta if isinstance(meta, dict) else None
 
 
-def _definition(task: Task) -> Any:
-    definition = GLOBAL_ACTIVITIES.get(task.name)
-    if definition is None:
-        from .engine.registry import ActivityDef
+def _register(task_name: str, fn: Callable[..., Any]) -> ActivityDef:
+    """Record the activity's definition (its codecs, from ``fn``'s hints) under its task name."""
+    definition = ActivityDef(task_name, fn, codec_for(fn))
+    GLOBAL_ACTIVITIES[task_name] = definition
+    return definition
 
-        fn = getattr(task, "_orig_run", None) or task.run
-        definition = ActivityDef(task.name, fn, codec_for(fn))
-        GLOBAL_ACTIVITIES[task.name] = definition
+
+def _definition(task: Task) -> ActivityDef:
+    definition = GLOBAL_ACTIVITIES.get(task.name)
+    if definition is None:  # a task upgraded in another way: derive it from its run()
+        definition = _register(task.name, getattr(task, "_orig_run", None) or task.run)
     return definition
 
 
@@ -183,16 +186,10 @@ def durable_activity(fn: Any = None, *, name: str | None = None, **options: Any)
         if hasattr(target, "__wrapped__") and type(target).__name__ == "Proxy":
             return _upgrade_proxy(target)
         task_name = name or f"{target.__module__}.{target.__qualname__}"
-        GLOBAL_ACTIVITIES[task_name] = _make_def(task_name, target, options)
+        _register(task_name, target)
         return shared_task(name=task_name, base=DurableActivityTask, **options)(target)
 
     return wrap(fn) if fn is not None else wrap
-
-
-def _make_def(task_name: str, fn: Callable[..., Any], options: dict[str, Any]) -> Any:
-    from .engine.registry import ActivityDef
-
-    return ActivityDef(task_name, fn, codec_for(fn), {})
 
 
 def _upgrade(task: Task) -> Task:
@@ -201,7 +198,7 @@ def _upgrade(task: Task) -> Task:
         dont = tuple(getattr(task, "dont_autoretry_for", ()) or ()) + (NonRetryableError,)
         task.__class__ = type(cls.__name__, (DurableActivityTask, cls), {"dont_autoretry_for": dont})
     fn = getattr(task, "_orig_run", None) or task.run
-    GLOBAL_ACTIVITIES[task.name] = _make_def(task.name, fn, {})
+    _register(task.name, fn)
     return task
 
 

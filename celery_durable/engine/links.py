@@ -12,7 +12,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from ..codecs import ValueCodec
-from ..errors import ConflictError, UnknownWorkflowError
+from ..errors import ConflictError
 from ..stores.base import Doc, strip_reserved
 from .dispatcher import ChildRequest
 from .model import (
@@ -21,7 +21,6 @@ from .model import (
     DUE_CLOCK,
     DUE_EXEC,
     EXEC_ID,
-    RUNNING,
     TERMINAL,
     marker_id,
     parse_step_id,
@@ -227,9 +226,3 @@ class Links:
                     eng.store.delete(execution_id, doc["id"])
         except Exception:  # leftovers are harmless: ids of an old run are never read again
             log.warning("pruning run %d of %s failed", old_run, execution_id, exc_info=True)
-
-    def status_of(self, execution_id: str) -> str:
-        try:
-            return str(self.engine.read_exec(execution_id).get("status", RUNNING))
-        except UnknownWorkflowError:
-            return "missing"
