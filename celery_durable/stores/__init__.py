@@ -1,4 +1,4 @@
-"""Storage backends behind one contract (DESIGN.md §4), chosen by URL scheme.
+"""Storage backends behind one contract (docs/architecture.md §4), chosen by URL scheme.
 
 ``sqlite:///path/to/file.db`` (the embedded default), ``cosmos://...`` and ``memory://``
 (engine unit tests only). Like Celery's backend alias table, third parties can register a

@@ -1,4 +1,4 @@
-"""The storage contract every backend implements (DESIGN.md §4).
+"""The storage contract every backend implements (docs/architecture.md §4).
 
 A *document* is a JSON-able ``dict`` with two mandatory keys: ``"pk"`` (the partition; the
 execution id for workflow documents) and ``"id"`` (unique within the partition). Reads add an
@@ -15,6 +15,8 @@ the document leaves the scan.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -28,6 +30,9 @@ __all__ = [
     "Op",
     "DueRef",
     "PartitionRead",
+    "ExecFilter",
+    "ExecPage",
+    "MAX_PAGE_SIZE",
     "Store",
     "MAX_DOC_BYTES",
     "MAX_BATCH_OPS",
@@ -41,6 +46,10 @@ Doc = dict[str, Any]
 MAX_DOC_BYTES = 2 * 1024 * 1024
 #: Cosmos TransactionalBatch's operation limit; every backend enforces the same.
 MAX_BATCH_OPS = 100
+#: The largest page :meth:`Store.list_execs` returns (a bigger ``limit`` is refused, not capped).
+MAX_PAGE_SIZE = 1000
+#: Key a store adds to a listed exec document it could not decode (the value says why).
+CORRUPT_KEY = "_corrupt"
 
 RESERVED = ("_etag",)
 
@@ -103,6 +112,69 @@ class PartitionRead:
     cursor: Any = None
 
 
+@dataclass(frozen=True)
+class ExecFilter:
+    """What :meth:`Store.list_execs` selects; every field ``None`` means "any".
+
+    ``created_after`` is inclusive, ``created_before`` exclusive (epoch seconds).
+    """
+
+    workflow: str | None = None
+    status: str | None = None
+    created_after: float | None = None
+    created_before: float | None = None
+
+
+@dataclass
+class ExecPage:
+    """One page of :meth:`Store.list_execs`, newest first.
+
+    ``cursor`` is opaque (a string): pass it back for the next page; ``None`` when this is the last.
+    A document the store cannot decode is returned as ``{"pk", "id": "exec", "_corrupt": reason}``
+    so one bad document never hides the others.
+    """
+
+    docs: list[Doc] = field(default_factory=list)
+    cursor: str | None = None
+
+
+def check_page_size(limit: int) -> int:
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE_SIZE:
+        raise ConfigurationError(f"page size must be an integer from 1 to {MAX_PAGE_SIZE}, got {limit!r}")
+    return limit
+
+
+def exec_matches(doc: Doc, flt: ExecFilter) -> bool:
+    """Whether an exec document passes ``flt`` (the reference semantics every backend follows)."""
+    when = created_key(doc)
+    return (
+        (flt.workflow is None or doc.get("workflow") == flt.workflow)
+        and (flt.status is None or doc.get("status") == flt.status)
+        and (flt.created_after is None or when >= flt.created_after)
+        and (flt.created_before is None or when < flt.created_before)
+    )
+
+
+def created_key(doc: Doc) -> float:
+    """The listing order key of an exec document: its numeric ``created_at``, else 0."""
+    created = doc.get("created_at")
+    return float(created) if isinstance(created, int | float) and not isinstance(created, bool) else 0.0
+
+
+def encode_keyset(created: float, pk: str) -> str:
+    """An opaque cursor for stores that page by ``(created_at, pk)``, newest first."""
+    raw = json.dumps([created, pk], separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    return base64.urlsafe_b64encode(raw).decode("ascii")
+
+
+def decode_keyset(cursor: str) -> tuple[float, str]:
+    try:
+        created, pk = json.loads(base64.urlsafe_b64decode(cursor.encode("ascii")))
+        return float(created), str(pk)
+    except (ValueError, TypeError, UnicodeError, binascii.Error) as exc:
+        raise ConfigurationError(f"not a listing cursor of this store: {cursor[:40]!r}") from exc
+
+
 def doc_size(doc: Doc) -> int:
     """Size of the document as stored: compact JSON, UTF-8."""
     return len(json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
@@ -132,7 +204,7 @@ def check_doc(doc: Doc, limit: int = MAX_DOC_BYTES) -> str:
 
 
 class Store(ABC):
-    """A partitioned document store with optimistic concurrency (DESIGN.md §4).
+    """A partitioned document store with optimistic concurrency (docs/architecture.md §4).
 
     Implementations translate their backend's exceptions into :mod:`celery_durable.errors`
     at this boundary. They must be safe to share between threads; after ``fork()`` call
@@ -190,6 +262,16 @@ class Store(ABC):
         """Partition keys starting with ``pk_prefix`` holding an ``exec`` document (for CLI listing)."""
         raise NotImplementedError
 
+    def list_execs(self, flt: ExecFilter | None = None, limit: int = 100, cursor: str | None = None) -> ExecPage:
+        """One page of ``exec`` documents (id ``"exec"``) matching ``flt``, newest ``created_at`` first.
+
+        Costs one query per page whatever the number of executions (SQLite: a partial index on
+        ``created_at``; Cosmos: a cross-partition query with a continuation token), never one read
+        per execution. ``limit`` is 1..:data:`MAX_PAGE_SIZE`; a page may hold fewer documents than
+        ``limit`` and still have a ``cursor``. Documents written while paging may or may not show.
+        """
+        raise NotImplementedError
+
     def reopen(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Drop connections inherited across ``fork()``; the next call opens fresh ones."""
 
@@ -198,7 +280,9 @@ class Store(ABC):
 
     # helpers shared by backends -------------------------------------------------------
 
-    def _check_batch(self, pk: str, ops: Sequence[Op]) -> None:
+    def _check_batch(self, pk: str, ops: Sequence[Op], check_docs: bool = True) -> None:
+        """Limits, one partition, each id once; ``check_docs=False`` when the backend checks
+        (and encodes) every document itself anyway, so it is not encoded twice."""
         if len(ops) > self.max_batch_ops:
             raise ConfigurationError(f"a batch holds at most {self.max_batch_ops} operations, got {len(ops)}")
         ids: set[str] = set()
@@ -206,7 +290,8 @@ class Store(ABC):
             if op.doc is not None:
                 if op.doc.get("pk") != pk:
                     raise ConfigurationError(f"batch op for {op.doc_id!r} is not in partition {pk!r}")
-                check_doc(op.doc, self.max_doc_bytes)
+                if check_docs:
+                    check_doc(op.doc, self.max_doc_bytes)
             if op.doc_id in ids:
                 raise ConfigurationError(f"batch touches {op.doc_id!r} twice")
             ids.add(op.doc_id)

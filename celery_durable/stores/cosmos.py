@@ -87,6 +87,7 @@ from ._cosmos_index import (
     make_etag,
     split_etag,
 )
+from ._cosmos_list import CosmosListing
 from .base import Doc, DueRef, Op, PartitionRead, Store, check_doc, doc_size, due_fields
 
 __all__ = ["CosmosStore", "from_url"]
@@ -97,7 +98,7 @@ PARTITION_KEY_PATH = "/pk"
 _PAGE = 1000  # items per page when a query has to page
 
 
-class CosmosStore(Store):
+class CosmosStore(CosmosListing, Store):
     """The storage contract on one Cosmos DB container (see the module docstring)."""
 
     def __init__(

@@ -12,7 +12,23 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import ConflictError
-from .base import Doc, DueRef, Op, PartitionRead, Store, check_doc, due_fields, strip_reserved
+from .base import (
+    Doc,
+    DueRef,
+    ExecFilter,
+    ExecPage,
+    Op,
+    PartitionRead,
+    Store,
+    check_doc,
+    check_page_size,
+    created_key,
+    decode_keyset,
+    due_fields,
+    encode_keyset,
+    exec_matches,
+    strip_reserved,
+)
 
 __all__ = ["MemoryStore"]
 
@@ -145,6 +161,30 @@ class MemoryStore(Store):
     def scan_partitions(self, pk_prefix: str, limit: int = 1000) -> list[str]:
         with self._lock:
             return sorted(pk for pk, part in self._parts.items() if pk.startswith(pk_prefix) and "exec" in part)[:limit]
+
+    def list_execs(self, flt: ExecFilter | None = None, limit: int = 100, cursor: str | None = None) -> ExecPage:
+        check_page_size(limit)
+        flt = flt or ExecFilter()
+        after = decode_keyset(cursor) if cursor is not None else None
+        with self._lock:
+            self._count("list_execs")
+            # a test-only store: sorting every exec here stands in for the backends' index
+            found = [
+                (created_key(body), pk, self._out(seq, body))
+                for pk, part in self._parts.items()
+                if (entry := part.get("exec")) is not None
+                for seq, body in [entry]
+                if exec_matches(body, flt)
+            ]
+        found.sort(key=lambda f: (f[0], f[1]), reverse=True)
+        if after is not None:
+            found = [f for f in found if (f[0], f[1]) < after]
+        page = found[: limit + 1]
+        more = len(page) > limit
+        page = page[:limit]
+        return ExecPage(
+            docs=[doc for _, _, doc in page], cursor=encode_keyset(page[-1][0], page[-1][1]) if more else None
+        )
 
 
 def from_url(url: str, **options: Any) -> MemoryStore:

@@ -1,4 +1,4 @@
-"""The embedded default store: one SQLite file in WAL mode (DESIGN.md §4).
+"""The embedded default store: one SQLite file in WAL mode (docs/architecture.md §4).
 
 Several Celery worker processes (and their threads) may share one file. Every write runs in a
 ``BEGIN IMMEDIATE`` transaction, so writers are serialised by SQLite's own file lock and the
@@ -30,7 +30,21 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from ..errors import ConfigurationError, ConflictError, CorruptDocument, StoreUnavailable
-from .base import Doc, DueRef, Op, PartitionRead, Store, check_doc, due_fields
+from .base import (
+    CORRUPT_KEY,
+    Doc,
+    DueRef,
+    ExecFilter,
+    ExecPage,
+    Op,
+    PartitionRead,
+    Store,
+    check_doc,
+    check_page_size,
+    decode_keyset,
+    due_fields,
+    encode_keyset,
+)
 
 __all__ = ["SqliteStore", "from_url", "DEFAULT_BUSY_TIMEOUT"]
 
@@ -38,7 +52,14 @@ __all__ = ["SqliteStore", "from_url", "DEFAULT_BUSY_TIMEOUT"]
 DEFAULT_BUSY_TIMEOUT = 5.0
 #: idle connections kept per process; extra ones are closed when released
 MAX_IDLE_CONNECTIONS = 8
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the docs_execs index (list_execs); a version-1 file is upgraded on open
+
+#: An exec row's listing key: its numeric created_at, else 0. Guarded by json_valid so a corrupt
+#: body is listed (and flagged) rather than failing the whole query; must match docs_execs exactly.
+_CREATED = (
+    "(CASE WHEN json_valid(body) AND json_type(body, '$.created_at') IN ('integer', 'real')"
+    " THEN json_extract(body, '$.created_at') ELSE 0 END)"
+)
 
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS docs (
@@ -53,6 +74,8 @@ _SCHEMA = (
     # covering partial index: scan_due reads only due rows and never touches the table
     """CREATE INDEX IF NOT EXISTS docs_due ON docs (due_kind, due_at, pk, id)
         WHERE due_kind IS NOT NULL""",
+    # exec rows only, in listing order: list_execs reads one page of the index, whatever the history
+    f"CREATE INDEX IF NOT EXISTS docs_execs ON docs ({_CREATED}, pk) WHERE id = 'exec'",
     "CREATE TABLE IF NOT EXISTS meta (k INTEGER PRIMARY KEY CHECK (k = 0), seq INTEGER NOT NULL)",
     "INSERT OR IGNORE INTO meta (k, seq) VALUES (0, 0)",
     f"PRAGMA user_version = {SCHEMA_VERSION}",
@@ -74,6 +97,10 @@ def _decode(body: str, pk: str, doc_id: str, version: int) -> Doc:
     doc["id"] = doc_id
     doc["_etag"] = str(version)
     return doc
+
+
+#: ``UPDATE … RETURNING`` (SQLite 3.35+) saves a statement per write transaction
+_RETURNING = sqlite3.sqlite_version_info >= (3, 35, 0)
 
 
 def _prepare(doc: Doc, limit: int) -> tuple[str, str | None, float | None]:
@@ -247,8 +274,11 @@ class SqliteStore(Store):
     @staticmethod
     def _allocate(conn: sqlite3.Connection, count: int = 1) -> int:
         """Reserve ``count`` versions in the current write transaction; return the first."""
-        conn.execute("UPDATE meta SET seq = seq + ? WHERE k = 0", (count,))
-        (seq,) = conn.execute("SELECT seq FROM meta WHERE k = 0").fetchone()
+        if _RETURNING:
+            (seq,) = conn.execute("UPDATE meta SET seq = seq + ? WHERE k = 0 RETURNING seq", (count,)).fetchone()
+        else:
+            conn.execute("UPDATE meta SET seq = seq + ? WHERE k = 0", (count,))
+            (seq,) = conn.execute("SELECT seq FROM meta WHERE k = 0").fetchone()
         return int(seq) - count + 1
 
     def reopen(self) -> None:
@@ -349,7 +379,7 @@ class SqliteStore(Store):
         return PartitionRead(docs=[_decode(body, pk, doc_id, version) for doc_id, body, version in rows], cursor=cursor)
 
     def batch(self, pk: str, ops: Sequence[Op]) -> list[str | None]:
-        self._check_batch(pk, ops)
+        self._check_batch(pk, ops, check_docs=False)  # _prepare checks each document
         if not ops:
             return []
         prepared = [_prepare(op.doc, self.max_doc_bytes) if op.doc is not None else None for op in ops]
@@ -416,6 +446,38 @@ class SqliteStore(Store):
         params += [len(pk_prefix), pk_prefix, int(limit)]
         with self._conn() as conn:
             return [str(pk) for (pk,) in conn.execute(sql, params)]
+
+    def list_execs(self, flt: ExecFilter | None = None, limit: int = 100, cursor: str | None = None) -> ExecPage:
+        check_page_size(limit)
+        flt = flt or ExecFilter()
+        sql = f"SELECT pk, body, version, {_CREATED} FROM docs INDEXED BY docs_execs WHERE id = 'exec'"
+        params: list[Any] = []
+        for field_name, value in (("workflow", flt.workflow), ("status", flt.status)):
+            if value is not None:
+                sql += f" AND (CASE WHEN json_valid(body) THEN json_extract(body, '$.{field_name}') END) = ?"
+                params.append(value)
+        if flt.created_after is not None:
+            sql += f" AND {_CREATED} >= ?"
+            params.append(float(flt.created_after))
+        if flt.created_before is not None:
+            sql += f" AND {_CREATED} < ?"
+            params.append(float(flt.created_before))
+        if cursor is not None:
+            sql += f" AND ({_CREATED}, pk) < (?, ?)"
+            params += list(decode_keyset(cursor))
+        sql += f" ORDER BY {_CREATED} DESC, pk DESC LIMIT ?"
+        params.append(limit + 1)
+        with self._conn() as conn:
+            rows = conn.execute(sql, params).fetchall()
+        more = len(rows) > limit
+        docs: list[Doc] = []
+        for pk, body, version, _ in rows[:limit]:
+            try:
+                docs.append(_decode(body, pk, "exec", version))
+            except CorruptDocument as exc:
+                docs.append({"pk": pk, "id": "exec", "_etag": str(version), CORRUPT_KEY: str(exc)})
+        last = rows[limit - 1] if more else None
+        return ExecPage(docs=docs, cursor=encode_keyset(float(last[3]), str(last[0])) if last else None)
 
 
 def from_url(url: str, **options: Any) -> SqliteStore:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from ..observability import span
-from .base import Doc, DueRef, Op, PartitionRead, Store
+from .base import Doc, DueRef, ExecFilter, ExecPage, Op, PartitionRead, Store
 
 __all__ = ["TracedStore"]
 
@@ -62,6 +62,9 @@ class TracedStore(Store):
 
     def scan_partitions(self, pk_prefix: str, limit: int = 1000) -> list[str]:
         return self._traced("scan_partitions", None, lambda: self.inner.scan_partitions(pk_prefix, limit))
+
+    def list_execs(self, flt: ExecFilter | None = None, limit: int = 100, cursor: str | None = None) -> ExecPage:
+        return self._traced("list_execs", None, lambda: self.inner.list_execs(flt, limit, cursor))
 
     def reopen(self) -> None:
         self.inner.reopen()

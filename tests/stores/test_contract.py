@@ -1,4 +1,4 @@
-"""The storage contract (DESIGN.md §4, ``celery_durable/stores/base.py``), one suite for every backend.
+"""The storage contract (docs/architecture.md §4, ``celery_durable/stores/base.py``), one suite for every backend.
 
 Every test gets a fresh empty store from the ``store`` fixture (tests/stores/conftest.py),
 parametrized over ``memory``, ``sqlite`` and ``cosmos``. Backend-specific behaviour (SQLite
@@ -27,7 +27,7 @@ from celery_durable.errors import (
     StoreUnavailable,
 )
 from celery_durable.stores import MAX_BATCH_OPS, MAX_DOC_BYTES, Doc, DueRef, Op, Store, store_from_url
-from celery_durable.stores.base import doc_size
+from celery_durable.stores.base import MAX_PAGE_SIZE, ExecFilter, doc_size
 
 # epoch seconds near the real clock (a backend may bucket due times by wall-clock time)
 T0 = float(int(time.time()))
@@ -933,3 +933,107 @@ def test_reserved_and_malformed_fields_are_refused_alike(store) -> None:  # type
     with pytest.raises(ConfigurationError, match="due_at"):
         store.create({"pk": "p", "id": "y", "due_kind": "clock", "due_at": "soon"})
     assert store.read("p", "x") is None and store.read("p", "y") is None
+
+
+# --- list_execs: the operator's paged listing of exec documents ----------------------------------
+
+
+def _execs(store: Store) -> None:
+    """Seven executions (created in ties of two), each with a step document that is never listed."""
+    for i in range(7):
+        store.create(
+            D(
+                f"e{i}",
+                "exec",
+                workflow="even" if i % 2 == 0 else "odd",
+                status="running" if i < 4 else "completed",
+                created_at=T0 + i // 2,
+            )  # fmt: skip
+        )
+        store.create(D(f"e{i}", "s:000001", created_at=T0 + 100))
+    store.create(D("not-an-exec", "exec-like", created_at=T0 + 100))
+
+
+def _all_pages(store: Store, flt: ExecFilter | None = None, limit: int = 3) -> list[list[str]]:
+    pages, cursor = [], None
+    for _ in range(50):
+        page = store.list_execs(flt, limit=limit, cursor=cursor)
+        assert len(page.docs) <= limit
+        assert all(d["id"] == "exec" and "_etag" in d for d in page.docs)
+        pages.append([d["pk"] for d in page.docs])
+        cursor = page.cursor
+        if cursor is None:
+            return pages
+        assert isinstance(cursor, str)
+    raise AssertionError("the listing never ended")
+
+
+def test_list_execs_pages_newest_first_each_exactly_once(store: Store) -> None:
+    _execs(store)
+    pages = _all_pages(store)
+    listed = [pk for page in pages for pk in page]
+    assert sorted(listed) == [f"e{i}" for i in range(7)]  # each once, no step document
+    created = [int(pk[1:]) // 2 for pk in listed]
+    assert created == sorted(created, reverse=True)  # newest first
+    assert len(pages) >= 3  # bounded pages, not one answer
+
+
+def test_list_execs_filters(store: Store) -> None:
+    _execs(store)
+
+    def ids(**f: Any) -> set[str]:
+        return {pk for page in _all_pages(store, ExecFilter(**f), limit=2) for pk in page}
+
+    assert ids(workflow="odd") == {"e1", "e3", "e5"}
+    assert ids(status="completed") == {"e4", "e5", "e6"}
+    assert ids(workflow="even", status="running") == {"e0", "e2"}
+    assert ids(created_after=T0 + 2) == {"e4", "e5", "e6"}  # inclusive
+    assert ids(created_before=T0 + 1) == {"e0", "e1"}  # exclusive
+    assert ids(created_after=T0 + 1, created_before=T0 + 3, workflow="odd") == {"e3", "e5"}
+    assert ids(workflow="nope") == set()
+
+
+def test_list_execs_of_an_empty_store(store: Store) -> None:
+    page = store.list_execs()
+    assert page.docs == [] and page.cursor is None
+
+
+@pytest.mark.parametrize("limit", [0, -1, MAX_PAGE_SIZE + 1])
+def test_list_execs_refuses_a_page_size_out_of_bounds(store: Store, limit: int) -> None:
+    with pytest.raises(ConfigurationError, match="page size"):
+        store.list_execs(limit=limit)
+
+
+def test_list_execs_sees_writes_and_deletes(store: Store) -> None:
+    store.create(D("a", "exec", status="running", created_at=T0))
+    etag = store.create(D("b", "exec", status="running", created_at=T0 + 1))
+    store.replace(D("b", "exec", status="failed", created_at=T0 + 1), if_match=etag)
+    store.delete("a", "exec")
+    (doc,) = store.list_execs().docs
+    assert body(doc) == D("b", "exec", status="failed", created_at=T0 + 1)
+
+
+def test_sqlite_list_execs_flags_a_corrupt_exec_and_lists_the_rest(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    store = store_from_url(sqlite_url(path))
+    for i in range(3):
+        store.create(D(f"e{i}", "exec", status="running", created_at=T0 + i))
+    with sqlite3.connect(path) as raw:
+        raw.execute("UPDATE docs SET body = '{not json' WHERE pk = 'e1'")
+    docs = store.list_execs().docs
+    assert [d["pk"] for d in docs] == ["e2", "e0", "e1"]  # an undecodable one sorts as created at 0
+    assert "_corrupt" in docs[2] and "not valid JSON" in docs[2]["_corrupt"]
+    assert [d["pk"] for d in store.list_execs(ExecFilter(status="running")).docs] == ["e2", "e0"]
+
+
+def test_sqlite_list_execs_uses_its_index_and_upgrades_an_old_file(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    store_from_url(sqlite_url(path)).create(D("e", "exec", created_at=T0))
+    with sqlite3.connect(path) as raw:  # a file written by schema version 1
+        raw.execute("DROP INDEX docs_execs")
+        raw.execute("PRAGMA user_version = 1")
+    store = store_from_url(sqlite_url(path))
+    assert [d["pk"] for d in store.list_execs().docs] == ["e"]
+    with sqlite3.connect(path) as raw:
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert raw.execute("SELECT name FROM sqlite_master WHERE name = 'docs_execs'").fetchone() is not None
