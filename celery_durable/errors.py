@@ -34,7 +34,7 @@ class DurableError(Exception):
     """Base class of every error raised by celery_durable."""
 
 
-class ConfigurationError(DurableError):
+class ConfigurationError(DurableError, ValueError):
     """A setting or URL is invalid."""
 
 

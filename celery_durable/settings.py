@@ -1,79 +1,195 @@
-"""Typed settings, read from Celery config keys with a ``durable_`` prefix.
+"""One typed :class:`Settings` for the whole library, read from Celery's ``durable_*`` keys.
 
-=================================  ==========================  ===============================
-setting                            default                     meaning
-=================================  ==========================  ===============================
-``durable_store_url``              ``$DURABLE_STORE_URL`` or   where state lives
-                                   ``sqlite:///celery_durable.db``
-``durable_lease_ttl``              30 s                        lease lifetime (drives, attempts)
-``durable_heartbeat_interval``     10 s                        lease renewal cadence (< ttl)
-``durable_recovery_interval``      15 s                        beat: lapsed leases, lost messages
-``durable_clock_interval``         1 s                         beat: due timers
-``durable_activity_queue_timeout`` 300 s                       unstarted activity → re-sent
-``durable_drive_timeout``          30 s                        undriven execution → re-driven
-``durable_timer_fast_path_max``   60 s                        timers up to this get a countdown
-                                                               task too (0: beat's scan only)
-``durable_install_beat``           True                        add the beat entries
-``durable_store_options``          {}                          extra backend options
-=================================  ==========================  ===============================
+Every field is settable from ``app.conf`` as ``durable_<field>`` (seconds, or a ``timedelta``)
+and from ``Durable(app, <field>=...)``; an unknown ``durable_*`` key raises with a suggestion, so
+a typo cannot silently fall back to a default store. The engine, the outbox and the Celery glue
+all read this one object (the outbox engine takes a view of it: ``OutboxSettings.of(settings)``).
+
+=====================================  ==========================  ===============================
+setting                                default                     meaning
+=====================================  ==========================  ===============================
+``durable_store_url``                  ``$DURABLE_STORE_URL`` or   where state lives
+                                       ``sqlite:///celery_durable.db``
+``durable_store_options``              {}                          extra backend options
+``durable_lease_ttl``                  30 s                        lease lifetime (drives, attempts)
+``durable_heartbeat_interval``         10 s                        lease renewal cadence (< ttl)
+``durable_recovery_interval``          15 s                        beat: lapsed leases, lost messages
+``durable_clock_interval``             1 s                         beat: due timers
+``durable_activity_queue_timeout``     300 s                       unstarted activity → re-sent
+``durable_drive_timeout``              30 s                        undriven execution → re-driven
+``durable_timer_fast_path_max``        60 s                        timers up to this get a countdown
+                                                                   task too (0: beat's scan only)
+``durable_install_beat``               True                        add the beat entries
+``durable_unknown_retry_delay``        60 s                        workflow unknown here → retried
+``durable_max_lost_attempts``          10                          lost activity attempts → failed
+``durable_optimistic_attempts``        2                           drive conflicts → take the lease
+``durable_trust_cache_for``            2 s                         inline drive reuses a fresh read
+``durable_outbox_scan_interval``       5 s                         beat: lost effects, due retries
+``durable_outbox_retention``           7 days                      settled rows then deleted
+``durable_outbox_queue_timeout``       60 s                        unclaimed row re-sent after this
+``durable_outbox_cancel_poll``         1 s                         running handler checks for cancel
+``durable_outbox_fast_send_max``       60 s                        delays up to this: countdown
+``durable_outbox_admit_grace``         10 s                        unadmitted intent → scan admits
+``durable_outbox_max_lane_backlog``    10,000                      live rows per key
+=====================================  ==========================  ===============================
 """
 
 from __future__ import annotations
 
+import difflib
+import math
 import os
+import re
 from dataclasses import dataclass, field, fields
+from datetime import timedelta
 from typing import Any
+from urllib.parse import unquote
 
-from .engine.model import Settings as EngineSettings
 from .errors import ConfigurationError
 
-__all__ = ["DurableSettings", "DEFAULT_STORE_URL"]
+__all__ = ["Settings", "DurableSettings", "DEFAULT_STORE_URL", "redact_url"]
 
 DEFAULT_STORE_URL = "sqlite:///celery_durable.db"
 
+PREFIX = "durable_"
+
+#: fields that may be 0 (others that are numbers must be > 0)
+_MAY_BE_ZERO = frozenset({"timer_fast_path_max", "outbox_fast_send_max", "outbox_admit_grace", "trust_cache_for"})
+
+# key=..., password=..., AccountKey=..., the password of user:password@host
+_SECRET_PARAM = re.compile(r"(?i)((?:key|password|secret|token|accountkey|sig)=)[^&;]+")
+_USERINFO = re.compile(r"(//[^:/@]+:)[^@/]+@")
+_SECRET_NAME = re.compile(r"(?i).*(key|password|secret|token|sig)")
+
+
+def redact_url(url: str) -> str:
+    """A store URL safe to log or show: keys and passwords replaced by ``***``.
+
+    Query parameters are compared after percent-decoding their names (``k%65y`` is ``key`` to a
+    URL parser, so it must be hidden as well).
+    """
+    head, sep, query = url.partition("?")
+    if sep:
+        parts = []
+        for part in re.split(r"([&;])", query):
+            name, eq, _value = part.partition("=")
+            if eq and _SECRET_NAME.fullmatch(unquote(name).strip()):
+                part = f"{name}=***"
+            parts.append(part)
+        url = head + sep + "".join(parts)
+    return _USERINFO.sub(r"\1***@", _SECRET_PARAM.sub(r"\1***", url))
+
 
 @dataclass(frozen=True)
-class DurableSettings:
-    store_url: str = field(default_factory=lambda: os.environ.get("DURABLE_STORE_URL", DEFAULT_STORE_URL))
+class Settings:
+    """Every ``durable_*`` setting, typed and validated once."""
+
+    store_url: str = field(default_factory=lambda: os.environ.get("DURABLE_STORE_URL", DEFAULT_STORE_URL), repr=False)
+    store_options: dict[str, Any] = field(default_factory=dict, repr=False)
     lease_ttl: float = 30.0
     heartbeat_interval: float = 10.0
     recovery_interval: float = 15.0
     clock_interval: float = 1.0
+    #: an activity message not picked up this long after sending is considered lost
     activity_queue_timeout: float = 300.0
+    #: an execution that needs a drive and got none this long is re-driven by recovery
     drive_timeout: float = 30.0
     timer_fast_path_max: float = 60.0
     install_beat: bool = True
-    store_options: dict[str, Any] = field(default_factory=dict)
+    #: how long before an execution whose workflow is unknown here is tried again
+    unknown_retry_delay: float = 60.0
+    #: times an activity may be lost (worker killed) before it is failed
+    max_lost_attempts: int = 10
+    #: conflicts tolerated in optimistic drives before taking the exec lease
+    optimistic_attempts: int = 2
+    #: an activity's inline drive reuses the partition read at its start if younger than this
+    trust_cache_for: float = 2.0
+    outbox_scan_interval: float = 5.0
+    outbox_retention: float = 7 * 24 * 3600.0
+    outbox_queue_timeout: float = 60.0
+    outbox_cancel_poll: float = 1.0
+    outbox_fast_send_max: float = 60.0
+    outbox_admit_grace: float = 10.0
+    outbox_max_lane_backlog: int = 10_000
 
     def __post_init__(self) -> None:
-        for name in ("lease_ttl", "heartbeat_interval", "recovery_interval", "clock_interval"):
-            if float(getattr(self, name)) <= 0:
-                raise ConfigurationError(f"durable_{name} must be > 0")
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type in ("float", "int") and (isinstance(value, bool) or not isinstance(value, int | float)):
+                raise ConfigurationError(f"{PREFIX}{f.name} must be a number, got {value!r}")
+            if f.type == "int" and not isinstance(value, int):
+                raise ConfigurationError(f"{PREFIX}{f.name} must be a whole number, got {value!r}")
+            if f.type == "float" and not math.isfinite(value):
+                raise ConfigurationError(f"{PREFIX}{f.name} must be a finite number, got {value!r}")
+            if f.type == "bool" and not isinstance(value, bool):
+                raise ConfigurationError(f"{PREFIX}{f.name} must be true or false, got {value!r}")
+            if f.type in ("float", "int") and (value < 0 or (value == 0 and f.name not in _MAY_BE_ZERO)):
+                raise ConfigurationError(f"{PREFIX}{f.name} must be > 0, got {value!r}")
+        if not isinstance(self.store_url, str) or not self.store_url:
+            raise ConfigurationError(f"{PREFIX}store_url must be a non-empty string")
         if self.heartbeat_interval >= self.lease_ttl:
             raise ConfigurationError(
-                f"durable_heartbeat_interval ({self.heartbeat_interval}) must be shorter than "
-                f"durable_lease_ttl ({self.lease_ttl})"
+                f"{PREFIX}heartbeat_interval ({self.heartbeat_interval}) must be shorter than "
+                f"{PREFIX}lease_ttl ({self.lease_ttl})"
             )
 
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self) if f.repr)
+        return f"Settings(store_url={redact_url(self.store_url)!r}, {shown})"
+
     @classmethod
-    def from_conf(cls, conf: Any, **overrides: Any) -> DurableSettings:
-        """Read ``durable_*`` keys from a Celery config (a mapping); ``overrides`` win."""
+    def from_conf(cls, conf: Any, **overrides: Any) -> Settings:
+        """Read ``durable_*`` keys from a Celery config (a mapping); ``overrides`` win.
+
+        Raises :class:`ConfigurationError` for an unknown key (with the closest known one).
+        """
+        known = {f.name: f for f in fields(cls)}
         values: dict[str, Any] = {}
-        for f in fields(cls):
-            key = f"durable_{f.name}"
-            value = conf.get(key) if hasattr(conf, "get") else None
+        keys = list(conf.keys()) if hasattr(conf, "keys") else []
+        for key in keys:
+            if isinstance(key, str) and key.lower().startswith(PREFIX):
+                name = key[len(PREFIX) :].lower()
+                if name not in known:
+                    raise ConfigurationError(_unknown(key))
+                value = conf.get(key)
+                if value is not None:
+                    values[name] = value
+        for name, value in overrides.items():
+            if name not in known:
+                raise ConfigurationError(_unknown(PREFIX + name))
             if value is not None:
-                values[f.name] = value
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        unknown = set(values) - {f.name for f in fields(cls)}
-        if unknown:
-            raise ConfigurationError(f"unknown durable settings: {', '.join(sorted(unknown))}")
+                values[name] = value
+        for name, value in list(values.items()):
+            values[name] = _coerce(known[name].type, name, value)
         return cls(**values)
 
-    def engine_settings(self) -> EngineSettings:
-        return EngineSettings(
-            lease_ttl=float(self.lease_ttl),
-            heartbeat_interval=float(self.heartbeat_interval),
-            activity_queue_timeout=float(self.activity_queue_timeout),
-            drive_timeout=float(self.drive_timeout),
-        )
+
+#: the name the public API has always used
+DurableSettings = Settings
+
+
+def _unknown(key: str) -> str:
+    names = [PREFIX + f.name for f in fields(Settings)]
+    close = difflib.get_close_matches(key.lower(), names, n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]!r}?" if close else f" (known: {', '.join(names)})"
+    return f"unknown setting {key!r}{hint}"
+
+
+def _coerce(kind: Any, name: str, value: Any) -> Any:
+    if kind == "float":
+        if isinstance(value, timedelta):
+            return value.total_seconds()
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                raise ConfigurationError(f"{PREFIX}{name} must be a number of seconds, got {value!r}") from None
+        if isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
+    if kind == "int" and isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    if kind == "bool" and isinstance(value, str):
+        lowered = value.strip().lower()
+        if lowered in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            return lowered in ("1", "true", "yes", "on")
+    return value

@@ -16,10 +16,11 @@ from celery import Celery
 
 from .activity import DURABLE_HEADER
 from .engine.dispatcher import ActivityRequest, ClockRequest
+from .engine.outbox.model import EffectRef, EffectSender
 from .errors import StoreUnavailable
 
 if TYPE_CHECKING:
-    from .app import Durable
+    from .extension import DurableLike
 
 __all__ = [
     "CeleryDispatcher",
@@ -49,9 +50,15 @@ def tick_id(schedule_name: str, period: float, now: float) -> str:
 class CeleryDispatcher:
     """Sends engine work as Celery messages (JSON only, deterministic task ids)."""
 
-    def __init__(self, app: Celery, fast_timer_max: float = 60.0) -> None:
+    def __init__(self, app: Celery, fast_timer_max: float = 60.0, effects: EffectSender | None = None) -> None:
         self.app = app
         self.fast_timer_max = fast_timer_max
+        self._effects = effects
+
+    def send_effect(self, ref: EffectRef, countdown: float | None = None) -> None:
+        if self._effects is None:
+            raise RuntimeError("this dispatcher was built without an effect sender")
+        self._effects.send_effect(ref, countdown)
 
     def send_activity(self, request: ActivityRequest) -> None:
         kwargs = dict(request.kwargs)
@@ -99,7 +106,7 @@ class CeleryDispatcher:
         )
 
 
-def register_tasks(app: Celery, durable: Durable) -> None:
+def register_tasks(app: Celery, durable: DurableLike) -> None:
     """Register the internal tasks on ``app`` (idempotent)."""
     if DRIVE_TASK in app.tasks:
         return

@@ -10,7 +10,7 @@ from celery import signals as celery_signals
 from . import EVENT_SIGNALS
 
 if TYPE_CHECKING:
-    from ..app import Durable
+    from ..extension import DurableLike
 
 __all__ = ["install", "forward_event"]
 
@@ -25,7 +25,7 @@ def forward_event(event: str, **kwargs: Any) -> None:
         signal.send(sender=sender, **kwargs)
 
 
-def install(durable: Durable) -> None:
+def install(durable: DurableLike) -> None:
     uid = f"celery_durable:{id(durable.app)}"
 
     def on_process_init(**_: Any) -> None:
@@ -41,7 +41,7 @@ def install(durable: Durable) -> None:
         # bypassed the normal outcome path) gives its lease back, so recovery re-sends the step
         # at its next scan instead of waiting out the lease TTL.
         attempt = getattr(getattr(task, "request", None), "durable_attempt", None)
-        engine = durable._engine
+        engine = durable.engine_if_built
         if attempt is not None and engine is not None and attempt in engine.leases.running():
             log.warning("activity %s step %d ended without an outcome: lease released", attempt.name, attempt.seq)
             engine.leases.release(attempt)
