@@ -2,7 +2,7 @@
 
 ``scan_due`` finds clocks, expired leases, lost activity messages and claimable outbox rows; it
 runs on every beat tick, so its cost must grow with what is *due*, never with what is stored
-(DESIGN.md §4). This bench fills two fresh stores of each backend with the same 20 due clocks,
+(docs/architecture.md §4). This bench fills two fresh stores of each backend with the same 20 due clocks,
 then one with 100 and the other with 10,000 completed executions (each: an ``exec`` document
 and 5 step documents, none with due fields any more), and times ``scan_due`` on both in
 interleaved runs (so load from elsewhere on the machine hits both alike). It prints the ratio

@@ -10,14 +10,16 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 from celery import Celery
 
 from . import workflow as _wf
+from .engine.admin import Admin, ExecutionDetail, ExecutionPage, PurgeReport, StepRecord
 from .engine.context import DurableFuture, current_context, require_context
 from .engine.core import Engine
 from .engine.registry import Registry, WorkflowDef
 from .errors import ConfigurationError
+from .extension import EXTENSION_ATTR, durable_of
 from .handle import WorkflowHandle
 from .observability import Counters
-from .outbox import OUTBOX_SCAN_TASK, Outbox
-from .settings import DurableSettings
+from .outbox import OUTBOX_SCAN_TASK, CeleryEffectSender, Outbox
+from .settings import Settings
 from .signals.receivers import forward_event, install
 from .stores import Store, store_from_url
 from .tasks import FIRE_DUE_CLOCKS_TASK, RECOVER_TASK, START_SCHEDULED_TASK, CeleryDispatcher, register_tasks
@@ -26,8 +28,6 @@ __all__ = ["Durable", "Workflow"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
-
-_ATTR = "_celery_durable"
 
 
 class Workflow(Generic[P, R]):
@@ -78,7 +78,7 @@ class Durable:
     """
 
     def __init__(self, app: Celery, store: Store | str | None = None, **settings: Any) -> None:
-        if getattr(app, _ATTR, None) is not None:
+        if getattr(app, EXTENSION_ATTR, None) is not None:
             raise ConfigurationError("this Celery app already has a Durable extension")
         self.app = app
         self._overrides = settings
@@ -87,9 +87,9 @@ class Durable:
         self._lock = threading.Lock()
         self._engine: Engine | None = None
         self._schedules: dict[str, dict[str, Any]] = {}
-        setattr(app, _ATTR, self)
+        setattr(app, EXTENSION_ATTR, self)
         register_tasks(app, self)
-        #: the effect outbox (DESIGN.md §9): ``durable.outbox.enqueue(...)``, ``@durable.effect``
+        #: the effect outbox (docs/architecture.md §9): ``durable.outbox.enqueue(...)``, ``@durable.effect``
         self.outbox = Outbox(self)
         install(self)
         if app.configured:  # the config was already read (e.g. app.conf.update() ran first)
@@ -99,16 +99,16 @@ class Durable:
 
     @staticmethod
     def of(app: Celery) -> Durable:
-        durable = getattr(app, _ATTR, None)
-        if durable is None:
-            raise ConfigurationError(f"Celery app {app.main!r} has no Durable extension: call Durable(app)")
-        return durable  # type: ignore[no-any-return]
+        """The extension installed on ``app``."""
+        durable = durable_of(app)
+        assert isinstance(durable, Durable)
+        return durable
 
     # --- lazily built, per process ------------------------------------------------------
 
     @property
-    def settings(self) -> DurableSettings:
-        return DurableSettings.from_conf(self.app.conf, **self._overrides)
+    def settings(self) -> Settings:
+        return Settings.from_conf(self.app.conf, **self._overrides)
 
     @property
     def engine(self) -> Engine:
@@ -121,13 +121,19 @@ class Durable:
                     if store is None or isinstance(store, str):
                         store = store_from_url(store or settings.store_url, **settings.store_options)
                     self._store_arg = store
-                    dispatcher = CeleryDispatcher(self.app, fast_timer_max=float(settings.timer_fast_path_max))
-                    engine = Engine(store, dispatcher, self.registry, settings.engine_settings())
+                    dispatcher = CeleryDispatcher(
+                        self.app, float(settings.timer_fast_path_max), CeleryEffectSender(self.app, self.outbox.effects)
+                    )
+                    engine = Engine(store, dispatcher, self.registry, settings)
                     engine.subscribe(forward_event)
-                    self.outbox.attach(engine)
                     self._engine = engine
                 engine = self._engine
         return engine
+
+    @property
+    def engine_if_built(self) -> Engine | None:
+        """The engine if this process built one already (never builds it)."""
+        return self._engine
 
     @property
     def store(self) -> Store:
@@ -142,7 +148,7 @@ class Durable:
         """Change the store and/or settings of this process (tests, scripts); rebuilds the engine."""
         with self._lock:
             if self._engine is not None:
-                self._engine.leases.stop(release=True)
+                self._engine.shutdown(release=True)
             self._engine = None
             self._store_arg = store
             self._overrides = {**self._overrides, **settings}
@@ -155,9 +161,10 @@ class Durable:
                 self._engine.cache.invalidate()
 
     def shutdown(self) -> None:
+        """Give back this process's leases and stop its heartbeat thread (worker shutdown)."""
         engine = self._engine
         if engine is not None:
-            engine.leases.stop(release=True)
+            engine.shutdown(release=True)
 
     def schedule(
         self,
@@ -198,7 +205,7 @@ class Durable:
         )
         schedule.setdefault(
             OUTBOX_SCAN_TASK,
-            {"task": OUTBOX_SCAN_TASK, "schedule": timedelta(seconds=self.outbox.config.scan_interval)},
+            {"task": OUTBOX_SCAN_TASK, "schedule": timedelta(seconds=float(settings.outbox_scan_interval))},
         )
         schedule.setdefault(
             FIRE_DUE_CLOCKS_TASK,
@@ -243,8 +250,49 @@ class Durable:
         return WorkflowHandle(self.engine, workflow_id)
 
     def signal(self, workflow_id: str, name: str, value: Any) -> bool:
-        """Send a signal from anywhere; False when it was ignored (a value was already recorded)."""
+        """Send a signal from anywhere (kept for the next wait); False when the execution has ended."""
         return self.engine.signal(workflow_id, name, value)
+
+    # --- operators: the read model and its operations (celery_durable.engine.admin) --------
+
+    @property
+    def admin(self) -> Admin:
+        return Admin(self.engine)
+
+    def executions(
+        self,
+        workflow: str | None = None,
+        status: str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+        created_after: float | None = None,
+        created_before: float | None = None,
+    ) -> ExecutionPage:
+        """One page of executions, newest first; pass ``page.cursor`` back for the next one."""
+        return self.admin.executions(workflow, status, created_after, created_before, limit, cursor)
+
+    def describe(self, workflow_id: str) -> ExecutionDetail:
+        """An execution with its step timeline (malformed documents flagged, not raised)."""
+        return self.admin.describe(workflow_id)
+
+    def retry(self, workflow_id: str) -> list[StepRecord]:
+        """Re-run a failed execution from its failed step; the steps that run again."""
+        return self.admin.retry(workflow_id)
+
+    def resume(self, workflow_id: str) -> list[StepRecord]:
+        """Drive a running execution now, or reopen a failed/cancelled one on its history."""
+        return self.admin.resume(workflow_id)
+
+    def purge(
+        self,
+        older_than: float | timedelta,
+        *,
+        dry_run: bool = False,
+        progress: Callable[[PurgeReport], None] | None = None,
+    ) -> PurgeReport:
+        """Delete executions that ended more than ``older_than`` (seconds or a timedelta) ago."""
+        seconds = older_than.total_seconds() if isinstance(older_than, timedelta) else float(older_than)
+        return self.admin.purge(seconds, dry_run=dry_run, progress=progress)
 
     # --- the in-workflow API, also reachable as durable.<name> ---------------------------
 

@@ -1,4 +1,4 @@
-"""The effect outbox on Celery (DESIGN.md §9): ``durable.outbox``, ``@durable.effect``, the
+"""The effect outbox on Celery (docs/architecture.md §9): ``durable.outbox``, ``@durable.effect``, the
 handler tasks and beat's ``celery_durable.outbox_scan``.
 
 >>> @durable.effect("email.send", replay_safe=True, max_attempts=5, non_retryable=(BadAddress,))
@@ -32,7 +32,7 @@ import threading
 import time
 import typing
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
@@ -51,7 +51,6 @@ from .engine.outbox.runtime import (
     EffectCancelled,
     EffectContext,
     EffectDef,
-    EffectKeeper,
     EffectRegistry,
     EffectTimeout,
     effect_context,
@@ -59,17 +58,15 @@ from .engine.outbox.runtime import (
     execute,
     shielded,
 )
-from .errors import ConfigurationError, DurableTimeoutError, StoreError, StoreUnavailable
+from .errors import ConfigurationError, DurableTimeoutError, StoreUnavailable
 from .retry import RetryPolicy
 from .stores.base import Doc, Op
 
 if TYPE_CHECKING:
-    from .app import Durable
-    from .engine.core import Engine
+    from .extension import DurableLike
 
 __all__ = [
     "Outbox",
-    "OutboxConfig",
     "EffectInfo",
     "EffectContext",
     "EffectCancelled",
@@ -102,44 +99,6 @@ def _shielded(method: Callable[P, R]) -> Callable[P, R]:
 
 def _seconds(value: Any) -> float:
     return value.total_seconds() if isinstance(value, timedelta) else float(value)
-
-
-@dataclass(frozen=True)
-class OutboxConfig:
-    """The ``durable_outbox_*`` settings (seconds; ``timedelta`` accepted)."""
-
-    scan_interval: float = 5.0
-    retention: float = 7 * 24 * 3600.0
-    queue_timeout: float = 60.0
-    cancel_poll: float = 1.0
-    fast_send_max: float = 60.0
-    admit_grace: float = 10.0
-    max_lane_backlog: int = 10_000
-
-    @classmethod
-    def from_conf(cls, conf: Any) -> OutboxConfig:
-        values: dict[str, Any] = {}
-        for f in fields(cls):
-            value = conf.get(f"durable_outbox_{f.name}") if hasattr(conf, "get") else None
-            if value is not None:
-                values[f.name] = int(value) if f.name == "max_lane_backlog" else _seconds(value)
-        config = cls(**values)
-        for f in fields(cls):
-            if float(getattr(config, f.name)) <= 0 and f.name not in ("fast_send_max", "admit_grace"):
-                raise ConfigurationError(f"durable_outbox_{f.name} must be > 0")
-        return config
-
-    def engine_settings(self, lease_ttl: float, heartbeat_interval: float) -> OutboxSettings:
-        return OutboxSettings(
-            lease_ttl=lease_ttl,
-            heartbeat_interval=heartbeat_interval,
-            queue_timeout=self.queue_timeout,
-            retention=self.retention,
-            cancel_poll=self.cancel_poll,
-            fast_send_max=self.fast_send_max,
-            admit_grace=self.admit_grace,
-            max_lane_backlog=self.max_lane_backlog,
-        )
 
 
 @dataclass(frozen=True)
@@ -224,45 +183,23 @@ def _payload_codec(fn: Callable[..., Any]) -> ValueCodec:
 class Outbox:
     """``durable.outbox``: enqueue, cancel and inspect effects; run by the handler tasks."""
 
-    def __init__(self, durable: Durable) -> None:
+    def __init__(self, durable: DurableLike) -> None:
         self._durable = durable
         self.effects = effects_of(durable.registry)
-        self.keeper = EffectKeeper()
         self._lock = threading.Lock()
-        self._core: OutboxEngine | None = None
-        self._core_of: Engine | None = None
         self._register_scan_task()
 
     # --- wiring -------------------------------------------------------------------------------
 
     @property
-    def config(self) -> OutboxConfig:
-        return OutboxConfig.from_conf(self._durable.app.conf)
+    def config(self) -> OutboxSettings:
+        """The outbox's view of ``durable.settings`` (the ``durable_outbox_*`` keys)."""
+        return OutboxSettings.of(self._durable.settings)
 
     @property
     def core(self) -> OutboxEngine:
-        """The engine-side state machine of this process (rebuilt with the engine)."""
-        engine = self._durable.engine
-        with self._lock:
-            if self._core is None or self._core_of is not engine:
-                settings = self.config.engine_settings(engine.settings.lease_ttl, engine.settings.heartbeat_interval)
-                sender = CeleryEffectSender(self._durable.app, self.effects)
-                self._core = OutboxEngine(engine.store, sender, settings, engine.clock, events=engine.emit)
-                self._core_of = engine
-                self.keeper.poll = min(settings.cancel_poll, settings.heartbeat_interval)
-            return self._core
-
-    def attach(self, engine: Engine) -> None:
-        """Admit the effects a drive emitted as soon as it commits (called for each new engine)."""
-        engine.subscribe(self._on_engine_event)
-
-    def _on_engine_event(self, event: str, **kwargs: Any) -> None:
-        if event != "drive_committed":
-            return
-        try:
-            self.core.admit_noted(str(kwargs["execution_id"]))
-        except StoreError as exc:  # the intent stays due: beat's scan admits it
-            log.warning("admitting effects of %s failed, the scan will: %s", kwargs.get("execution_id"), exc)
+        """The outbox state machine of this process: the engine's own (rebuilt with it)."""
+        return self._durable.engine.outbox
 
     # --- declaring handlers ---------------------------------------------------------------------
 
@@ -360,7 +297,7 @@ class Outbox:
             core.settle(claim, RETRY, error=error, delay=core.settings.queue_timeout)
             log.error("effect %s: %s", effect_id, error)
             return "unknown-type"
-        outcome = execute(core, claim, definition, self.keeper)
+        outcome = execute(core, claim, definition, self._durable.engine.effect_keeper)
         log.info("effect %s (%s) attempt %d: %s", effect_id, claim.type, claim.attempt, outcome.kind)
         if outcome.kind == RETRY:
             # the row is pending again (lease ownership was checked by that settle); Celery's own

@@ -1,4 +1,4 @@
-"""Replay engine (DESIGN.md §6): no Celery import anywhere below this package."""
+"""Replay engine (docs/architecture.md §6): no Celery import anywhere below this package."""
 
 from .context import DurableFuture, WorkflowContext, current_context, in_workflow
 from .core import Engine

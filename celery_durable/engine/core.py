@@ -1,6 +1,6 @@
 """The engine: one object tying a store, a dispatcher and the registries together.
 
-No Celery import here (DESIGN.md §3): the Celery glue builds an :class:`Engine` with a
+No Celery import here (docs/architecture.md §3): the Celery glue builds an :class:`Engine` with a
 dispatcher made of Celery tasks; unit tests build one with :class:`InlineDispatcher` and the
 in-memory store.
 """
@@ -18,17 +18,21 @@ from ..errors import (
     ConflictError,
     DurableError,
     DurableTimeoutError,
+    StoreError,
     UnknownWorkflowError,
 )
 from ..observability import Counters, tracing_configured
 from ..stores.base import Doc, Store, strip_reserved
 from .activity import ActivityRunner
 from .cache import PartitionCache
-from .dispatcher import ActivityRequest, CancelRequest, ChildRequest, ClockRequest, Dispatcher
+from .dispatcher import ActivityRequest, AdmitRequest, ChildRequest, ClockRequest, Dispatcher, Send
 from .driver import Driver
+from .heartbeat import Heartbeat
 from .leases import LeaseKeeper
 from .links import Links
-from .model import DUE_EXEC, EXEC_ID, RUNNING, TERMINAL, Clock, Settings, SystemClock
+from .model import DUE_EXEC, EXEC_ID, RUNNING, TERMINAL, Clock, Settings, SystemClock, worker_identity
+from .outbox import DUE_ADMIT, OutboxEngine, OutboxSettings
+from .outbox.runtime import EffectKeeper
 from .recovery import Recovery
 from .registry import Registry, WorkflowDef
 
@@ -60,12 +64,25 @@ class Engine:
         self.cache = PartitionCache(store)
         self.driver = Driver(self)
         self.activities = ActivityRunner(self)
-        self.leases = LeaseKeeper(self)
+        #: the one heartbeat thread of this process: activity leases and effect handlers
+        self.heartbeat = Heartbeat()
+        self.leases = LeaseKeeper(self, self.heartbeat)
         self.recovery = Recovery(self)
         self.links = Links(self)
+        #: the effect outbox, owned here so that ``wf.emit`` is admitted by the drive that recorded
+        #: it, wherever the engine runs (workers, ``WorkflowEnvironment``)
+        outbox_settings = OutboxSettings.of(self.settings)
+        self.outbox = OutboxEngine(store, dispatcher, outbox_settings, self.clock, events=self.emit)
+        #: effect handlers running in this process, beating on the same heartbeat
+        self.effect_keeper = EffectKeeper(
+            min(outbox_settings.cancel_poll, outbox_settings.heartbeat_interval), self.heartbeat
+        )
         self._listeners: list[Listener] = []
         self.counters = Counters()
         self._listeners.append(self.counters.on_event)
+        #: who this engine is when it holds an exec lease (per process; the simulation gives
+        #: each simulated worker its own)
+        self.identity: Callable[[], str] = worker_identity
 
     # --- events (the Celery glue forwards them to celery_durable.signals) -----------------
 
@@ -114,8 +131,13 @@ class Engine:
             "type": "exec",
             "workflow": workflow,
             "run": 0,
+            # a re-created id is another life: caches holding the old one re-read (engine/cache.py)
+            "incarnation": uuid.uuid4().hex,
+            "generation": 0,
             "payload": payload,
             "parent": parent,
+            # the declared signal names, so a sender that does not know the workflow refuses others
+            "signals": self._signal_names(workflow),
             "status": RUNNING,
             "cancel_requested": False,
             "result": None,
@@ -135,6 +157,10 @@ class Engine:
         self.emit("workflow_started", execution_id=eid, workflow=workflow)
         self.dispatcher.send_drive(eid)
         return True
+
+    def _signal_names(self, workflow: str) -> list[str] | None:
+        wf = self.registry.workflow(workflow)
+        return sorted(wf.signals) if wf is not None and wf.signals else None
 
     def read_exec(self, execution_id: str) -> Doc:
         doc = self.store.read(execution_id, EXEC_ID)
@@ -180,17 +206,21 @@ class Engine:
             return True
         raise DurableError(f"could not record the cancel request of {execution_id!r}: too much contention")
 
+    def shutdown(self, release: bool = True) -> None:
+        """Stop the heartbeat; with ``release`` give back the activity leases this process holds."""
+        self.leases.stop(release=release)
+
     def drive(self, execution_id: str) -> str:
         return self.driver.drive(execution_id)
 
     def signal(self, execution_id: str, name: str, value: Any) -> bool:
-        """Send signal ``name`` (validated here); False when it was ignored (first value wins)."""
+        """Send signal ``name`` (validated here; kept for the next wait); False once the execution ended."""
         return self.links.signal(execution_id, name, value)
 
     def fire_clock(self, execution_id: str, seq: int, run: int = 0) -> str:
         return self.links.fire_clock(execution_id, seq, run)
 
-    def dispatch(self, send: ActivityRequest | ClockRequest | ChildRequest | CancelRequest) -> None:
+    def dispatch(self, send: Send) -> None:
         """Carry out what a committed drive decided."""
         if isinstance(send, ActivityRequest):
             self.dispatcher.send_activity(send)
@@ -198,8 +228,22 @@ class Engine:
             self.dispatcher.send_clock(send)
         elif isinstance(send, ChildRequest):
             self.links.start_child(send)
+        elif isinstance(send, AdmitRequest):
+            self._admit(send)
+        elif send.parent is not None:
+            self.links.cancel_child(send.execution_id, send.parent)
         else:
             try:
                 self.cancel(send.execution_id)
             except UnknownWorkflowError:
                 pass
+
+    def _admit(self, req: AdmitRequest) -> None:
+        # The intent was committed with the drive: admitting it is idempotent, and if this fails
+        # (or this process dies first) the intent stays due and beat's outbox scan admits it.
+        try:
+            doc = self.store.read(req.execution_id, req.doc_id)
+            if doc is not None and doc.get("due_kind") == DUE_ADMIT:
+                self.outbox.admit_intent(doc)
+        except StoreError as exc:
+            log.warning("admitting effect %s of %s failed, the scan will: %s", req.doc_id, req.execution_id, exc)

@@ -1,8 +1,8 @@
-"""The engine's only way to make work happen elsewhere (DESIGN.md §3).
+"""The engine's one transport: its only way to make work happen elsewhere (docs/architecture.md §3).
 
-The engine never imports Celery: it asks a :class:`Dispatcher` to "run this activity",
-"drive this execution" or "fire this clock at t". The Celery glue implements it with tasks;
-unit tests use :class:`InlineDispatcher`, which queues the work and runs it in-process.
+The engine never imports Celery: it asks a :class:`Dispatcher` to "run this activity", "drive
+this execution", "fire this clock at t" or "run this effect". The Celery glue implements it with
+tasks; unit tests use :class:`InlineDispatcher`, which queues the work and runs it in-process.
 """
 
 from __future__ import annotations
@@ -12,7 +12,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-__all__ = ["ActivityRequest", "ClockRequest", "ChildRequest", "CancelRequest", "Dispatcher", "InlineDispatcher"]
+from .outbox.model import EffectRef
+
+__all__ = [
+    "ActivityRequest",
+    "ClockRequest",
+    "ChildRequest",
+    "CancelRequest",
+    "AdmitRequest",
+    "Send",
+    "Dispatcher",
+    "InlineDispatcher",
+]
 
 
 @dataclass(frozen=True)
@@ -66,13 +77,34 @@ class ChildRequest:
 
 @dataclass(frozen=True)
 class CancelRequest:
-    """Cancel an execution (a child, when its parent is cancelled)."""
+    """Cancel an execution (a child, when its parent is cancelled).
+
+    ``parent`` (parent id, run, step) is the link a child must carry to be cancelled: an
+    explicit child id can be held by an unrelated execution, which a parent never cancels.
+    """
 
     execution_id: str
+    parent: tuple[str, int, int] | None = None
 
     @property
     def key(self) -> str:
         return f"cancel:{self.execution_id}"
+
+
+@dataclass(frozen=True)
+class AdmitRequest:
+    """Admit the effect a drive recorded as step document ``doc_id`` (``wf.emit``) to its lane."""
+
+    execution_id: str
+    doc_id: str
+
+    @property
+    def key(self) -> str:
+        return f"admit:{self.execution_id}:{self.doc_id}"
+
+
+#: what a committed drive asks the engine to carry out (docs/architecture.md §6)
+Send = ActivityRequest | ClockRequest | ChildRequest | CancelRequest | AdmitRequest
 
 
 class Dispatcher(Protocol):
@@ -82,6 +114,10 @@ class Dispatcher(Protocol):
 
     def send_clock(self, request: ClockRequest) -> None:
         """Fire at ``request.fire_at`` if you can (a countdown); beat's scan is the safety net."""
+        ...
+
+    def send_effect(self, ref: EffectRef, countdown: float | None = None) -> None:
+        """Deliver one outbox row's message to a worker that runs its handler."""
         ...
 
 
@@ -101,6 +137,9 @@ class InlineDispatcher:
 
     def send_clock(self, request: ClockRequest) -> None:
         self._put("clock", request)
+
+    def send_effect(self, ref: EffectRef, countdown: float | None = None) -> None:
+        self._put("effect", ref)
 
     def _put(self, kind: str, item: Any) -> None:
         self.queue.append((kind, item))

@@ -1,4 +1,4 @@
-"""Driving an execution: replay, then commit what replay decided (DESIGN.md §6).
+"""Driving an execution: replay, then commit what replay decided (docs/architecture.md §6).
 
 The common path is optimistic and costs one partition read and one all-or-nothing batch:
 read the partition, replay the function, then commit ``[create new steps…, replace exec
@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConflictError, CorruptDocument, PayloadValidationError, WorkflowCancelledError
+from ..errors import ConflictError, CorruptDocument
 from ..observability import span
 from ..stores.base import Doc, Op, strip_reserved
-from .context import ContinueAsNew, Fatal, Send, Suspend, WorkflowContext
+from .checks import check_partition
+from .dispatcher import CancelRequest, Send
 from .model import (
     CANCELLED,
     COMPLETED,
@@ -35,11 +35,11 @@ from .model import (
     lease_live,
     marker_id,
     settled,
-    worker_identity,
 )
+from .replay import Replay, replay
 
 if TYPE_CHECKING:
-    from .core import Engine
+    from .parts import EngineParts
 
 __all__ = ["Driver", "Replay"]
 
@@ -48,82 +48,45 @@ log = logging.getLogger("celery_durable.drive")
 MAX_ROUNDS = 500
 
 
-@dataclass
-class Replay:
-    kind: str  # completed | failed | cancelled | suspended | unknown | continued
-    value: Any = None
-    error: dict[str, Any] | None = None
-    new_docs: list[Doc] = field(default_factory=list)
-    sends: list[Send] = field(default_factory=list)
-    steps: int = 0
-    #: the new payload, for ``continued``
-    payload: dict[str, Any] | None = None
+def _parent_link(ex: Doc) -> dict[str, Any] | None:
+    parent = ex.get("parent")
+    if isinstance(parent, dict) and isinstance(parent.get("pk"), str) and isinstance(parent.get("seq"), int):
+        return parent
+    return None
+
+
+def _salvaged(ex: Doc) -> Doc:
+    """A malformed exec reduced to the fields we can trust, its old body kept for inspection."""
+    kept: Doc = {k: ex[k] for k in ("pk", "id", "type", "created_at", "payload") if k in ex}
+    kept.update(workflow=ex["workflow"] if isinstance(ex.get("workflow"), str) else "?", parent=_parent_link(ex))
+    kept.update(run=ex["run"] if isinstance(ex.get("run"), int) and not isinstance(ex["run"], bool) else 0)
+    return kept | {"malformed": ex}
+
+
+def _as_of(doc: Doc, ex: Doc | None) -> Doc:
+    """A carried signal-wait timeout, counting the values sent as of the exec this round read.
+
+    The replay lets values numbered up to ``signals_seen`` win over the timeout. Counted when
+    the clock was read, a value accepted after that read but before the timeout's commit lost to
+    it (and was never seen). Every write of a carry is conditional on this exec's etag, which
+    each accepted signal bumps: the count is exact at the commit, and the first writer wins.
+    """
+    if ex is None or not doc.get("timeout") or "signals_seen" not in doc:
+        return doc
+    return doc | {"signals_seen": int(ex.get("signal_seq") or 0)}
 
 
 class Driver:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: EngineParts) -> None:
         self.engine = engine
 
     # --- replay -------------------------------------------------------------------------
 
     def replay(self, ex: Doc, history: dict[str, Doc], now: float) -> Replay:
+        """Replay the execution over ``history`` (pure: see :func:`.replay.replay`)."""
         eng = self.engine
-        wf = eng.registry.workflow(ex["workflow"])
-        if wf is None:
-            return Replay("unknown")
-        ctx = WorkflowContext(
-            execution_id=ex["pk"],
-            workflow=wf.name,
-            history=history,
-            now=now,
-            registry=eng.registry,
-            cancel_requested=bool(ex.get("cancel_requested")),
-            activity_queue_timeout=eng.settings.activity_queue_timeout,
-            run=int(ex.get("run") or 0),
-            signal_types=wf.signals,
-        )
-        try:
-            args, kwargs = wf.codec.decode_args(ex.get("payload") or {})
-        except (PayloadValidationError, TypeError, AttributeError) as exc:
-            err = CorruptDocument(f"stored payload of {ex['pk']!r} cannot be decoded: {exc}")
-            return Replay("failed", error=error_info(err))
-        kind, value, error, payload = "completed", None, None, None
-        with ctx:
-            try:
-                result = wf.fn(*args, **kwargs)
-            except Suspend:
-                kind = "suspended"
-            except ContinueAsNew as cont:
-                kind, payload = "continued", cont.payload
-            except Fatal as fatal:
-                kind, error = "failed", error_info(fatal.error)
-            except WorkflowCancelledError as exc:
-                kind, error = ("cancelled" if ctx.cancel_requested else "failed"), error_info(exc)
-            except Exception as exc:  # the workflow's own failure is its outcome
-                kind, error = "failed", error_info(exc)
-            else:
-                recorded = int(ex.get("steps") or 0)
-                if recorded > ctx.seq:
-                    kind = "failed"
-                    error = {
-                        "type": "NonDeterminismError",
-                        "message": f"workflow {wf.name!r} returned after {ctx.seq} steps but the history "
-                        f"has {recorded}: the code changed under a running execution",
-                    }
-                else:
-                    try:
-                        value = wf.codec.encode_result(result)
-                    except PayloadValidationError as exc:
-                        kind, error = "failed", error_info(exc)
-        return Replay(
-            kind,
-            value=value,
-            error=error,
-            new_docs=list(ctx.new_docs.values()),
-            sends=ctx.sends,
-            steps=ctx.seq,
-            payload=payload,
-        )
+        workflow = eng.registry.workflow(str(ex.get("workflow")))
+        return replay(ex, history, workflow, eng.registry, now, eng.settings)
 
     # --- drive --------------------------------------------------------------------------
 
@@ -134,7 +97,9 @@ class Driver:
         release: Sequence[int] = (),
         trust_cache: float = 0.0,
     ) -> str:
-        """Drive once to a suspension or an end; ``carry`` are documents to record with it.
+        """Drive once to a suspension or an end; ``carry`` are documents to record with it, and
+        ``release`` the steps whose markers they settle (both of the run the documents name: a
+        run that has continued as new drops them).
 
         Returns what happened: completed, failed, cancelled, suspended, deferred (another
         worker holds the lease and will see our documents), noop, terminal, missing,
@@ -142,25 +107,35 @@ class Driver:
         """
         eng = self.engine
         store = eng.store
-        me = worker_identity()
+        me = eng.identity()
         holding = False
         conflicts = 0
         carry = list(carry)
         release = list(release)
         orphan_sends: dict[str, Send] = {}
+        committed: tuple[Doc, Replay] | None = None
         try:
             for round_ in range(MAX_ROUNDS):
                 try:
                     cached = eng.cache.peek(execution_id, trust_cache) if round_ == 0 and trust_cache else None
                     docs = cached if cached is not None else eng.cache.load(execution_id)
+                    check_partition(execution_id, docs)  # a malformed document fails only this execution
                 except CorruptDocument as exc:
                     self.fail_corrupt(execution_id, exc)
                     return "failed"
                 ex = docs.get(EXEC_ID)
-                carry_new = [d for d in carry if d["id"] not in docs]
                 if ex is None:
                     log.error("drive %s: no such execution", execution_id)
                     return "missing"
+                run = int(ex.get("run") or 0)
+                if any(int(d.get("run") or 0) != run for d in carry):
+                    # A late outcome of a run that has continued as new (an attempt whose lease
+                    # lapsed): nothing waits for it, its run's documents are pruned, and the seqs to
+                    # release number the *old* run's steps, not the current run's with the same
+                    # number (releasing those settled a live step: stranded).
+                    carry = [d for d in carry if int(d.get("run") or 0) == run]
+                    release = []
+                carry_new = [_as_of(d, ex) for d in carry if d["id"] not in docs]
                 if ex.get("status") in TERMINAL:
                     self._record(carry_new)
                     return "terminal"
@@ -170,32 +145,32 @@ class Driver:
                 if holding and not mine:
                     log.warning("drive %s: lease lost to %s", execution_id, lease.get("holder"))
                     return "lease-lost"
+                # Below, our documents (and the markers they settle) are written in ONE batch with
+                # the exec bump or claim: recorded apart, a failure in between left an outcome no
+                # exec write announced (a drive holding an older copy then committed past it) and
+                # its marker settled with nothing due: the step was stranded.
                 if not mine and lease_live(ex, now):
-                    # someone else is driving: record ours, then bump so their release re-reads
-                    self._record(carry_new)
-                    self._release_each(docs, release)
-                    carry, release = [], []
+                    # someone else is driving: record ours with a bump, so their release re-reads
                     bumped = strip_reserved(ex) | {"wakeups": int(ex.get("wakeups") or 0) + 1}
                     try:
-                        store.replace(bumped, if_match=ex["_etag"])
+                        store.batch(execution_id, self._record_ops(docs, carry_new, release, bumped, ex["_etag"]))
                     except ConflictError:
+                        eng.cache.suspect(execution_id)  # changed, or deleted (purged)
                         continue
                     return "deferred"
                 if not holding and conflicts >= eng.settings.optimistic_attempts:
-                    # contention: persist ours, then take the lease so others defer to us
-                    self._record(carry_new)
-                    self._release_each(docs, release)
-                    carry, release = [], []
+                    # contention: take the lease (with ours recorded) so others defer to us
                     claimed = strip_reserved(ex) | {
                         "lease": {"holder": me, "expires": now + eng.settings.lease_ttl},
                         "due_kind": DUE_EXEC,
                         "due_at": now + eng.settings.lease_ttl,
                     }
                     try:
-                        store.replace(claimed, if_match=ex["_etag"])
+                        store.batch(execution_id, self._record_ops(docs, carry_new, release, claimed, ex["_etag"]))
                         holding = True
+                        carry, release = [], []
                     except ConflictError:
-                        pass
+                        eng.cache.suspect(execution_id)
                     continue
                 history = dict(docs)
                 for d in carry_new:
@@ -210,10 +185,12 @@ class Driver:
                     return "failed"
                 if ops is None:
                     return "noop"
+                self._fence_cancelled_children(ex, docs, replay)
                 try:
                     with span("commit", execution_id=execution_id, ops=len(ops), outcome=replay.kind):
                         self._apply(execution_id, ops, replay, orphan_sends)
                 except ConflictError:
+                    eng.cache.suspect(execution_id)
                     conflicts += 1
                     eng.counters.incr("drive_conflict")
                     continue
@@ -228,47 +205,86 @@ class Driver:
                 )
                 for req in replay.sends:
                     orphan_sends[req.key] = req
-                self._after_commit(ex, replay)
+                committed = (ex, replay)
                 return replay.kind
             log.error("drive %s: gave up after %d rounds of contention", execution_id, MAX_ROUNDS)
             return "contended"
         finally:
+            # the replay's commands first, then what follows from its outcome: a continued run is
+            # pruned only after the effects it emitted were admitted (they live in its documents)
             for req in orphan_sends.values():
                 eng.dispatch(req)
+            if committed is not None:
+                self._after_commit(*committed)
 
     def fail_corrupt(self, execution_id: str, error: Exception) -> None:
-        """Mark an execution whose documents cannot be read as failed, with a clear error.
+        """Fail the execution owning a document the engine cannot read, with a clear error.
 
-        Its other documents are left as they are (for inspection); the execution leaves every
-        scan, so recovery keeps running for everyone else.
+        ``error`` is a :class:`CorruptDocument` (a :class:`MalformedDocument` names its partition
+        and document). The documents stay as they are for inspection (a malformed exec keeps its
+        old body under ``malformed``); the offending one leaves every scan, so recovery keeps
+        running for everyone else, and a parent is told as for any failure. A finished execution
+        is never changed: only the offending document is taken out of the scans.
         """
         eng = self.engine
         store = eng.store
-        log.error("execution %s failed: %s", execution_id, error)
+        pk = str(getattr(error, "pk", None) or execution_id)
+        doc_id = getattr(error, "doc_id", None)
+        now = eng.clock.now()
         info = error_info(error)
-        fields = {
-            "status": FAILED,
-            "error": info,
-            "lease": None,
-            "due_kind": None,
-            "due_at": None,
-            "completed_at": eng.clock.now(),
-        }
+        if isinstance(error, CorruptDocument):
+            info["type"] = CorruptDocument.__name__  # the public name, whatever the subclass
+        fields: Doc = {"status": FAILED, "error": info, "lease": None, "completed_at": now}
+        fields.update(due_kind=None, due_at=None)
+        workflow = "?"
         for _ in range(10):
             try:
-                ex = store.read(execution_id, EXEC_ID)
-            except CorruptDocument:
+                ex = store.read(pk, EXEC_ID)
+            except CorruptDocument:  # not even JSON: replace it
                 ex = None
+                store.upsert({"pk": pk, "id": EXEC_ID, "type": "exec", "workflow": "?"} | fields)
+                break
+            if ex is None:
+                log.error("corrupt document in %s, which has no execution: %s", pk, error)
+                return
+            if ex.get("status") in TERMINAL:
+                self._settle_doc(pk, doc_id)
+                log.error("finished execution %s has a corrupt document: %s", pk, error)
+                return
+            body = _salvaged(strip_reserved(ex)) if doc_id == EXEC_ID else strip_reserved(ex)
+            workflow = str(body.get("workflow", "?"))
+            if _parent_link(body) is not None:
+                # stays due until the parent has been told (recovery retries a lost notice)
+                fields.update(parent_notified=False, due_kind=DUE_EXEC, due_at=now + eng.settings.drive_timeout)
             try:
-                if ex is not None and isinstance(ex.get("workflow"), str):
-                    store.replace(strip_reserved(ex) | fields, if_match=ex["_etag"])
-                else:
-                    store.upsert({"pk": execution_id, "id": EXEC_ID, "type": "exec", "workflow": "?"} | fields)
+                store.replace(body | fields, if_match=ex["_etag"])
                 break
             except ConflictError:
                 continue
-        eng.cache.invalidate(execution_id)
-        eng.emit("workflow_failed", execution_id=execution_id, workflow="?")
+        else:
+            log.error("could not mark %s failed (contention): %s", pk, error)
+            return
+        log.error("execution %s failed: %s", pk, error)
+        if doc_id not in (None, EXEC_ID):
+            self._settle_doc(pk, doc_id)
+        eng.cache.invalidate(pk)
+        eng.emit("workflow_failed", execution_id=pk, workflow=workflow)
+        if fields.get("parent_notified") is False:
+            try:
+                eng.links.notify_parent(pk)
+            except Exception:  # recovery tells the parent later: the child stays due
+                log.warning("telling the parent of %s failed", pk, exc_info=True)
+
+    def _settle_doc(self, pk: str, doc_id: str | None) -> None:
+        """Best effort: take a (malformed) document out of every scan, leaving it otherwise as is."""
+        if doc_id is None:
+            return
+        try:
+            doc = self.engine.store.read(pk, doc_id)
+            if doc is not None and doc.get("due_kind") is not None:
+                self.engine.store.replace(settled(doc), if_match=doc["_etag"])
+        except Exception:  # the scan finds it again, and fails nothing more: the execution has ended
+            log.warning("could not settle %s/%s", pk, doc_id, exc_info=True)
 
     def _commit_ops(
         self, ex: Doc, docs: dict[str, Doc], carry_new: list[Doc], release: list[int], replay: Replay, now: float
@@ -277,11 +293,7 @@ class Driver:
         run = int(ex.get("run") or 0)
         ops: list[Op] = [Op.create(d) for d in carry_new]
         ops += [Op.create(d) for d in replay.new_docs if d["id"] not in docs]
-        for seq in release:
-            marker = docs.get(marker_id(seq, run))
-            if marker is not None and (marker.get("lease") or marker.get("due_kind")):
-                cleared = settled(marker)
-                ops.append(Op.replace(cleared, marker["_etag"]))
+        ops += self._release_ops(docs, release, run)
         new_ex = strip_reserved(ex)
         steps = max(replay.steps, int(ex.get("steps") or 0))
         new_ex.update(lease=None, due_kind=None, due_at=None, last_error=None, steps=steps)
@@ -338,23 +350,52 @@ class Driver:
                 orphan_sends[req.key] = req
         store.batch(pk, ops)
 
+    def _fence_cancelled_children(self, ex: Doc, docs: dict[str, Doc], replay: Replay) -> None:
+        """Claim the ids of the children this replay cancels, before its commit (``Links.fence_children``).
+
+        Only steps already committed: a child step this replay itself takes is committed with its
+        cancelled outcome, which its creator then finds (and a stale replay's fence of a step that
+        never commits would outlive it).
+        """
+        cancels = {s.execution_id for s in replay.sends if isinstance(s, CancelRequest)}
+        if not cancels:
+            return
+        run = int(ex.get("run") or 0)
+        markers = [
+            d
+            for d in docs.values()
+            if d.get("type") == "step"
+            and d.get("kind") == "child"
+            and d.get("run", 0) == run
+            and d.get("child_id") in cancels
+        ]
+        self.engine.links.fence_children(ex, markers)
+
     def _record(self, docs: list[Doc]) -> None:
         for d in docs:
             self.engine.store.create(d)
 
-    def _release_each(self, docs: dict[str, Doc], release: list[int]) -> None:
-        run = int((docs.get(EXEC_ID) or {}).get("run") or 0)
+    @staticmethod
+    def _release_ops(docs: dict[str, Doc], release: list[int], run: int) -> list[Op]:
+        """Settle the markers of steps whose outcome we record (etag-guarded)."""
+        ops: list[Op] = []
         for seq in release:
             marker = docs.get(marker_id(seq, run))
             if marker is not None and (marker.get("lease") or marker.get("due_kind")):
-                try:
-                    cleared = settled(marker)
-                    self.engine.store.replace(cleared, if_match=marker["_etag"])
-                except ConflictError:
-                    pass  # the recovery scan clears a marker whose result exists
+                ops.append(Op.replace(settled(marker), marker["_etag"]))
+        return ops
+
+    def _record_ops(
+        self, docs: dict[str, Doc], carry_new: list[Doc], release: list[int], new_ex: Doc, etag: str
+    ) -> list[Op]:
+        """Our documents, their markers settled, and the exec write (if-match ``etag``), for one batch."""
+        run = int(new_ex.get("run") or 0)
+        ops = [Op.create(d) for d in carry_new] + self._release_ops(docs, release, run)
+        return ops + [Op.replace(new_ex, etag)]
 
     def _after_commit(self, ex: Doc, replay: Replay) -> None:
         eng = self.engine
+        eng.links.after_commit(ex["pk"], replay.new_docs)  # signal values rejected/ignored by the replay
         eng.emit("drive_committed", execution_id=ex["pk"], outcome=replay.kind)
         if replay.kind in ("completed", "failed", "cancelled"):
             eng.emit(f"workflow_{replay.kind}", execution_id=ex["pk"], workflow=ex["workflow"])

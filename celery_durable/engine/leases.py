@@ -1,4 +1,4 @@
-"""Heartbeat: one thread per worker process renews the leases of the attempts it runs.
+"""Activity leases: the attempts this process runs, renewed by the process's one heartbeat.
 
 A lease that is not renewed lapses after ``lease_ttl``; the recovery scan then re-sends the
 step. A renewal that finds another holder marks the attempt ``lost``: its result may still be
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import TYPE_CHECKING
 
 from ..errors import ConflictError, StoreError
@@ -16,52 +17,69 @@ from ..stores.base import strip_reserved
 from .model import marker_id
 
 if TYPE_CHECKING:
-    from .activity import Attempt
-    from .core import Engine
+    from .heartbeat import Heartbeat
+    from .model import Attempt
+    from .parts import EngineParts
 
 __all__ = ["LeaseKeeper"]
 
 log = logging.getLogger("celery_durable.leases")
 
 
+def _key(attempt: Attempt) -> tuple[str, int, int, str]:
+    return attempt.execution_id, attempt.run, attempt.seq, attempt.holder
+
+
 class LeaseKeeper:
-    def __init__(self, engine: Engine) -> None:
+    """A beater of the engine's :class:`~.heartbeat.Heartbeat`: renews every tracked attempt's
+    lease each ``heartbeat_interval``."""
+
+    def __init__(self, engine: EngineParts, heartbeat: Heartbeat | None = None) -> None:
         self.engine = engine
         self._lock = threading.Lock()
-        self._attempts: dict[tuple[str, int], Attempt] = {}
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
+        # keyed by attempt: a continued execution's run 1 step 3 is not run 0 step 3, and two
+        # attempts of one step may overlap here (the old one lost its lease and is finishing)
+        self._attempts: dict[tuple[str, int, int, str], Attempt] = {}
+        self._last_beat = 0.0
+        self._heartbeat = heartbeat
+        if heartbeat is not None:
+            heartbeat.add(self)
 
     def track(self, attempt: Attempt) -> None:
         with self._lock:
-            self._attempts[(attempt.execution_id, attempt.seq)] = attempt
-        self._ensure_thread()
+            if not self._attempts:  # the first renewal is one interval after the first track
+                self._last_beat = time.monotonic()
+            self._attempts[_key(attempt)] = attempt
+        if self._heartbeat is not None:
+            self._heartbeat.wake()
 
     def untrack(self, attempt: Attempt) -> None:
         with self._lock:
-            self._attempts.pop((attempt.execution_id, attempt.seq), None)
+            self._attempts.pop(_key(attempt), None)
 
     def running(self) -> list[Attempt]:
         with self._lock:
             return list(self._attempts.values())
 
-    def _ensure_thread(self) -> None:
-        if self._thread is not None and self._thread.is_alive():
-            return
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="celery-durable-heartbeat", daemon=True)
-        self._thread.start()
-
     def stop(self, release: bool = True) -> None:
-        """Stop renewing; with ``release`` give back every held lease (graceful shutdown)."""
-        self._stop.set()
+        """Stop renewing (the heartbeat thread too); with ``release`` give back every held lease."""
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
         if release:
             for attempt in self.running():
                 self.release(attempt)
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.engine.settings.heartbeat_interval):
-            self.renew_all()
+    # --- Beater ------------------------------------------------------------------------------
+
+    def next_beat(self, now: float) -> float | None:
+        with self._lock:
+            if not self._attempts:
+                return None
+        return self._last_beat + self.engine.settings.heartbeat_interval
+
+    def beat(self) -> None:
+        self._last_beat = time.monotonic()
+        self.renew_all()
 
     def renew_all(self) -> None:
         for attempt in self.running():

@@ -1,4 +1,4 @@
-"""Run an engine's work in-process: drives and activities from an :class:`InlineDispatcher`.
+"""Run an engine's work in-process: drives, activities and effects from an :class:`InlineDispatcher`.
 
 Used by engine unit tests and by :mod:`celery_durable.testing`; the Celery glue replaces it
 with real tasks on real workers.
@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import NonRetryableError
 from .dispatcher import ActivityRequest, InlineDispatcher
+from .outbox.model import RETRY, EffectRef
+from .outbox.runtime import EffectContext, EffectKeeper, effects_of, execute
 
 if TYPE_CHECKING:
     from .core import Engine
@@ -17,8 +19,17 @@ if TYPE_CHECKING:
 __all__ = ["LocalWorker"]
 
 
+class InlineKeeper(EffectKeeper):
+    """Tracks running handlers without a heartbeat thread: in-process, a handler runs to its end
+    before anything else happens, so its lease cannot lapse unless the test moves the clock."""
+
+    def track(self, ctx: EffectContext) -> None:
+        with self._lock:
+            self._running[id(ctx)] = ctx
+
+
 class LocalWorker:
-    """Executes queued drives and activities synchronously, in order."""
+    """Executes queued drives, activities and outbox effects synchronously, in order."""
 
     def __init__(self, engine: Engine, dispatcher: InlineDispatcher, max_attempts: int = 1) -> None:
         self.engine = engine
@@ -29,6 +40,11 @@ class LocalWorker:
         dispatcher.handlers["drive"] = self._drive
         dispatcher.handlers["activity"] = self._activity
         dispatcher.handlers["clock"] = self._clock
+        dispatcher.handlers["effect"] = self._effect
+        self.keeper = InlineKeeper()
+        #: effect retries waiting for their backoff: (due time, message), what Celery's
+        #: ``retry(countdown=...)`` does on a worker
+        self.delayed: list[tuple[float, EffectRef]] = []
 
     def _drive(self, execution_id: Any) -> None:
         self.engine.drive(str(execution_id))
@@ -60,6 +76,28 @@ class LocalWorker:
         # The inline dispatcher has no countdown: a clock fires only once the (fake) time is
         # due, through fire_due_clocks — exactly the beat path.
         pass
+
+    def _effect(self, ref: EffectRef) -> None:
+        outbox = self.engine.outbox
+        claim = outbox.claim(ref.key, ref.effect_id).claim
+        if claim is None:  # not its turn, early, settled: the outbox scan re-sends when due
+            return
+        definition = effects_of(self.engine.registry).get(claim.type)
+        if definition is None:
+            outbox.settle(claim, RETRY, error=f"no handler for effect type {claim.type!r}", delay=60.0)
+            return
+        outcome = execute(outbox, claim, definition, self.keeper)
+        if outcome.kind == RETRY:
+            self.delayed.append((self.engine.clock.now() + outcome.delay, ref))
+
+    def release_due(self) -> int:
+        """Queue the effect retries whose backoff has passed (on the engine's clock)."""
+        now = self.engine.clock.now()
+        due = [ref for at, ref in self.delayed if at <= now]
+        self.delayed = [(at, ref) for at, ref in self.delayed if at > now]
+        for ref in due:
+            self.dispatcher.send_effect(ref)
+        return len(due)
 
     def run(self) -> int:
         return self.dispatcher.run_until_idle()

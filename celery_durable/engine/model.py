@@ -1,14 +1,6 @@
-"""Document shapes of one execution (DESIGN.md §5) and small shared helpers.
+"""Small shared helpers of the engine: clock, lease checks, error info, worker identity.
 
-Partition = execution id. Documents:
-
-* ``exec`` — workflow name, encoded payload, parent link, status, result/error, cancel flag,
-  lease, wake-up counter.
-* ``s:000001`` … — one *marker* per durable step, keyed by call order. ``kind`` + ``name`` are
-  checked on replay (non-determinism). Steps that produce their value while driving
-  (``now``/``uuid``/``random``) keep it inline in the marker.
-* ``r:000001`` … — the step's *result*, written create-only: the first writer wins, so a
-  duplicate delivery or a racing worker can never overwrite it.
+Ids, statuses and due kinds are defined in :mod:`.schema` (re-exported here).
 """
 
 from __future__ import annotations
@@ -19,12 +11,15 @@ import threading
 import time
 import traceback
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ..settings import Settings
 from ..stores.base import Doc, strip_reserved
+from .schema import EXEC_ID, TERMINAL, DueKind, Status, marker_id, parse_step_id, result_id, signal_id
 
 __all__ = [
+    "Attempt",
     "EXEC_ID",
     "RUNNING",
     "COMPLETED",
@@ -32,6 +27,7 @@ __all__ = [
     "CANCELLED",
     "TERMINAL",
     "Clock",
+    "Settings",
     "SystemClock",
     "marker_id",
     "result_id",
@@ -39,21 +35,38 @@ __all__ = [
     "worker_identity",
     "lease_live",
     "settled",
+    "signal_id",
+    "parse_step_id",
+    "DUE_EXEC",
+    "DUE_ACTIVITY",
+    "DUE_CLOCK",
+    "DUE_CHILD",
 ]
 
-EXEC_ID = "exec"
+# Statuses, due kinds and id formats live in .schema; these names stay for the engine's modules.
+RUNNING = Status.RUNNING
+COMPLETED = Status.COMPLETED
+FAILED = Status.FAILED
+CANCELLED = Status.CANCELLED
+DUE_EXEC = DueKind.EXEC
+DUE_ACTIVITY = DueKind.ACTIVITY
+DUE_CLOCK = DueKind.CLOCK
+DUE_CHILD = DueKind.CHILD
 
-RUNNING = "running"
-COMPLETED = "completed"
-FAILED = "failed"
-CANCELLED = "cancelled"
-TERMINAL = frozenset({COMPLETED, FAILED, CANCELLED})
 
-#: due kinds (see stores.base): an execution needing a drive, a lost/lapsed activity attempt
-DUE_EXEC = "exec"
-DUE_ACTIVITY = "activity"
-DUE_CLOCK = "clock"
-DUE_CHILD = "child"
+@dataclass
+class Attempt:
+    """A running attempt that holds the step's lease (renewed by the heartbeat)."""
+
+    execution_id: str
+    seq: int
+    name: str
+    etag: str
+    holder: str
+    number: int
+    run: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    lost: bool = False
 
 
 class Clock(Protocol):
@@ -65,25 +78,6 @@ class Clock(Protocol):
 class SystemClock:
     def now(self) -> float:
         return time.time()
-
-
-# Step documents are keyed by run (continue-as-new starts run 1, 2, …) and call order.
-def marker_id(seq: int, run: int = 0) -> str:
-    return f"s{run or ''}:{seq:06d}"
-
-
-def result_id(seq: int, run: int = 0) -> str:
-    return f"r{run or ''}:{seq:06d}"
-
-
-def signal_id(name: str, run: int = 0) -> str:
-    return f"sig{run or ''}:{name}"
-
-
-def parse_step_id(doc_id: str) -> tuple[int, int]:
-    """``"s2:000007"`` → ``(run 2, seq 7)``."""
-    head, _, tail = doc_id.partition(":")
-    return int(head[1:] or 0), int(tail)
 
 
 def error_info(exc: BaseException, attempts: int | None = None) -> dict[str, Any]:
@@ -121,27 +115,3 @@ def lease_live(doc: Doc, now: float) -> bool:
     """Whether the document's lease is held and not expired."""
     lease = doc.get("lease") or {}
     return "expires" in lease and float(lease["expires"]) > now
-
-
-@dataclass(frozen=True)
-class Settings:
-    """Engine timings, in seconds (the Celery glue fills them from ``durable_*`` settings)."""
-
-    lease_ttl: float = 30.0
-    heartbeat_interval: float = 10.0
-    #: an activity message not picked up this long after sending is considered lost
-    activity_queue_timeout: float = 300.0
-    #: an execution that needs a drive and got none this long is re-driven by recovery
-    drive_timeout: float = 30.0
-    #: how long before an execution whose workflow is unknown here is tried again
-    unknown_retry_delay: float = 60.0
-    #: times an activity may be lost (worker killed) before it is failed
-    max_lost_attempts: int = 10
-    #: conflicts tolerated in optimistic drives before taking the exec lease
-    optimistic_attempts: int = 2
-    #: an activity's inline drive reuses the partition read at its start if younger than this
-    trust_cache_for: float = 2.0
-
-    def __post_init__(self) -> None:
-        if not 0 < self.heartbeat_interval < self.lease_ttl:
-            raise ValueError("heartbeat_interval must be > 0 and < lease_ttl")

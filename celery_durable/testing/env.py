@@ -67,7 +67,9 @@ class WorkflowEnvironment:
         registry = durable if isinstance(durable, Registry) else (durable.registry if durable else Registry())
         self.dispatcher = InlineDispatcher()
         self.store = store or MemoryStore()
-        self.engine = Engine(self.store, self.dispatcher, registry, Settings(), self.clock)
+        # the app's own settings (attempts, timeouts, grace periods), as its workers would run
+        settings = durable.settings if durable is not None and not isinstance(durable, Registry) else Settings()
+        self.engine = Engine(self.store, self.dispatcher, registry, settings, self.clock)
         self.worker = LocalWorker(self.engine, self.dispatcher, max_attempts=activity_attempts)
         # library signals (celery_durable.signals) fire here as they do on workers
         from ..signals.receivers import forward_event
@@ -83,8 +85,7 @@ class WorkflowEnvironment:
     def advance(self, delta: timedelta | float) -> None:
         """Move the clock forward, fire what became due, and run."""
         self.clock.advance(delta.total_seconds() if isinstance(delta, timedelta) else float(delta))
-        self.engine.links.fire_due_clocks()
-        self.run_until_idle()
+        self._scan()
 
     def skip_to_next_timer(self) -> bool:
         """Jump to the earliest pending timer and fire it; False when there is none."""
@@ -92,9 +93,15 @@ class WorkflowEnvironment:
         if nxt is None:
             return False
         self.clock.t = max(self.clock.t, nxt)
-        self.engine.links.fire_due_clocks()
-        self.run_until_idle()
+        self._scan()
         return True
+
+    def _scan(self) -> None:
+        """What beat does when time passes: fire due timers, re-send due effects (retries)."""
+        self.engine.links.fire_due_clocks()
+        self.worker.release_due()
+        self.engine.outbox.scan()
+        self.run_until_idle()
 
     # --- client side -----------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""The outbox state machine (DESIGN.md §9) without Celery: memory and SQLite stores, fake clock."""
+"""The outbox state machine (docs/architecture.md §9) without Celery: memory and SQLite stores, fake clock."""
 
 from __future__ import annotations
 
@@ -43,6 +43,7 @@ from celery_durable.engine.outbox.runtime import (
 )
 from celery_durable.errors import PayloadValidationError, StoreUnavailable
 from celery_durable.retry import RetryPolicy
+from celery_durable.settings import Settings
 from celery_durable.stores import Store
 from celery_durable.stores.base import Op
 from celery_durable.stores.memory import MemoryStore
@@ -645,22 +646,23 @@ def test_an_unadmitted_intent_is_admitted_by_the_scan(env: Env) -> None:
 
 
 class WorkflowEnv:
-    def __init__(self, store: Store, admit_after_commit: bool = True) -> None:
+    """An engine (which owns its outbox) with an in-process worker that runs drives, activities and effects."""
+
+    def __init__(self, store: Store) -> None:
         self.clock = FakeClock()
         self.dispatcher = InlineDispatcher()
         self.registry = Registry()
         self.engine = Engine(store, self.dispatcher, self.registry, clock=self.clock)
         self.worker = LocalWorker(self.engine, self.dispatcher)
-        self.sender = InlineSender()
-        self.outbox = OutboxEngine(store, self.sender, OutboxSettings(), self.clock)
+        self.outbox = self.engine.outbox
         self.sent_notes: list[Any] = []
         effects_of(self.registry).add(
             EffectDef("note", lambda payload: self.sent_notes.append(payload), ValueCodec(Email))
         )
-        if admit_after_commit:
-            self.engine.subscribe(
-                lambda event, **kw: self.outbox.admit_noted(kw["execution_id"]) if event == "drive_committed" else None
-            )
+
+    def effect_messages(self) -> list[str]:
+        """Ids of every effect message the engine sent so far."""
+        return [item.effect_id for kind, item in self.dispatcher.sent if kind == "effect"]
 
     def activity(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         act = self.registry.add_activity(fn.__name__, fn)
@@ -696,29 +698,53 @@ def test_emit_from_a_workflow_is_enqueued_exactly_once(store: Store) -> None:
     first, second = wenv.outbox.get("wf-1:000001"), wenv.outbox.get("wf-1:000003")
     assert first is not None and first["key"] == "wf-1" and first["payload"] == {"to": "ann", "n": 1}
     assert second is not None and second["key"] == "shared"
-    assert len(wenv.sender.take()) == 2
+    # admitted by the drive that recorded them (no bounce through events), and run by the worker
+    assert sorted(wenv.effect_messages()) == ["wf-1:000001", "wf-1:000003"]
+    assert [n.n for n in wenv.sent_notes] == [1, 2]
     for _ in range(3):  # duplicate drives replay the emits without enqueueing them again
         wenv.engine.drive(eid)
-    assert wenv.sender.take() == []
+    wenv.worker.run()
+    assert len(wenv.effect_messages()) == 2 and len(wenv.sent_notes) == 2
     wenv.clock.advance(3600)
     report = wenv.outbox.scan()
-    assert report.admitted == 0 and report.resent == 2  # unclaimed: re-sent, never re-enqueued
+    assert report.admitted == 0 and report.resent == 0
     assert len(wenv.outbox.rows("wf-1")) == 1 and len(wenv.outbox.rows("shared")) == 1
     markers = [d for d in store.query_partition(eid).docs if d.get("kind") == "emit"]
     assert len(markers) == 2 and all(m["due_kind"] is None for m in markers)
 
 
-def test_emit_survives_a_crash_between_commit_and_admission(store: Store) -> None:
-    wenv = WorkflowEnv(store, admit_after_commit=False)  # the committing worker died right after
+def test_emit_survives_a_crash_between_commit_and_admission(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    wenv = WorkflowEnv(store)
     flow = wenv.registry.add_workflow("notify", _notify_flow(wenv))
-    eid, _ = wenv.engine.start(flow, ("bob",), {}, workflow_id="wf-2")
-    wenv.worker.run()
+
+    def store_down(doc: Any) -> None:
+        raise StoreUnavailable("down right after the commit")
+
+    with monkeypatch.context() as m:  # the admission after each commit fails (or its worker died)
+        m.setattr(wenv.outbox, "admit_intent", store_down)
+        eid, _ = wenv.engine.start(flow, ("bob",), {}, workflow_id="wf-2")
+        wenv.worker.run()
     assert wenv.engine.read_exec(eid)["status"] == "completed"
     assert wenv.outbox.get("wf-2:000001") is None
     wenv.clock.advance(OutboxSettings().admit_grace + 1)
     assert wenv.outbox.scan().admitted == 2
     assert wenv.outbox.scan().admitted == 0
-    assert sorted(ids(wenv.sender.take())) == ["wf-2:000001", "wf-2:000003"]
+    assert sorted(wenv.effect_messages()) == ["wf-2:000001", "wf-2:000003"]
+
+
+def test_emit_uses_the_configured_admit_grace(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outbox B7: ``wf.emit`` ignored ``durable_outbox_admit_grace`` (it used the class default)."""
+    clock = FakeClock()
+    dispatcher = InlineDispatcher()
+    registry = Registry()
+    effects_of(registry).add(EffectDef("note", lambda payload: None, ValueCodec(Email)))
+    engine = Engine(store, dispatcher, registry, Settings(outbox_admit_grace=2.5), clock=clock)
+    flow = registry.add_workflow("one", lambda name: wf.emit("note", {"to": name, "n": 1}))
+    monkeypatch.setattr(engine.outbox, "admit_intent", lambda doc: None)  # admission after commit lost
+    eid, _ = engine.start(flow, ("x",), {}, workflow_id="wf-grace")
+    LocalWorker(engine, dispatcher).run()
+    marker = next(d for d in store.query_partition(eid).docs if d.get("kind") == "emit")
+    assert marker["due_at"] == pytest.approx(clock.now() + 2.5, abs=0.01)
 
 
 def test_emit_validates_the_payload_in_the_workflow(store: Store) -> None:

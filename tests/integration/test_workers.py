@@ -1,4 +1,4 @@
-"""Workflows on real ``celery worker`` processes (DESIGN.md §6; issue: engine on Celery)."""
+"""Workflows on real ``celery worker`` processes (docs/architecture.md §6; issue: engine on Celery)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The public API is pinned, and the layering of DESIGN.md §3 holds."""
+"""The public API is pinned, and the layering of docs/architecture.md §3 holds."""
 
 from __future__ import annotations
 
@@ -96,3 +96,21 @@ def test_modules_stay_small() -> None:
 
 def test_py_typed_marker_ships() -> None:
     assert (PKG / "py.typed").exists()
+
+
+def test_operator_api_is_pinned() -> None:
+    """The read model on ``Durable`` (the CLI and scripts use it): names and parameters."""
+    import inspect
+
+    from celery_durable import Durable
+
+    expected = {
+        "executions": ["self", "workflow", "status", "limit", "cursor", "created_after", "created_before"],
+        "describe": ["self", "workflow_id"],
+        "retry": ["self", "workflow_id"],
+        "resume": ["self", "workflow_id"],
+        "purge": ["self", "older_than", "dry_run", "progress"],
+    }
+    for name, params in expected.items():
+        assert list(inspect.signature(getattr(Durable, name)).parameters) == params, name
+    assert isinstance(Durable.__dict__["admin"], property)

@@ -1,4 +1,4 @@
-"""The effect outbox's state machine (DESIGN.md §9): documents in ``model``, transitions in
+"""The effect outbox's state machine (docs/architecture.md §9): documents in ``model``, transitions in
 ``machine``, the liveness scan in ``scan``, the worker-side runtime (handlers, heartbeat,
 cancellation) in ``runtime``. No Celery import anywhere here."""
 
@@ -24,9 +24,7 @@ from .model import (
     ScanReport,
     claim_latency,
     lane_pk,
-    note_intent,
     row_id,
-    take_intents,
 )
 
 __all__ = [
@@ -52,6 +50,4 @@ __all__ = [
     "claim_latency",
     "lane_pk",
     "row_id",
-    "note_intent",
-    "take_intents",
 ]

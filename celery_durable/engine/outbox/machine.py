@@ -42,9 +42,9 @@ from .model import (
     intent_id,
     lane_pk,
     row_id,
-    take_intents,
 )
 from .model import strip as _strip
+from .scan import Scanner
 
 __all__ = ["OutboxEngine", "MAX_ROUNDS"]
 
@@ -221,16 +221,6 @@ class OutboxEngine:
         except ConflictError:
             pass  # cleared by someone else (a second admitter); admission is idempotent anyway
         return admitted
-
-    def admit_noted(self, execution_id: str) -> int:
-        """After a drive committed: admit the intents its replay recorded (``emit``)."""
-        done = 0
-        for doc_id in take_intents(execution_id):
-            doc = self.store.read(execution_id, doc_id)
-            if doc is not None and doc.get("due_kind") == DUE_ADMIT:
-                self.admit_intent(doc)
-                done += 1
-        return done
 
     # --- claim ------------------------------------------------------------------------------
 
@@ -479,6 +469,4 @@ class OutboxEngine:
 
     def scan(self, limit: int = 500) -> ScanReport:
         """Admit stray intents, resend lost messages and due retries, settle expired leases, prune."""
-        from .scan import Scanner
-
         return Scanner(self).scan(limit)

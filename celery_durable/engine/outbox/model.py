@@ -1,4 +1,4 @@
-"""Documents, constants and value types of the effect outbox (DESIGN.md §9). No Celery here.
+"""Documents, constants and value types of the effect outbox (docs/architecture.md §9). No Celery here.
 
 Documents
 ---------
@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ...errors import DurableError
+from ...settings import Settings
 from ...stores.base import Doc, strip_reserved
 
 __all__ = [
@@ -74,8 +75,6 @@ __all__ = [
     "intent_id",
     "strip",
     "claim_latency",
-    "note_intent",
-    "take_intents",
 ]
 
 DUE_LANE = "outbox"
@@ -137,6 +136,20 @@ class OutboxSettings:
     #: an intent its enqueuer did not admit within this delay is admitted by the scan
     admit_grace: float = 10.0
     max_lane_backlog: int = 10_000
+
+    @classmethod
+    def of(cls, settings: Settings) -> OutboxSettings:
+        """The outbox's view of the library's one :class:`~celery_durable.settings.Settings`."""
+        return cls(
+            lease_ttl=settings.lease_ttl,
+            heartbeat_interval=settings.heartbeat_interval,
+            queue_timeout=settings.outbox_queue_timeout,
+            retention=settings.outbox_retention,
+            cancel_poll=settings.outbox_cancel_poll,
+            fast_send_max=settings.outbox_fast_send_max,
+            admit_grace=settings.outbox_admit_grace,
+            max_lane_backlog=settings.outbox_max_lane_backlog,
+        )
 
 
 @dataclass(frozen=True)
@@ -224,20 +237,6 @@ class ScanReport:
 
 
 # --- emit from workflow code: intents noted during a replay, admitted after its commit -------
-
-_noted = threading.local()
-
-
-def note_intent(execution_id: str, doc_id: str) -> None:
-    """Remember that the current drive recorded an intent (admitted once the drive commits)."""
-    pending: dict[str, set[str]] = getattr(_noted, "pending", None) or {}
-    pending.setdefault(execution_id, set()).add(doc_id)
-    _noted.pending = pending
-
-
-def take_intents(execution_id: str) -> list[str]:
-    pending: dict[str, set[str]] = getattr(_noted, "pending", None) or {}
-    return sorted(pending.pop(execution_id, ()))
 
 
 def claim_latency(row: Doc) -> float | None:

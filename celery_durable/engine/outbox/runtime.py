@@ -27,6 +27,7 @@ from typing import Any
 from ...codecs import ValueCodec
 from ...errors import ConfigurationError, DurableTimeoutError, StoreError
 from ...retry import RetryPolicy
+from ..heartbeat import Heartbeat
 from .machine import OutboxEngine
 from .model import CANCELLED, FAILED, RETRY, SUCCEEDED, Claim
 
@@ -260,22 +261,24 @@ class EffectContext:
 
 
 class EffectKeeper:
-    """One heartbeat thread per process for every handler running in it."""
+    """The running handlers of this process; a beater of a :class:`~..heartbeat.Heartbeat` (the
+    engine's, shared with activity leases; or its own when built alone) that renews their leases,
+    notices cancellations every ``poll`` seconds and times them out at their deadline."""
 
-    def __init__(self, poll: float = 1.0) -> None:
+    def __init__(self, poll: float = 1.0, heartbeat: Heartbeat | None = None) -> None:
         self.poll = poll
         self._lock = threading.Lock()
         self._running: dict[int, EffectContext] = {}
-        self._thread: threading.Thread | None = None
-        self._wake = threading.Event()
+        self._last_beat = 0.0
+        self.heartbeat = heartbeat if heartbeat is not None else Heartbeat("celery-durable-effects")
+        self.heartbeat.add(self)
 
     def track(self, ctx: EffectContext) -> None:
         with self._lock:
+            if not self._running:
+                self._last_beat = time.monotonic()
             self._running[id(ctx)] = ctx
-            if self._thread is None or not self._thread.is_alive():  # none yet, or lost in a fork
-                self._thread = threading.Thread(target=self._run, name="celery-durable-effects", daemon=True)
-                self._thread.start()
-        self._wake.set()
+        self.heartbeat.wake()
 
     def untrack(self, ctx: EffectContext) -> None:
         with self._lock:
@@ -285,20 +288,21 @@ class EffectKeeper:
         with self._lock:
             return list(self._running.values())
 
-    def _run(self) -> None:
-        while True:
-            contexts = self.running()
-            wait = self.poll
-            now = time.monotonic()
-            for ctx in contexts:
-                if ctx.deadline is not None:
-                    wait = min(wait, max(0.0, ctx.deadline - now))
-            self._wake.wait(wait)
-            self._wake.clear()
-            self.beat()
+    def next_beat(self, now: float) -> float | None:
+        contexts = self.running()
+        if not contexts:
+            return None
+        at = self._last_beat + self.poll
+        for ctx in contexts:
+            # a handler already timed out is not waited for again (its interrupt is on its way):
+            # otherwise the deadline stays in the past and the heartbeat would spin
+            if ctx.deadline is not None and not ctx.timed_out:
+                at = min(at, ctx.deadline)
+        return at
 
     def beat(self) -> None:
         """Check every running handler once: timeout, cancellation, lease."""
+        self._last_beat = time.monotonic()
         for ctx in self.running():
             if ctx.deadline is not None and time.monotonic() >= ctx.deadline and not ctx.timed_out:
                 ctx.time_out()

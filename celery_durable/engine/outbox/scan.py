@@ -1,4 +1,4 @@
-"""The liveness scan beat runs (DESIGN.md §9): what keeps the outbox moving after failures.
+"""The liveness scan beat runs (docs/architecture.md §9): what keeps the outbox moving after failures.
 
 * ``outbox_admit`` due — an intent whose enqueuer crashed between its commit and the admission
   (a transactional enqueue, a workflow's ``emit``): admit it now (idempotent by effect id).
@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ...errors import ConflictError, StoreError
-from ...stores.base import Doc, Op
-from ..model import lease_live
+from ...stores.base import Doc, Op, Store
+from ..model import Clock, lease_live
 from .model import (
     CANCELLED,
     DUE_ADMIT,
@@ -34,15 +34,34 @@ from .model import (
     RUNNING,
     SUCCEEDED,
     TERMINAL,
+    Admitted,
     EffectRef,
+    EffectSender,
+    OutboxSettings,
     ScanReport,
     index_pk,
     row_id,
 )
 from .model import strip as _strip
 
-if TYPE_CHECKING:
-    from .machine import OutboxEngine
+
+class LaneOps(Protocol):
+    """What the scan needs of the outbox engine (``machine.OutboxEngine``): typed here so that
+    ``machine`` imports ``scan`` and never the other way round."""
+
+    store: Store
+    sender: EffectSender
+    settings: OutboxSettings
+    clock: Clock
+
+    def admit_intent(self, doc: Doc) -> Admitted | None: ...
+
+    def _head_due(self, head: Doc, now: float) -> None: ...
+
+    def _wake_first(self, head: Doc) -> None: ...
+
+    def _emit(self, event: str, **kwargs: Any) -> None: ...
+
 
 __all__ = ["Scanner"]
 
@@ -50,7 +69,7 @@ log = logging.getLogger("celery_durable.outbox")
 
 
 class Scanner:
-    def __init__(self, outbox: OutboxEngine) -> None:
+    def __init__(self, outbox: LaneOps) -> None:
         self.outbox = outbox
         self.store = outbox.store
         self.settings = outbox.settings

@@ -1,0 +1,85 @@
+"""What the engine's components see of the engine: typed ports, so none of them imports ``core``.
+
+``core.Engine`` builds the driver, the activity runner, links, recovery and leases and hands
+each of them itself; they only need the members below. Typing them against these protocols
+keeps the import graph one way (``core`` → components → ``parts``), with no circles
+(docs/architecture.md §3).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from ..observability import Counters
+    from ..settings import Settings
+    from ..stores.base import Doc, Store
+    from .cache import PartitionCache
+    from .dispatcher import Dispatcher, Send
+    from .model import Attempt, Clock
+    from .registry import Registry
+
+__all__ = ["EngineParts", "DriverPort", "LinksPort", "LeasesPort"]
+
+
+class DriverPort(Protocol):
+    def drive(
+        self, execution_id: str, carry: Sequence[Doc] = (), release: Sequence[int] = (), trust_cache: float = 0.0
+    ) -> str: ...
+
+    def fail_corrupt(self, execution_id: str, error: Exception) -> None: ...
+
+
+class LinksPort(Protocol):
+    def notify_parent(self, child_id: str) -> None: ...
+
+    def prune_run(self, execution_id: str, old_run: int) -> None: ...
+
+    def after_commit(self, execution_id: str, new_docs: list[Doc]) -> None: ...
+
+    def check_child(self, parent_id: str, marker: Doc) -> None: ...
+
+    def fence_children(self, parent: Doc, markers: list[Doc]) -> None: ...
+
+    def wake(self, execution_id: str) -> None: ...
+
+
+class LeasesPort(Protocol):
+    def track(self, attempt: Attempt) -> None: ...
+
+    def untrack(self, attempt: Attempt) -> None: ...
+
+
+class EngineParts(Protocol):
+    """The shared state and the collaborators of one engine."""
+
+    store: Store
+    dispatcher: Dispatcher
+    registry: Registry
+    settings: Settings
+    clock: Clock
+    cache: PartitionCache
+    counters: Counters
+    identity: Callable[[], str]
+
+    @property
+    def driver(self) -> DriverPort: ...
+
+    @property
+    def links(self) -> LinksPort: ...
+
+    @property
+    def leases(self) -> LeasesPort: ...
+
+    def emit(self, event: str, **kwargs: Any) -> None: ...
+
+    def dispatch(self, send: Send) -> None: ...
+
+    def cancel(self, execution_id: str) -> bool: ...
+
+    def create_execution(
+        self, workflow: str, payload: dict[str, Any], eid: str, parent: dict[str, Any] | None
+    ) -> bool: ...
+
+    def read_exec(self, execution_id: str) -> Doc: ...

@@ -1,0 +1,120 @@
+"""Replay: history in, commands out (docs/architecture.md §6).
+
+:func:`replay` re-runs a workflow function over an execution's recorded documents and returns
+what it decided: its status (suspended, completed, failed, cancelled, continued), the new step
+documents to record and the commands to carry out once they are committed (start activities,
+set timers, start or cancel children, admit effects). It does no I/O: it reads nothing but its
+arguments, writes nothing and sends nothing; the driver commits its documents in one batch and
+only then carries out its commands. Values handed to workflow code are fresh decoded copies, so
+the history it was given is unchanged by the call (``tests/engine/test_replay_pure.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import CorruptDocument, PayloadValidationError, WorkflowCancelledError
+from ..settings import Settings
+from ..stores.base import Doc
+from .context import ContinueAsNew, Fatal, Suspend, WorkflowContext
+from .dispatcher import AdmitRequest, CancelRequest, Send
+from .model import DUE_ACTIVITY, DUE_CHILD, DUE_CLOCK, error_info
+from .registry import Registry, WorkflowDef
+
+__all__ = ["Replay", "replay"]
+
+
+@dataclass
+class Replay:
+    """What one replay decided."""
+
+    kind: str  # completed | failed | cancelled | suspended | unknown | continued
+    value: Any = None
+    error: dict[str, Any] | None = None
+    #: step documents to record (markers, outcomes decided by the replay itself)
+    new_docs: list[Doc] = field(default_factory=list)
+    #: commands to carry out after the commit
+    sends: list[Send] = field(default_factory=list)
+    steps: int = 0
+    #: the new payload, for ``continued``
+    payload: dict[str, Any] | None = None
+
+
+#: due kinds of steps that only exist to produce an outcome for the running run
+_WORK_DUE = (DUE_ACTIVITY, DUE_CHILD, DUE_CLOCK)
+
+
+def _without_pending_work(new_docs: list[Doc], sends: list[Send]) -> tuple[list[Doc], list[Send]]:
+    """What a replay that ends ``failed`` or ``continued`` keeps of the steps it just took.
+
+    Nothing will ever wait for the activities, timers or children it started, so they are
+    neither sent nor recorded (a recorded child marker would be started later by recovery;
+    a retried execution records them afresh). Side effects, emits, outcomes and cancels of
+    children stay.
+    """
+    kept = [d for d in new_docs if d.get("due_kind") not in _WORK_DUE]
+    return kept, [s for s in sends if isinstance(s, CancelRequest | AdmitRequest)]
+
+
+def replay(
+    ex: Doc,
+    history: Mapping[str, Doc],
+    wf: WorkflowDef | None,
+    registry: Registry,
+    now: float,
+    settings: Settings,
+) -> Replay:
+    """Replay execution ``ex`` of workflow ``wf`` over ``history`` at time ``now``; pure."""
+    if wf is None:
+        return Replay("unknown")
+    ctx = WorkflowContext(
+        execution_id=ex["pk"],
+        workflow=wf.name,
+        history=dict(history),
+        now=now,
+        registry=registry,
+        cancel_requested=bool(ex.get("cancel_requested")),
+        activity_queue_timeout=settings.activity_queue_timeout,
+        admit_grace=settings.outbox_admit_grace,
+        run=int(ex.get("run") or 0),
+        signal_types=wf.signals,
+    )
+    try:
+        args, kwargs = wf.codec.decode_args(ex.get("payload") or {})
+    except (PayloadValidationError, TypeError, AttributeError) as exc:
+        err = CorruptDocument(f"stored payload of {ex['pk']!r} cannot be decoded: {exc}")
+        return Replay("failed", error=error_info(err))
+    kind, value, error, payload = "completed", None, None, None
+    with ctx:
+        try:
+            result = wf.fn(*args, **kwargs)
+        except Suspend:
+            kind = "suspended"
+        except ContinueAsNew as cont:
+            kind, payload = "continued", cont.payload
+        except Fatal as fatal:
+            kind, error = "failed", error_info(fatal.error)
+        except WorkflowCancelledError as exc:
+            kind, error = ("cancelled" if ctx.cancel_requested else "failed"), error_info(exc)
+        except Exception as exc:  # the workflow's own failure is its outcome
+            kind, error = "failed", error_info(exc)
+        else:
+            recorded = int(ex.get("steps") or 0)
+            if recorded > ctx.seq:
+                kind = "failed"
+                error = {
+                    "type": "NonDeterminismError",
+                    "message": f"workflow {wf.name!r} returned after {ctx.seq} steps but the history "
+                    f"has {recorded}: the code changed under a running execution",
+                }
+            else:
+                try:
+                    value = wf.codec.encode_result(result)
+                except PayloadValidationError as exc:
+                    kind, error = "failed", error_info(exc)
+    new_docs, sends = list(ctx.new_docs.values()), ctx.sends
+    if kind in ("failed", "continued"):
+        new_docs, sends = _without_pending_work(new_docs, sends)
+    return Replay(kind, value=value, error=error, new_docs=new_docs, sends=sends, steps=ctx.seq, payload=payload)
