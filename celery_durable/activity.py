@@ -22,6 +22,7 @@ from .codecs import codec_for
 from .engine.context import DurableFuture, current_context, require_context
 from .engine.registry import GLOBAL_ACTIVITIES, ActivityDef
 from .errors import NonRetryableError, StoreUnavailable
+from .extension import durable_of
 from .observability import span
 
 __all__ = ["durable_activity", "ActivityTask", "DurableActivityTask", "DURABLE_HEADER"]
@@ -56,16 +57,18 @@ class DurableActivityTask(Task):  # type: ignore[misc]
         """Celery's retry, but the step's lease is given back *before* the retry message is
         sent: otherwise the redelivery can arrive while the lease still looks held, and skip."""
         attempt = getattr(self.request, "durable_attempt", None)
-        if attempt is not None and not getattr(self.request, "durable_released", False):
-            max_retries = kwargs.get("max_retries", self.max_retries)
-            if max_retries is None or self.request.retries + 1 <= max_retries:  # a message will go
-                countdown = kwargs.get("countdown")
-                if countdown is None and kwargs.get("eta") is None:
-                    countdown = self.default_retry_delay
-                from .app import Durable
-
-                Durable.of(self.app).engine.activities.retrying(attempt, float(countdown or 0), kwargs.get("exc"))
-                self.request.durable_released = True
+        if attempt is not None:
+            if not getattr(self.request, "durable_released", False):
+                max_retries = kwargs.get("max_retries", self.max_retries)
+                if max_retries is None or self.request.retries + 1 <= max_retries:  # a message will go
+                    countdown = kwargs.get("countdown")
+                    if countdown is None and kwargs.get("eta") is None:
+                        countdown = self.default_retry_delay
+                    # never raises for the store: the retry below must be sent in any case
+                    durable_of(self.app).engine.activities.retrying(attempt, float(countdown or 0), kwargs.get("exc"))
+                    self.request.durable_released = True
+            # the retry may take over this attempt's lease if it could not be given back
+            kwargs["headers"] = _successor_headers(self.request, kwargs.get("headers"), attempt.holder)
         return super().retry(*args, **kwargs)
 
     def start(self, *args: Any, **kwargs: Any) -> DurableFuture[Any]:
@@ -80,6 +83,16 @@ def _step_header(request: Any) -> dict[str, Any] | None:
     if meta is None:
         meta = (getattr(request, "headers", None) or {}).get(DURABLE_HEADER)
     return meta if isinstance(meta, dict) else None
+
+
+def _successor_headers(request: Any, headers: dict[str, Any] | None, holder: str) -> dict[str, Any]:
+    """The retry message's headers: the step header names the attempt it succeeds (``h``)."""
+    out = dict(headers if headers is not None else (getattr(request, "headers", None) or {}))
+    meta = out.get(DURABLE_HEADER)
+    if not isinstance(meta, dict):
+        meta = _step_header(request) or {}
+    out[DURABLE_HEADER] = dict(meta, h=holder)
+    return out
 
 
 def _register(task_name: str, fn: Callable[..., Any]) -> ActivityDef:
@@ -106,15 +119,37 @@ def _countdown(exc: Retry) -> float:
     return float(when or 0.0)
 
 
-def _run_attempt(task: Task, meta: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    from .app import Durable
+#: retries granted to keep an unrecorded outcome through a store outage (backoff up to 60 s)
+OUTAGE_RETRIES = 50
 
-    durable = Durable.of(task.app)
+
+def _outage_retry(task: Task, exc: Exception, headers: dict[str, Any] | None = None) -> Any:
+    """Re-deliver this message later, whatever the task's own retry budget left.
+
+    (``max_retries=None`` would mean the task's default, 3, to Celery.)
+    """
+    n = int(task.request.retries or 0)
+    budget = (n if task.max_retries is None else int(task.max_retries)) + OUTAGE_RETRIES
+    options: dict[str, Any] = {"headers": headers} if headers is not None else {}
+    countdown = min(60.0, 2.0 * 2 ** min(n, 5))
+    return task.retry(countdown=countdown, max_retries=n + 1 if n < budget else n, exc=exc, **options)
+
+
+def _run_attempt(task: Task, meta: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    durable = durable_of(task.app)
     engine = durable.engine
     runner = engine.activities
     execution_id, seq, run = str(meta["e"]), int(meta["s"]), int(meta.get("r") or 0)
     outcome = meta.get("outcome")
-    attempt, why = runner.begin(execution_id, seq, run)
+    supersedes = meta.get("h")
+    try:
+        attempt, why = runner.begin(execution_id, seq, run, supersedes=str(supersedes) if supersedes else None)
+    except StoreUnavailable as exc:
+        if outcome is None:
+            raise  # the step stays due: the recovery scan re-sends it
+        # the outcome exists only in this message: keep it until the store answers again
+        log.warning("store unavailable recording %s step %d, will retry: %s", execution_id, seq, exc)
+        raise _outage_retry(task, exc) from exc
     if attempt is None:
         log.info("activity %s (%s step %d) not run: %s", task.name, execution_id, seq, why)
         return None
@@ -150,10 +185,12 @@ def _run_attempt(task: Task, meta: dict[str, Any], args: tuple[Any, ...], kwargs
         # Never lose a result to a store outage: re-deliver with the outcome attached, so the
         # next try records it without running the function again.
         log.warning("store unavailable recording %s step %d, will retry: %s", execution_id, seq, exc)
-        engine.leases.release(attempt)
+        engine.leases.release(attempt)  # may fail too: the retry then takes the lease over
+        task.request.durable_attempt = attempt
+        task.request.durable_released = True
         headers = dict(getattr(task.request, "headers", None) or {})
         headers[DURABLE_HEADER] = dict(meta, outcome=doc)
-        raise task.retry(countdown=2.0, max_retries=None, exc=exc, headers=headers) from exc
+        raise _outage_retry(task, exc, headers) from exc
     return None
 
 

@@ -85,8 +85,8 @@ class WorkflowHandle(Generic[R]):
         raise WorkflowFailedError(self.id, str(err.get("type", "Error")), str(err.get("message", "")))
 
     def signal(self, name: str, value: Any) -> bool:
-        """Send signal ``name``; validated against the declared type here. False when ignored
-        because a value (or the wait's timeout) was already recorded: first writer wins."""
+        """Send signal ``name``; validated against the declared type here and kept until a wait
+        consumes it (each wait takes the next value). False when the execution has ended."""
         return self._engine.signal(self.id, name, value)
 
     def cancel(self) -> bool:

@@ -96,10 +96,11 @@ def sleep_until(when: datetime) -> None:
 
 
 def wait_signal(name: str, type: Any = None, timeout: timedelta | float | None = None) -> Any:  # noqa: A002
-    """Wait for signal ``name`` and return its value, typed by ``type`` (or the type declared
-    with ``@durable.workflow(signals={...})``). A signal sent before the workflow got here is
-    kept and returned at once. With ``timeout``, raises :class:`DurableTimeoutError` if the
-    timer wins; signal and timer race and the first writer wins."""
+    """Wait for the next value of signal ``name`` and return it, typed by ``type`` (or the type
+    declared with ``@durable.workflow(signals={...})``). Each call consumes one value, oldest
+    first; a value sent before the workflow got here is kept and returned at once. With
+    ``timeout``, raises :class:`DurableTimeoutError` if this wait's timer fires before a value
+    was sent; the timeout ends only this wait (a later value goes to the next one)."""
     ctx = require_context("durable.wait_signal()")
     declared = type if type is not None else ctx.signal_types.get(name, Any)
     timeout_at = None if timeout is None else ctx.now + _seconds(timeout)

@@ -11,45 +11,36 @@ trips per activity on the common path: query, lease, commit.
 from __future__ import annotations
 
 import logging
-import threading
-from dataclasses import dataclass, field
+import uuid
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConflictError
+from ..errors import ConflictError, StoreError
 from ..stores.base import Doc, strip_reserved
-from .model import DUE_ACTIVITY, EXEC_ID, TERMINAL, error_info, lease_live, marker_id, result_id, worker_identity
+from .model import DUE_ACTIVITY, EXEC_ID, TERMINAL, Attempt, error_info, lease_live, marker_id, result_id
 
 if TYPE_CHECKING:
-    from .core import Engine
+    from .parts import EngineParts
 
 __all__ = ["Attempt", "ActivityRunner"]
 
 log = logging.getLogger("celery_durable.activity")
 
 
-@dataclass
-class Attempt:
-    """A running attempt that holds the step's lease (renewed by the heartbeat)."""
-
-    execution_id: str
-    seq: int
-    name: str
-    etag: str
-    holder: str
-    number: int
-    run: int = 0
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    lost: bool = False
-
-
 class ActivityRunner:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: EngineParts) -> None:
         self.engine = engine
 
-    def begin(self, execution_id: str, seq: int, run: int = 0) -> tuple[Attempt | None, str]:
-        """Take the step's lease; ``(None, reason)`` when this delivery must not run."""
+    def begin(
+        self, execution_id: str, seq: int, run: int = 0, supersedes: str | None = None
+    ) -> tuple[Attempt | None, str]:
+        """Take the step's lease; ``(None, reason)`` when this delivery must not run.
+
+        The lease names this *attempt*, not the process: a duplicate delivery to another thread
+        (or greenlet) of the same process must be refused too. ``supersedes`` is the holder of
+        the attempt whose retry this delivery is (it ended, maybe unable to give its lease back).
+        """
         eng = self.engine
-        me = worker_identity()
+        me = f"{eng.identity()}:{uuid.uuid4().hex[:12]}"
         for _ in range(5):
             docs = eng.cache.load(execution_id)
             ex = docs.get(EXEC_ID)
@@ -66,8 +57,8 @@ class ActivityRunner:
                 return None, "no such activity step"
             now = eng.clock.now()
             lease: dict[str, Any] = marker.get("lease") or {}
-            if lease_live(marker, now) and lease.get("holder") != me:
-                return None, f"another attempt is running ({lease['holder']})"
+            if lease_live(marker, now) and (supersedes is None or lease.get("holder") != supersedes):
+                return None, f"another attempt is running ({lease.get('holder')})"
             number = int(marker.get("attempts") or 0) + 1
             claimed = strip_reserved(marker)
             claimed.update(
@@ -80,6 +71,7 @@ class ActivityRunner:
             try:
                 etag = eng.store.replace(claimed, if_match=marker["_etag"])
             except ConflictError:
+                eng.cache.suspect(execution_id)  # changed, or deleted (purged)
                 continue
             eng.cache.put(execution_id, claimed | {"_etag": etag})
             attempt = Attempt(execution_id, seq, str(marker["name"]), etag, me, number, run)
@@ -125,24 +117,34 @@ class ActivityRunner:
         """The attempt failed and Celery will retry in ``countdown`` s: give the lease back.
 
         The step stays due a little after the retry is expected, so a lost retry message is
-        re-sent by the recovery scan rather than waiting forever.
+        re-sent by the recovery scan rather than waiting forever. Never raises for the store:
+        the retry must be sent whatever happens here (a lease not given back lapses, and the
+        retry may take over the lease of the attempt it ``supersedes``).
         """
         eng = self.engine
         eng.leases.untrack(attempt)
         now = eng.clock.now()
-        for _ in range(3):
-            marker = eng.store.read(attempt.execution_id, marker_id(attempt.seq, attempt.run))
-            if marker is None or (marker.get("lease") or {}).get("holder") != attempt.holder:
-                return
-            updated = strip_reserved(marker)
-            updated.update(
-                lease=None,
-                due_kind=DUE_ACTIVITY,
-                due_at=now + countdown + eng.settings.activity_queue_timeout,
-                last_error=error_info(exc, attempts=attempt.number) if exc is not None else None,
+        try:
+            for _ in range(3):
+                marker = eng.store.read(attempt.execution_id, marker_id(attempt.seq, attempt.run))
+                if marker is None or (marker.get("lease") or {}).get("holder") != attempt.holder:
+                    return
+                updated = strip_reserved(marker)
+                updated.update(
+                    lease=None,
+                    due_kind=DUE_ACTIVITY,
+                    due_at=now + countdown + eng.settings.activity_queue_timeout,
+                    last_error=error_info(exc, attempts=attempt.number) if exc is not None else None,
+                )
+                try:
+                    eng.store.replace(updated, if_match=marker["_etag"])
+                    return
+                except ConflictError:
+                    continue
+        except StoreError as err:
+            log.warning(
+                "could not give back the lease of %s step %d before its retry: %s",
+                attempt.execution_id,
+                attempt.seq,
+                err,
             )
-            try:
-                eng.store.replace(updated, if_match=marker["_etag"])
-                return
-            except ConflictError:
-                continue

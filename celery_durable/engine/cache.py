@@ -3,7 +3,10 @@
 Replay re-runs a workflow from the top, but the history it needs is fetched incrementally:
 ``query_partition(pk, since=cursor)`` returns only documents changed after the last read
 (backends may repeat a few; we merge by id). A 1,000-step workflow therefore costs O(n)
-documents transferred, not O(n²).
+documents transferred, not O(n²). Deletions are invisible to a delta read: the exec document's
+``incarnation`` (new per created id) and ``generation`` (bumped by whoever deletes or rewrites
+recorded documents) tell a cache its copy is of another life, and a conflicting write marks
+the copy suspect (the execution may be gone).
 """
 
 from __future__ import annotations
@@ -13,9 +16,26 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-from ..stores.base import Doc, Store
+from ..stores.base import Doc, Store, strip_reserved
+from .model import EXEC_ID
 
-__all__ = ["PartitionCache"]
+__all__ = ["PartitionCache", "bump_generation", "lineage"]
+
+
+def lineage(exec_doc: Doc | None) -> tuple[Any, Any] | None:
+    """Which life of an execution a cached copy belongs to: ``(incarnation, generation)``."""
+    if exec_doc is None:
+        return None
+    return exec_doc.get("incarnation"), exec_doc.get("generation") or 0
+
+
+def bump_generation(exec_doc: Doc) -> Doc:
+    """A copy of the exec document (to write back) telling every cache to read the partition afresh.
+
+    Whoever deletes or rewrites recorded documents of an execution writes this in the same
+    batch as the deletes (or before them).
+    """
+    return strip_reserved(exec_doc) | {"generation": int(exec_doc.get("generation") or 0) + 1}
 
 
 class PartitionCache:
@@ -25,26 +45,46 @@ class PartitionCache:
         self._lock = threading.Lock()
         # pk -> (cursor, docs, monotonic time of the read)
         self._entries: OrderedDict[str, tuple[Any, dict[str, Doc], float]] = OrderedDict()
+        self._suspect: set[str] = set()
 
     def load(self, pk: str) -> dict[str, Doc]:
-        """Every document of the partition, current as of this call (copy-on-write dict)."""
+        """Every document of the partition, current as of this call (copy-on-write dict).
+
+        A delta read cannot show deletions, so whoever deletes recorded documents bumps the
+        exec document's ``generation`` (a re-created id has a new ``incarnation``): when the
+        exec we end up with is not the one we cached, or there is none, we read everything.
+        """
         with self._lock:
             entry = self._entries.get(pk)
-        if entry is None:
-            read = self._store.query_partition(pk)
-            docs = {d["id"]: d for d in read.docs}
-        else:
+            suspect = pk in self._suspect
+            self._suspect.discard(pk)
+        docs: dict[str, Doc] | None = None
+        if entry is not None:
             cursor, cached, _ = entry
             read = self._store.query_partition(pk, since=cursor)
-            docs = dict(cached)
-            for d in read.docs:
-                docs[d["id"]] = d
+            fresh = {d["id"]: d for d in read.docs}
+            ex = fresh.get(EXEC_ID, cached.get(EXEC_ID))
+            same_life = ex is not None and lineage(ex) == lineage(cached.get(EXEC_ID))
+            # after a conflict, an exec document the delta does not show may be gone
+            if same_life and not (suspect and EXEC_ID not in fresh):
+                docs = dict(cached)
+                docs.update(fresh)
+        if docs is None:
+            read = self._store.query_partition(pk)
+            docs = {d["id"]: d for d in read.docs}
         with self._lock:
             self._entries[pk] = (read.cursor, docs, time.monotonic())
             self._entries.move_to_end(pk)
             while len(self._entries) > self._max:
                 self._entries.popitem(last=False)
         return docs
+
+    def suspect(self, pk: str) -> None:
+        """A write against the cached copy conflicted: unless the next delta read shows a new
+        exec document, it re-reads everything (the execution may have been deleted)."""
+        with self._lock:
+            if pk in self._entries:
+                self._suspect.add(pk)
 
     def peek(self, pk: str, max_age: float) -> dict[str, Doc] | None:
         """The cached partition if it was read less than ``max_age`` seconds ago, without a read.
@@ -54,6 +94,8 @@ class PartitionCache:
         """
         with self._lock:
             entry = self._entries.get(pk)
+            if pk in self._suspect:
+                return None
         if entry is None or time.monotonic() - entry[2] > max_age:
             return None
         return entry[1]
@@ -71,5 +113,7 @@ class PartitionCache:
         with self._lock:
             if pk is None:
                 self._entries.clear()
+                self._suspect.clear()
             else:
                 self._entries.pop(pk, None)
+                self._suspect.discard(pk)

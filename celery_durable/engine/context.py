@@ -1,4 +1,4 @@
-"""Replay: the workflow context and the futures durable calls return (DESIGN.md §6, §7).
+"""Replay: the workflow context and the futures durable calls return (docs/architecture.md §6, §7).
 
 A drive re-runs the workflow function from the top inside a :class:`WorkflowContext`. Each
 durable call takes the next sequence number and looks its step up in the history: a recorded
@@ -19,19 +19,23 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from ..codecs import CallCodec, ValueCodec
+from ..codecs import CallCodec, ValueCodec, fresh
 from ..errors import (
     ActivityError,
     ChildWorkflowError,
+    ConfigurationError,
     DurableTimeoutError,
     NonDeterminismError,
+    PayloadValidationError,
     WorkflowCancelledError,
 )
 from ..stores.base import Doc
-from .dispatcher import ActivityRequest, CancelRequest, ChildRequest, ClockRequest
-from .model import DUE_ACTIVITY, DUE_CHILD, DUE_CLOCK, marker_id, result_id, signal_id
-from .outbox.model import DUE_ADMIT, OutboxSettings, note_intent
+from .checks import pending_signal_values, signal_mark_id
+from .dispatcher import ActivityRequest, AdmitRequest, CancelRequest, ChildRequest, ClockRequest, Send
+from .model import DUE_ACTIVITY, DUE_CHILD, DUE_CLOCK, marker_id, result_id
+from .outbox.model import DUE_ADMIT
 from .outbox.runtime import effects_of
+from .schema import child_execution_id, signal_outcome_id, wait_decision_id
 
 if TYPE_CHECKING:
     from .registry import Registry, WorkflowDef
@@ -45,11 +49,11 @@ __all__ = [
     "current_context",
     "in_workflow",
     "require_context",
+    "child_execution_id",
 ]
 
 T = TypeVar("T")
 
-Send = ActivityRequest | ClockRequest | ChildRequest | CancelRequest
 
 _current: contextvars.ContextVar[WorkflowContext | None] = contextvars.ContextVar("celery_durable_ctx", default=None)
 
@@ -102,6 +106,8 @@ class WorkflowContext:
     registry: Registry
     cancel_requested: bool = False
     activity_queue_timeout: float = 300.0
+    #: an emitted effect's intent not admitted by its drive is admitted by the scan after this
+    admit_grace: float = 10.0
     run: int = 0
     signal_types: dict[str, Any] = field(default_factory=dict)
     seq: int = 0
@@ -154,10 +160,10 @@ class WorkflowContext:
         return doc
 
     def _outcome_id(self, seq: int) -> str:
-        """Where step ``seq``'s outcome lives: its result doc, or for a signal wait the signal."""
+        """Where step ``seq``'s outcome lives: its result doc, or for a signal wait its decision."""
         marker = self.doc(marker_id(seq, self.run))
         if marker is not None and marker.get("kind") == "signal":
-            return signal_id(str(marker["name"]), self.run)
+            return signal_outcome_id(marker, self.run)
         return result_id(seq, self.run)
 
     def suspend(self, pending: Iterable[int]) -> None:
@@ -188,11 +194,35 @@ class WorkflowContext:
             raise WorkflowCancelledError(f"workflow {self.execution_id!r} was cancelled")
         raise Suspend()
 
+    def settled(self, seq: int) -> bool:
+        """Whether step ``seq`` has an outcome in the history *as read by this replay*.
+
+        Not deterministic across replays: only for engine decisions that record nothing
+        (suspend or go on). Workflow code asks :meth:`DurableFuture.done`, which is recorded.
+        """
+        return self.doc(self._outcome_id(seq)) is not None
+
+    def future_done(self, seq: int, name: str) -> bool:
+        """Answer ``done()`` for step ``seq`` once and record the answer as a step of its own."""
+        step, marker = self._step("done", name)
+        if marker is None:
+            marker = self._marker(step, "done", name, of=seq, value=self.settled(seq))
+        elif marker.get("of") != seq:
+            raise Fatal(
+                NonDeterminismError(
+                    f"workflow {self.workflow!r} ({self.execution_id}) step {step}: the history asked whether "
+                    f"step {marker.get('of')} was done but the code now asks about step {seq}"
+                )
+            )
+        return bool(marker["value"])
+
     def _cancel_children(self) -> None:
         for doc in list(self.history.values()) + list(self.new_docs.values()):
             if doc.get("type") == "step" and doc.get("kind") == "child" and doc.get("run", 0) == self.run:
-                if self.doc(result_id(int(doc["seq"]), self.run)) is None:
-                    self.sends.append(CancelRequest(str(doc["child_id"])))
+                seq = int(doc["seq"])
+                if self.doc(result_id(seq, self.run)) is None:
+                    link = (self.execution_id, self.run, seq)
+                    self.sends.append(CancelRequest(str(doc["child_id"]), parent=link))
 
     def outcome(self, seq: int, name: str, codec: ValueCodec, kind: str = "activity") -> Any:
         """Return step ``seq``'s recorded value or raise its recorded error; suspend if none."""
@@ -243,8 +273,8 @@ class WorkflowContext:
                     execution_id=self.execution_id,
                     seq=seq,
                     name=name,
-                    args=payload["args"],
-                    kwargs=payload["kwargs"],
+                    args=fresh(payload["args"]),  # the message must not alias the recorded marker
+                    kwargs=fresh(payload["kwargs"]),
                     task_id=task_id,
                     workflow=self.workflow,
                     options=dict(options or {}),
@@ -258,7 +288,7 @@ class WorkflowContext:
         seq, marker = self._step(kind, kind)
         if marker is None:
             marker = self._marker(seq, kind, kind, value=produce())
-        return marker["value"]
+        return fresh(marker["value"])  # workflow code may mutate it; the record must not change
 
     def emit(self, effect_type: str, payload: Any, key: str | None, effect_id: str | None, delay: float) -> str:
         """Record an outbox effect as a step; it is admitted to the outbox after the commit.
@@ -283,15 +313,16 @@ class WorkflowContext:
                 "replay_safe": definition.replay_safe,
                 "max_attempts": definition.policy.maximum_attempts,
             }
-            due = created + OutboxSettings.admit_grace
+            due = created + self.admit_grace
             marker = self._marker(seq, "emit", effect_type, effect=effect, due_kind=DUE_ADMIT, due_at=due)
-            note_intent(self.execution_id, str(marker["id"]))
+            self.sends.append(AdmitRequest(self.execution_id, str(marker["id"])))
         return str(marker["effect"]["id"])
 
     def random(self) -> _random.Random:
         """A PRNG seeded once per execution from a recorded seed."""
         if self._rng is None:
-            self._rng = _random.Random(self.side_effect("seed", lambda: _uuid.uuid4().int & (2**63 - 1)))
+            # 53 bits: a JSON number every store (Cosmos: a double) gives back exactly
+            self._rng = _random.Random(self.side_effect("seed", lambda: _uuid.uuid4().int & (2**53 - 1)))
         return self._rng
 
     def sleep_until(self, fire_at: float) -> DurableFuture[None]:
@@ -303,24 +334,105 @@ class WorkflowContext:
         return DurableFuture(self, seq, "sleep", ValueCodec(Any), kind="sleep")
 
     def wait_signal(self, name: str, codec: ValueCodec, timeout_at: float | None) -> DurableFuture[Any]:
-        """Wait for signal ``name`` (delivered before or after this point); first value wins."""
+        """Wait for the next valid value of signal ``name`` (sent before or after this point).
+
+        Each wait is a step with its own decision ``w<run>:<seq>`` (the marker names it in
+        ``decision``), recorded by the replay that finds a value for it (see
+        :meth:`_decide_signal`) or its timeout: successive waits consume successive values.
+        """
+        if self.signal_types and name not in self.signal_types:
+            # every sender refuses an undeclared name: the wait could never end
+            raise Fatal(
+                ConfigurationError(
+                    f"workflow {self.workflow!r} waits for signal {name!r} but declares only "
+                    f"{sorted(self.signal_types)}: add it to signals={{...}}"
+                )
+            )
         seq, marker = self._step("signal", name)
+        new = marker is None
         if marker is None:
-            extra: dict[str, Any] = {}
-            if timeout_at is not None and self.doc(signal_id(name, self.run)) is None:
-                extra = {"fire_at": timeout_at, "due_kind": DUE_CLOCK, "due_at": timeout_at}
-                self.sends.append(ClockRequest(self.execution_id, seq, timeout_at, self.run))
-            self._marker(seq, "signal", name, **extra)
+            marker = self._marker(seq, "signal", name, decision=wait_decision_id(seq, self.run))
+        decided = self._decide_signal(seq, marker, codec)
+        if new and timeout_at is not None and not decided:
+            marker.update(fire_at=timeout_at, due_kind=DUE_CLOCK, due_at=timeout_at)
+            self.sends.append(ClockRequest(self.execution_id, seq, timeout_at, self.run))
         return DurableFuture(self, seq, name, codec, kind="signal")
+
+    def _decide_signal(self, seq: int, marker: Doc, codec: ValueCodec) -> bool:
+        """Decide signal wait ``seq`` if the history allows; return whether it is decided.
+
+        Values sent for the name and not yet settled (by this wait or an earlier one) are tried
+        oldest first against the wait's type: an invalid one is recorded as rejected
+        (``signal_rejected``) and skipped, the first valid one is consumed; the others stay for
+        the next waits (or the next run). If the wait's timer fired (``r:<seq>``), only values
+        sent before it compete; none valid means the timeout wins, and values sent after it stay.
+        All of it is recorded with the drive's commit, so the decision is made once: later
+        replays find it (:func:`.schema.signal_outcome_id`).
+        """
+        name = str(marker["name"])
+        oid = signal_outcome_id(marker, self.run)
+        if self.doc(oid) is not None:
+            return True
+        timer = self.doc(result_id(seq, self.run))
+        horizon = int(timer.get("signals_seen") or 0) if timer is not None and timer.get("timeout") else None
+        pending = [v for v in pending_signal_values(self.history, name) if self.doc(self._settle_id(v)) is None]
+        chosen: Doc | None = None
+        for value in pending:
+            if horizon is not None and int(value["n"]) > horizon:
+                break
+            try:
+                codec.decode(value.get("value"), f"signal {name!r}")
+            except PayloadValidationError as exc:
+                error = {"type": type(exc).__name__, "message": str(exc)}
+                self._settle(value, seq, "signal_rejected", value=value.get("value"), error=error)
+                continue
+            chosen = value
+            break
+        if chosen is None and horizon is None:
+            return False
+        decision: Doc = {"pk": self.execution_id, "id": oid, "type": "signal", "run": self.run, "seq": seq}
+        if chosen is not None:
+            self._settle(chosen, seq, "signal_consumed")
+            decision.update(name=name, ok=True, value=chosen.get("value"), value_id=chosen["id"])
+            decision.update(sent_at=chosen.get("sent_at"), received_at=self.now)
+        else:
+            decision.update(name=name, ok=False, timeout=True, fired_at=(timer or {}).get("fired_at"))
+        self.new_docs[oid] = decision
+        return True
+
+    @staticmethod
+    def _settle_id(value: Doc) -> str:
+        return signal_mark_id(int(value["n"]))
+
+    def _settle(self, sent: Doc, seq: int, kind: str, **extra: Any) -> None:
+        mark: Doc = {
+            "pk": self.execution_id,
+            "id": self._settle_id(sent),
+            "type": kind,
+            "name": sent["name"],
+            "value_id": sent["id"],
+            "run": self.run,
+            "seq": seq,
+            "at": self.now,
+        }
+        mark.update(extra)
+        self.new_docs[mark["id"]] = mark
 
     def start_child(
         self, definition: WorkflowDef, args: tuple[Any, ...], kwargs: dict[str, Any], child_id: str | None
     ) -> DurableFuture[Any]:
-        """Start a child workflow (idempotent by its derived id); return its future."""
+        """Start a child workflow (idempotent by its derived id); return its future.
+
+        An explicit ``child_id`` held by an execution that is not this step's child fails the
+        step (:class:`ChildWorkflowError`, ``ChildIdTaken``) when awaited; see ``Links.start_child``.
+        """
         seq, marker = self._step("child", definition.name)
         if marker is None:
+            # checked for new steps only: a recorded step keeps the id it was started with
+            if child_id is not None and (not isinstance(child_id, str) or not child_id.strip()):
+                raise ValueError(f"a child workflow id must be a non-empty string, got {child_id!r}")
             payload = definition.codec.encode_args(args, kwargs)
-            cid = child_id or f"{self.execution_id}-c{self.run or ''}{seq}"
+            cid = child_id or child_execution_id(self.execution_id, self.run, seq)
             self._marker(
                 seq,
                 "child",
@@ -330,7 +442,7 @@ class WorkflowContext:
                 due_kind=DUE_CHILD,
                 due_at=self.now + self.activity_queue_timeout,
             )
-            self.sends.append(ChildRequest(self.execution_id, seq, definition.name, payload, cid, self.run))
+            self.sends.append(ChildRequest(self.execution_id, seq, definition.name, fresh(payload), cid, self.run))
         return DurableFuture(self, seq, definition.name, definition.codec.result, kind="child")
 
     def start_signature(self, sig: Any) -> DurableFuture[Any]:
@@ -348,7 +460,7 @@ class WorkflowContext:
     def gather(self, items: Iterable[Any]) -> list[Any]:
         """Start all, wait for all; then return results in order or raise the first failure."""
         futures = [self.start_signature(item) for item in items]
-        pending = [f.seq for f in futures if not f.done()]
+        pending = [f.seq for f in futures if not self.settled(f.seq)]
         if pending:
             self.suspend(pending)
         return [f.result() for f in futures]
@@ -365,11 +477,18 @@ class DurableFuture(Generic[T]):
         self._codec = codec
 
     def done(self) -> bool:
-        return self._ctx.doc(self._ctx._outcome_id(self.seq)) is not None
+        """Whether the step has finished — a durable step itself, like ``durable.now()``.
+
+        The first answer is recorded and every replay returns it, so code branching on it takes
+        the same branch on replay even after the step finished in the meantime (answering from
+        the current history would change the path and fail the execution as non-deterministic).
+        Each call is a step: call it at the same points in the same order on every replay.
+        """
+        return self._ctx.future_done(self.seq, self.name)
 
     def result(self) -> T:
         value: T = self._ctx.outcome(self.seq, self.name, self._codec, self.kind)
         return value
 
     def __repr__(self) -> str:
-        return f"<DurableFuture step={self.seq} {self.kind} {self.name} done={self.done()}>"
+        return f"<DurableFuture step={self.seq} {self.kind} {self.name} done={self._ctx.settled(self.seq)}>"

@@ -1,19 +1,32 @@
-"""Timers, signals and child workflows: the engine operations behind DESIGN.md §7.
+"""Timers, signals and child workflows: the engine operations behind ``docs/architecture.md``.
 
-All three complete a step by *creating* its outcome document, create-only, and then driving
-the execution with it (the driver's carry). Several writers — the fast-path countdown, beat's
-clock scan (two beats by mistake), a signal racing its timeout — therefore converge on one
-outcome: the first writer wins and the others find it recorded.
+Timers and children complete a step by *creating* its outcome document, create-only, and then
+driving the execution with it (the driver's carry). Several writers (the fast-path countdown,
+beat's clock scan, two beats by mistake) therefore converge on one outcome: the first writer wins
+and the others find it recorded.
+
+Signals are values *sent* to an execution (``sgv:<n>``, recorded atomically with the exec) and
+*consumed* one by one by the replays of successive waits, each recording its own decision
+``w<run>:<seq>`` create-only; see :meth:`Links.signal`.
 """
 
 from __future__ import annotations
 
 import logging
+import uuid
 from typing import TYPE_CHECKING, Any
 
 from ..codecs import ValueCodec
-from ..errors import ConflictError
-from ..stores.base import Doc, strip_reserved
+from ..errors import ConflictError, CorruptDocument, DurableError, PayloadValidationError, UnknownWorkflowError
+from ..stores.base import Doc, Op, strip_reserved
+from .cache import bump_generation
+from .checks import (
+    SIGNAL_MARK_PREFIX,
+    check_doc,
+    check_exec,
+    check_partition,
+    signal_value_id,
+)
 from .dispatcher import ChildRequest
 from .model import (
     CANCELLED,
@@ -21,63 +34,95 @@ from .model import (
     DUE_CLOCK,
     DUE_EXEC,
     EXEC_ID,
+    RUNNING,
     TERMINAL,
     marker_id,
     parse_step_id,
     result_id,
     settled,
-    signal_id,
 )
+from .outbox.model import DUE_ADMIT
+from .schema import run_prefixes, signal_outcome_id
 
 if TYPE_CHECKING:
-    from .core import Engine
+    from .parts import EngineParts
+    from .registry import WorkflowDef
 
-__all__ = ["Links"]
+__all__ = ["Links", "declared_signals"]
 
 log = logging.getLogger("celery_durable.links")
 
 
+def declared_signals(ex: Doc, wf: WorkflowDef | None) -> list[str] | None:
+    """The signal names an execution accepts, or ``None`` for any name.
+
+    The starter records them in the exec document (``signals``); a workflow declaring none
+    accepts any name, typed by ``wait_signal(name, type)`` where it is consumed. An exec
+    written before names were recorded falls back to the local definition, if any.
+    """
+    if "signals" in ex:
+        names = ex.get("signals")
+        return list(names) if names else None
+    return sorted(wf.signals) if wf is not None and wf.signals else None
+
+
 class Links:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: EngineParts) -> None:
         self.engine = engine
 
     # --- timers ---------------------------------------------------------------------------
 
     def fire_clock(self, execution_id: str, seq: int, run: int = 0) -> str:
-        """Fire a due timer (a sleep, or a signal wait's timeout). Idempotent."""
+        """Fire a due timer (a sleep, or a signal wait's timeout). Idempotent.
+
+        A signal wait's timeout records the fact that the timer fired (``r:<seq>``, with the
+        number of signal values sent so far); the replay decides that wait (and only that one): a
+        valid value sent before the timer fired still wins, a later one is left for the next wait.
+        A clock whose step is no longer a timer (forgotten by an operator's retry or resume and
+        taken again by another step) fires nothing.
+        """
         eng = self.engine
         docs = eng.cache.load(execution_id)
+        check_partition(execution_id, docs)
         ex = docs.get(EXEC_ID)
         marker = docs.get(marker_id(seq, run))
         if ex is None or marker is None:
             return "missing"
         kind = marker.get("kind")
-        outcome_id = signal_id(str(marker["name"]), run) if kind == "signal" else result_id(seq, run)
-        if ex.get("status") in TERMINAL or outcome_id in docs or int(ex.get("run") or 0) != run:
+        if kind not in ("sleep", "signal") or marker.get("fire_at") is None:
+            return "missing"
+        done = result_id(seq, run) in docs or (kind == "signal" and signal_outcome_id(marker, run) in docs)
+        if ex.get("status") in TERMINAL or done or int(ex.get("run") or 0) != run:
             self._clear_due(marker)
             return "done"
         now = eng.clock.now()
         fire_at = float(marker.get("fire_at") or 0.0)
         if now < fire_at:
             return "early"
-        doc: Doc = {"pk": execution_id, "id": outcome_id, "run": run, "seq": seq, "fired_at": now}
+        doc: Doc = {"pk": execution_id, "id": result_id(seq, run), "type": "result", "run": run, "seq": seq}
         if kind == "signal":
-            doc.update(type="signal", name=marker["name"], ok=False, timeout=True)
+            signals_seen = int(ex.get("signal_seq") or 0)
+            doc.update(name=marker["name"], ok=False, timeout=True, signals_seen=signals_seen, fired_at=now)
         else:
-            doc.update(type="result", ok=True, value=None)
+            doc.update(ok=True, value=None, fired_at=now)
         eng.emit("timer_fired", execution_id=execution_id, seq=seq, lateness=now - fire_at)
         eng.driver.drive(execution_id, carry=[doc], release=[seq])
         return "fired"
 
     def fire_due_clocks(self, limit: int = 500) -> int:
-        """Beat's clock scan: fire everything due (including clocks whose fast path was lost)."""
+        """Beat's clock scan: fire everything due (including clocks whose fast path was lost).
+
+        One bad execution never stops the scan: a malformed document fails its own execution.
+        """
         fired = 0
         for ref in self.engine.store.scan_due(DUE_CLOCK, self.engine.clock.now(), limit):
-            run, seq = parse_step_id(ref.id)
             try:
+                run, seq = parse_step_id(ref.id)
                 if self.fire_clock(ref.pk, seq, run) == "fired":
                     fired += 1
-            except Exception:  # one bad execution must not stop the scan for the others
+            except CorruptDocument as exc:
+                self.engine.driver.fail_corrupt(ref.pk, exc)
+            except Exception:
                 log.exception("firing clock %s/%s failed", ref.pk, ref.id)
         return fired
 
@@ -96,45 +141,88 @@ class Links:
     # --- signals --------------------------------------------------------------------------
 
     def signal(self, execution_id: str, name: str, value: Any) -> bool:
-        """Deliver signal ``name``; False when a value (or its timeout) was already recorded.
+        """Send signal ``name``; True when the value is recorded, False when it is ignored.
 
-        The value is validated against the workflow's declared signal type here, in the
-        sender; a bad value raises and the workflow is untouched.
+        Every value is kept, in arrival order, and each ``wait_signal(name)`` consumes the next
+        *valid* one (a channel, like DBOS ``recv`` and Temporal signal handlers). Validation
+        happens where the value is consumed (the replay of the wait, against the wait's type): an
+        invalid value is recorded as rejected (``sgx:<n>``, type ``signal_rejected``, the
+        ``signal_rejected`` event fires) and the wait goes on, so a corrected value still gets
+        through. A sender that knows the workflow also validates here (bad value:
+        :class:`PayloadValidationError`). Names the workflow does not declare are refused
+        (:class:`PayloadValidationError`) by every sender: the exec lists them.
+
+        The value document is created in one batch with a bump of the exec, conditional on the
+        exec's etag, so it is either refused or recorded against the state it was checked with
+        (never for a run that has just been replaced by continue-as-new). Values are not bound to
+        a run: one sent for a name the current run never waits for is carried over to the next
+        run (continue-as-new), like Temporal's and DBOS's unconsumed signals. False means the
+        execution has ended (the ``signal_ignored`` event fires).
         """
         eng = self.engine
-        ex = eng.read_exec(execution_id)
-        wf = eng.registry.workflow(str(ex.get("workflow")))
-        declared = (wf.signals if wf is not None else {}).get(name, Any)
-        data = ValueCodec(declared).encode(value, f"signal {name!r}")
-        if ex.get("status") in TERMINAL:
-            log.warning("signal %r to %s ignored: the execution is %s", name, execution_id, ex["status"])
-            eng.emit("signal_ignored", execution_id=execution_id, name=name, reason=str(ex["status"]))
-            return False
-        run = int(ex.get("run") or 0)
-        doc: Doc = {
-            "pk": execution_id,
-            "id": signal_id(name, run),
-            "type": "signal",
-            "run": run,
-            "name": name,
-            "ok": True,
-            "value": data,
-            "sent_at": eng.clock.now(),
-        }
-        if eng.store.create(doc) is None:
-            log.warning("signal %r to %s ignored: a value was already recorded (first wins)", name, execution_id)
-            eng.emit("signal_ignored", execution_id=execution_id, name=name, reason="already recorded")
-            return False
-        eng.emit("signal_received", execution_id=execution_id, name=name)
-        self.wake(execution_id)
-        return True
+        for _ in range(100):
+            eng.read_exec(execution_id)  # a clear UnknownWorkflowError for a wrong id
+            docs = eng.cache.load(execution_id)  # one consistent snapshot, exec etag included
+            ex = check_exec(execution_id, docs.get(EXEC_ID))
+            if ex is None:
+                raise UnknownWorkflowError(f"no execution with id {execution_id!r}")
+            wf = eng.registry.workflow(str(ex["workflow"]))
+            names = declared_signals(ex, wf)
+            if names is not None and name not in names:
+                raise PayloadValidationError(
+                    f"workflow {ex['workflow']!r} declares no signal {name!r} (declared: {', '.join(names)})"
+                )
+            declared = wf.signals.get(name, Any) if wf is not None and name in wf.signals else None
+            codec = ValueCodec(Any if declared is None else declared)
+            data = codec.encode(value, f"signal {name!r}")
+            if ex.get("status") in TERMINAL:
+                return self._ignored(execution_id, name, str(ex["status"]))
+            run = int(ex.get("run") or 0)
+            n = int(ex.get("signal_seq") or 0) + 1
+            now = eng.clock.now()
+            doc: Doc = {
+                "pk": execution_id,
+                "id": signal_value_id(n),
+                "type": "signal_value",
+                "name": name,
+                "n": n,
+                "run": run,
+                "value": data,
+                "sent_at": now,
+            }
+            bumped = strip_reserved(ex) | {"signal_seq": n, "wakeups": int(ex.get("wakeups") or 0) + 1}
+            if not ex.get("due_kind"):  # a lost drive message is recovered
+                bumped.update(due_kind=DUE_EXEC, due_at=now + eng.settings.drive_timeout)
+            try:
+                eng.store.batch(execution_id, [Op.create(doc), Op.replace(bumped, if_match=ex["_etag"])])
+            except ConflictError:
+                continue  # the execution moved on (a drive, continue-as-new, another sender): look again
+            eng.emit("signal_received", execution_id=execution_id, name=name)
+            eng.dispatcher.send_drive(execution_id)
+            return True
+        raise DurableError(f"could not record signal {name!r} for {execution_id!r}: too much contention")
+
+    def _ignored(self, execution_id: str, name: str, reason: str) -> bool:
+        log.warning("signal %r to %s ignored: %s", name, execution_id, reason)
+        self.engine.emit("signal_ignored", execution_id=execution_id, name=name, reason=reason)
+        return False
+
+    def after_commit(self, execution_id: str, new_docs: list[Doc]) -> None:
+        """Events for signal values a committed replay rejected or ignored (once: create-only)."""
+        for doc in new_docs:
+            if doc.get("type") == "signal_rejected":
+                reason = str((doc.get("error") or {}).get("message", ""))
+                log.warning("signal %r to %s rejected: %s", doc["name"], execution_id, reason)
+                self.engine.emit("signal_rejected", execution_id=execution_id, name=doc["name"], reason=reason)
+            elif doc.get("type") == "signal_ignored":
+                self._ignored(execution_id, str(doc["name"]), str(doc.get("reason", "superseded")))
 
     def wake(self, execution_id: str) -> None:
         """Make sure a drive happens after now: bump the exec (so a running drive re-reads),
         keep it due (so a lost message is recovered), and send a drive."""
         eng = self.engine
         for _ in range(100):
-            ex = eng.store.read(execution_id, EXEC_ID)
+            ex = check_exec(execution_id, eng.store.read(execution_id, EXEC_ID))
             if ex is None or ex.get("status") in TERMINAL:
                 return
             bumped = strip_reserved(ex) | {"wakeups": int(ex.get("wakeups") or 0) + 1}
@@ -149,21 +237,170 @@ class Links:
 
     # --- children -------------------------------------------------------------------------
 
-    def start_child(self, req: ChildRequest) -> None:
-        """Create the child's execution (idempotent by its derived id) and drive it."""
+    def start_child(self, req: ChildRequest) -> bool:
+        """Create the child's execution (idempotent by its id); False when not wanted or taken.
+
+        A child is only created while its parent waits for it: never once the parent has ended,
+        continued as new, or recorded an outcome for the step (a cancel delivered before the child
+        existed). The parent is looked at again after a creation, so a cancel racing it still
+        reaches the child.
+
+        An existing execution under the id is joined only if it is this very step's child (an
+        earlier attempt's create, or its cancel's fence). Any other holder (a previous run's or an
+        earlier step's child, an unrelated execution: an explicit id can be squatted) fails the
+        step with ``ChildIdTaken`` rather than leave the parent waiting for a child it never gets.
+        """
         eng = self.engine
+        why = self._child_unwanted(req)
+        if why is not None:
+            log.warning("child %s of %s not started: %s", req.child_id, req.parent_id, why)
+            return False
         parent = {"pk": req.parent_id, "seq": req.seq, "run": req.run}
-        created = eng.create_execution(req.workflow, req.payload, req.child_id, parent)
-        if not created:
+        if not eng.create_execution(req.workflow, req.payload, req.child_id, parent):
             existing = eng.store.read(req.child_id, EXEC_ID)
-            if existing is not None and existing.get("parent") != parent:
-                log.error("child id %s is taken by an unrelated execution", req.child_id)
+            if existing is not None and not _is_child_of(existing, req.parent_id, req.run, req.seq):
+                self._refuse_taken(req, existing)
+                return False
+            # A fence of a cancel the parent has been resumed past (an operator's resume): start
+            # it, if the parent (read again: the fence may be this very race's) still waits.
+            fenced = existing is not None and _is_fence(existing)
+            if not fenced or self._child_unwanted(req, fenced) is not None or not self._revive(existing or {}):
+                return True
+        why = self._child_unwanted(req)
+        if why is not None:
+            log.warning("child %s of %s cancelled right after its start: %s", req.child_id, req.parent_id, why)
+            try:
+                eng.cancel(req.child_id)
+            except UnknownWorkflowError:
+                pass
+        return True
+
+    def _refuse_taken(self, req: ChildRequest, holder: Doc) -> None:
+        """Fail the parent's child step: its id is held by ``holder``, not this step's child.
+
+        Recorded create-only like a child's own outcome, so a retry (recovery after a lost first
+        attempt) converges on the same failure, and the parent raises ``ChildWorkflowError``.
+        """
+        eng = self.engine
+        message = f"child workflow id {req.child_id!r} is taken by {_describe_holder(holder)}"
+        log.error("child step %d of %s (run %d) failed: %s", req.seq, req.parent_id, req.run, message)
+        doc: Doc = {
+            "pk": req.parent_id,
+            "id": result_id(req.seq, req.run),
+            "type": "result",
+            "run": req.run,
+            "seq": req.seq,
+            "name": req.workflow,
+            "child_id": req.child_id,
+            "ok": False,
+            "value": None,
+            "error": {"type": "ChildIdTaken", "message": message},
+            "taken": True,
+            "completed_at": eng.clock.now(),
+        }
+        eng.driver.drive(req.parent_id, carry=[doc], release=[req.seq])
+
+    def cancel_child(self, child_id: str, link: tuple[str, int, int]) -> None:
+        """Cancel ``child_id`` if it is the child at ``link`` (parent id, run, step); an execution
+        that merely holds the id (a taken explicit id) is never cancelled by this parent."""
+        child = self.engine.store.read(child_id, EXEC_ID)
+        if child is None or not _is_child_of(child, *link):
+            return
+        try:
+            self.engine.cancel(child_id)
+        except UnknownWorkflowError:
+            pass
+
+    def _revive(self, fence: Doc) -> bool:
+        """Turn a fence into the running child it stood for (etag-guarded); False if it changed."""
+        eng = self.engine
+        now = eng.clock.now()
+        body = {k: v for k, v in strip_reserved(fence).items() if k != "fence"}
+        body.update(status=RUNNING, cancel_requested=False, error=None, completed_at=None, parent_notified=None)
+        body.update(
+            incarnation=uuid.uuid4().hex, updated_at=now, due_kind=DUE_EXEC, due_at=now + eng.settings.drive_timeout
+        )
+        try:
+            eng.store.replace(body, if_match=fence["_etag"])
+        except ConflictError:
+            return False
+        eng.cache.invalidate(str(fence["pk"]))
+        eng.emit("workflow_started", execution_id=fence["pk"], workflow=fence["workflow"])
+        eng.dispatcher.send_drive(str(fence["pk"]))
+        return True
+
+    def fence_children(self, parent: Doc, markers: list[Doc]) -> None:
+        """Before a drive commits the cancel of pending child steps: claim each child's id.
+
+        A child is created after its parent's commit, in another partition, by a creator that
+        checked the parent first; a cancel committed between that check and the create would
+        leave a live child of a cancelled parent (no transaction spans both partitions). So the
+        cancelling drive first creates, create-only, a *cancelled* exec under the child's id:
+        first writer wins, either the child exists (and the cancel sent after the commit
+        reaches it) or the late creator finds the id taken and creates nothing. Done before the
+        commit so the parent is still running whenever a child document appears; if the commit
+        then loses, the fence is still right: ``cancel_requested`` is never cleared, and a child
+        step's only other outcome comes from the (never started) child itself.
+        """
+        eng = self.engine
+        now = eng.clock.now()
+        for marker in markers:
+            name = str(marker["name"])
+            wf = eng.registry.workflow(name)
+            fence: Doc = {
+                "pk": str(marker["child_id"]),
+                "id": EXEC_ID,
+                "type": "exec",
+                "workflow": name,
+                "run": 0,
+                "incarnation": uuid.uuid4().hex,
+                "generation": 0,
+                "payload": marker.get("input") or {},
+                "parent": {"pk": parent["pk"], "seq": int(marker["seq"]), "run": int(parent.get("run") or 0)},
+                "signals": sorted(wf.signals) if wf is not None and wf.signals else None,
+                "status": CANCELLED,
+                "cancel_requested": True,
+                "result": None,
+                "error": {"type": "WorkflowCancelledError", "message": "the parent was cancelled before it started"},
+                "lease": None,
+                "wakeups": 0,
+                "drives": 0,
+                "steps": 0,
+                "created_at": now,
+                "updated_at": now,
+                "completed_at": now,
+                # not a child's outcome: the parent records its own cancelled outcome for the step
+                "fence": True,
+                "parent_notified": True,
+                "due_kind": None,
+                "due_at": None,
+            }
+            eng.store.create(fence)
+
+    def _child_unwanted(self, req: ChildRequest, fenced: bool = False) -> str | None:
+        """Why the parent no longer waits for this child (None: it does). A ``fenced`` child
+        (its id claimed by a cancel) is wanted again only once the cancel was withdrawn."""
+        docs = self.engine.cache.load(req.parent_id)
+        ex = check_exec(req.parent_id, docs.get(EXEC_ID))
+        if ex is None:
+            return "the parent does not exist"
+        if ex.get("status") in TERMINAL:
+            return f"the parent is {ex['status']}"
+        if fenced and ex.get("cancel_requested"):
+            return "the parent is being cancelled"
+        if int(ex.get("run") or 0) != req.run:
+            return "the parent continued as new"
+        outcome = docs.get(result_id(req.seq, req.run))
+        if outcome is not None and (outcome.get("child_id") != req.child_id or outcome.get("taken")):
+            why = " (cancelled)" if outcome.get("cancelled") else " (the id is taken)" if outcome.get("taken") else ""
+            return "the parent's step already has an outcome" + why
+        return None
 
     def notify_parent(self, child_id: str) -> None:
         """Record a finished child's outcome in its parent and drive the parent."""
         eng = self.engine
-        child = eng.store.read(child_id, EXEC_ID)
-        if child is None or child.get("status") not in TERMINAL or not child.get("parent"):
+        child = check_exec(child_id, eng.store.read(child_id, EXEC_ID))
+        if child is None or child.get("status") not in TERMINAL or not child.get("parent") or _is_fence(child):
             return
         link = child["parent"]
         seq, run = int(link["seq"]), int(link.get("run") or 0)
@@ -198,18 +435,39 @@ class Links:
 
     def check_child(self, parent_id: str, marker: Doc) -> None:
         """Recovery for a child step still pending after its deadline: start it if it never
-        was, tell the parent if it finished, otherwise look again later."""
+        was (and the parent still waits for it), tell the parent if it finished, otherwise look
+        again later. A step the parent no longer waits for leaves the scan."""
         eng = self.engine
+        check_doc(parent_id, marker)
         child_id = str(marker["child_id"])
-        child = eng.store.read(child_id, EXEC_ID)
-        if child is None:
-            run, seq = parse_step_id(marker["id"])
-            self.start_child(
-                ChildRequest(parent_id, seq, str(marker["name"]), dict(marker.get("input") or {}), child_id, run)
-            )
-        elif child.get("status") in TERMINAL:
-            self.notify_parent(child_id)
+        run, seq = parse_step_id(marker["id"])
+        req = ChildRequest(parent_id, seq, str(marker["name"]), dict(marker.get("input") or {}), child_id, run)
+        child = check_exec(child_id, eng.store.read(child_id, EXEC_ID))
+        if child is not None and not _is_child_of(child, parent_id, run, seq):
+            # the id is held by another execution: the step fails (never joined, never cancelled)
+            if self._child_unwanted(req) is None:
+                self._refuse_taken(req, child)
+            self._clear_due(marker)
             return
+        if child is not None and _is_fence(child) and self._child_unwanted(req, fenced=True) is None:
+            child = None  # the parent waits for it again (resumed by an operator): start it
+        if child is not None and child.get("status") in TERMINAL:
+            if _is_fence(child):
+                self.wake(parent_id)  # never a real outcome: the parent's cancel drive records the step's
+            else:
+                self.notify_parent(child_id)
+            self._clear_due(marker)
+            return
+        why = self._child_unwanted(req)
+        if why is not None:
+            parent = eng.store.read(parent_id, EXEC_ID) or {}
+            outcome = eng.store.read(parent_id, result_id(seq, run)) or {}
+            if child is not None and (parent.get("status") == CANCELLED or outcome.get("cancelled")):
+                eng.cancel(child_id)  # the parent's cancel message to it was lost
+            self._clear_due(marker)
+            return
+        if child is None:
+            self.start_child(req)
         pushed = strip_reserved(marker) | {"due_at": eng.clock.now() + eng.settings.activity_queue_timeout}
         try:
             eng.store.replace(pushed, if_match=marker["_etag"])
@@ -217,12 +475,62 @@ class Links:
             pass
 
     def prune_run(self, execution_id: str, old_run: int) -> None:
-        """After continue-as-new, delete the previous run's step documents (best effort)."""
+        """After continue-as-new, delete the previous run's step documents and the signal
+        values it settled (best effort). Unsettled values stay: the new run consumes them.
+
+        Each batch of deletes bumps the exec's ``generation``: a partition cache cannot see a
+        deletion, and one holding a value without its (deleted) mark would consume it again.
+        """
         eng = self.engine
-        prefixes = (f"s{old_run or ''}:", f"r{old_run or ''}:", f"sig{old_run or ''}:")
+        prefixes = run_prefixes(old_run)
         try:
+            doomed: list[str] = []
             for doc in eng.store.query_partition(execution_id).docs:
+                if doc.get("due_kind") == DUE_ADMIT:
+                    continue  # an emitted effect not admitted yet: beat's outbox scan still needs it
                 if doc["id"].startswith(prefixes):
-                    eng.store.delete(execution_id, doc["id"])
+                    doomed.append(doc["id"])
+                elif doc["id"].startswith(SIGNAL_MARK_PREFIX) and doc.get("run") == old_run:
+                    doomed += [str(doc["value_id"]), doc["id"]]  # the value first
+            while doomed:
+                chunk, rest = doomed[: eng.store.max_batch_ops - 1], doomed[eng.store.max_batch_ops - 1 :]
+                ex = eng.store.read(execution_id, EXEC_ID)
+                if ex is None:
+                    return
+                ops = [Op.replace(bump_generation(ex), if_match=ex["_etag"])] + [Op.delete(i) for i in chunk]
+                try:
+                    eng.store.batch(execution_id, ops)
+                except ConflictError:
+                    # the exec moved on (or a document is already gone): look again
+                    present = {d["id"] for d in eng.store.query_partition(execution_id).docs}
+                    doomed = [i for i in doomed if i in present]
+                    continue
+                doomed = rest
         except Exception:  # leftovers are harmless: ids of an old run are never read again
             log.warning("pruning run %d of %s failed", old_run, execution_id, exc_info=True)
+
+
+def _is_child_of(child: Doc, parent_id: str, run: int, seq: int) -> bool:
+    """Whether ``child`` was created (or fenced) for step ``seq`` of run ``run`` of ``parent_id``."""
+    link = child.get("parent")
+    if not isinstance(link, dict):
+        return False
+    try:
+        return link.get("pk") == parent_id and int(link.get("run") or 0) == run and int(link["seq"]) == seq
+    except (KeyError, TypeError, ValueError):
+        return False
+
+
+def _describe_holder(ex: Doc) -> str:
+    what = f"an execution of {ex.get('workflow')!r} ({ex.get('status')})"
+    link = ex.get("parent")
+    if isinstance(link, dict) and link.get("pk"):
+        return f"{what} that is the child of {link['pk']!r} (run {link.get('run') or 0}, step {link.get('seq')})"
+    return f"{what} that has no parent"
+
+
+def _is_fence(child: Doc) -> bool:
+    """A child id claimed by its parent's cancel (``Links.fence_children``) and never run. Once an
+    operator resumes it (resuming the parent resumes its cancelled children) it is driven and
+    is a real child whose outcome its parent is told."""
+    return bool(child.get("fence")) and not child.get("drives")

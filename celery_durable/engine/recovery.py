@@ -1,4 +1,4 @@
-"""Recovery scans run by beat (DESIGN.md §8): cost grows with what is due, not with history.
+"""Recovery scans run by beat (docs/architecture.md): cost grows with what is due, not with history.
 
 * ``exec`` due — an execution that needed a drive and got none (lost message, dead driver,
   lapsed exec lease, workflow unknown here until a deploy): send a drive.
@@ -13,11 +13,13 @@ beats by mistake send at most one message per item and interval.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from ..errors import ConflictError, CorruptDocument, StoreError
-from ..stores.base import strip_reserved
+from ..errors import ConflictError, CorruptDocument
+from ..stores.base import DueRef, strip_reserved
+from .checks import MalformedDocument, check_doc, check_exec, check_partition
 from .dispatcher import ActivityRequest
 from .model import (
     DUE_ACTIVITY,
@@ -34,7 +36,7 @@ from .model import (
 )
 
 if TYPE_CHECKING:
-    from .core import Engine
+    from .parts import EngineParts
 
 __all__ = ["Recovery", "ScanReport"]
 
@@ -51,41 +53,40 @@ class ScanReport:
 
 
 class Recovery:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: EngineParts) -> None:
         self.engine = engine
 
     def scan(self, limit: int = 500) -> ScanReport:
+        """One pass over everything due. One bad execution never stops it: a malformed document
+        fails its own execution (``Driver.fail_corrupt``), any other error is counted and logged."""
         report = ScanReport()
         now = self.engine.clock.now()
         for ref in self.engine.store.scan_due(DUE_EXEC, now, limit):
-            self._guard(report, self._exec_due, ref.pk, now, report)
+            self._guard(report, ref, self._exec_due, ref.pk, now, report)
         for ref in self.engine.store.scan_due(DUE_ACTIVITY, now, limit):
-            run, seq = parse_step_id(ref.id)
-            self._guard(report, self._activity_due, ref.pk, seq, run, now, report)
+            self._guard(report, ref, self._activity_due, ref.pk, ref.id, now, report)
         for ref in self.engine.store.scan_due(DUE_CHILD, now, limit):
-            self._guard(report, self._child_due, ref.pk, ref.id)
+            self._guard(report, ref, self._child_due, ref.pk, ref.id)
         return report
 
     def _child_due(self, pk: str, marker_id_: str) -> None:
         marker = self.engine.store.read(pk, marker_id_)
         if marker is not None and marker.get("due_kind") == DUE_CHILD:
-            self.engine.links.check_child(pk, marker)
+            self.engine.links.check_child(pk, check_doc(pk, marker))
 
-    def _guard(self, report: ScanReport, fn: object, *args: object) -> None:
-        # One bad execution (corrupt document, a conflict storm) must not stop the scan
-        # for everyone else.
+    def _guard(self, report: ScanReport, ref: DueRef, fn: Callable[..., None], *args: Any) -> None:
         try:
-            fn(*args)  # type: ignore[operator]
+            fn(*args)
         except CorruptDocument as exc:
             report.errors += 1
-            self.engine.driver.fail_corrupt(str(args[0]), exc)
-        except (StoreError, KeyError, TypeError, ValueError) as exc:
+            self.engine.driver.fail_corrupt(ref.pk, exc)
+        except Exception as exc:  # a store outage, a conflict storm, a foreign document: go on
             report.errors += 1
-            log.exception("recovery of %s failed: %s", args[0], exc)
+            log.exception("recovery of %s/%s failed: %s", ref.pk, ref.id, exc)
 
     def _exec_due(self, pk: str, now: float, report: ScanReport) -> None:
         eng = self.engine
-        ex = eng.store.read(pk, EXEC_ID)
+        ex = check_exec(pk, eng.store.read(pk, EXEC_ID))
         if ex is None:
             return
         if ex.get("status") in TERMINAL and ex.get("parent") and not ex.get("parent_notified"):
@@ -109,18 +110,20 @@ class Recovery:
         eng.dispatcher.send_drive(pk)
         report.redriven += 1
 
-    def _activity_due(self, pk: str, seq: int, run: int, now: float, report: ScanReport) -> None:
+    def _activity_due(self, pk: str, doc_id: str, now: float, report: ScanReport) -> None:
         eng = self.engine
+        run, seq = parse_step_id(doc_id)
         docs = eng.cache.load(pk)
+        check_partition(pk, docs)
         marker = docs.get(marker_id(seq, run))
         ex = docs.get(EXEC_ID)
         if marker is None:
             return
-        if marker.get("kind") != "activity" or "input" not in marker:
-            raise CorruptDocument(f"{pk}/{marker_id(seq, run)} is not an activity step")
         done = (
             result_id(seq, run) in docs or ex is None or ex.get("status") in TERMINAL or int(ex.get("run") or 0) != run
         )
+        if not done and marker.get("kind") != "activity":
+            raise MalformedDocument(pk, marker_id(seq, run), f"a {marker.get('kind')} step is due as an activity")
         if done:
             try:
                 eng.store.replace(settled(marker), marker["_etag"])

@@ -17,6 +17,7 @@ activity_failed          execution_id, seq, activity, attempts (after the last r
 timer_fired              execution_id, seq, lateness (seconds)
 signal_received          execution_id, name
 signal_ignored           execution_id, name, reason
+signal_rejected          execution_id, name, reason (the value did not match the wait's type)
 lease_lost               execution_id, seq
 recovery_redrive         execution_id
 recovery_resend          execution_id, seq, activity
@@ -48,6 +49,7 @@ __all__ = [
     "timer_fired",
     "signal_received",
     "signal_ignored",
+    "signal_rejected",
     "lease_lost",
     "recovery_redrive",
     "recovery_resend",
@@ -72,6 +74,7 @@ workflow_continued = Signal(name="workflow_continued", providing_args={"executio
 timer_fired = Signal(name="timer_fired", providing_args={"execution_id", "seq", "lateness"})
 signal_received = Signal(name="signal_received", providing_args={"execution_id", "name"})
 signal_ignored = Signal(name="signal_ignored", providing_args={"execution_id", "name", "reason"})
+signal_rejected = Signal(name="signal_rejected", providing_args={"execution_id", "name", "reason"})
 lease_lost = Signal(name="lease_lost", providing_args={"execution_id", "seq"})
 recovery_redrive = Signal(name="recovery_redrive", providing_args={"execution_id"})
 recovery_resend = Signal(name="recovery_resend", providing_args={"execution_id", "seq", "activity"})
@@ -97,6 +100,7 @@ EVENT_SIGNALS: dict[str, Signal] = {
     "timer_fired": timer_fired,
     "signal_received": signal_received,
     "signal_ignored": signal_ignored,
+    "signal_rejected": signal_rejected,
     "lease_lost": lease_lost,
     "recovery_redrive": recovery_redrive,
     "recovery_resend": recovery_resend,

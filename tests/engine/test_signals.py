@@ -65,13 +65,13 @@ def test_signals_fire_with_documented_arguments() -> None:
         h = env.start(flow)
         env.skip_to_next_timer()
         assert env.engine.signal(h.id, "go", 7) is True
-        assert env.engine.signal(h.id, "go", 8) is False  # first value wins
         assert env.result(h) == 7
+        assert env.engine.signal(h.id, "go", 8) is False  # the execution has ended
     finally:
         for n, fn in handlers.items():
             getattr(sig, n).disconnect(fn)
     kinds = [s[0] for s in seen]
-    assert kinds[0] == "workflow_started" and kinds[-1] == "workflow_completed"
+    assert kinds[0] == "workflow_started" and kinds[-2:] == ["workflow_completed", "signal_ignored"]
     started = seen[0]
     assert started[1] == "sig.flow" and started[2] == {"execution_id": h.id, "workflow": "sig.flow"}
     fired = next(s for s in seen if s[0] == "timer_fired")
@@ -79,6 +79,6 @@ def test_signals_fire_with_documented_arguments() -> None:
     failed = next(s for s in seen if s[0] == "activity_failed")
     assert failed[1] == "sig.bad" and failed[2]["attempts"] == 1
     ignored = next(s for s in seen if s[0] == "signal_ignored")
-    assert ignored[2]["name"] == "go" and ignored[2]["reason"] == "already recorded"
+    assert ignored[2]["name"] == "go" and ignored[2]["reason"] == "completed"
     counts = env.engine.counters.snapshot()
     assert counts["workflow_completed"] == 1 and counts["activity_completed"] == 1 and counts["activity_failed"] == 1

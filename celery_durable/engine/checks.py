@@ -1,0 +1,226 @@
+"""Shape checks of an execution's stored documents: where a malformed document is caught.
+
+The engine reads fields of its documents in many places (drive, scans, links). A document with a
+field of the wrong type (a manual edit, a foreign tool, an old bug) would otherwise raise an
+arbitrary ``AttributeError``/``TypeError`` deep inside, escaping the guards. Every path that
+reads documents checks them here first, so such a document becomes a :class:`MalformedDocument`
+naming it, and only its own execution is failed (``Driver.fail_corrupt``); scans go on.
+
+Only documents the engine owns are checked (by id); unknown ids in a partition are ignored.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any
+
+from ..errors import CorruptDocument
+from ..stores.base import Doc
+from .schema import (
+    EXEC_ID,
+    SIGNAL_MARK_PREFIX,
+    SIGNAL_VALUE_PREFIX,
+    TERMINAL,
+    Status,
+    is_step_id,
+    signal_mark_id,
+    signal_value_id,
+)
+
+__all__ = [
+    "MalformedDocument",
+    "check_doc",
+    "check_exec",
+    "check_partition",
+    "SIGNAL_VALUE_PREFIX",
+    "SIGNAL_MARK_PREFIX",
+    "signal_value_id",
+    "signal_mark_id",
+    "pending_signal_values",
+]
+
+
+def pending_signal_values(docs: Mapping[str, Doc], name: str) -> list[Doc]:
+    """Values sent for ``name`` and not yet settled (consumed, rejected or ignored), oldest first."""
+    values = [
+        d
+        for d in docs.values()
+        if d["id"].startswith(SIGNAL_VALUE_PREFIX)
+        and d.get("name") == name
+        and SIGNAL_MARK_PREFIX + d["id"][len(SIGNAL_VALUE_PREFIX) :] not in docs
+    ]
+    return sorted(values, key=lambda d: int(d["n"]))
+
+
+class MalformedDocument(CorruptDocument):
+    """A stored document has a field of the wrong type; ``pk``/``doc_id`` name it."""
+
+    def __init__(self, pk: str, doc_id: str, problem: str) -> None:
+        super().__init__(f"document {doc_id!r} of execution {pk!r} is malformed: {problem}")
+        self.pk = pk
+        self.doc_id = doc_id
+
+
+_NUMBER = (int, float)
+_STATUSES = frozenset(s.value for s in Status)
+
+
+def _field(doc: Mapping[str, Any], key: str, types: type | tuple[type, ...], required: bool = False) -> Any:
+    value = doc.get(key)
+    if value is None:
+        if required:
+            raise ValueError(f"{key!r} is missing")
+        return None
+    # bool is an int in Python, never a count or a time in our documents
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in _as_tuple(types)):
+        raise ValueError(f"{key!r} is {type(value).__name__} {value!r:.40}, not {_names(types)}")
+    return value
+
+
+def _as_tuple(types: type | tuple[type, ...]) -> tuple[type, ...]:
+    return types if isinstance(types, tuple) else (types,)
+
+
+def _names(types: type | tuple[type, ...]) -> str:
+    return "/".join(t.__name__ for t in _as_tuple(types))
+
+
+def _exec(doc: Doc) -> None:
+    _field(doc, "workflow", str, required=True)
+    if doc.get("status") not in _STATUSES:
+        raise ValueError(f"'status' is {doc.get('status')!r:.40}, not one of {sorted(_STATUSES)}")
+    for key in ("run", "steps", "wakeups", "drives", "continued", "signal_seq"):
+        _field(doc, key, int)
+    _field(doc, "payload", dict)
+    _field(doc, "cancel_requested", bool)
+    lease = _field(doc, "lease", dict)
+    if lease is not None:
+        _field(lease, "holder", str)
+        _field(lease, "expires", _NUMBER)
+    parent = _field(doc, "parent", dict)
+    if parent is not None:
+        _field(parent, "pk", str, required=True)
+        _field(parent, "seq", int, required=True)
+        _field(parent, "run", int)
+    signals = _field(doc, "signals", list)
+    if signals is not None and not all(isinstance(s, str) for s in signals):
+        raise ValueError("'signals' must be a list of names")
+
+
+def _step(doc: Doc) -> None:
+    kind = _field(doc, "kind", str, required=True)
+    _field(doc, "name", str, required=True)
+    _field(doc, "seq", int, required=True)
+    for key in ("run", "attempts", "lost"):
+        _field(doc, key, int)
+    lease = _field(doc, "lease", dict)
+    if lease is not None:
+        _field(lease, "expires", _NUMBER)
+    if kind == "activity":
+        payload = _field(doc, "input", dict, required=True)
+        _field(payload, "args", list)
+        _field(payload, "kwargs", dict)
+        _field(doc, "task_id", str)
+    elif kind == "child":
+        _field(doc, "child_id", str, required=True)
+        _field(doc, "input", dict)
+    elif kind == "sleep":
+        _field(doc, "fire_at", _NUMBER, required=True)
+    elif kind == "signal":
+        _field(doc, "fire_at", _NUMBER)
+    elif kind == "emit":
+        _field(doc, "effect", dict, required=True)
+
+
+def _outcome(doc: Doc) -> None:
+    for key in ("ok", "cancelled", "timeout"):
+        _field(doc, key, bool)
+    _field(doc, "error", dict)
+    _field(doc, "signals_seen", int)
+
+
+def _signal(doc: Doc) -> None:
+    _field(doc, "name", str)  # a cancel recorded as the wait's outcome has none
+    _outcome(doc)
+
+
+def _signal_value(doc: Doc) -> None:
+    _field(doc, "name", str, required=True)
+    _field(doc, "n", int, required=True)
+
+
+def _signal_mark(doc: Doc) -> None:
+    _field(doc, "name", str, required=True)
+    _field(doc, "value_id", str, required=True)
+    _field(doc, "run", int)
+
+
+def _checker(doc_id: str) -> Any:
+    if doc_id == EXEC_ID:
+        return _exec
+    head = doc_id.partition(":")[0]
+    if head.startswith("sig") and (head == "sig" or head[3:].isdigit()):
+        return _signal
+    if doc_id.startswith(SIGNAL_VALUE_PREFIX):
+        return _signal_value
+    if doc_id.startswith(SIGNAL_MARK_PREFIX):
+        return _signal_mark
+    if is_step_id(doc_id):
+        return _step
+    if head[:1] == "r" and (head == "r" or head[1:].isdigit()):
+        return _outcome
+    if head[:1] == "w" and (head == "w" or head[1:].isdigit()):
+        return _signal  # a wait's decision, or a cancel recorded as its outcome
+    return None
+
+
+def check_doc(pk: str, doc: Any) -> Doc:
+    """Return ``doc`` if its shape is what the engine expects of its id; else raise."""
+    if not isinstance(doc, dict):
+        raise MalformedDocument(pk, "?", f"not a JSON object but {type(doc).__name__}")
+    doc_id = str(doc.get("id"))
+    check = _checker(doc_id)
+    if check is not None:
+        try:
+            check(doc)
+        except ValueError as exc:
+            raise MalformedDocument(pk, doc_id, str(exc)) from None
+    return doc
+
+
+def check_exec(pk: str, doc: Doc | None) -> Doc | None:
+    """Check an exec document read on its own (``None`` passes: the execution does not exist)."""
+    return None if doc is None else check_doc(pk, doc)
+
+
+#: pk -> {doc id: the document object last found well-formed}. Partition caches hand out the
+#: same objects until a document changes, so a drive checks only what is new (an identity test
+#: per document, not a re-check of a long history); holding the objects rules out id() reuse.
+_checked: OrderedDict[str, dict[str, Doc]] = OrderedDict()
+_checked_lock = threading.Lock()
+_CHECKED_PARTITIONS = 256
+
+
+def check_partition(pk: str, docs: Mapping[str, Doc]) -> None:
+    """Check every engine document of a partition a drive or a scan is about to use.
+
+    A finished execution's step documents are never read again, so only its exec is checked.
+    """
+    ex = docs.get(EXEC_ID)
+    if ex is not None:
+        check_doc(pk, ex)
+        if ex.get("status") in TERMINAL:
+            return
+    with _checked_lock:
+        seen = _checked.pop(pk, None) or {}
+    fresh: dict[str, Doc] = {}
+    for doc_id, doc in docs.items():
+        if seen.get(doc_id) is not doc:
+            check_doc(pk, doc)
+        fresh[doc_id] = doc
+    with _checked_lock:
+        _checked[pk] = fresh
+        while len(_checked) > _CHECKED_PARTITIONS:
+            _checked.popitem(last=False)
