@@ -1,178 +1,162 @@
 """``celery -A proj durable …``: list, show, signal, cancel, resume, retry and purge executions.
 
 Registered through the ``celery.commands`` entry point, so it runs with the app, config and
-store of the project, like ``celery inspect``. Tables by default, ``--json`` for scripts;
-destructive commands ask for confirmation unless ``--yes``.
+store of the project, like ``celery inspect``. A thin layer over the read model and operations
+of :mod:`celery_durable.engine.admin`: it parses and validates input (bad input exits 2),
+formats tables (``--json`` for scripts) and asks for confirmation of destructive commands unless
+``--yes``. Errors of the library (configuration, store, refused operations) are one line and
+exit 1; a document that cannot be decoded is flagged in the output, never fatal.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
-import time
+import sys
 from datetime import UTC, datetime
 from typing import Any
 
 import click
 
 from .app import Durable
-from .engine.dispatcher import ActivityRequest
-from .engine.model import EXEC_ID, FAILED, RUNNING, TERMINAL
+from .engine.admin import ExecutionDetail, ExecutionSummary, PurgeReport, StepRecord
+from .engine.schema import Status
 from .errors import DurableError, PayloadValidationError, UnknownWorkflowError
+from .stores.base import MAX_PAGE_SIZE
 
-__all__ = ["durable"]
+__all__ = ["durable", "parse_age"]
 
 _AGE = re.compile(r"^(\d+(?:\.\d+)?)([smhdw]?)$")
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_STATUSES = [str(s) for s in Status]
 
 
 def parse_age(text: str) -> float:
-    """``90s``, ``15m``, ``2h``, ``7d``, ``1w`` → seconds."""
+    """``90s``, ``15m``, ``2h``, ``7d``, ``1w`` (or plain seconds) → seconds."""
     m = _AGE.match(text.strip())
     if not m:
-        raise click.BadParameter(f"{text!r} is not an age like 30s, 15m, 2h, 7d")
+        raise click.BadParameter(f"{text!r} is not an age like 30s, 15m, 2h, 7d or 1w")
     return float(m.group(1)) * _UNITS[m.group(2)]
 
 
+def _age_option(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
+    return None if value is None else parse_age(value)
+
+
 def _ts(value: Any) -> str:
-    if not value:
+    if not isinstance(value, int | float) or not value:
         return "-"
     return datetime.fromtimestamp(float(value), tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _table(rows: list[list[str]], headers: list[str]) -> str:
-    widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows, strict=False)]
-    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=False))
-    out = [line, "  ".join("-" * w for w in widths)]
-    out += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=False)) for r in rows]
+def _cell(value: Any) -> str:
+    """One table cell: control characters (a newline in an id…) escaped so rows stay rows."""
+    text = "-" if value is None else str(value)
+    return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def _table(rows: list[list[Any]], headers: list[str]) -> str:
+    cells = [[_cell(c) for c in r] for r in rows]
+    widths = [max(len(c) for c in col) for col in zip(headers, *cells, strict=False)]
+    out = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=False)).rstrip()]
+    out.append("  ".join("-" * w for w in widths))
+    out += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)).rstrip() for r in cells]
     return "\n".join(out)
 
 
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
+
+
+class _Group(click.Group):
+    """Library errors leave as one line and exit 1 (no traceback), whatever the command."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except UnknownWorkflowError as exc:
+            raise click.ClickException(str(exc)) from exc
+        except DurableError as exc:
+            raise click.ClickException(f"{type(exc).__name__}: {exc}") from exc
+
+
 def _durable(ctx: click.Context) -> Durable:
-    app = ctx.obj.app if ctx.obj is not None and hasattr(ctx.obj, "app") else None
+    root = ctx.find_root()
+    app = getattr(root.obj, "app", None) if root.obj is not None else None
     if app is None:
         raise click.ClickException("no Celery app: run it as `celery -A proj durable …`")
-    try:
-        return Durable.of(app)
-    except DurableError as exc:
-        raise click.ClickException(str(exc)) from exc
+    return Durable.of(app)
 
 
-def _exec_or_fail(d: Durable, execution_id: str) -> dict[str, Any]:
+def _describe(d: Durable, execution_id: str) -> ExecutionDetail:
     try:
-        return d.engine.read_exec(execution_id)
+        return d.describe(execution_id)
     except UnknownWorkflowError as exc:
         raise click.ClickException(f"unknown execution id {execution_id!r}") from exc
 
 
-def _summary(doc: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "id": doc["pk"],
-        "workflow": doc.get("workflow"),
-        "status": doc.get("status"),
-        "steps": doc.get("steps", 0),
-        "created_at": doc.get("created_at"),
-        "updated_at": doc.get("updated_at"),
-        "cancel_requested": bool(doc.get("cancel_requested")),
-        "last_error": doc.get("last_error"),
-    }
+def _summary(s: ExecutionSummary) -> dict[str, Any]:
+    return _jsonable(dataclasses.asdict(s))  # type: ignore[no-any-return]
 
 
-@click.group(name="durable")
+@click.group(name="durable", cls=_Group)
 @click.pass_context
 def durable(ctx: click.Context) -> None:
     """Inspect and operate durable workflow executions."""
 
 
 @durable.command(name="list")
-@click.option("--status", type=click.Choice(["running", "completed", "failed", "cancelled"]), default=None)
+@click.option("--status", type=click.Choice(_STATUSES), default=None)
 @click.option("--workflow", default=None, help="only executions of this workflow name")
-@click.option("--older-than", default=None, help="created before this age ago (e.g. 2h)")
-@click.option("--newer-than", default=None, help="created within this age (e.g. 15m)")
-@click.option("--limit", default=100, show_default=True)
+@click.option("--older-than", callback=_age_option, help="created before this age ago (e.g. 2h)")
+@click.option("--newer-than", callback=_age_option, help="created within this age (e.g. 15m)")
+@click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True, help="at most this many")
+@click.option("--cursor", default=None, help="continue a previous listing (printed when more remain)")
 @click.option("--json", "as_json", is_flag=True, help="JSON lines for scripts")
 @click.pass_context
 def list_(
     ctx: click.Context,
     status: str | None,
     workflow: str | None,
-    older_than: str | None,
-    newer_than: str | None,
+    older_than: float | None,
+    newer_than: float | None,
     limit: int,
+    cursor: str | None,
     as_json: bool,
 ) -> None:
-    """List executions, newest first."""
+    """List executions, newest first (read page by page, never one read per execution)."""
     d = _durable(ctx)
-    now = time.time()
-    rows = []
-    for pk in d.store.scan_partitions("", limit=100_000):
-        doc = d.store.read(pk, EXEC_ID)
-        if doc is None:
-            continue
-        created = float(doc.get("created_at") or 0)
-        if status and doc.get("status") != status:
-            continue
-        if workflow and doc.get("workflow") != workflow:
-            continue
-        if older_than and created > now - parse_age(older_than):
-            continue
-        if newer_than and created < now - parse_age(newer_than):
-            continue
-        rows.append(_summary(doc))
-    rows.sort(key=lambda r: r["created_at"] or 0, reverse=True)
-    rows = rows[:limit]
+    now = d.engine.clock.now()
+    before = None if older_than is None else now - older_than
+    after = None if newer_than is None else now - newer_than
+    rows: list[ExecutionSummary] = []
+    while len(rows) < limit:
+        page = d.executions(workflow, status, min(limit - len(rows), MAX_PAGE_SIZE), cursor, after, before)
+        rows += page.executions
+        cursor = page.cursor
+        if cursor is None:
+            break
     if as_json:
         for r in rows:
-            click.echo(json.dumps(r))
-        return
-    if not rows:
+            click.echo(json.dumps(_summary(r)))
+    elif not rows:
         click.echo("no executions")
-        return
-    table = [
-        [r["id"], str(r["workflow"]), str(r["status"]), str(r["steps"]), _ts(r["created_at"]), _ts(r["updated_at"])]
-        for r in rows
-    ]
-    click.echo(_table(table, ["ID", "WORKFLOW", "STATUS", "STEPS", "CREATED", "UPDATED"]))
+    else:
+        table = [
+            [r.id, r.workflow, "CORRUPT" if r.corrupt else r.status, r.steps, _ts(r.created_at), _ts(r.updated_at)]
+            for r in rows
+        ]
+        click.echo(_table(table, ["ID", "WORKFLOW", "STATUS", "STEPS", "CREATED", "UPDATED"]))
+        for r in rows:
+            if r.corrupt:
+                click.echo(f"  {_cell(r.id)}: unreadable exec document: {r.corrupt}")
+    if cursor is not None:
+        click.echo(f"more executions: add --cursor {cursor}", err=as_json)
 
 
-def _timeline(docs: list[dict[str, Any]], run: int) -> list[dict[str, Any]]:
-    by_id = {d["id"]: d for d in docs}
-    steps: list[dict[str, Any]] = []
-    for d in docs:
-        if d.get("type") != "step" or int(d.get("run") or 0) != run:
-            continue
-        seq = int(d["seq"])
-        rid = f"r{run or ''}:{seq:06d}"
-        outcome = by_id.get(f"sig{run or ''}:{d['name']}") if d.get("kind") == "signal" else by_id.get(rid)
-        if outcome is None:
-            state = "waiting" if d.get("kind") in ("sleep", "signal") else ("running" if d.get("lease") else "pending")
-            if d.get("kind") in ("now", "uuid", "seed", "random"):
-                state = "recorded"
-        elif outcome.get("cancelled"):
-            state = "cancelled"
-        elif outcome.get("timeout"):
-            state = "timed out"
-        else:
-            state = "ok" if outcome.get("ok", True) else "failed"
-        err = (outcome or {}).get("error") or {}
-        steps.append(
-            {
-                "seq": seq,
-                "kind": d.get("kind"),
-                "name": d.get("name"),
-                "state": state,
-                "attempts": (outcome or {}).get("attempts", d.get("attempts")),
-                "task_id": d.get("task_id"),
-                "child_id": d.get("child_id"),
-                "scheduled_at": d.get("created_at"),
-                "finished_at": (outcome or {}).get("completed_at")
-                or (outcome or {}).get("fired_at")
-                or (outcome or {}).get("sent_at"),
-                "error": f"{err.get('type')}: {err.get('message')}" if err else None,
-            }
-        )
-    steps.sort(key=lambda s: int(s["seq"] or 0))
-    return steps
+def _step_json(s: StepRecord) -> dict[str, Any]:
+    return _jsonable(dataclasses.asdict(s))  # type: ignore[no-any-return]
 
 
 @durable.command()
@@ -181,54 +165,58 @@ def _timeline(docs: list[dict[str, Any]], run: int) -> list[dict[str, Any]]:
 @click.pass_context
 def show(ctx: click.Context, execution_id: str, as_json: bool) -> None:
     """Status, payload, result or error, and the step history as a timeline."""
-    d = _durable(ctx)
-    ex = _exec_or_fail(d, execution_id)
-    docs = d.store.query_partition(execution_id).docs
-    steps = _timeline(docs, int(ex.get("run") or 0))
-    info = _summary(ex) | {
-        "payload": ex.get("payload"),
-        "result": ex.get("result"),
-        "error": ex.get("error"),
-        "run": ex.get("run", 0),
-        "parent": ex.get("parent"),
-        "steps": steps,
-    }
+    info = _describe(_durable(ctx), execution_id)
+    s = info.summary
     if as_json:
-        click.echo(json.dumps(info, indent=2, default=str))
+        data = _summary(s) | {
+            "payload": info.payload,
+            "result": info.result,
+            "error": info.error,
+            "steps": [_step_json(step) for step in info.steps],
+            "signals": [dataclasses.asdict(sig) for sig in info.signals],
+            "children": list(info.children),
+            "corrupt": list(info.corrupt),
+        }
+        click.echo(json.dumps(_jsonable(data), indent=2))
         return
-    click.echo(f"execution  {execution_id}")
-    click.echo(f"workflow   {ex.get('workflow')}")
-    click.echo(f"status     {ex.get('status')}{'  (cancel requested)' if ex.get('cancel_requested') else ''}")
-    click.echo(f"created    {_ts(ex.get('created_at'))}    updated {_ts(ex.get('updated_at'))}")
-    click.echo(f"payload    {json.dumps(ex.get('payload'))}")
-    if ex.get("status") == "completed":
-        click.echo(f"result     {json.dumps(ex.get('result'))}")
-    if ex.get("error"):
-        err = ex["error"]
-        click.echo(f"error      {err.get('type')}: {err.get('message')}")
-    if ex.get("last_error"):
-        click.echo(f"last error {ex['last_error']}")
+    click.echo(f"execution  {_cell(s.id)}")
+    click.echo(f"workflow   {s.workflow}")
+    click.echo(f"status     {s.status}{'  (cancel requested)' if s.cancel_requested else ''}")
+    click.echo(f"created    {_ts(s.created_at)}    updated {_ts(s.updated_at)}")
+    if s.parent:
+        click.echo(f"parent     {_cell(s.parent)}")
+    click.echo(f"payload    {json.dumps(info.payload, default=str)}")
+    if s.status == Status.COMPLETED:
+        click.echo(f"result     {json.dumps(info.result, default=str)}")
+    if info.error:
+        click.echo(f"error      {info.error.get('type')}: {info.error.get('message')}")
+    if s.last_error:
+        click.echo(f"last error {s.last_error}")
+    for problem in info.corrupt:
+        click.echo(f"CORRUPT    {problem}")
     click.echo("")
-    if not steps:
+    if not info.steps:
         click.echo("no steps yet")
-        return
-    rows = [
-        [
-            str(s["seq"]),
-            str(s["kind"]),
-            str(s["name"]),
-            s["state"],
-            str(s["attempts"] or "-"),
-            _ts(s["scheduled_at"]),
-            _ts(s["finished_at"]),
-            s["task_id"] or s["child_id"] or "-",
+    else:
+        rows = [
+            [
+                step.seq,
+                step.kind,
+                step.name,
+                step.state,
+                step.attempts or "-",
+                _ts(step.scheduled_at),
+                _ts(step.finished_at),
+                step.task_id or step.child_id or "-",
+            ]  # fmt: skip
+            for step in info.steps
         ]
-        for s in steps
-    ]
-    click.echo(_table(rows, ["#", "KIND", "NAME", "STATE", "ATTEMPTS", "SCHEDULED", "FINISHED", "TASK ID"]))
-    for s in steps:
-        if s["error"]:
-            click.echo(f"  step {s['seq']}: {s['error']}")
+        click.echo(_table(rows, ["#", "KIND", "NAME", "STATE", "ATTEMPTS", "SCHEDULED", "FINISHED", "TASK ID"]))
+        for step in info.steps:
+            if step.error:
+                click.echo(f"  step {step.seq}: {step.error}")
+    for sig in info.signals:
+        click.echo(f"signal {sig.name!r}: {sig.state} at {_ts(sig.at)}: {json.dumps(sig.value, default=str)}")
 
 
 @durable.command()
@@ -239,16 +227,16 @@ def show(ctx: click.Context, execution_id: str, as_json: bool) -> None:
 def signal(ctx: click.Context, execution_id: str, name: str, value: str) -> None:
     """Send signal NAME with a JSON VALUE."""
     d = _durable(ctx)
-    _exec_or_fail(d, execution_id)
+    _describe(d, execution_id)
     try:
         data = json.loads(value)
     except json.JSONDecodeError as exc:
         raise click.ClickException(f"VALUE is not valid JSON: {exc}") from exc
     try:
-        delivered = d.engine.signal(execution_id, name, data)
+        delivered = d.signal(execution_id, name, data)
     except PayloadValidationError as exc:
         raise click.ClickException(str(exc)) from exc
-    click.echo("delivered" if delivered else "ignored: a value was already recorded or the execution ended")
+    click.echo("delivered" if delivered else "ignored: the execution has ended")
 
 
 @durable.command()
@@ -258,23 +246,33 @@ def signal(ctx: click.Context, execution_id: str, name: str, value: str) -> None
 def cancel(ctx: click.Context, execution_id: str, yes: bool) -> None:
     """Request cancellation (compensations run)."""
     d = _durable(ctx)
-    _exec_or_fail(d, execution_id)
+    _describe(d, execution_id)
     if not yes:
         click.confirm(f"cancel {execution_id}?", abort=True)
     click.echo("cancel requested" if d.engine.cancel(execution_id) else "already finished")
 
 
+def _reran(steps: list[StepRecord]) -> None:
+    for step in steps:
+        click.echo(f"step {step.seq} ({step.name}) will run again")
+
+
 @durable.command()
 @click.argument("execution_id")
+@click.option("--yes", is_flag=True, help="do not ask for confirmation (failed or cancelled executions)")
 @click.pass_context
-def resume(ctx: click.Context, execution_id: str) -> None:
-    """Drive a running execution now (after a deploy that registers its workflow, say)."""
+def resume(ctx: click.Context, execution_id: str, yes: bool) -> None:
+    """Drive a running execution now (after a deploy that registers its workflow, say), or reopen
+    a failed one on its recorded history, or withdraw the cancellation of a cancelled one."""
     d = _durable(ctx)
-    ex = _exec_or_fail(d, execution_id)
-    if ex.get("status") != RUNNING:
-        raise click.ClickException(f"{execution_id} is {ex.get('status')}; `retry` restarts a failed one")
-    d.engine.links.wake(execution_id)
-    click.echo("drive sent")
+    status = _describe(d, execution_id).summary.status
+    if status == Status.COMPLETED:
+        raise click.ClickException(f"{execution_id} is completed; nothing to resume")
+    if status != Status.RUNNING and not yes:
+        what = "forget its cancellation and compensations" if status == Status.CANCELLED else "reopen it"
+        click.confirm(f"{execution_id} is {status}: {what}?", abort=True)
+    _reran(d.resume(execution_id))
+    click.echo("drive sent" if status == Status.RUNNING else "resumed")
 
 
 @durable.command()
@@ -284,88 +282,47 @@ def resume(ctx: click.Context, execution_id: str) -> None:
 def retry(ctx: click.Context, execution_id: str, yes: bool) -> None:
     """Restart a failed execution from its failed step (the step runs again)."""
     d = _durable(ctx)
-    ex = _exec_or_fail(d, execution_id)
-    if ex.get("status") != FAILED:
-        raise click.ClickException(f"{execution_id} is {ex.get('status')}, not failed")
+    status = _describe(d, execution_id).summary.status
+    if status != Status.FAILED:
+        raise click.ClickException(f"{execution_id} is {status}, not failed")
     if not yes:
         click.confirm(f"retry {execution_id} from its failed step?", abort=True)
-    store = d.store
-    run = int(ex.get("run") or 0)
-    docs = {doc["id"]: doc for doc in store.query_partition(execution_id).docs}
-    failed = sorted(
-        (
-            doc
-            for doc in docs.values()
-            if doc.get("type") == "result"
-            and int(doc.get("run") or 0) == run
-            and doc.get("ok") is False
-            and not doc.get("cancelled")
-        ),
-        key=lambda doc: int(doc["seq"]),
-    )
-    resend: ActivityRequest | None = None
-    if failed:
-        step = failed[-1]
-        seq = int(step["seq"])
-        store.delete(execution_id, step["id"])
-        marker = docs.get(f"s{run or ''}:{seq:06d}")
-        if marker is not None and marker.get("kind") == "activity":
-            payload = marker.get("input") or {}
-            resend = ActivityRequest(
-                execution_id,
-                seq,
-                str(marker["name"]),
-                list(payload.get("args", [])),
-                dict(payload.get("kwargs", {})),
-                str(marker.get("task_id")),
-                str(ex.get("workflow")),
-                run=run,
-            )
-            updated = {k: v for k, v in marker.items() if k != "_etag"} | {"attempts": 0, "lease": None}
-            store.replace(updated, if_match=marker["_etag"])
-        click.echo(f"step {seq} ({step.get('name')}) will run again")
-    fresh = store.read(execution_id, EXEC_ID)
-    assert fresh is not None
-    reopened = {k: v for k, v in fresh.items() if k != "_etag"} | {
-        "status": RUNNING,
-        "error": None,
-        "completed_at": None,
-        "retried": int(fresh.get("retried") or 0) + 1,
-    }
-    store.replace(reopened, if_match=fresh["_etag"])
-    d.engine.cache.invalidate(execution_id)
-    if resend is not None:
-        d.engine.dispatch(resend)
-    d.engine.links.wake(execution_id)
+    _reran(d.retry(execution_id))
     click.echo("retrying")
 
 
 @durable.command()
-@click.option("--older-than", required=True, help="finished before this age ago (e.g. 30d)")
+@click.option("--older-than", required=True, callback=_age_option, help="finished before this age ago (e.g. 30d)")
+@click.option("--dry-run", is_flag=True, help="only count what would be deleted")
 @click.option("--yes", is_flag=True)
 @click.pass_context
-def purge(ctx: click.Context, older_than: str, yes: bool) -> None:
-    """Delete finished executions (all their documents) older than an age."""
+def purge(ctx: click.Context, older_than: float, dry_run: bool, yes: bool) -> None:
+    """Delete finished executions (all their documents) that ended more than an age ago."""
     d = _durable(ctx)
-    cutoff = time.time() - parse_age(older_than)
-    victims = []
-    for pk in d.store.scan_partitions("", limit=100_000):
-        doc = d.store.read(pk, EXEC_ID)
-        if (
-            doc
-            and doc.get("status") in TERMINAL
-            and float(doc.get("completed_at") or doc.get("updated_at") or 0) < cutoff
-        ):
-            victims.append(pk)
-    if not victims:
+    matched = d.purge(older_than, dry_run=True).matched
+    if not matched:
         click.echo("nothing to purge")
         return
+    if dry_run:
+        click.echo(f"would purge {matched}")
+        return
     if not yes:
-        click.confirm(f"delete {len(victims)} finished execution(s)?", abort=True)
-    for pk in victims:
-        for doc in d.store.query_partition(pk).docs:
-            d.store.delete(pk, doc["id"])
-    click.echo(f"purged {len(victims)}")
+        click.confirm(f"delete {matched} finished execution(s)?", abort=True)
+    if sys.stdout.isatty():
+        with click.progressbar(length=matched, label="purging") as bar:
+            done = [0]
+
+            def advance(report: PurgeReport) -> None:
+                step = report.purged + report.skipped - done[0]
+                done[0] += step
+                bar.update(step)
+
+            report = d.purge(older_than, progress=advance)
+    else:
+        report = d.purge(older_than)
+    click.echo(f"purged {report.purged} ({report.documents} documents)")
+    if report.skipped:
+        click.echo(f"kept {report.skipped} that changed meanwhile or whose parent was not told yet")
 
 
 @durable.group()
@@ -388,7 +345,7 @@ _EFFECT_HEADERS = ["EFFECT ID", "TYPE", "KEY", "STATUS", "ATTEMPT", "CREATED", "
 @click.pass_context
 def outbox_list(ctx: click.Context, key: str, status: str | None, as_json: bool) -> None:
     """Rows of one key, in order (live, settled within retention, failed)."""
-    d = _durable(ctx.find_root())
+    d = _durable(ctx)
     rows = [r for r in d.outbox.rows(key) if status is None or r.status == status]
     if as_json:
         for r in rows:
@@ -402,8 +359,7 @@ def outbox_list(ctx: click.Context, key: str, status: str | None, as_json: bool)
 @click.pass_context
 def outbox_show(ctx: click.Context, effect_id: str) -> None:
     """One effect row, with its payload and last error."""
-    d = _durable(ctx.find_root())
-    info = d.outbox.get(effect_id)
+    info = _durable(ctx).outbox.get(effect_id)
     if info is None:
         raise click.ClickException(f"unknown effect id {effect_id!r}")
     click.echo(json.dumps(info.__dict__, indent=2, default=str))
@@ -421,7 +377,7 @@ def outbox_cancel(
     """Cancel one effect by id, or a key's pending and running effects."""
     if (effect_id is None) == (key is None):
         raise click.UsageError("give an EFFECT_ID or --key, not both")
-    d = _durable(ctx.find_root())
+    d = _durable(ctx)
     if effect_id is not None and d.outbox.get(effect_id) is None:
         raise click.ClickException(f"unknown effect id {effect_id!r}")
     if not yes:
@@ -437,7 +393,7 @@ def outbox_cancel(
 def outbox_retry(ctx: click.Context, effect_id: str, yes: bool) -> None:
     """Run a failed effect again: a new row (id ``<id>:retry<n>``) with the same type, key and
     payload. The failed row is kept as it is, for the record."""
-    d = _durable(ctx.find_root())
+    d = _durable(ctx)
     info = d.outbox.get(effect_id)
     if info is None:
         raise click.ClickException(f"unknown effect id {effect_id!r}")

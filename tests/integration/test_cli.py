@@ -95,3 +95,114 @@ def test_cli_as_a_subprocess(cluster) -> None:  # type: ignore[no-untyped-def]
     )
     assert proc.returncode == 0, proc.stderr
     assert h.id in proc.stdout and "completed" in proc.stdout
+
+
+# --- input validation, corrupt documents and configuration errors (no worker needed) ------------
+
+
+@pytest.fixture
+def sqlite_store(tmp_path):  # type: ignore[no-untyped-def]
+    """The test app on a fresh SQLite store holding three executions (two old, one recent)."""
+    import time
+
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    basic.durable.configure(store=url)
+    now = time.time()
+    for i, (status, age) in enumerate([("completed", 10 * 86400), ("failed", 9 * 86400), ("running", 60)]):
+        basic.durable.store.create(
+            {
+                "pk": f"x{i}",
+                "id": "exec",
+                "type": "exec",
+                "workflow": "sum_chain",
+                "status": status,
+                "steps": 0,
+                "run": 0,
+                "created_at": now - age,
+                "updated_at": now - age,
+                "completed_at": now - age,
+            }  # fmt: skip
+        )
+    yield tmp_path / "cli.db"
+    basic.durable.configure(store=None)
+
+
+@pytest.fixture
+def empty_store(tmp_path):  # type: ignore[no-untyped-def]
+    basic.durable.configure(store=f"sqlite:///{tmp_path / 'empty.db'}")
+    yield
+    basic.durable.configure(store=None)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["list", "--limit", "-1"], "--limit"),
+        (["list", "--limit", "0"], "--limit"),
+        (["list", "--older-than", "garbage"], "not an age"),
+        (["list", "--newer-than", "5 minutes"], "not an age"),
+        (["list", "--status", "finished"], "--status"),
+        (["purge", "--older-than", "3x", "--yes"], "not an age"),
+    ],
+)
+def test_bad_input_is_refused_up_front(empty_store, args: list[str], message: str) -> None:  # type: ignore[no-untyped-def]
+    """Even on an empty store, where nothing would ever look at the value."""
+    out = _cli(*args)
+    assert out.exit_code == 2, out.output
+    assert message in out.output and "Traceback" not in out.output
+
+
+def test_limit_is_honoured_across_pages_and_a_cursor_continues(sqlite_store) -> None:  # type: ignore[no-untyped-def]
+    first = _cli("list", "--limit", "2", "--json")
+    assert first.exit_code == 0, first.output
+    ids = [json.loads(line)["id"] for line in first.stdout.splitlines()]
+    assert ids == ["x2", "x1"]
+    cursor = first.stderr.split("--cursor ")[1].strip()
+    rest = _cli("list", "--cursor", cursor, "--json")
+    assert [json.loads(line)["id"] for line in rest.stdout.splitlines()] == ["x0"]
+    assert [json.loads(line)["id"] for line in _cli("list", "--older-than", "1d", "--json").stdout.splitlines()] == [
+        "x1",
+        "x0",
+    ]
+
+
+def test_a_corrupt_document_is_flagged_not_fatal(sqlite_store) -> None:  # type: ignore[no-untyped-def]
+    import sqlite3
+
+    with sqlite3.connect(sqlite_store) as raw:
+        raw.execute("UPDATE docs SET body = '{broken' WHERE pk = 'x1'")
+    out = _cli("list")
+    assert out.exit_code == 0, out.output
+    assert "x0" in out.output and "x2" in out.output and "CORRUPT" in out.output
+    assert "x1: unreadable exec document" in out.output
+    shown = _cli("show", "x1")
+    assert shown.exit_code == 0, shown.output
+    assert "CORRUPT" in shown.output and "not valid JSON" in shown.output
+    purged = _cli("purge", "--older-than", "1d", "--yes")
+    assert purged.exit_code == 0, purged.output
+    assert "purged 1 (1 documents)" in purged.output  # x0; the corrupt one is kept for inspection
+    ids = {json.loads(line)["id"] for line in _cli("list", "--json").stdout.splitlines()}
+    assert ids == {"x1", "x2"}
+
+
+def test_configuration_errors_are_one_line(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    basic.durable.configure(store="nosuch://somewhere")
+    try:
+        out = _cli("list")
+    finally:
+        basic.durable.configure(store=None)
+    assert out.exit_code == 1
+    assert "Traceback" not in out.output and len(out.output.strip().splitlines()) == 1
+    assert "ConfigurationError" in out.output and "nosuch" in out.output
+
+
+def test_ids_with_newlines_keep_the_table_aligned(sqlite_store) -> None:  # type: ignore[no-untyped-def]
+    import time
+
+    basic.durable.store.create(
+        {"pk": "evil\nid", "id": "exec", "workflow": "w", "status": "running", "created_at": time.time()}
+    )
+    out = _cli("list")
+    assert out.exit_code == 0, out.output
+    lines = out.output.splitlines()
+    assert any(line.startswith("evil\\nid ") for line in lines) and len(lines) == 2 + 4

@@ -1,0 +1,435 @@
+"""The operator's reads and operations: list, describe, retry, resume, purge.
+
+Everything an operator (the ``durable`` CLI, a script, a future UI) does to executions goes
+through here, so the CLI is a thin layer; the engine's document shapes are decoded in one place,
+:mod:`.timeline` (:func:`summary_of`, :func:`describe_docs`, re-exported here).
+
+Operations that delete or rewrite recorded documents (retry, resume, purge) write the exec
+document with a bumped ``generation`` in the same batch as the deletes, so every process's
+partition cache notices and reads the partition afresh (see :func:`.cache.bump_generation`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConflictError, CorruptDocument, DurableError, UnknownWorkflowError
+from ..stores.base import Doc, ExecFilter, Op, strip_reserved
+from .cache import bump_generation
+from .dispatcher import ActivityRequest, ClockRequest
+from .model import lease_live
+from .schema import EXEC_ID, TERMINAL, DocType, DueKind, Status, StepKind, marker_id
+from .timeline import (
+    STATUSES,
+    ExecutionDetail,
+    ExecutionPage,
+    ExecutionSummary,
+    PurgeReport,
+    SignalRecord,
+    StepRecord,
+    _int,
+    _num,
+    _str,
+    describe_docs,
+    summary_of,
+)
+
+if TYPE_CHECKING:
+    from .core import Engine
+
+__all__ = [
+    "Admin",
+    "ExecutionSummary",
+    "ExecutionPage",
+    "ExecutionDetail",
+    "StepRecord",
+    "SignalRecord",
+    "PurgeReport",
+    "OperationRefused",
+    "summary_of",
+    "describe_docs",
+]
+
+
+class OperationRefused(DurableError):
+    """The operation does not apply to the execution in its current state."""
+
+
+# --- the operations ----------------------------------------------------------------------------
+
+
+@dataclass
+class _Rewrite:
+    """What an operation changes in one partition: deletes, replaced step documents, exec fields."""
+
+    deletes: list[Doc] = field(default_factory=list)
+    replaces: list[Doc] = field(default_factory=list)
+    sends: list[ActivityRequest | ClockRequest] = field(default_factory=list)
+    children: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    #: finished child executions of forgotten steps, deleted before the commit
+    forget: list[str] = field(default_factory=list)
+    #: exec fields besides reopening it
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+class Admin:
+    """Operator reads and operations on one engine (``durable.admin`` / ``Engine.admin``)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    # --- reads ---------------------------------------------------------------------------
+
+    def executions(
+        self,
+        workflow: str | None = None,
+        status: str | None = None,
+        created_after: float | None = None,
+        created_before: float | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> ExecutionPage:
+        """One page of executions, newest first (one store query per page)."""
+        if status is not None and status not in STATUSES:
+            raise OperationRefused(f"unknown status {status!r} (one of {', '.join(STATUSES)})")
+        flt = ExecFilter(workflow, status, created_after, created_before)
+        page = self.engine.store.list_execs(flt, limit, cursor)
+        return ExecutionPage(tuple(summary_of(d) for d in page.docs), page.cursor)
+
+    def iter_executions(self, page_size: int = 500, **filters: Any) -> Iterator[ExecutionSummary]:
+        """Every matching execution, page by page."""
+        cursor: str | None = None
+        while True:
+            page = self.executions(limit=page_size, cursor=cursor, **filters)
+            yield from page.executions
+            cursor = page.cursor
+            if cursor is None:
+                return
+
+    def describe(self, execution_id: str) -> ExecutionDetail:
+        """The execution and its step timeline; raises :class:`UnknownWorkflowError` if absent."""
+        store = self.engine.store
+        try:
+            docs = store.query_partition(execution_id).docs
+        except CorruptDocument as exc:
+            # one undecodable document: show the exec document alone, with the reason
+            try:
+                ex = store.read(execution_id, EXEC_ID)
+            except CorruptDocument as exc2:
+                return ExecutionDetail(ExecutionSummary(id=execution_id, corrupt=str(exc2)), corrupt=(str(exc2),))
+            if ex is None:
+                raise UnknownWorkflowError(f"no execution with id {execution_id!r}") from exc
+            detail = describe_docs(ex, [])
+            return replace(detail, corrupt=detail.corrupt + (str(exc),))
+        ex = next((d for d in docs if d.get("id") == EXEC_ID), None)
+        if ex is None:
+            raise UnknownWorkflowError(f"no execution with id {execution_id!r}")
+        return describe_docs(ex, docs)
+
+    # --- operations ----------------------------------------------------------------------------
+
+    def retry(self, execution_id: str) -> list[StepRecord]:
+        """Re-run a failed execution from its failed step; return the step(s) that run again.
+
+        The last failed step of the current run loses its result (an activity is sent again, a
+        failed child is retried itself) and everything the run recorded after it is forgotten:
+        markers, outcomes, wait decisions (the values they consumed are pending again, for the
+        re-run to take), so the re-run continues where the code now goes (past compensations of
+        a Saga, say). A child started after the failed step belongs to the forgotten history: a
+        finished one is deleted (with its finished descendants), so the re-run, which derives the
+        same id, starts its own; one still running refuses the retry (:class:`OperationRefused`
+        names it: cancel it, or wait, and retry again). The execution is running again. With no
+        failed step (the workflow code itself failed) it is re-driven as it is, e.g. after a fix.
+        """
+        return self._operate(execution_id, self._plan_retry)
+
+    def resume(self, execution_id: str) -> list[StepRecord]:
+        """Continue an execution from its recorded history.
+
+        Running: drive it now. Failed: reopen it *keeping* every recorded result (after a
+        deploy fixing the workflow code; ``retry`` re-runs the failed step instead). Cancelled:
+        withdraw the cancellation: the cancelled outcomes and every step recorded from the cancel
+        on (compensations) are forgotten — what compensations did is not undone — cancelled
+        children are resumed, and the interrupted steps run again.
+        """
+        ex = self.engine.read_exec(execution_id)
+        if ex.get("status") == Status.RUNNING:
+            self.engine.links.wake(execution_id)
+            return []
+        return self._operate(execution_id, self._plan_resume)
+
+    def purge(
+        self,
+        older_than: float,
+        *,
+        dry_run: bool = False,
+        progress: Callable[[PurgeReport], None] | None = None,
+        page_size: int = 200,
+    ) -> PurgeReport:
+        """Delete terminal executions that ended more than ``older_than`` seconds ago.
+
+        Found through the paged listing (never one read per execution of the store); each
+        execution is deleted in batches of its own partition, the exec document last. A child
+        whose parent has not been told its outcome yet is kept. ``progress`` gets the running
+        report after each execution.
+        """
+        if older_than < 0:
+            raise OperationRefused("older_than must be >= 0 seconds")
+        cutoff = self.engine.clock.now() - older_than
+        report = PurgeReport(dry_run=dry_run)
+        for status in (Status.COMPLETED, Status.FAILED, Status.CANCELLED):
+            # ended before the cutoff implies created before it: the store filters on that
+            cursor: str | None = None
+            while True:
+                page = self.engine.store.list_execs(ExecFilter(status=status, created_before=cutoff), page_size, cursor)
+                for doc in page.docs:
+                    s = summary_of(doc)
+                    ended = s.completed_at or s.updated_at or s.created_at
+                    if s.corrupt or s.status not in TERMINAL or ended is None or ended >= cutoff:
+                        continue
+                    report = replace(report, matched=report.matched + 1)
+                    if dry_run:
+                        continue
+                    deleted = self._purge_one(s.id)
+                    if deleted is None:
+                        report = replace(report, skipped=report.skipped + 1)
+                    else:
+                        report = replace(report, purged=report.purged + 1, documents=report.documents + deleted)
+                    if progress is not None:
+                        progress(report)
+                cursor = page.cursor
+                if cursor is None:
+                    break
+        return report
+
+    # --- internals -------------------------------------------------------------------------------
+
+    def _operate(self, execution_id: str, plan: Callable[[Doc, dict[str, Doc]], _Rewrite]) -> list[StepRecord]:
+        eng = self.engine
+        for _ in range(5):
+            docs = {d["id"]: d for d in eng.store.query_partition(execution_id).docs}
+            ex = docs.get(EXEC_ID)
+            if ex is None:
+                raise UnknownWorkflowError(f"no execution with id {execution_id!r}")
+            rewrite = plan(ex, docs)
+            for child in rewrite.forget:
+                self._forget_execution(child)
+            now = eng.clock.now()
+            reopened = {
+                "status": Status.RUNNING,
+                "error": None,
+                "completed_at": None,
+                "lease": None,
+                "last_error": None,
+                "cancel_requested": False,
+                "retried": _int(ex.get("retried")) + 1,
+                "wakeups": _int(ex.get("wakeups")) + 1,
+                "updated_at": now,
+                "due_kind": DueKind.EXEC,
+                "due_at": now + eng.settings.drive_timeout,
+            } | rewrite.fields
+            try:
+                self._commit(ex, rewrite.deletes, rewrite.replaces, reopened)
+            except ConflictError:
+                continue  # the execution changed under us: plan again on a fresh read
+            break
+        else:
+            raise OperationRefused(f"{execution_id} kept changing; try again")
+        for child in rewrite.children:
+            self._operate(child, self._plan_resume if self._status(child) == Status.CANCELLED else self._plan_retry)
+        for send in rewrite.sends:
+            eng.dispatch(send)
+        eng.dispatcher.send_drive(execution_id)
+        rerun = {int(d["seq"]) for d in rewrite.replaces if d.get("type") == DocType.STEP}
+        return [s for s in describe_docs(ex, list(docs.values())).steps if s.seq in rerun]
+
+    def _status(self, execution_id: str) -> str | None:
+        doc = self.engine.store.read(execution_id, EXEC_ID)
+        return None if doc is None else _str(doc.get("status"))
+
+    def _commit(self, ex: Doc, deletes: list[Doc], replaces: list[Doc], final: dict[str, Any]) -> None:
+        """Deletes and replaces in batches of the partition, each with the exec document (etag
+        chained, ``generation`` bumped) so nothing interleaves; ``final`` goes in the last one."""
+        store = self.engine.store
+        pk = ex["pk"]
+        ops = [Op.delete(d["id"], d["_etag"]) for d in deletes]
+        ops += [Op.replace(strip_reserved(d), d["_etag"]) for d in replaces]
+        room = store.max_batch_ops - 1
+        chunks = [ops[i : i + room] for i in range(0, len(ops), room)] or [[]]
+        body, etag = ex, ex["_etag"]
+        try:
+            for i, chunk in enumerate(chunks):
+                new = bump_generation(body) | (final if i == len(chunks) - 1 else {})
+                etag = str(store.batch(pk, [*chunk, Op.replace(new, etag)])[-1])
+                body = new
+        finally:
+            self.engine.cache.invalidate(pk)
+
+    def _plan_retry(self, ex: Doc, docs: dict[str, Doc]) -> _Rewrite:
+        if ex.get("status") != Status.FAILED:
+            raise OperationRefused(f"{ex['pk']} is {ex.get('status')}, not failed")
+        run = _int(ex.get("run"))
+        failed = sorted(
+            (
+                d
+                for d in docs.values()
+                if d.get("type") == DocType.RESULT and _int(d.get("run")) == run and d.get("ok") is False
+            ),
+            key=lambda d: _int(d.get("seq")),
+        )
+        # an outcome that landed after the execution failed (a child cancelled later) is no cause
+        ended = _num(ex.get("completed_at"))
+        failed = [
+            d
+            for d in failed
+            if not d.get("cancelled") and (ended is None or (_num(d.get("completed_at")) or 0.0) <= ended)
+        ]
+        rewrite = _Rewrite()
+        if failed:
+            seq = _int(failed[-1].get("seq"))
+            self._forget_after(ex, docs, seq, rewrite)
+            self._rerun(ex, docs, failed[-1], rewrite)
+            rewrite.fields["steps"] = seq  # a re-run that returns earlier is not non-deterministic
+        return rewrite
+
+    def _forget_after(self, ex: Doc, docs: dict[str, Doc], seq: int, rewrite: _Rewrite) -> None:
+        """Plan to delete what run ``ex.run`` recorded after step ``seq``: markers, outcomes, wait
+        decisions and the settlements of signal values they made (so those values are pending
+        again); values themselves are not bound to steps and stay. Children of those steps are
+        deleted when finished; a running one refuses the operation."""
+        run = _int(ex.get("run"))
+        settles = (DocType.SIGNAL_REJECTED, DocType.SIGNAL_IGNORED, "signal_consumed")
+        kinds = (DocType.STEP, DocType.RESULT, DocType.SIGNAL, *settles)
+        for d in docs.values():
+            if d["id"] == EXEC_ID or d.get("type") not in kinds or _int(d.get("run")) != run:
+                continue
+            if _int(d.get("seq"), -1) <= seq:
+                continue
+            if d.get("type") == DocType.STEP and lease_live(d, self.engine.clock.now()):
+                # its outcome would land on whatever step the re-run records under this number
+                raise OperationRefused(f"step {d['seq']} ({d.get('name')}) of {ex['pk']} is still running; retry later")
+            rewrite.deletes.append(d)
+            if d.get("type") == DocType.STEP and d.get("kind") == StepKind.CHILD and _str(d.get("child_id")):
+                self._plan_forget(str(d["child_id"]), rewrite, depth=0)
+
+    def _plan_forget(self, execution_id: str, rewrite: _Rewrite, depth: int) -> None:
+        """Add a finished execution and its descendants to ``rewrite.forget`` (children first)."""
+        docs = self.engine.store.query_partition(execution_id).docs
+        ex = next((d for d in docs if d["id"] == EXEC_ID), None)
+        if ex is None:
+            return  # never created (the parent failed before the start), or already forgotten
+        if ex.get("status") not in TERMINAL or depth > 20:
+            raise OperationRefused(
+                f"child {execution_id} was started after the failed step and is {ex.get('status')}: "
+                "cancel it (or let it end) and retry again"
+            )
+        for d in docs:
+            if d.get("type") == DocType.STEP and d.get("kind") == StepKind.CHILD and _str(d.get("child_id")):
+                self._plan_forget(str(d["child_id"]), rewrite, depth + 1)
+        rewrite.forget.append(execution_id)
+
+    def _forget_execution(self, execution_id: str) -> None:
+        if self._purge_one(execution_id, force=True) is None and self._status(execution_id) is not None:
+            raise OperationRefused(f"child {execution_id} changed while it was being forgotten; try again")
+
+    def _plan_resume(self, ex: Doc, docs: dict[str, Doc]) -> _Rewrite:
+        status = ex.get("status")
+        rewrite = _Rewrite()
+        if status == Status.FAILED:
+            return rewrite
+        if status != Status.CANCELLED:
+            raise OperationRefused(f"{ex['pk']} is {status}; resume applies to running, failed or cancelled")
+        run = _int(ex.get("run"))
+        current = [d for d in docs.values() if d["id"] != EXEC_ID and _int(d.get("run")) == run]
+        cancelled = [d for d in current if d.get("cancelled")]
+        if not cancelled:
+            return rewrite
+        # the drive that delivered the cancel recorded its outcomes at its time; what was
+        # recorded from then on is the cancellation's own work (compensations)
+        since = min(_num(d.get("completed_at")) or 0.0 for d in cancelled)
+        steps = [d for d in current if d.get("type") == DocType.STEP]
+        later = {int(d["seq"]) for d in steps if (_num(d.get("created_at")) or 0.0) >= since}
+        for d in current:
+            if d.get("type") == DocType.STEP:
+                forget = int(d["seq"]) in later
+            else:  # outcomes: the cancelled ones, and those of the forgotten steps
+                forget = bool(d.get("cancelled")) or _int(d.get("seq"), -1) in later
+            if forget:
+                rewrite.deletes.append(d)
+        gone = {d["id"] for d in rewrite.deletes}
+        for d in cancelled:
+            marker = docs.get(marker_id(_int(d.get("seq")), run))
+            if marker is not None and marker["id"] not in gone:
+                self._rearm(ex, marker, rewrite)
+        return rewrite
+
+    def _rerun(self, ex: Doc, docs: dict[str, Doc], outcome: Doc, rewrite: _Rewrite) -> None:
+        """Forget a step's outcome and make the step happen again."""
+        rewrite.deletes.append(outcome)
+        marker = docs.get(marker_id(_int(outcome.get("seq")), _int(ex.get("run"))))
+        if marker is not None:
+            self._rearm(ex, marker, rewrite, fresh=True)
+
+    def _rearm(self, ex: Doc, marker: Doc, rewrite: _Rewrite, fresh: bool = False) -> None:
+        """Make a step whose outcome is gone pending again, due (recovery's safety net) and sent."""
+        eng = self.engine
+        now = eng.clock.now()
+        kind, seq, run = marker.get("kind"), int(marker["seq"]), _int(ex.get("run"))
+        updated = strip_reserved(marker) | {"lease": None, "last_error": None, "_etag": marker["_etag"]}
+        if kind == StepKind.ACTIVITY:
+            payload = marker.get("input") or {}
+            if fresh:
+                updated.update(attempts=0, lost=0)
+            updated.update(due_kind=DueKind.ACTIVITY, due_at=now + eng.settings.activity_queue_timeout)
+            rewrite.sends.append(
+                ActivityRequest(
+                    str(ex["pk"]),
+                    seq,
+                    str(marker["name"]),
+                    list(payload.get("args", [])),
+                    dict(payload.get("kwargs", {})),
+                    str(marker.get("task_id") or f"{ex['pk']}:{seq}"),
+                    str(ex.get("workflow")),
+                    run=run,
+                )
+            )
+        elif kind in (StepKind.SLEEP, StepKind.SIGNAL) and _num(marker.get("fire_at")) is not None:
+            fire_at = float(marker["fire_at"])
+            updated.update(due_kind=DueKind.CLOCK, due_at=fire_at)
+            rewrite.sends.append(ClockRequest(str(ex["pk"]), seq, fire_at, run))
+        elif kind == StepKind.CHILD and marker.get("child_id"):
+            updated.update(due_kind=DueKind.CHILD, due_at=now + eng.settings.activity_queue_timeout)
+            if self._status(str(marker["child_id"])) in (Status.FAILED, Status.CANCELLED):
+                rewrite.children.append(str(marker["child_id"]))
+        rewrite.replaces.append(updated)
+
+    def _purge_one(self, execution_id: str, force: bool = False) -> int | None:
+        """Delete every document of a terminal execution; how many, or None if it was kept.
+        ``force``: even a child whose parent was not told (the parent forgets the step)."""
+        store = self.engine.store
+        docs = store.query_partition(execution_id).docs
+        ex = next((d for d in docs if d["id"] == EXEC_ID), None)
+        if ex is None or ex.get("status") not in TERMINAL:
+            return None
+        if ex.get("parent") and ex.get("parent_notified") is False and not force:
+            return None  # the parent still needs this outcome
+        others = [d for d in docs if d["id"] != EXEC_ID]
+        room = store.max_batch_ops - 1
+        try:
+            # all but the last batch carry the exec with a bumped generation; the last deletes it
+            while len(others) > room:
+                chunk, others = others[:room], others[room:]
+                new = bump_generation(ex)
+                ops = [Op.delete(d["id"], d["_etag"]) for d in chunk]
+                etags = store.batch(execution_id, [*ops, Op.replace(new, ex["_etag"])])
+                ex = new | {"_etag": etags[-1]}
+            ops = [Op.delete(d["id"], d["_etag"]) for d in others]
+            store.batch(execution_id, [*ops, Op.delete(EXEC_ID, ex["_etag"])])
+        except ConflictError:
+            return None  # changed meanwhile: the next purge looks again
+        finally:
+            self.engine.cache.invalidate(execution_id)
+        return len(docs)
