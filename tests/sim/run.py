@@ -1,0 +1,10 @@
+"""Replay one seed of the deterministic simulation: ``python -m tests.sim.run --seed 1234``."""
+
+from __future__ import annotations
+
+import sys
+
+from celery_durable.testing.sim import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""The simulation must be able to fail: a broken store and a reintroduced engine bug are caught.
+
+A seed counts only if the same seed passes without the breakage, so what is found is the
+breakage, not an unrelated open bug. (Today's ``Links.wake`` is no longer on the signal path, so
+the reintroduced bug is a cancel whose write ignores the etag: a lost update.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import pytest
+
+from celery_durable.engine.core import Engine
+from celery_durable.engine.model import TERMINAL
+from celery_durable.stores.base import Doc, Op, strip_reserved
+from celery_durable.stores.memory import MemoryStore
+from celery_durable.testing.sim import KNOWN_BUGS, Faults, SimResult, run_seed
+
+SEEDS = 200
+
+
+class IgnoresIfMatch(MemoryStore):
+    """A store whose replace never checks the etag (lost updates)."""
+
+    def replace(self, doc: Doc, if_match: str | None) -> str:
+        return super().replace(doc, None)
+
+
+class CreateOverwrites(MemoryStore):
+    """A store whose create-only writes (alone or in a batch) overwrite an existing document."""
+
+    def create(self, doc: Doc) -> str | None:
+        return self.upsert(doc)
+
+    def batch(self, pk: str, ops: Sequence[Op]) -> list[str | None]:
+        return super().batch(pk, [Op.upsert(op.doc) if op.kind == "create" and op.doc else op for op in ops])
+
+
+def first_caught(run: Callable[[int], SimResult]) -> tuple[int, SimResult] | None:
+    for seed in range(SEEDS):
+        broken = run(seed)
+        if broken.violations and run_seed(seed, Faults(), ()).ok:
+            return seed, broken
+    return None
+
+
+@pytest.mark.parametrize("store", [IgnoresIfMatch, CreateOverwrites])
+def test_a_broken_store_is_caught(store: type[MemoryStore]) -> None:
+    found = first_caught(lambda seed: run_seed(seed, Faults(), (), store=store()))
+    assert found is not None, f"{store.__name__}: no violation in {SEEDS} seeds"
+
+
+def unconditional_cancel(self: Engine, execution_id: str) -> bool:
+    """``Engine.cancel`` with a reintroduced lost update: its write ignores the exec's etag."""
+    ex = self.read_exec(execution_id)
+    if ex.get("status") in TERMINAL:
+        return False
+    updated = strip_reserved(ex) | {"cancel_requested": True, "wakeups": int(ex.get("wakeups") or 0) + 1}
+    self.store.replace(updated, if_match=None)
+    self.dispatcher.send_drive(execution_id)
+    return True
+
+
+def test_an_unconditional_cancel_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(seed: int) -> SimResult:
+        with monkeypatch.context() as m:
+            m.setattr(Engine, "cancel", unconditional_cancel)
+            return run_seed(seed, Faults(), ())
+
+    found = first_caught(broken)
+    assert found is not None, f"no violation in {SEEDS} seeds"
+    assert any(v.invariant == 3 for v in found[1].violations), found[1].violations
+
+
+def test_known_bug_names_are_documented() -> None:
+    assert all(isinstance(v, str) and v for v in KNOWN_BUGS.values())
