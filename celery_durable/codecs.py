@@ -19,7 +19,7 @@ import typing
 from collections.abc import Callable
 from typing import Any
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import ConfigDict, PydanticUserError, TypeAdapter, ValidationError
 from pydantic_core import PydanticSerializationError
 
 from .errors import PayloadValidationError
@@ -54,7 +54,12 @@ class ValueCodec:
 
     def __init__(self, hint: Any) -> None:
         self.hint = hint
-        self._adapter: TypeAdapter[Any] = TypeAdapter(hint)
+        try:
+            # serialize nan/inf as themselves (not null) so that the check in encode() sees them,
+            # however deep they sit (dataclasses, nested models under Any, ...)
+            self._adapter: TypeAdapter[Any] = TypeAdapter(hint, config=ConfigDict(ser_json_inf_nan="constants"))
+        except PydanticUserError:  # a model type carries its own config
+            self._adapter = TypeAdapter(hint)
 
     def encode(self, value: Any, what: str = "value") -> Any:
         """Validate ``value`` against the type and return its JSON form."""

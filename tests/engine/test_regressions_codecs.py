@@ -8,8 +8,11 @@ and models survive restarts." A hint on ``*args``/``**kwargs`` is ignored by ``C
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from datetime import date
 from decimal import Decimal
+from typing import Any
 
 import pytest
 from celery import Celery
@@ -62,3 +65,24 @@ def test_untyped_container_keeps_infinity_or_refuses_it() -> None:
     stored = env.engine.read_exec(h.id)["payload"]["args"][0]["max"]
     assert stored is not None, "inf was silently stored as null"
     assert env.result(h) == math.inf
+
+
+@dataclass
+class Reading:
+    value: float
+
+
+@durable.workflow(name="adv.codec.dc.echo")
+def echo(reading: Any) -> str:
+    return repr(reading)
+
+
+def test_nan_in_dataclass_under_any_is_refused_not_turned_into_none() -> None:
+    env = WorkflowEnvironment(durable)
+    try:
+        h = env.start(echo, Reading(value=math.nan))
+    except PayloadValidationError:
+        return  # refused in the caller: fine
+    seen = env.result(h)
+    # the workflow must not see a different value than the caller passed (nan -> None)
+    assert "None" not in seen, f"nan silently became None: workflow saw {seen}"
