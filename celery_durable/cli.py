@@ -322,7 +322,9 @@ def purge(ctx: click.Context, older_than: float, dry_run: bool, yes: bool) -> No
         report = d.purge(older_than)
     click.echo(f"purged {report.purged} ({report.documents} documents)")
     if report.skipped:
-        click.echo(f"kept {report.skipped} that changed meanwhile or whose parent was not told yet")
+        click.echo(f"kept {report.skipped} (the next purge looks again):")
+        for why in report.kept:
+            click.echo(f"  {why}")
 
 
 @durable.group()

@@ -20,6 +20,7 @@ from ..stores.base import Doc, ExecFilter, Op, strip_reserved
 from .cache import bump_generation
 from .dispatcher import ActivityRequest, ClockRequest
 from .model import lease_live
+from .outbox import DUE_ADMIT
 from .schema import EXEC_ID, TERMINAL, DocType, DueKind, Status, StepKind, marker_id
 from .timeline import (
     STATUSES,
@@ -53,6 +54,10 @@ __all__ = [
 ]
 
 
+#: how many reasons for kept executions a purge report carries (the latest)
+_KEPT_REASONS = 50
+
+
 class OperationRefused(DurableError):
     """The operation does not apply to the execution in its current state."""
 
@@ -73,6 +78,38 @@ class _Rewrite:
     forget: list[str] = field(default_factory=list)
     #: exec fields besides reopening it
     fields: dict[str, Any] = field(default_factory=dict)
+
+
+def _settled_between(docs: dict[str, Doc], run: int, seq: int, taken: int) -> set[int]:
+    """Steps after the failed step ``seq`` that the code took *before* its failure was raised
+    (``taken``: the other activities of a gather, say) and that are settled: an outcome, or a
+    step that is its own record (``now``, ``emit``…). The re-run takes them again at the same
+    numbers, so they keep what they recorded (a finished sibling does not run twice); pending
+    ones are forgotten and taken afresh."""
+    done = {
+        _int(d.get("seq"))
+        for d in docs.values()
+        if d.get("type") in (DocType.RESULT, DocType.SIGNAL) and _int(d.get("run")) == run
+    }
+    work = (StepKind.ACTIVITY, StepKind.CHILD, StepKind.SLEEP, StepKind.SIGNAL)
+    return {
+        s
+        for d in docs.values()
+        if d.get("type") == DocType.STEP
+        and _int(d.get("run")) == run
+        and seq < (s := _int(d.get("seq"))) <= taken
+        and (s in done or d.get("kind") not in work)
+    }
+
+
+def _cancel_point(cancelled: list[Doc]) -> int:
+    """The last step taken before the cancel that recorded these (cancelled) outcomes.
+
+    Recorded as ``cancel_at``. Outcomes written before that was recorded fall back on the
+    highest of their own steps: they are those pending at the suspension point, all taken
+    before it (a step after them but before the point is forgotten: the best order can tell)."""
+    points = [d["cancel_at"] for d in cancelled if isinstance(d.get("cancel_at"), int)]
+    return min(points) if points else max(_int(d.get("seq")) for d in cancelled)
 
 
 class Admin:
@@ -134,15 +171,19 @@ class Admin:
     def retry(self, execution_id: str) -> list[StepRecord]:
         """Re-run a failed execution from its failed step; return the step(s) that run again.
 
-        The last failed step of the current run loses its result (an activity is sent again, a
-        failed child is retried itself) and everything the run recorded after it is forgotten:
-        markers, outcomes, wait decisions (the values they consumed are pending again, for the
-        re-run to take), so the re-run continues where the code now goes (past compensations of
-        a Saga, say). A child started after the failed step belongs to the forgotten history: a
-        finished one is deleted (with its finished descendants), so the re-run, which derives the
-        same id, starts its own; one still running refuses the retry (:class:`OperationRefused`
-        names it: cancel it, or wait, and retry again). The execution is running again. With no
-        failed step (the workflow code itself failed) it is re-driven as it is, e.g. after a fix.
+        The step whose failure ended the execution (recorded by the replay: the error that escaped
+        the workflow, or was raised while handling it; a failure the code caught and went past is
+        no cause) loses its result (an activity is sent again, a failed child is retried itself)
+        and everything the run recorded after it is forgotten: markers, outcomes, wait decisions
+        (the values they consumed are pending again, for the re-run to take), so the re-run
+        continues where the code now goes (past compensations of a Saga, say). Steps taken before
+        the failure was raised (the other activities of a gather) keep their outcomes. A child
+        started after the failed step belongs to the forgotten history: a finished one is deleted
+        (with its finished descendants), so the re-run, which derives the same id, starts its
+        own; one still running refuses the retry (:class:`OperationRefused` names it: cancel it,
+        or wait, and retry again). An effect emitted by a forgotten step and not admitted yet is
+        admitted first. The execution is running again. With no failed step (the workflow code
+        itself failed) it is re-driven as it is, e.g. after a fix.
         """
         return self._operate(execution_id, self._plan_retry)
 
@@ -194,8 +235,9 @@ class Admin:
                     if dry_run:
                         continue
                     deleted = self._purge_one(s.id)
-                    if deleted is None:
-                        report = replace(report, skipped=report.skipped + 1)
+                    if isinstance(deleted, str):
+                        kept = (*report.kept, f"{s.id}: {deleted}")[-_KEPT_REASONS:]
+                        report = replace(report, skipped=report.skipped + 1, kept=kept)
                     else:
                         report = replace(report, purged=report.purged + 1, documents=report.documents + deleted)
                     if progress is not None:
@@ -215,6 +257,12 @@ class Admin:
             if ex is None:
                 raise UnknownWorkflowError(f"no execution with id {execution_id!r}")
             rewrite = plan(ex, docs)
+            if any(d.get("due_kind") == DUE_ADMIT for d in rewrite.deletes):
+                # a forgotten step's effect was emitted like any finished work: admit it first
+                why = self._admit_intents(rewrite.deletes)
+                if why is not None:
+                    raise OperationRefused(f"{execution_id}: {why}; try again")
+                continue  # admission rewrote the intents: plan again on a fresh read
             for child in rewrite.forget:
                 self._forget_execution(child)
             now = eng.clock.now()
@@ -276,37 +324,50 @@ class Admin:
             (
                 d
                 for d in docs.values()
-                if d.get("type") == DocType.RESULT and _int(d.get("run")) == run and d.get("ok") is False
+                if d.get("type") == DocType.RESULT
+                and _int(d.get("run")) == run
+                and d.get("ok") is False
+                and not d.get("cancelled")
             ),
             key=lambda d: _int(d.get("seq")),
         )
-        # an outcome that landed after the execution failed (a child cancelled later) is no cause
-        ended = _num(ex.get("completed_at"))
-        failed = [
-            d
-            for d in failed
-            if not d.get("cancelled") and (ended is None or (_num(d.get("completed_at")) or 0.0) <= ended)
-        ]
+        error = ex.get("error")
+        if isinstance(error, dict) and "step" in error:
+            # the replay recorded which step's failure ended the execution (None: the workflow's
+            # own code did): only that one is re-run; a failure the code caught and went past is
+            # no cause
+            cause = error.get("step")
+            ours = _int(error.get("run"), run) == run and isinstance(cause, int)
+            failed = [d for d in failed if ours and _int(d.get("seq")) == cause]
+            taken = _int(error.get("taken"), _int(cause))
+        else:
+            # failed before the cause was recorded: the run's last failed step, if any, except an
+            # outcome that landed after the execution failed (a child cancelled later)
+            ended = _num(ex.get("completed_at"))
+            failed = [d for d in failed if ended is None or (_num(d.get("completed_at")) or 0.0) <= ended]
+            taken = _int(failed[-1].get("seq")) if failed else 0
         rewrite = _Rewrite()
         if failed:
             seq = _int(failed[-1].get("seq"))
-            self._forget_after(ex, docs, seq, rewrite)
+            keep = _settled_between(docs, run, seq, taken)
+            self._forget_after(ex, docs, seq, rewrite, keep)
             self._rerun(ex, docs, failed[-1], rewrite)
-            rewrite.fields["steps"] = seq  # a re-run that returns earlier is not non-deterministic
+            # a re-run that returns earlier than the forgotten steps is not non-deterministic
+            rewrite.fields["steps"] = max([seq, *keep])
         return rewrite
 
-    def _forget_after(self, ex: Doc, docs: dict[str, Doc], seq: int, rewrite: _Rewrite) -> None:
-        """Plan to delete what run ``ex.run`` recorded after step ``seq``: markers, outcomes, wait
-        decisions and the settlements of signal values they made (so those values are pending
-        again); values themselves are not bound to steps and stay. Children of those steps are
-        deleted when finished; a running one refuses the operation."""
+    def _forget_after(self, ex: Doc, docs: dict[str, Doc], seq: int, rewrite: _Rewrite, keep: set[int]) -> None:
+        """Plan to delete what run ``ex.run`` recorded after step ``seq`` (but the steps ``keep``):
+        markers, outcomes, wait decisions and the settlements of signal values they made (so those
+        values are pending again); values themselves are not bound to steps and stay. Children of
+        those steps are deleted when finished; a running one refuses the operation."""
         run = _int(ex.get("run"))
         settles = (DocType.SIGNAL_REJECTED, DocType.SIGNAL_IGNORED, "signal_consumed")
         kinds = (DocType.STEP, DocType.RESULT, DocType.SIGNAL, *settles)
         for d in docs.values():
             if d["id"] == EXEC_ID or d.get("type") not in kinds or _int(d.get("run")) != run:
                 continue
-            if _int(d.get("seq"), -1) <= seq:
+            if _int(d.get("seq"), -1) <= seq or _int(d.get("seq")) in keep:
                 continue
             if d.get("type") == DocType.STEP and lease_live(d, self.engine.clock.now()):
                 # its outcome would land on whatever step the re-run records under this number
@@ -332,8 +393,9 @@ class Admin:
         rewrite.forget.append(execution_id)
 
     def _forget_execution(self, execution_id: str) -> None:
-        if self._purge_one(execution_id, force=True) is None and self._status(execution_id) is not None:
-            raise OperationRefused(f"child {execution_id} changed while it was being forgotten; try again")
+        why = self._purge_one(execution_id, force=True)
+        if isinstance(why, str) and self._status(execution_id) is not None:
+            raise OperationRefused(f"child {execution_id} was not forgotten: {why}; try again")
 
     def _plan_resume(self, ex: Doc, docs: dict[str, Doc]) -> _Rewrite:
         status = ex.get("status")
@@ -347,18 +409,18 @@ class Admin:
         cancelled = [d for d in current if d.get("cancelled")]
         if not cancelled:
             return rewrite
-        # the drive that delivered the cancel recorded its outcomes at its time; what was
-        # recorded from then on is the cancellation's own work (compensations)
-        since = min(_num(d.get("completed_at")) or 0.0 for d in cancelled)
-        steps = [d for d in current if d.get("type") == DocType.STEP]
-        later = {int(d["seq"]) for d in steps if (_num(d.get("created_at")) or 0.0) >= since}
+        # The cancel was delivered at one suspension point: the steps taken up to it were
+        # recorded before (kept, with their results); the steps after it are the cancellation's
+        # own work (compensations). Decided by step order, never by clocks: the cancelling
+        # drive's clock may read the same as (or less than) that of the step before it.
+        at = _cancel_point(cancelled)
         for d in current:
-            if d.get("type") == DocType.STEP:
-                forget = int(d["seq"]) in later
-            else:  # outcomes: the cancelled ones, and those of the forgotten steps
-                forget = bool(d.get("cancelled")) or _int(d.get("seq"), -1) in later
-            if forget:
+            # outcomes: the cancelled ones; every document of a later step (marker, outcome,
+            # wait decision, the settlement of the signal value it consumed)
+            if d.get("cancelled") or _int(d.get("seq"), -1) > at:
                 rewrite.deletes.append(d)
+        if any(_int(d.get("seq"), -1) > at for d in rewrite.deletes):
+            rewrite.fields["steps"] = at  # the resumed run may take fewer steps than the compensations
         gone = {d["id"] for d in rewrite.deletes}
         for d in cancelled:
             marker = docs.get(marker_id(_int(d.get("seq")), run))
@@ -406,16 +468,40 @@ class Admin:
                 rewrite.children.append(str(marker["child_id"]))
         rewrite.replaces.append(updated)
 
-    def _purge_one(self, execution_id: str, force: bool = False) -> int | None:
-        """Delete every document of a terminal execution; how many, or None if it was kept.
+    def _admit_intents(self, docs: list[Doc]) -> str | None:
+        """Admit the emitted effects among ``docs`` whose intent is still due (the drive that
+        recorded it died before admitting it, beat's scan has not come by): deleting the intent
+        first would lose the effect. Idempotent. Why one could not be admitted, or None."""
+        for doc in docs:
+            if doc.get("due_kind") != DUE_ADMIT:
+                continue
+            try:
+                if self.engine.outbox.admit_intent(doc) is None:
+                    return f"its effect intent {doc['id']} records no effect"
+            except (DurableError, KeyError, TypeError, ValueError) as exc:
+                return f"its effect intent {doc['id']} could not be admitted ({type(exc).__name__}: {exc})"
+        return None
+
+    def _purge_one(self, execution_id: str, force: bool = False) -> int | str:
+        """Delete every document of a terminal execution; how many, or why it was kept.
         ``force``: even a child whose parent was not told (the parent forgets the step)."""
         store = self.engine.store
-        docs = store.query_partition(execution_id).docs
+        for _ in range(3):
+            docs = store.query_partition(execution_id).docs
+            if not any(d.get("due_kind") == DUE_ADMIT for d in docs):
+                break
+            why = self._admit_intents(docs)
+            if why is not None:
+                return why  # the scan keeps trying; the next purge looks again
+        else:
+            return "its emitted effects were not admitted yet"
         ex = next((d for d in docs if d["id"] == EXEC_ID), None)
-        if ex is None or ex.get("status") not in TERMINAL:
-            return None
+        if ex is None:
+            return "it no longer exists"
+        if ex.get("status") not in TERMINAL:
+            return f"it is {ex.get('status')}"
         if ex.get("parent") and ex.get("parent_notified") is False and not force:
-            return None  # the parent still needs this outcome
+            return "its parent was not told its outcome yet"
         others = [d for d in docs if d["id"] != EXEC_ID]
         room = store.max_batch_ops - 1
         try:
@@ -429,7 +515,7 @@ class Admin:
             ops = [Op.delete(d["id"], d["_etag"]) for d in others]
             store.batch(execution_id, [*ops, Op.delete(EXEC_ID, ex["_etag"])])
         except ConflictError:
-            return None  # changed meanwhile: the next purge looks again
+            return "it changed meanwhile"  # the next purge looks again
         finally:
             self.engine.cache.invalidate(execution_id)
         return len(docs)

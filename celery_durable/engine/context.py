@@ -54,6 +54,28 @@ __all__ = [
 
 T = TypeVar("T")
 
+#: attribute of a step's ActivityError/ChildWorkflowError: ``(its step, the steps taken when
+#: it was raised)`` (see :meth:`WorkflowContext.outcome`)
+FAILED_STEP = "durable_step"
+
+
+def failed_step(exc: BaseException) -> tuple[int, int] | None:
+    """``(step, taken)``: the step whose failure ended a workflow that raised ``exc`` and how many
+    steps were taken when it was raised; None if the workflow's own code failed.
+
+    The step's error itself escaped (re-raised, or the first failure of a gather), or ``exc`` was
+    raised while handling it (``raise Other() from err``, a compensation giving up): Python's
+    exception chain says which. A step failure caught and gone past is not in the chain."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        step = getattr(cur, FAILED_STEP, None)
+        if isinstance(step, tuple) and len(step) == 2:
+            return int(step[0]), int(step[1])
+        cur = cur.__cause__ or cur.__context__
+    return None
+
 
 _current: contextvars.ContextVar[WorkflowContext | None] = contextvars.ContextVar("celery_durable_ctx", default=None)
 
@@ -189,6 +211,9 @@ class WorkflowContext:
                         "cancelled": True,
                         "error": {"type": "WorkflowCancelledError", "message": "cancel requested"},
                         "completed_at": self.now,
+                        # the last step taken before the cancel: later ones are its compensations
+                        # (admin resume forgets them; step order, as clocks of workers disagree)
+                        "cancel_at": self.seq,
                     }
             self.cancel_delivered = True
             raise WorkflowCancelledError(f"workflow {self.execution_id!r} was cancelled")
@@ -239,9 +264,15 @@ class WorkflowContext:
             return codec.decode(doc.get("value"), f"{kind} {name!r}")
         err = doc.get("error") or {}
         type_name, message = str(err.get("type", "Error")), str(err.get("message", ""))
+        exc: ActivityError | ChildWorkflowError
         if kind == "child":
-            raise ChildWorkflowError(name, str(doc.get("child_id", "")), type_name, message)
-        raise ActivityError(name, type_name, message, int(err.get("attempts", 1)))
+            exc = ChildWorkflowError(name, str(doc.get("child_id", "")), type_name, message)
+        else:
+            exc = ActivityError(name, type_name, message, int(err.get("attempts", 1)))
+        # if this very object ends the execution, the replay records which step failed it (retry
+        # re-runs that step; a failure caught, or re-raised as another error, is not the cause)
+        setattr(exc, FAILED_STEP, (seq, self.seq))
+        raise exc
 
     # --- durable calls ------------------------------------------------------------------
 

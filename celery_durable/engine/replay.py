@@ -18,7 +18,7 @@ from typing import Any
 from ..errors import CorruptDocument, PayloadValidationError, WorkflowCancelledError
 from ..settings import Settings
 from ..stores.base import Doc
-from .context import ContinueAsNew, Fatal, Suspend, WorkflowContext
+from .context import ContinueAsNew, Fatal, Suspend, WorkflowContext, failed_step
 from .dispatcher import AdmitRequest, CancelRequest, Send
 from .model import DUE_ACTIVITY, DUE_CHILD, DUE_CLOCK, error_info
 from .registry import Registry, WorkflowDef
@@ -100,6 +100,9 @@ def replay(
             kind, error = ("cancelled" if ctx.cancel_requested else "failed"), error_info(exc)
         except Exception as exc:  # the workflow's own failure is its outcome
             kind, error = "failed", error_info(exc)
+            cause = failed_step(exc)  # a step's failure ended it: retry re-runs that step
+            if cause is not None:
+                error["step"], error["taken"] = cause
         else:
             recorded = int(ex.get("steps") or 0)
             if recorded > ctx.seq:
@@ -114,6 +117,10 @@ def replay(
                     value = wf.codec.encode_result(result)
                 except PayloadValidationError as exc:
                     kind, error = "failed", error_info(exc)
+    if kind == "failed" and error is not None:
+        # "step" present (None: the workflow code, not a step, failed) tells retry not to guess
+        error.setdefault("step", None)
+        error["run"] = ctx.run
     new_docs, sends = list(ctx.new_docs.values()), ctx.sends
     if kind in ("failed", "continued"):
         new_docs, sends = _without_pending_work(new_docs, sends)

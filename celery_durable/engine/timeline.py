@@ -105,8 +105,10 @@ class PurgeReport:
     matched: int = 0  # terminal executions older than the cutoff
     purged: int = 0
     documents: int = 0  # documents deleted
-    skipped: int = 0  # changed meanwhile, or a child whose parent was not told yet
+    skipped: int = 0  # changed meanwhile, a child whose parent was not told yet, an effect not admitted
     dry_run: bool = False
+    #: ``"<id>: <why>"`` for the executions kept (skipped), the latest 50
+    kept: tuple[str, ...] = ()
 
 
 # --- decoding, in one place ------------------------------------------------------------------

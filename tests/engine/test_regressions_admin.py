@@ -1,19 +1,27 @@
 """Regressions of the operator operations (``engine/admin.py``). Moved from ``tests/adversarial``;
-the saga test failed before ``retry`` forgot what was recorded after the failed step."""
+the saga test failed before ``retry`` forgot what was recorded after the failed step; the resume,
+handled-failure and purge tests failed before resume ordered by steps (not clocks), retry re-ran
+the step whose failure ended the execution (not the last failed one) and purge admitted intents."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from celery import Celery
+from pydantic import BaseModel
 
+from celery_durable import Durable
 from celery_durable import workflow as wf
 from celery_durable.engine import Engine, InlineDispatcher, Registry
 from celery_durable.engine.admin import Admin, OperationRefused
 from celery_durable.engine.context import require_context
 from celery_durable.engine.local import LocalWorker
+from celery_durable.errors import ActivityError, StoreError, WorkflowCancelledError
 from celery_durable.stores.memory import MemoryStore
-from celery_durable.testing.env import FakeClock
+from celery_durable.testing.env import FakeClock, WorkflowEnvironment
 
 
 class Env:
@@ -214,3 +222,249 @@ def test_retry_refuses_while_a_later_step_is_still_running(env: Env) -> None:
     with pytest.raises(OperationRefused, match="step 3 .release. of busy is still running"):
         env.admin.retry(eid)
     assert env.ex(eid)["status"] == "failed" and "r:000003" in env.ids(eid)
+
+
+# --- resume decides "from the cancel on" by step order ------------------------------------------
+
+
+def _cancelled_order(env: Env, skew: float) -> str:
+    """``charge`` finished, the workflow sleeps; the cancel is delivered by a drive whose clock
+    reads ``skew`` seconds from the step's (0: a coarse clock; negative: a worker running behind)."""
+
+    @env.activity
+    def charge() -> str:
+        env.ran.append("charge")
+        return "charged"
+
+    def order() -> str:
+        charge()
+        wf.sleep(3600)
+        return "done"
+
+    d = env.registry.add_workflow("adv.resume.order", order)
+    eid, _ = env.engine.start(d, (), {}, workflow_id="adv-resume")
+    env.worker.run()
+    assert env.ran == ["charge"]
+    env.clock.t += skew  # a second worker's clock (FakeClock.advance refuses to go back)
+    env.engine.cancel(eid)
+    env.worker.run()
+    assert env.ex(eid)["status"] == "cancelled"
+    return eid
+
+
+@pytest.mark.parametrize("skew", [0.0, -5.0], ids=["same-clock-reading", "slower-clock"])
+def test_resume_after_cancel_does_not_rerun_a_step_finished_before_it(env: Env, skew: float) -> None:
+    """Resume compared wall clocks (``created_at >= since``): a step recorded at the cancel's clock
+    reading, or any step when the cancelling worker's clock is behind, lost its result and ran again."""
+    eid = _cancelled_order(env, skew)
+    env.admin.resume(eid)
+    env.worker.run()
+    env.clock.advance(3700)
+    env.engine.links.fire_due_clocks()
+    env.worker.run()
+    assert env.ex(eid)["status"] == "completed"
+    assert env.ran == ["charge"], f"a step finished before the cancel ran again: {env.ran}"
+
+
+def test_resume_keeps_a_finished_step_numbered_after_the_interrupted_one(env: Env) -> None:
+    """The cancel's outcome goes to the step waited for (1) while step 2, started later, had already
+    finished: step 2 is before the cancel in the code and keeps its result; the compensation goes."""
+
+    @env.activity
+    def act(what: str) -> str:
+        env.ran.append(what)
+        return what
+
+    def flow() -> str:
+        timer = wf.start_timer(3600)  # step 1
+        act("charge")  # step 2: finishes before the cancel
+        try:
+            timer.result()  # the cancel is delivered here, as step 1's outcome
+        except Exception:
+            act("refund")  # step 3: the compensation
+            raise
+        return act("ship")
+
+    d = env.registry.add_workflow("adv.resume.later", flow)
+    eid, _ = env.engine.start(d, (), {}, workflow_id="adv-resume-later")
+    env.run()
+    env.engine.cancel(eid)
+    env.run()
+    assert env.ex(eid)["status"] == "cancelled" and env.ran == ["charge", "refund"]
+    env.admin.resume(eid)
+    env.run()
+    env.clock.advance(3600)
+    env.engine.links.fire_due_clocks()
+    env.run()
+    assert (env.ex(eid)["status"], env.ex(eid).get("result")) == ("completed", "ship"), env.ex(eid).get("error")
+    assert env.ran == ["charge", "refund", "ship"]
+
+
+# --- retry re-runs the step whose failure ended the execution ------------------------------------
+
+
+def test_retry_after_a_code_bug_does_not_rerun_work_done_after_a_handled_failure(env: Env) -> None:
+    """Retry took the run's last failed step, though the workflow had caught that failure and gone
+    on: the work after it (a charge) was forgotten and ran again."""
+    fixed: dict[str, bool] = {}
+
+    @env.activity
+    def try_discount() -> str:
+        env.ran.append("try_discount")
+        raise ValueError("no discount today")  # an expected, handled failure
+
+    @env.activity
+    def charge() -> str:
+        env.ran.append("charge")
+        return "charged"
+
+    def order() -> str:
+        try:
+            try_discount()
+        except ActivityError:
+            pass  # handled: go on at full price
+        receipt = charge()
+        if not fixed:
+            raise RuntimeError("bug in the workflow code after the charge")
+        return receipt
+
+    d = env.registry.add_workflow("adv.retry.order", order)
+    eid, _ = env.engine.start(d, (), {}, workflow_id="adv-retry-caught")
+    env.run()
+    error = env.ex(eid)["error"]
+    assert env.ex(eid)["status"] == "failed"
+    fixed["yes"] = True  # the deploy fixing the bug
+    assert env.admin.retry(eid) == []  # nothing re-run: re-driven as it is
+    env.run()
+    ex = env.ex(eid)
+    assert (ex["status"], ex.get("result")) == ("completed", "charged"), ex.get("error")
+    assert env.ran.count("charge") == 1, f"the card was charged again by the operator's retry: {env.ran}"
+    assert error["step"] is None  # recorded: no step's failure ended it
+
+
+def test_retry_reruns_the_step_a_gather_raised_or_a_compensation_gave_up_on(env: Env) -> None:
+    """The failure that ended it is recorded: the first failure of a gather, by position (not the
+    last failed step), or the step whose failure the error escaping was raised while handling."""
+    fixed: dict[str, bool] = {}
+
+    @env.activity
+    def part(n: int) -> int:
+        env.ran.append(f"part {n}")
+        if n in (1, 3) and not fixed:
+            raise ValueError(f"part {n} down")
+        return n
+
+    def flow() -> int:
+        try:
+            # steps 1-3 all finish, 1 and 3 failed: the gather raises step 1's (the first by position)
+            total = sum(wf.gather(*(SimpleNamespace(task="part", args=(n,), kwargs={}) for n in (1, 2, 3))))
+        except ActivityError as exc:
+            raise RuntimeError("order failed") from exc  # another error type, caused by the step's
+        return total
+
+    d = env.registry.add_workflow("adv.retry.gather", flow)
+    eid, _ = env.engine.start(d, (), {}, workflow_id="adv-retry-gather")
+    env.run()
+    error = env.ex(eid)["error"]
+    assert (env.ex(eid)["status"], error["type"]) == ("failed", "RuntimeError")
+    fixed["yes"] = True
+    assert [(s.seq, s.name) for s in env.admin.retry(eid)] == [(1, "part")]
+    assert (error["step"], error["taken"]) == (1, 3)
+    env.run()
+    # the siblings keep their outcomes: 2 does not run again, and 3's failure now ends it
+    assert (env.ex(eid)["status"], env.ex(eid)["error"]["step"]) == ("failed", 3)
+    assert [(s.seq, s.name) for s in env.admin.retry(eid)] == [(3, "part")]
+    env.run()
+    assert (env.ex(eid)["status"], env.ex(eid).get("result")) == ("completed", 6), env.ex(eid).get("error")
+    assert sorted(env.ran) == ["part 1", "part 1", "part 2", "part 3", "part 3"]
+
+
+# --- purge admits an emitted effect before deleting its intent -----------------------------------
+
+app = Celery("regressions-admin", set_as_current=False)
+durable = Durable(app, store="memory://")
+SENT: list[str] = []
+
+
+class Mail(BaseModel):
+    to: str
+
+
+@durable.effect("adv.purge.mail")
+def mail(msg: Mail) -> None:
+    SENT.append(msg.to)
+
+
+@durable.workflow(name="adv.purge.welcome")
+def welcome(to: str) -> str:
+    wf.emit("adv.purge.mail", Mail(to=to))
+    return "ok"
+
+
+def _ended_with_an_unadmitted_emit() -> tuple[WorkflowEnvironment, str]:
+    SENT.clear()
+    env = WorkflowEnvironment(durable)
+    env.engine._admit = lambda req: None  # type: ignore[method-assign]  # the worker dies after its commit
+    h = env.start(welcome, "ann@example.com", _workflow_id="adv-purge-welcome")
+    assert h.status() == "completed"
+    del env.engine._admit
+    # beat (and its outbox scan) is down for two days; the operator purges what ended a day ago
+    env.clock.advance(timedelta(days=2).total_seconds())
+    return env, h.id
+
+
+def test_purge_keeps_an_emitted_effect_that_was_not_admitted_yet() -> None:
+    """Purge deleted the un-admitted ``emit`` marker with the execution: the scan had nothing left
+    to admit and the effect of the completed workflow never ran."""
+    env, _ = _ended_with_an_unadmitted_emit()
+    report = Admin(env.engine).purge(older_than=timedelta(days=1).total_seconds())
+    assert (report.purged, report.skipped) == (1, 0)
+    env.advance(timedelta(minutes=1))  # beat is back; the worker runs what was admitted
+    env.advance(timedelta(minutes=1))
+    assert SENT == ["ann@example.com"], "the effect the completed workflow emitted was lost"
+
+
+def test_purge_keeps_an_execution_whose_emit_cannot_be_admitted_and_says_why() -> None:
+    env, eid = _ended_with_an_unadmitted_emit()
+    admit = env.engine.outbox.admit_intent
+
+    def down(doc: dict[str, Any]) -> Any:
+        raise StoreError("lane partition unavailable")
+
+    env.engine.outbox.admit_intent = down  # type: ignore[method-assign]
+    report = Admin(env.engine).purge(older_than=timedelta(days=1).total_seconds())
+    assert (report.matched, report.purged, report.skipped) == (1, 0, 1)
+    assert len(report.kept) == 1 and report.kept[0].startswith(f"{eid}: ") and "could not be admitted" in report.kept[0]
+    assert env.engine.store.read(eid, "exec") is not None
+    env.engine.outbox.admit_intent = admit  # type: ignore[method-assign]
+    report = Admin(env.engine).purge(older_than=timedelta(days=1).total_seconds())
+    assert (report.purged, report.skipped) == (1, 0)
+    env.advance(timedelta(minutes=1))
+    assert SENT == ["ann@example.com"]
+
+
+@durable.workflow(name="adv.resume.notify")
+def notify_on_cancel(to: str) -> str:
+    try:
+        wf.sleep(3600)
+    except WorkflowCancelledError:
+        wf.emit("adv.purge.mail", Mail(to=to))  # the compensation: tell the customer
+        raise
+    return "ok"
+
+
+def test_resume_admits_an_effect_a_forgotten_compensation_emitted() -> None:
+    """Resume forgets the compensation's steps; an emit among them not admitted yet was deleted
+    with them, so an effect the cancelled workflow had emitted was lost. It is admitted first."""
+    SENT.clear()
+    env = WorkflowEnvironment(durable)
+    env.engine._admit = lambda req: None  # type: ignore[method-assign]  # the worker dies after its commit
+    h = env.start(notify_on_cancel, "bob@example.com", _workflow_id="adv-resume-notify")
+    assert env.cancel(h) is True
+    env.run_until_idle()
+    assert h.status() == "cancelled"
+    del env.engine._admit
+    Admin(env.engine).resume(h.id)
+    env.run_until_idle()
+    env.advance(timedelta(minutes=1))
+    assert SENT == ["bob@example.com"] and h.status() == "running"
