@@ -217,7 +217,8 @@ def run(args: argparse.Namespace) -> None:
     )
     dbos_best = max(max(n / t for t in ts) for name, ts in walls.items() if name.startswith("DBOS"))
     print(f"run time {time.perf_counter() - t_start:.1f} s; {machine()} at the end")
-    print(verdict("throughput ratio celery_durable/best DBOS (best round)", ours_rate / dbos_best, 1.0, True))
+    # not below the 1.9x measured before the replay-core redesign
+    print(verdict("throughput ratio celery_durable/best DBOS (best round)", ours_rate / dbos_best, 1.9, True))
 
 
 def main() -> None:
