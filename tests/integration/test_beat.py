@@ -80,18 +80,20 @@ def test_signal_timeout_fires_through_fast_path(cluster) -> None:  # type: ignor
 
 
 def test_schedule_starts_one_execution_per_tick_with_two_beats(cluster) -> None:  # type: ignore[no-untyped-def]
-    import time
+    from datetime import UTC, datetime
 
     from celery_durable.tasks import tick_id
 
     env = {"TEST_SCHEDULE_EVERY": "1"}
     cluster.start_worker(env=env, concurrency=2)
-    t0 = time.time()
     cluster.workers.start_beat(env=env)
     cluster.workers.start_beat(env=env)
     store = cluster.durable.store
-    # wait for 4 whole ticks after both beats run
-    ticks = [tick_id("every", 1.0, t0 + 2 + i) for i in range(4)]
+    # count ticks from the first one a beat started (a loaded machine may take seconds to start a
+    # beat), leaving the second beat a few ticks to join: 4 whole ticks after that
+    first = wait_until(lambda: sorted(store.scan_partitions("every@")), timeout=60, what="a first tick")
+    start = datetime.strptime(str(first[0]).split("@", 1)[1], "%Y%m%dT%H%M%S").replace(tzinfo=UTC).timestamp()
+    ticks = [tick_id("every", 1.0, start + 3 + i) for i in range(4)]
     for wid in ticks:
         wait_until(
             lambda wid=wid: (d := store.read(wid, "exec")) and d["status"] == "completed",
