@@ -318,13 +318,16 @@ class SqliteStore(Store):
         body, kind, at = _prepare(doc, self.max_doc_bytes)
         expected = _parse_etag(if_match)
         with self._write() as conn:
-            current = self._version(conn, doc["pk"], doc["id"])
-            if current is None:
-                raise ConflictError(f"{doc['id']!r} does not exist")
-            if expected is not None and current != expected:
-                raise ConflictError(f"{doc['id']!r} changed since it was read")
             version = self._allocate(conn)
-            self._update(conn, doc, body, version, kind, at)
+            # the etag check and the write in one statement (a failed one rolls the allocation back)
+            cur = conn.execute(
+                "UPDATE docs SET body = ?, version = ?, due_kind = ?, due_at = ? WHERE pk = ? AND id = ?"
+                + ("" if expected is None else " AND version = ?"),
+                (body, version, kind, at, doc["pk"], doc["id"], *(() if expected is None else (expected,))),
+            )
+            if cur.rowcount != 1:
+                exists = self._version(conn, doc["pk"], doc["id"]) is not None
+                raise ConflictError(f"{doc['id']!r} " + ("changed since it was read" if exists else "does not exist"))
         return str(version)
 
     def upsert(self, doc: Doc) -> str:
@@ -371,11 +374,14 @@ class SqliteStore(Store):
             after = int(since or 0)
         except (TypeError, ValueError) as exc:
             raise ConfigurationError(f"not a cursor of this store: {since!r}") from exc
-        with self._snapshot() as conn:
+        with self._conn() as conn:
+            # The cursor first, then the documents, each in its own autocommit snapshot: writers
+            # commit in version order (BEGIN IMMEDIATE), so every document at or below the cursor
+            # is seen now, and one newer than it is read again next time (merged by id).
+            (cursor,) = conn.execute("SELECT seq FROM meta WHERE k = 0").fetchone()
             rows = conn.execute(
                 "SELECT id, body, version FROM docs WHERE pk = ? AND version > ? ORDER BY id", (pk, after)
             ).fetchall()
-            (cursor,) = conn.execute("SELECT seq FROM meta WHERE k = 0").fetchone()
         return PartitionRead(docs=[_decode(body, pk, doc_id, version) for doc_id, body, version in rows], cursor=cursor)
 
     def batch(self, pk: str, ops: Sequence[Op]) -> list[str | None]:
