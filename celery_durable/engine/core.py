@@ -30,7 +30,7 @@ from .driver import Driver
 from .heartbeat import Heartbeat
 from .leases import LeaseKeeper
 from .links import Links
-from .model import DUE_EXEC, EXEC_ID, RUNNING, TERMINAL, Clock, Settings, SystemClock, worker_identity
+from .model import DUE_EXEC, EXEC_ID, TERMINAL, Clock, Settings, SystemClock, new_exec_doc, worker_identity
 from .outbox import DUE_ADMIT, OutboxEngine, OutboxSettings
 from .outbox.runtime import EffectKeeper
 from .recovery import Recovery
@@ -125,33 +125,17 @@ class Engine:
     def create_execution(self, workflow: str, payload: dict[str, Any], eid: str, parent: dict[str, Any] | None) -> bool:
         """Create-only: False when ``eid`` exists. Sends the first drive when created."""
         now = self.clock.now()
-        doc: Doc = {
-            "pk": eid,
-            "id": EXEC_ID,
-            "type": "exec",
-            "workflow": workflow,
-            "run": 0,
-            # a re-created id is another life: caches holding the old one re-read (engine/cache.py)
-            "incarnation": uuid.uuid4().hex,
-            "generation": 0,
-            "payload": payload,
-            "parent": parent,
-            # the declared signal names, so a sender that does not know the workflow refuses others
-            "signals": self._signal_names(workflow),
-            "status": RUNNING,
-            "cancel_requested": False,
-            "result": None,
-            "error": None,
-            "lease": None,
-            "wakeups": 0,
-            "drives": 0,
-            "steps": 0,
-            "created_at": now,
-            "updated_at": now,
-            # if the first drive message is lost, recovery drives it after this
-            "due_kind": DUE_EXEC,
-            "due_at": now + self.settings.drive_timeout,
-        }
+        # if the first drive message is lost, recovery drives it after drive_timeout
+        doc = new_exec_doc(
+            eid,
+            workflow,
+            payload,
+            parent,
+            self._signal_names(workflow),
+            now,
+            due_kind=DUE_EXEC,
+            due_at=now + self.settings.drive_timeout,
+        )
         if self.store.create(doc) is None:
             return False
         self.emit("workflow_started", execution_id=eid, workflow=workflow)

@@ -37,6 +37,7 @@ from .model import (
     RUNNING,
     TERMINAL,
     marker_id,
+    new_exec_doc,
     parse_step_id,
     result_id,
     settled,
@@ -347,34 +348,21 @@ class Links:
         for marker in markers:
             name = str(marker["name"])
             wf = eng.registry.workflow(name)
-            fence: Doc = {
-                "pk": str(marker["child_id"]),
-                "id": EXEC_ID,
-                "type": "exec",
-                "workflow": name,
-                "run": 0,
-                "incarnation": uuid.uuid4().hex,
-                "generation": 0,
-                "payload": marker.get("input") or {},
-                "parent": {"pk": parent["pk"], "seq": int(marker["seq"]), "run": int(parent.get("run") or 0)},
-                "signals": sorted(wf.signals) if wf is not None and wf.signals else None,
-                "status": CANCELLED,
-                "cancel_requested": True,
-                "result": None,
-                "error": {"type": "WorkflowCancelledError", "message": "the parent was cancelled before it started"},
-                "lease": None,
-                "wakeups": 0,
-                "drives": 0,
-                "steps": 0,
-                "created_at": now,
-                "updated_at": now,
-                "completed_at": now,
+            fence = new_exec_doc(
+                str(marker["child_id"]),
+                name,
+                marker.get("input") or {},
+                {"pk": parent["pk"], "seq": int(marker["seq"]), "run": int(parent.get("run") or 0)},
+                sorted(wf.signals) if wf is not None and wf.signals else None,
+                now,
+                status=CANCELLED,
+                cancel_requested=True,
+                error={"type": "WorkflowCancelledError", "message": "the parent was cancelled before it started"},
+                completed_at=now,
                 # not a child's outcome: the parent records its own cancelled outcome for the step
-                "fence": True,
-                "parent_notified": True,
-                "due_kind": None,
-                "due_at": None,
-            }
+                fence=True,
+                parent_notified=True,
+            )
             eng.store.create(fence)
 
     def _child_unwanted(self, req: ChildRequest, fenced: bool = False) -> str | None:

@@ -20,6 +20,7 @@ from .schema import EXEC_ID, TERMINAL, DueKind, Status, marker_id, parse_step_id
 
 __all__ = [
     "Attempt",
+    "new_exec_doc",
     "EXEC_ID",
     "RUNNING",
     "COMPLETED",
@@ -115,3 +116,43 @@ def lease_live(doc: Doc, now: float) -> bool:
     """Whether the document's lease is held and not expired."""
     lease = doc.get("lease") or {}
     return "expires" in lease and float(lease["expires"]) > now
+
+
+def new_exec_doc(
+    eid: str,
+    workflow: str,
+    payload: dict[str, Any],
+    parent: dict[str, Any] | None,
+    signals: list[str] | None,
+    now: float,
+    **fields: Any,
+) -> Doc:
+    """A new execution document (``fields`` override the running defaults; docs/architecture.md §5)."""
+    doc: Doc = {
+        "pk": eid,
+        "id": EXEC_ID,
+        "type": "exec",
+        "workflow": workflow,
+        "run": 0,
+        # a re-created id is another life: caches holding the old one re-read (engine/cache.py)
+        "incarnation": uuid.uuid4().hex,
+        "generation": 0,
+        "payload": payload,
+        "parent": parent,
+        # the declared signal names, so a sender that does not know the workflow refuses others
+        "signals": signals,
+        "status": RUNNING,
+        "cancel_requested": False,
+        "result": None,
+        "error": None,
+        "lease": None,
+        "wakeups": 0,
+        "drives": 0,
+        "steps": 0,
+        "created_at": now,
+        "updated_at": now,
+        "due_kind": None,
+        "due_at": None,
+    }
+    doc.update(fields)
+    return doc
