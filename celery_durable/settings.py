@@ -133,6 +133,11 @@ class Settings:
                 f"{PREFIX}lease_ttl ({self.lease_ttl})"
             )
 
+    @property
+    def store_url_redacted(self) -> str:
+        """The store URL safe to log or show (keys and passwords as ``***``)."""
+        return redact_url(self.store_url)
+
     def __repr__(self) -> str:
         shown = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self) if f.repr)
         return f"Settings(store_url={redact_url(self.store_url)!r}, {shown})"

@@ -107,11 +107,15 @@ class CeleryDispatcher:
 
 
 def register_tasks(app: Celery, durable: DurableLike) -> None:
-    """Register the internal tasks on ``app`` (idempotent)."""
+    """Register the internal tasks on ``app`` (idempotent).
+
+    ``shared=False``: Celery shares ``app.task`` tasks with every app created later in the process,
+    and a shared drive would run another app's executions with this app's extension and store.
+    """
     if DRIVE_TASK in app.tasks:
         return
 
-    @app.task(name=DRIVE_TASK, bind=True, ignore_result=True, max_retries=None, acks_late=False)
+    @app.task(name=DRIVE_TASK, bind=True, ignore_result=True, max_retries=None, acks_late=False, shared=False)
     def drive(self: Any, execution_id: str) -> str:
         try:
             return durable.engine.drive(execution_id)
@@ -119,7 +123,7 @@ def register_tasks(app: Celery, durable: DurableLike) -> None:
             # the execution stays due; retrying here just makes recovery faster
             raise self.retry(exc=exc, countdown=min(30.0, 1.0 * 2 ** min(self.request.retries, 5))) from exc
 
-    @app.task(name=FIRE_CLOCK_TASK, bind=True, ignore_result=True, max_retries=None)
+    @app.task(name=FIRE_CLOCK_TASK, bind=True, ignore_result=True, max_retries=None, shared=False)
     def fire_clock(self: Any, execution_id: str, seq: int, run: int = 0) -> str:
         try:
             outcome = durable.engine.fire_clock(execution_id, seq, run)
@@ -129,18 +133,18 @@ def register_tasks(app: Celery, durable: DurableLike) -> None:
             raise self.retry(countdown=0.05, max_retries=100)
         return outcome
 
-    @app.task(name=FIRE_DUE_CLOCKS_TASK, ignore_result=True)
+    @app.task(name=FIRE_DUE_CLOCKS_TASK, ignore_result=True, shared=False)
     def fire_due_clocks() -> int:
         return durable.engine.links.fire_due_clocks()
 
-    @app.task(name=START_SCHEDULED_TASK, ignore_result=True)
+    @app.task(name=START_SCHEDULED_TASK, ignore_result=True, shared=False)
     def start_scheduled(schedule_name: str, workflow: str, payload: dict[str, Any], period: float) -> str:
         engine = durable.engine
         wid = tick_id(schedule_name, period, engine.clock.now())
         created = engine.create_execution(workflow, payload, wid, None)
         return f"{wid} {'started' if created else 'already started'}"
 
-    @app.task(name=RECOVER_TASK, ignore_result=True)
+    @app.task(name=RECOVER_TASK, ignore_result=True, shared=False)
     def recover() -> dict[str, int]:
         report = durable.engine.recovery.scan()
         if report.redriven or report.resent or report.failed or report.errors:

@@ -49,4 +49,3 @@ def install(durable: DurableLike) -> None:
     celery_signals.worker_process_init.connect(on_process_init, weak=False, dispatch_uid=uid + ":init")
     celery_signals.task_postrun.connect(on_task_postrun, weak=False, dispatch_uid=uid + ":postrun")
     celery_signals.worker_process_shutdown.connect(on_shutdown, weak=False, dispatch_uid=uid + ":pshutdown")
-    celery_signals.worker_shutdown.connect(on_shutdown, weak=False, dispatch_uid=uid + ":shutdown")

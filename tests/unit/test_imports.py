@@ -25,6 +25,7 @@ LAYERS = {
     "workflow": 3,
     "handle": 3,
     "extension": 4,
+    "bootsteps": 4,
     "activity": 4,
     "tasks": 4,
     "outbox": 4,
