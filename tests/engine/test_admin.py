@@ -2,61 +2,27 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from celery_durable import workflow as wf
-from celery_durable.engine import Engine, InlineDispatcher, Registry
+from celery_durable.engine import Engine
 from celery_durable.engine.admin import Admin, OperationRefused, PurgeReport
-from celery_durable.engine.context import require_context
 from celery_durable.engine.local import LocalWorker
 from celery_durable.errors import ActivityError, UnknownWorkflowError, WorkflowCancelledError
 from celery_durable.stores import Store, store_from_url
-from celery_durable.stores.memory import MemoryStore
-from celery_durable.testing.env import FakeClock
+from tests.engine.inprocess import InProcess
 
 DAY = 86400.0
 
 
-class Env:
+class Env(InProcess):
     def __init__(self, store: Store | None = None) -> None:
-        self.store = store or MemoryStore()
-        self.clock = FakeClock(1_700_000_000.0)
-        self.dispatcher = InlineDispatcher()
-        self.registry = Registry()
-        self.engine = Engine(self.store, self.dispatcher, self.registry, clock=self.clock)
-        self.worker = LocalWorker(self.engine, self.dispatcher)
+        super().__init__(store, step_time=1.0)  # every stage at its own time, as on real workers
         self.admin = Admin(self.engine)
         self.ran: list[str] = []
-
-    def activity(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        act = self.registry.add_activity(fn.__name__, fn)
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            return require_context("activity").call_activity(act.name, act.codec, args, kwargs).result()
-
-        return call
-
-    def workflow(self, fn: Callable[..., Any]) -> Any:
-        return self.registry.add_workflow(fn.__name__, fn)
-
-    def child(self, definition: Any, *args: Any) -> Any:
-        return require_context("child").start_child(definition, args, {}, None).result()
-
-    def start(self, definition: Any, *args: Any, wid: str | None = None) -> str:
-        eid, _ = self.engine.start(definition, args, {}, workflow_id=wid)
-        self.run()
-        return eid
-
-    def run(self) -> None:
-        self.clock.advance(1.0)  # every stage at its own time, as on real workers
-        self.worker.run()
-
-    def status(self, eid: str) -> str:
-        return str(self.engine.read_exec(eid)["status"])
 
 
 @pytest.fixture

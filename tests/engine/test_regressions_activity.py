@@ -17,36 +17,21 @@ from click.testing import CliRunner
 from celery_durable import Durable, durable_activity
 from celery_durable.activity import DURABLE_HEADER
 from celery_durable.cli import durable as durable_cli
-from celery_durable.engine import Engine, InlineDispatcher, Registry
+from celery_durable.engine import Engine, Registry
 from celery_durable.engine.activity import Attempt
 from celery_durable.engine.cache import bump_generation
-from celery_durable.engine.context import require_context
-from celery_durable.engine.local import LocalWorker
+from celery_durable.engine.model import SystemClock
 from celery_durable.errors import StoreUnavailable
 from celery_durable.stores.base import Op
 from celery_durable.stores.memory import MemoryStore
+from tests.engine.inprocess import InProcess
 
 
-class Worker:
-    """One worker process: its own engine (and so its own cache) on a shared store."""
+class Worker(InProcess):
+    """One worker process: its own engine (and so its own cache) on a shared store, real time."""
 
     def __init__(self, store: MemoryStore, registry: Registry | None = None) -> None:
-        self.store = store
-        self.dispatcher = InlineDispatcher()
-        self.registry = registry or Registry()
-        self.engine = Engine(store, self.dispatcher, self.registry)
-        self.worker = LocalWorker(self.engine, self.dispatcher)
-
-    def activity(self, fn: Any) -> Any:
-        act = self.registry.add_activity(fn.__name__, fn)
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            return require_context("activity").call_activity(act.name, act.codec, args, kwargs).result()
-
-        return call
-
-    def run(self) -> int:
-        return self.worker.run()
+        super().__init__(store, registry, clock=SystemClock())
 
 
 def _cli(worker: Worker, *args: str) -> Any:

@@ -15,43 +15,18 @@ from pydantic import BaseModel
 
 from celery_durable import Durable
 from celery_durable import workflow as wf
-from celery_durable.engine import Engine, InlineDispatcher, Registry
 from celery_durable.engine.admin import Admin, OperationRefused
 from celery_durable.engine.context import require_context
-from celery_durable.engine.local import LocalWorker
 from celery_durable.errors import ActivityError, StoreError, WorkflowCancelledError
-from celery_durable.stores.memory import MemoryStore
-from celery_durable.testing.env import FakeClock, WorkflowEnvironment
+from celery_durable.testing.env import WorkflowEnvironment
+from tests.engine.inprocess import InProcess
 
 
-class Env:
+class Env(InProcess):
     def __init__(self) -> None:
-        self.store = MemoryStore()
-        self.clock = FakeClock(1_700_000_000.0)
-        self.dispatcher = InlineDispatcher()
-        self.registry = Registry()
-        self.engine = Engine(self.store, self.dispatcher, self.registry, clock=self.clock)
-        self.worker = LocalWorker(self.engine, self.dispatcher)
+        super().__init__(step_time=1.0)
         self.admin = Admin(self.engine)
         self.ran: list[str] = []
-
-    def activity(self, fn: Any) -> Any:
-        act = self.registry.add_activity(fn.__name__, fn)
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            return require_context("activity").call_activity(act.name, act.codec, args, kwargs).result()
-
-        return call
-
-    def run(self) -> None:
-        self.clock.advance(1.0)
-        self.worker.run()
-
-    def ex(self, eid: str) -> dict[str, Any]:
-        return self.engine.read_exec(eid)
-
-    def ids(self, eid: str) -> set[str]:
-        return {d["id"] for d in self.store.query_partition(eid).docs}
 
 
 @pytest.fixture

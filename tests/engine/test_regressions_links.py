@@ -21,55 +21,21 @@ import pytest
 from pydantic import BaseModel
 
 from celery_durable import workflow as wf
-from celery_durable.engine import Engine, InlineDispatcher, Registry
-from celery_durable.engine.context import require_context
-from celery_durable.engine.local import LocalWorker
+from celery_durable.engine import Engine, Registry
 from celery_durable.engine.registry import WorkflowDef
 from celery_durable.errors import PayloadValidationError, WorkflowCancelledError
 from celery_durable.stores.base import strip_reserved
 from celery_durable.stores.memory import MemoryStore
+from tests.engine.inprocess import InProcess, parent_and_child
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 1_700_000_000.0
-
-    def now(self) -> float:
-        return self.t
-
-
-class Env:
-    """One in-process worker (engine + inline dispatcher) over a store, with a fake clock."""
+class Env(InProcess):
+    """One in-process worker over a store, recording the engine's events."""
 
     def __init__(self, store: MemoryStore | None = None, registry: Registry | None = None) -> None:
-        self.store = store or MemoryStore()
-        self.clock = FakeClock()
-        self.dispatcher = InlineDispatcher()
-        self.registry = registry or Registry()
-        self.engine = Engine(self.store, self.dispatcher, self.registry, clock=self.clock)
-        self.worker = LocalWorker(self.engine, self.dispatcher)
+        super().__init__(store, registry)
         self.events: list[tuple[str, dict[str, Any]]] = []
         self.engine.subscribe(lambda event, **kw: self.events.append((event, kw)))
-
-    def activity(self, fn: Any) -> Any:
-        act = self.registry.add_activity(fn.__name__, fn)
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            ctx = require_context("activity")
-            return ctx.call_activity(act.name, act.codec, args, kwargs).result()
-
-        return call
-
-    def workflow(self, fn: Any, signals: dict[str, Any] | None = None) -> WorkflowDef:
-        return self.registry.add_workflow(fn.__name__, fn, signals)
-
-    def start(self, d: WorkflowDef, *args: Any, wid: str | None = None) -> str:
-        eid, _ = self.engine.start(d, args, {}, workflow_id=wid)
-        self.worker.run()
-        return eid
-
-    def ex(self, eid: str) -> dict[str, Any]:
-        return self.engine.read_exec(eid)
 
 
 class Approval(BaseModel):
@@ -208,28 +174,10 @@ def test_the_wait_takes_the_first_valid_value_after_an_earlier_invalid_one() -> 
 # --- bug 8: a cancelled parent's never-created child --------------------------------------------
 
 
-def _parent_and_child(env: Env, side_effects: list[str]) -> WorkflowDef:
-    @env.activity
-    def ship(order: str) -> str:
-        side_effects.append(f"shipped {order}")
-        return "ok"
-
-    def shipping(order: str) -> str:
-        return str(ship(order))
-
-    child_def = env.workflow(shipping)
-
-    def parent(order: str) -> str:
-        ctx = require_context("parent")
-        return str(ctx.start_child(child_def, (order,), {}, None).result())
-
-    return env.workflow(parent)
-
-
 def test_recovery_never_creates_the_child_of_a_cancelled_parent() -> None:
     env = Env()
     side_effects: list[str] = []
-    pdef = _parent_and_child(env, side_effects)
+    pdef = parent_and_child(env, side_effects)
     real = env.engine.links.start_child
     env.engine.links.start_child = lambda req: False  # type: ignore[method-assign,assignment,return-value]
     eid = env.start(pdef, "o-9", wid="P")  # the worker died before creating the child
@@ -252,7 +200,7 @@ def test_recovery_never_creates_the_child_of_a_cancelled_parent() -> None:
 def test_cancel_racing_the_childs_creation_still_cancels_it() -> None:
     env = Env()
     side_effects: list[str] = []
-    pdef = _parent_and_child(env, side_effects)
+    pdef = parent_and_child(env, side_effects)
     real_create = env.engine.create_execution
 
     def create_after_the_cancel(workflow: str, payload: Any, eid: str, parent: Any) -> bool:

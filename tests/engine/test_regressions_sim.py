@@ -17,31 +17,13 @@ import pytest
 from celery_durable import workflow as wf
 from celery_durable.engine.admin import Admin
 from celery_durable.engine.context import require_context
-from celery_durable.engine.registry import WorkflowDef
 from celery_durable.errors import DurableTimeoutError, StoreUnavailable
 from celery_durable.stores.base import Doc, Op
 
+from .inprocess import parent_and_child
 from .test_regressions_links import Env
 
 # --- cancel_parent: a child created after its parent was cancelled ------------------------------
-
-
-def _parent_and_child(env: Env, ran: list[str]) -> WorkflowDef:
-    @env.activity
-    def ship(order: str) -> str:
-        ran.append(order)
-        return "ok"
-
-    def shipping(order: str) -> str:
-        return str(ship(order))
-
-    child_def = env.workflow(shipping)
-
-    def parent(order: str) -> str:
-        ctx = require_context("parent")
-        return str(ctx.start_child(child_def, (order,), {}, None).result())
-
-    return env.workflow(parent)
 
 
 def test_a_child_is_never_created_once_its_parent_is_cancelled() -> None:
@@ -49,7 +31,7 @@ def test_a_child_is_never_created_once_its_parent_is_cancelled() -> None:
     to its end while the create was in flight: the create must not produce a live child."""
     env = Env()
     ran: list[str] = []
-    pdef = _parent_and_child(env, ran)
+    pdef = parent_and_child(env, ran)
     real_create = env.store.create
     seen: list[Any] = []  # the parent's status whenever a child exec is created
 
@@ -84,7 +66,7 @@ def test_a_fence_left_by_a_failed_cancel_drive_is_not_the_childs_outcome() -> No
     the step as cancelled."""
     env = Env()
     ran: list[str] = []
-    pdef = _parent_and_child(env, ran)
+    pdef = parent_and_child(env, ran)
     real_start = env.engine.links.start_child
     env.engine.links.start_child = lambda req: False  # type: ignore[method-assign,assignment,return-value]
     eid = env.start(pdef, "o-2", wid="P")  # the worker died before creating the child
@@ -120,7 +102,7 @@ def test_resuming_a_cancelled_parent_runs_its_fenced_child(later: float) -> None
     fence and starts it.)"""
     env = Env()
     ran: list[str] = []
-    pdef = _parent_and_child(env, ran)
+    pdef = parent_and_child(env, ran)
     real_start = env.engine.links.start_child
     env.engine.links.start_child = lambda req: False  # type: ignore[method-assign,assignment,return-value]
     eid = env.start(pdef, "o-3", wid="P")  # the worker died before creating the child
