@@ -234,8 +234,14 @@ class Driver:
         info = error_info(error)
         if isinstance(error, CorruptDocument):
             info["type"] = CorruptDocument.__name__  # the public name, whatever the subclass
-        fields: Doc = {"status": FAILED, "error": info, "lease": None, "completed_at": now}
-        fields.update(due_kind=None, due_at=None)
+        fields: Doc = {
+            "status": FAILED,
+            "error": info,
+            "lease": None,
+            "completed_at": now,
+            "due_kind": None,
+            "due_at": None,
+        }
         workflow = "?"
         for _ in range(10):
             try:

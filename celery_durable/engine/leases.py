@@ -34,7 +34,7 @@ class LeaseKeeper:
     """A beater of the engine's :class:`~.heartbeat.Heartbeat`: renews every tracked attempt's
     lease each ``heartbeat_interval``."""
 
-    def __init__(self, engine: EngineParts, heartbeat: Heartbeat | None = None) -> None:
+    def __init__(self, engine: EngineParts, heartbeat: Heartbeat) -> None:
         self.engine = engine
         self._lock = threading.Lock()
         # keyed by attempt: a continued execution's run 1 step 3 is not run 0 step 3, and two
@@ -42,16 +42,14 @@ class LeaseKeeper:
         self._attempts: dict[tuple[str, int, int, str], Attempt] = {}
         self._last_beat = 0.0
         self._heartbeat = heartbeat
-        if heartbeat is not None:
-            heartbeat.add(self)
+        heartbeat.add(self)
 
     def track(self, attempt: Attempt) -> None:
         with self._lock:
             if not self._attempts:  # the first renewal is one interval after the first track
                 self._last_beat = time.monotonic()
             self._attempts[_key(attempt)] = attempt
-        if self._heartbeat is not None:
-            self._heartbeat.wake()
+        self._heartbeat.wake()
 
     def untrack(self, attempt: Attempt) -> None:
         with self._lock:
@@ -63,8 +61,7 @@ class LeaseKeeper:
 
     def stop(self, release: bool = True) -> None:
         """Stop renewing (the heartbeat thread too); with ``release`` give back every held lease."""
-        if self._heartbeat is not None:
-            self._heartbeat.stop()
+        self._heartbeat.stop()
         if release:
             for attempt in self.running():
                 self.release(attempt)

@@ -261,16 +261,6 @@ class SqliteStore(Store):
                 raise
             conn.execute("COMMIT")
 
-    @contextmanager
-    def _snapshot(self) -> Iterator[sqlite3.Connection]:
-        """A read transaction: several SELECTs see one consistent snapshot."""
-        with self._conn() as conn:
-            conn.execute("BEGIN")
-            try:
-                yield conn
-            finally:
-                conn.execute("COMMIT")
-
     @staticmethod
     def _allocate(conn: sqlite3.Connection, count: int = 1) -> int:
         """Reserve ``count`` versions in the current write transaction; return the first."""

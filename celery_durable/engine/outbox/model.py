@@ -121,21 +121,21 @@ class LaneFull(DurableError):
 
 @dataclass(frozen=True)
 class OutboxSettings:
-    """Timings in seconds (the Celery glue reads them from ``durable_outbox_*`` settings)."""
+    """Timings in seconds: the outbox's view of the library's one ``Settings`` (defaults from it)."""
 
-    lease_ttl: float = 30.0
-    heartbeat_interval: float = 10.0
+    lease_ttl: float = Settings.lease_ttl
+    heartbeat_interval: float = Settings.heartbeat_interval
     #: a claimable row not claimed this long after its message was sent is sent again
-    queue_timeout: float = 60.0
+    queue_timeout: float = Settings.outbox_queue_timeout
     #: succeeded and cancelled rows are deleted this long after settling (failed rows are kept)
-    retention: float = 7 * 24 * 3600.0
+    retention: float = Settings.outbox_retention
     #: how often a running handler's row is re-read for cancellation (and the timeout checked)
-    cancel_poll: float = 1.0
+    cancel_poll: float = Settings.outbox_cancel_poll
     #: rows available within this delay get a countdown message; later ones wait for the scan
-    fast_send_max: float = 60.0
+    fast_send_max: float = Settings.outbox_fast_send_max
     #: an intent its enqueuer did not admit within this delay is admitted by the scan
-    admit_grace: float = 10.0
-    max_lane_backlog: int = 10_000
+    admit_grace: float = Settings.outbox_admit_grace
+    max_lane_backlog: int = Settings.outbox_max_lane_backlog
 
     @classmethod
     def of(cls, settings: Settings) -> OutboxSettings:
