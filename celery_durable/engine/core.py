@@ -125,13 +125,14 @@ class Engine:
     def create_execution(self, workflow: str, payload: dict[str, Any], eid: str, parent: dict[str, Any] | None) -> bool:
         """Create-only: False when ``eid`` exists. Sends the first drive when created."""
         now = self.clock.now()
+        definition = self.registry.workflow(workflow)
         # if the first drive message is lost, recovery drives it after drive_timeout
         doc = new_exec_doc(
             eid,
             workflow,
             payload,
             parent,
-            self._signal_names(workflow),
+            definition.signal_names if definition is not None else None,
             now,
             due_kind=DUE_EXEC,
             due_at=now + self.settings.drive_timeout,
@@ -141,10 +142,6 @@ class Engine:
         self.emit("workflow_started", execution_id=eid, workflow=workflow)
         self.dispatcher.send_drive(eid)
         return True
-
-    def _signal_names(self, workflow: str) -> list[str] | None:
-        wf = self.registry.workflow(workflow)
-        return sorted(wf.signals) if wf is not None and wf.signals else None
 
     def read_exec(self, execution_id: str) -> Doc:
         doc = self.store.read(execution_id, EXEC_ID)

@@ -64,7 +64,7 @@ def declared_signals(ex: Doc, wf: WorkflowDef | None) -> list[str] | None:
     if "signals" in ex:
         names = ex.get("signals")
         return list(names) if names else None
-    return sorted(wf.signals) if wf is not None and wf.signals else None
+    return wf.signal_names if wf is not None else None
 
 
 class Links:
@@ -353,7 +353,7 @@ class Links:
                 name,
                 marker.get("input") or {},
                 {"pk": parent["pk"], "seq": int(marker["seq"]), "run": int(parent.get("run") or 0)},
-                sorted(wf.signals) if wf is not None and wf.signals else None,
+                wf.signal_names if wf is not None else None,
                 now,
                 status=CANCELLED,
                 cancel_requested=True,

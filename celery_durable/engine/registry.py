@@ -20,6 +20,11 @@ class WorkflowDef:
     #: declared signal types: values are validated against them when sent
     signals: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def signal_names(self) -> list[str] | None:
+        """The declared names as recorded in an exec document; ``None``: any name is accepted."""
+        return sorted(self.signals) or None
+
 
 @dataclass(frozen=True)
 class ActivityDef:
