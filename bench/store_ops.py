@@ -91,6 +91,12 @@ class CountingStore(Store):
         self.tally.docs_read += doc is not None
         return doc
 
+    def read_many(self, pk: str, ids: Sequence[str]) -> list[Doc | None]:
+        self._count("read_many")
+        docs = self.inner.read_many(pk, ids)
+        self.tally.docs_read += sum(doc is not None for doc in docs)
+        return docs
+
     def create(self, doc: Doc) -> str | None:
         self._count("create")
         self.tally.docs_written += 1

@@ -37,6 +37,7 @@ __all__ = [
     "MAX_DOC_BYTES",
     "MAX_BATCH_OPS",
     "check_doc",
+    "check_ids",
     "doc_size",
 ]
 
@@ -175,6 +176,14 @@ def decode_keyset(cursor: str) -> tuple[float, str]:
         raise ConfigurationError(f"not a listing cursor of this store: {cursor[:40]!r}") from exc
 
 
+def check_ids(ids: Sequence[str]) -> list[str]:
+    """The ids of a :meth:`Store.read_many` as a list; a bare string is refused (it is a sequence
+    of one-character ids, never what the caller meant)."""
+    if isinstance(ids, str):
+        raise ConfigurationError(f"read_many takes a sequence of ids, not one string: {ids[:40]!r}")
+    return list(ids)
+
+
 def doc_size(doc: Doc) -> int:
     """Size of the document as stored: compact JSON, UTF-8."""
     return len(json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
@@ -217,6 +226,15 @@ class Store(ABC):
     @abstractmethod
     def read(self, pk: str, doc_id: str) -> Doc | None:
         """The document with its ``_etag``, or ``None``."""
+
+    def read_many(self, pk: str, ids: Sequence[str]) -> list[Doc | None]:
+        """The documents ``ids`` of partition ``pk``, in the order of ``ids`` (``None`` where missing).
+
+        Backends answer in one round trip; this default reads one by one. An id given twice gets
+        a copy at each position; no ids cost nothing. A document the store cannot decode raises
+        :class:`~celery_durable.errors.CorruptDocument`, as :meth:`read` does.
+        """
+        return [self.read(pk, doc_id) for doc_id in check_ids(ids)]
 
     @abstractmethod
     def create(self, doc: Doc) -> str | None:

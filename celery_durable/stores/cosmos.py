@@ -88,6 +88,7 @@ from ._cosmos_index import (
     split_etag,
 )
 from ._cosmos_list import CosmosListing
+from ._cosmos_read import CosmosReads
 from .base import Doc, DueRef, Op, PartitionRead, Store, check_doc, doc_size, due_fields
 
 __all__ = ["CosmosStore", "from_url"]
@@ -98,7 +99,7 @@ PARTITION_KEY_PATH = "/pk"
 _PAGE = 1000  # items per page when a query has to page
 
 
-class CosmosStore(CosmosListing, Store):
+class CosmosStore(CosmosReads, CosmosListing, Store):
     """The storage contract on one Cosmos DB container (see the module docstring)."""
 
     def __init__(
@@ -280,14 +281,6 @@ class CosmosStore(CosmosListing, Store):
         ref, entry = self.index.new_entry(kind, at, doc["pk"], doc["id"], now)
         body[DUE_REF] = ref
         return body, [entry]
-
-    @staticmethod
-    def _out(raw: Doc) -> Doc:
-        doc = {k: v for k, v in raw.items() if k not in SYSTEM_KEYS}
-        if ORIGINAL_ID in raw:
-            doc["id"] = raw[ORIGINAL_ID]
-        doc["_etag"] = make_etag(raw["_etag"], raw.get(DUE_REF))
-        return doc
 
     def _write_entries(self, entries: list[Doc]) -> None:
         for entry in entries:

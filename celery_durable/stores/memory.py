@@ -21,6 +21,7 @@ from .base import (
     PartitionRead,
     Store,
     check_doc,
+    check_ids,
     check_page_size,
     created_key,
     decode_keyset,
@@ -62,6 +63,15 @@ class MemoryStore(Store):
             self._count("read")
             entry = self._parts.get(pk, {}).get(doc_id)
             return None if entry is None else self._out(*entry)
+
+    def read_many(self, pk: str, ids: Sequence[str]) -> list[Doc | None]:
+        wanted = check_ids(ids)
+        if not wanted:
+            return []
+        with self._lock:
+            self._count("read_many")
+            part = self._parts.get(pk, {})
+            return [None if (entry := part.get(doc_id)) is None else self._out(*entry) for doc_id in wanted]
 
     def create(self, doc: Doc) -> str | None:
         check_doc(doc, self.max_doc_bytes)

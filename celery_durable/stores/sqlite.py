@@ -40,6 +40,7 @@ from .base import (
     PartitionRead,
     Store,
     check_doc,
+    check_ids,
     check_page_size,
     decode_keyset,
     due_fields,
@@ -52,6 +53,8 @@ __all__ = ["SqliteStore", "from_url", "DEFAULT_BUSY_TIMEOUT"]
 DEFAULT_BUSY_TIMEOUT = 5.0
 #: idle connections kept per process; extra ones are closed when released
 MAX_IDLE_CONNECTIONS = 8
+#: ids per ``IN (...)`` of read_many (SQLite before 3.32 allows 999 parameters a statement)
+_IN_CHUNK = 500
 SCHEMA_VERSION = 2  # 2: the docs_execs index (list_execs); a version-1 file is upgraded on open
 
 #: An exec row's listing key: its numeric created_at, else 0. Guarded by json_valid so a corrupt
@@ -289,6 +292,25 @@ class SqliteStore(Store):
         with self._conn() as conn:
             row = conn.execute("SELECT body, version FROM docs WHERE pk = ? AND id = ?", (pk, doc_id)).fetchone()
         return None if row is None else _decode(row[0], pk, doc_id, row[1])
+
+    def read_many(self, pk: str, ids: Sequence[str]) -> list[Doc | None]:
+        wanted = check_ids(ids)
+        unique = list(dict.fromkeys(wanted))
+        if not unique:
+            return []
+        chunks = [unique[i : i + _IN_CHUNK] for i in range(0, len(unique), _IN_CHUNK)]
+        rows: dict[str, tuple[str, int]] = {}
+        with self._conn() as conn:
+            if len(chunks) > 1:
+                conn.execute("BEGIN")  # one snapshot across the statements (released on error)
+            for chunk in chunks:
+                marks = ",".join("?" * len(chunk))
+                sql = f"SELECT id, body, version FROM docs WHERE pk = ? AND id IN ({marks})"
+                rows.update((str(doc_id), (body, version)) for doc_id, body, version in conn.execute(sql, (pk, *chunk)))
+            if len(chunks) > 1:
+                conn.execute("COMMIT")
+        # decoded per position, as read() would: a repeated id gets its own copy
+        return [None if (row := rows.get(doc_id)) is None else _decode(row[0], pk, doc_id, row[1]) for doc_id in wanted]
 
     def create(self, doc: Doc) -> str | None:
         body, kind, at = _prepare(doc, self.max_doc_bytes)

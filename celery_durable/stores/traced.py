@@ -39,6 +39,9 @@ class TracedStore(Store):
     def read(self, pk: str, doc_id: str) -> Doc | None:
         return self._traced("read", pk, lambda: self.inner.read(pk, doc_id))
 
+    def read_many(self, pk: str, ids: Sequence[str]) -> list[Doc | None]:
+        return self._traced("read_many", pk, lambda: self.inner.read_many(pk, ids), ids=len(ids))
+
     def create(self, doc: Doc) -> str | None:
         return self._traced("create", doc.get("pk"), lambda: self.inner.create(doc))
 

@@ -316,6 +316,9 @@ class FaultyStore(Store):
     def read(self, pk: str, doc_id: str) -> Doc | None:
         return self._call(pk, False, lambda: self.inner.read(pk, doc_id))  # type: ignore[no-any-return]
 
+    def read_many(self, pk: str, ids: Sequence[str]) -> list[Doc | None]:
+        return self._call(pk, False, lambda: self.inner.read_many(pk, ids))  # type: ignore[no-any-return]
+
     def create(self, doc: Doc) -> str | None:
         def observe(etag: Any) -> None:
             if etag is not None:

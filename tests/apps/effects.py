@@ -188,6 +188,9 @@ class FlakyStore(Store):
     def read(self, pk: str, doc_id: str) -> Doc | None:
         return self.inner.read(pk, doc_id)
 
+    def read_many(self, pk: str, ids: Sequence[str]) -> list[Doc | None]:
+        return self.inner.read_many(pk, ids)
+
     def create(self, doc: Doc) -> str | None:
         return self.inner.create(doc)
 

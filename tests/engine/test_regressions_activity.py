@@ -263,6 +263,10 @@ class FlakyStore(MemoryStore):
         self._check()
         return super().read(*a, **k)
 
+    def read_many(self, *a: Any, **k: Any) -> Any:
+        self._check()
+        return super().read_many(*a, **k)
+
     def create(self, *a: Any, **k: Any) -> Any:
         self._check()
         return super().create(*a, **k)

@@ -629,6 +629,132 @@ def test_query_partition_since_cursor_of_empty_partition(store: Store) -> None:
     assert [body(d) for d in got] == [D("p", "a", v=1)]
 
 
+# --- read_many: several documents of one partition in one round trip -------------------------------
+
+
+def test_read_many_answers_in_the_order_asked(store: Store) -> None:
+    for doc_id in ("a", "b", "c"):
+        store.create(D("p", doc_id, v=doc_id * 2))
+    got = store.read_many("p", ["c", "a", "b"])
+    assert [body(d) for d in got] == [D("p", "c", v="cc"), D("p", "a", v="aa"), D("p", "b", v="bb")]
+    assert [body(d) for d in store.read_many("p", ("b",))] == [D("p", "b", v="bb")]  # any sequence
+
+
+def test_read_many_gives_none_for_missing_ids(store: Store) -> None:
+    store.create(D("p", "a", v=1))
+    store.create(D("p", "gone"))
+    store.delete("p", "gone")
+    got = store.read_many("p", ["nope", "a", "gone", "also-nope"])
+    assert [body(d) for d in got] == [None, D("p", "a", v=1), None, None]
+    assert store.read_many("empty-partition", ["a", "b"]) == [None, None]
+
+
+def test_read_many_with_repeated_ids_gives_independent_copies(store: Store) -> None:
+    store.create(D("p", "a", items=[1], nested={"k": "v"}))
+    store.create(D("p", "b"))
+    first, other, again, missing, missing_again = store.read_many("p", ["a", "b", "a", "x", "x"])
+    assert first == again and first is not None and again is not None and first is not again
+    assert body(other) == D("p", "b") and missing is None and missing_again is None
+    first["items"].append(2)
+    first["nested"]["k"] = "changed"
+    assert body(again) == D("p", "a", items=[1], nested={"k": "v"})  # not the same objects
+    assert body(store.read("p", "a")) == D("p", "a", items=[1], nested={"k": "v"})  # nor the stored ones
+
+
+def test_read_many_of_no_ids(store: Store) -> None:
+    store.create(D("p", "a"))
+    assert store.read_many("p", []) == []
+    assert store.read_many("p", ()) == []
+
+
+def test_read_many_refuses_a_bare_string(store: Store) -> None:
+    store.create(D("p", "a"))
+    with pytest.raises(ConfigurationError, match="sequence of ids"):
+        store.read_many("p", "a")
+
+
+def test_read_many_etags_are_reads_etags_and_usable(store: Store) -> None:
+    etags = {
+        "plain": store.create(D("p", "plain", v=1)),
+        "due": store.create(D("p", "due", v=1, due_kind="lease", due_at=T0 + 300)),
+    }
+    etags["plain"] = store.replace(D("p", "plain", v=2), if_match=etags["plain"])
+    (etags["batched"],) = store.batch("p", [Op.create(D("p", "batched", v=1))])
+    got = store.read_many("p", list(etags))
+    for doc_id, doc in zip(etags, got, strict=True):
+        assert doc is not None and doc["id"] == doc_id
+        assert doc["_etag"] == etags[doc_id] == store.read("p", doc_id)["_etag"]  # type: ignore[index]
+    for doc in got:
+        assert doc is not None
+        # the etag works as read()'s does: a replace conditioned on it succeeds, then it is stale
+        store.replace(dict(doc, v=9), if_match=doc["_etag"])
+        with pytest.raises(ConflictError):
+            store.replace(dict(doc, v=10), if_match=doc["_etag"])
+    assert store.scan_due("lease", T0 + 300) == [DueRef("p", "due", T0 + 300)]  # the due index survived
+
+
+def test_read_many_never_returns_another_partition(store: Store) -> None:
+    store.create(D("p", "a", where="p"))
+    for pk in ("q", "pp", "P", "p-other", "p "):
+        for doc_id in ("a", "b"):
+            store.create(D(pk, doc_id, where=pk))
+    got = store.read_many("p", ["b", "a", "b"])
+    assert [body(d) for d in got] == [None, D("p", "a", where="p"), None]
+    assert [d["where"] for d in store.read_many("q", ["a", "b"]) if d is not None] == ["q", "q"]
+
+
+def test_read_many_of_awkward_ids_and_partition_keys(store: Store) -> None:
+    for pk in ("p", AWKWARD_IDS[0], AWKWARD_IDS[5]):
+        for n, doc_id in enumerate(AWKWARD_IDS):
+            store.create(D(pk, doc_id, n=n, due_kind="clock" if n % 2 else None, due_at=T0 + n))
+        wanted = [*reversed(AWKWARD_IDS), "missing/one#?", AWKWARD_IDS[3]]
+        got = store.read_many(pk, wanted)
+        assert [d and d["id"] for d in got] == [*reversed(AWKWARD_IDS), None, AWKWARD_IDS[3]]
+        assert [d and d["n"] for d in got] == [*reversed(range(len(AWKWARD_IDS))), None, 3]
+        assert all(d is None or (d["pk"] == pk and d["_etag"] == store.read(pk, d["id"])["_etag"]) for d in got)  # type: ignore[index]
+
+
+def test_read_many_of_many_ids(store: Store) -> None:
+    """More ids than one statement of some backends takes (SQLite: 500 a statement)."""
+    n = 650
+    for start in range(0, n, MAX_BATCH_OPS):
+        store.batch("p", [Op.create(D("p", f"d{i:04}", i=i)) for i in range(start, min(n, start + MAX_BATCH_OPS))])
+    wanted = [f"d{i:04}" for i in range(2 * n - 1, -1, -1)]  # half of them missing, newest first
+    got = store.read_many("p", wanted)
+    assert [d and d["i"] for d in got] == [None] * n + list(range(n - 1, -1, -1))
+
+
+def test_read_many_costs_one_round_trip(request: pytest.FixtureRequest, backend: str, store: Store) -> None:
+    for doc_id in ("a", "b", "c"):
+        store.create(D("p", doc_id))
+    ids = ["c", "missing", "a", "b", "a"]
+    if backend == "memory":
+        before = dict(store.calls)  # type: ignore[attr-defined]
+        got = store.read_many("p", ids)
+        after = dict(store.calls)  # type: ignore[attr-defined]
+        assert {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)} == {"read_many": 1}
+    elif backend == "sqlite":
+        statements: list[str] = []
+        store.reopen()  # drop pooled connections: the next one is traced
+        connect = store._connect  # type: ignore[attr-defined]
+
+        def traced_connect() -> sqlite3.Connection:
+            conn: sqlite3.Connection = connect()
+            conn.set_trace_callback(statements.append)
+            return conn
+
+        store._connect = traced_connect  # type: ignore[attr-defined]
+        got = store.read_many("p", ids)
+        assert len(statements) == 1 and "IN (" in statements[0], statements
+    else:
+        server = request.getfixturevalue("cosmos_server")
+        server.reset_stats()
+        got = store.read_many("p", ids)
+        stats = server.stats()
+        assert stats["total"] == 1 and stats["ops"] == {"query": 1}, stats
+    assert [d and d["id"] for d in got] == ["c", None, "a", "b", "a"]
+
+
 # --- scan_due ------------------------------------------------------------------------------
 
 
@@ -886,6 +1012,30 @@ def test_sqlite_corrupt_body_is_reported(tmp_path: Path) -> None:
             store.read("p", doc_id)
     with pytest.raises(CorruptDocument):
         store.query_partition("p")
+
+
+def test_sqlite_read_many_reports_a_corrupt_body_like_read(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    store = store_from_url(sqlite_url(path))
+    for doc_id in ("a", "b", "ok"):
+        store.create(D("p", doc_id))
+    with sqlite3.connect(path) as raw:
+        raw.execute("UPDATE docs SET body = '{not json' WHERE id = 'a'")
+        raw.execute("UPDATE docs SET body = '[1, 2]' WHERE id = 'b'")
+    for doc_id in ("a", "b"):
+        with pytest.raises(CorruptDocument) as by_read:
+            store.read("p", doc_id)
+        with pytest.raises(CorruptDocument) as by_many:
+            store.read_many("p", ["ok", doc_id, "missing"])
+        assert str(by_many.value) == str(by_read.value)
+    assert [d and d["id"] for d in store.read_many("p", ["ok", "missing"])] == ["ok", None]
+
+
+def test_sqlite_read_many_of_an_unreachable_file_is_unavailable(tmp_path: Path) -> None:
+    store = store_from_url(sqlite_url(tmp_path / "no" / "such" / "dir" / "s.db"))
+    with pytest.raises(StoreUnavailable) as info:
+        store.read_many("p", ["a", "b"])
+    assert isinstance(info.value.__cause__, sqlite3.Error)
 
 
 def test_sqlite_data_and_etags_survive_a_new_store_object(tmp_path: Path) -> None:

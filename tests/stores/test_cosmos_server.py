@@ -272,6 +272,51 @@ def test_503_is_retried_then_reported_unavailable(store: CosmosStore, cosmos_ser
     assert "503" in str(info.value) and not isinstance(info.value, Throttled)
 
 
+def test_read_many_maps_errors_like_read(cosmos_url: str, cosmos_server: CosmosTestServer) -> None:
+    """One query, so the query's retries and translation: 429/503 retried, then Throttled/StoreUnavailable."""
+    store = store_from_url(cosmos_url + "&throttle_retries=2")
+    store.create({"pk": "p", "id": "a", "v": 1})
+    query = "^POST_QUERY /dbs/.*/docs"
+    cosmos_server.reset_stats()
+    cosmos_server.inject_fault(429, count=2, retry_after_ms=40, match=query)
+    cosmos_server.inject_fault(503, count=1, match=query)
+    assert [d and d["v"] for d in store.read_many("p", ["a", "b"])] == [1, None]  # all retried
+    assert cosmos_server.stats()["faults"] == 3
+    cosmos_server.inject_fault(0, drop=True, count=1, match=query)  # a read: safe to send again
+    assert [d and d["v"] for d in store.read_many("p", ["a"])] == [1]
+    assert cosmos_server.stats()["faults"] == 4
+    cosmos_server.inject_fault(429, count=50, retry_after_ms=40, match=query)
+    with pytest.raises(Throttled) as throttled:
+        store.read_many("p", ["a"])
+    assert throttled.value.retry_after == pytest.approx(0.04)
+    assert isinstance(throttled.value.__cause__, cx.CosmosHttpResponseError)  # translated, not leaked
+    cosmos_server.clear_faults()
+    cosmos_server.inject_fault(503, count=100, match=query)
+    with pytest.raises(StoreUnavailable) as unavailable:
+        store.read_many("p", ["a"])
+    assert "503" in str(unavailable.value) and "read_many" in str(unavailable.value)
+    assert not isinstance(unavailable.value, Throttled)
+    cosmos_server.clear_faults()
+    cosmos_server.pause()
+    try:
+        with pytest.raises(StoreUnavailable):
+            store.read_many("p", ["a"])
+    finally:
+        cosmos_server.resume()
+    assert [d and d["v"] for d in store.read_many("p", ["a"])] == [1]
+
+
+def test_read_many_refuses_an_id_too_long_like_read(store: CosmosStore, cosmos_server: CosmosTestServer) -> None:
+    too_long = "x" * 1100
+    with pytest.raises(ConfigurationError) as by_read:
+        store.read("p", too_long)
+    cosmos_server.reset_stats()
+    with pytest.raises(ConfigurationError) as by_many:
+        store.read_many("p", ["a", too_long])
+    assert str(by_many.value) == str(by_read.value)
+    assert cosmos_server.stats()["total"] == 0  # refused before sending anything
+
+
 def test_dropped_connection_retries_reads_but_not_creates(store: CosmosStore, cosmos_server: CosmosTestServer) -> None:
     store.create({"pk": "p", "id": "a"})
     cosmos_server.inject_fault(0, drop=True, count=1, match="^GET /dbs/.*/docs/")

@@ -17,6 +17,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from celery_durable import Durable, durable_activity
 from celery_durable.stores import store_from_url
+from celery_durable.stores.memory import MemoryStore
 from celery_durable.stores.traced import TracedStore
 from celery_durable.testing.env import WorkflowEnvironment
 
@@ -70,3 +71,15 @@ def test_cosmos_store_spans_carry_the_request_charge(cosmos_url: str) -> None:
     charged = [s for s in spans if s.name.startswith("celery_durable.store.")]  # type: ignore[attr-defined]
     assert charged and all(s.attributes["durable.backend"] == "CosmosStore" for s in charged)  # type: ignore[attr-defined]
     assert all(s.attributes.get("durable.request_charge", 0) > 0 for s in charged)  # type: ignore[attr-defined]
+
+
+def test_read_many_is_one_span_around_one_inner_call() -> None:
+    inner = MemoryStore()
+    inner.create({"pk": "p", "id": "a"})
+    EXPORTER.clear()
+    got = TracedStore(inner).read_many("p", ["a", "b", "a"])
+    assert [d and d["id"] for d in got] == ["a", None, "a"]
+    spans = [s for s in EXPORTER.get_finished_spans() if s.name.startswith("celery_durable.store.")]
+    assert [s.name for s in spans] == ["celery_durable.store.read_many"]
+    assert spans[0].attributes["durable.ids"] == 3 and spans[0].attributes["durable.pk"] == "p"  # type: ignore[index]
+    assert inner.calls.get("read_many") == 1 and "read" not in inner.calls
