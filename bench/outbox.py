@@ -36,6 +36,7 @@ from celery import Celery, signals
 from pydantic import BaseModel
 
 from celery_durable import Durable
+from celery_durable.stores.sqlite import SqliteStore
 
 BROKER = os.environ.get("BENCH_BROKER_URL", "redis://127.0.0.1:6379/11")
 
@@ -52,6 +53,23 @@ app.conf.update(
 durable = Durable(app)
 
 _log_file: Any = None
+
+#: store round trips of this process (every SqliteStore call is one)
+CALLS = [0]
+
+
+def _counted(name: str) -> None:
+    original = getattr(SqliteStore, name)
+
+    def call(self: SqliteStore, *args: Any, **kwargs: Any) -> Any:
+        CALLS[0] += 1
+        return original(self, *args, **kwargs)
+
+    setattr(SqliteStore, name, call)
+
+
+for _name in ("read", "read_many", "create", "replace", "upsert", "delete", "batch", "query_partition", "scan_due"):
+    _counted(_name)
 
 
 @signals.worker_ready.connect
@@ -72,7 +90,8 @@ def handle(mode: str, key: str, seq: int, sent: float = 0.0) -> None:
     if _log_file is None or _log_file[0] != os.getpid():
         folder = Path(os.environ.get("BENCH_LOG_DIR", "."))
         _log_file = (os.getpid(), (folder / f"runs-{os.getpid()}.log").open("a", buffering=1))
-    _log_file[1].write(f"{mode} {key} {seq} {start:.6f} {time.time():.6f} {sent:.6f}\n")
+    # the process's store round trips so far go with each line (the bench takes differences)
+    _log_file[1].write(f"{mode} {key} {seq} {start:.6f} {time.time():.6f} {sent:.6f} {os.getpid()} {CALLS[0]}\n")
 
 
 @durable.effect("bench.fx")
@@ -95,9 +114,20 @@ def _runs(folder: Path, mode: str) -> list[tuple[str, int, float, float, float]]
     for path in folder.glob("runs-*.log"):
         for line in path.read_text().splitlines():
             parts = line.split()
-            if len(parts) == 6 and parts[0] == mode:
+            if len(parts) == 8 and parts[0] == mode:
                 out.append((parts[1], int(parts[2]), float(parts[3]), float(parts[4]), float(parts[5])))
     return out
+
+
+def _worker_calls(folder: Path) -> dict[str, int]:
+    """The last store round-trip count each worker process logged."""
+    last: dict[str, int] = {}
+    for path in folder.glob("runs-*.log"):
+        for line in path.read_text().splitlines():
+            parts = line.split()
+            if len(parts) == 8:
+                last[parts[6]] = max(last.get(parts[6], 0), int(parts[7]))
+    return last
 
 
 def _wait_runs(folder: Path, mode: str, n: int, timeout: float) -> list[tuple[str, int, float, float, float]]:
@@ -125,11 +155,67 @@ def order_violations(runs: list[tuple[str, int, float, float, float]]) -> int:
     return bad
 
 
-def run(args: argparse.Namespace) -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from _common import bench_env, fmt_ms, machine, percentile, print_table, start_worker, verdict
+def _phase_outbox(
+    args: argparse.Namespace, logs: Path, bulk: bool, tag: str, before_workers: dict[str, int]
+) -> dict[str, Any]:
+    """Enqueue n effects (one by one from ``enqueuers`` threads, or ``enqueue_many`` of 100),
+    wait for every handler, and read the rows back: rate, latency, order, round trips."""
+    from _common import percentile
 
     from celery_durable.engine.outbox import claim_latency
+
+    n, keys, outbox = args.effects, args.keys, durable.outbox
+    before_client = CALLS[0]
+
+    def eid(i: int) -> str:
+        return f"{tag}{i:06d}"
+
+    def enqueue_part(part: int) -> None:
+        mine = [i for i in range(n) if (i % keys) % args.enqueuers == part]
+        if bulk:
+            for c in range(0, len(mine), 100):
+                outbox.enqueue_many(
+                    [
+                        {"type": "bench.fx", "payload": {"seq": i}, "key": f"k{i % keys:03d}", "effect_id": eid(i)}
+                        for i in mine[c : c + 100]
+                    ]
+                )
+        else:
+            for i in mine:
+                outbox.enqueue("bench.fx", {"seq": i}, key=f"k{i % keys:03d}", effect_id=eid(i))
+
+    t0 = time.time()
+    with ThreadPoolExecutor(args.enqueuers) as pool:
+        list(pool.map(enqueue_part, range(args.enqueuers)))
+    t_enqueued = time.time()
+    runs = _wait_runs(logs, "outbox", n, args.timeout)
+    end = max(r[3] for r in runs)
+    client_calls = CALLS[0] - before_client
+    rows = [outbox.core.get(eid(i)) for i in range(n)]
+    after_workers = _worker_calls(logs)
+    worker_calls = sum(v - before_workers.get(pid, 0) for pid, v in after_workers.items())
+    latencies = [x for r in rows if r is not None and (x := claim_latency(r)) is not None]
+    statuses: dict[str, int] = defaultdict(int)
+    for r in rows:
+        statuses[(r or {}).get("status", "missing")] += 1
+    return {
+        "rate": n / (end - t0),
+        "submit": n / (t_enqueued - t0),
+        "span": n / (end - min(r[2] for r in runs)),
+        "p50": percentile(latencies, 50),
+        "p99": percentile(latencies, 99),
+        "viol": order_violations(runs),
+        "dups": len(runs) - len({(k, s) for k, s, *_ in runs}),
+        "trips": (client_calls + worker_calls) / n,
+        "statuses": dict(statuses),
+        "attempts": sum(int((r or {}).get("attempt") or 0) for r in rows),
+        "workers_after": after_workers,
+    }
+
+
+def run(args: argparse.Namespace) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _common import bench_env, fmt_ms, machine, percentile, start_worker, verdict
 
     n, keys = args.effects, args.keys
     print(f"{machine()} at the start", flush=True)
@@ -149,27 +235,14 @@ def run(args: argparse.Namespace) -> None:
                 plain.apply_async(args=[f"warm{i % 4}", i, time.time()])
             _wait_runs(logs, "outbox", 20, 120)
             _wait_runs(logs, "plain", 20, 120)
+            counted = _worker_calls(logs)
             for path in logs.glob("runs-*.log"):
                 path.write_text("")
 
-            # the outbox: enqueuer threads own disjoint keys, so each key's enqueue order is defined
-            def enqueue_part(part: int) -> None:
-                for i in range(n):
-                    if (i % keys) % args.enqueuers == part:
-                        outbox.enqueue("bench.fx", {"seq": i}, key=f"k{i % keys:03d}", effect_id=f"e{i:06d}")
-
-            t0 = time.time()
-            with ThreadPoolExecutor(args.enqueuers) as pool:
-                list(pool.map(enqueue_part, range(args.enqueuers)))
-            t_enqueued = time.time()
-            fx_runs = _wait_runs(logs, "outbox", n, args.timeout)
-            fx_end = max(r[3] for r in fx_runs)
-            rows = [durable.outbox.core.get(f"e{i:06d}") for i in range(n)]
-            latencies = [x for r in rows if r is not None and (x := claim_latency(r)) is not None]
-            statuses = defaultdict(int)
-            for r in rows:
-                statuses[(r or {}).get("status", "missing")] += 1
-            attempts = sum(int((r or {}).get("attempt") or 0) for r in rows)
+            one = _phase_outbox(args, logs, bulk=False, tag="e", before_workers=counted)
+            for path in logs.glob("runs-*.log"):
+                path.write_text("")
+            many = _phase_outbox(args, logs, bulk=True, tag="m", before_workers=one["workers_after"])
 
             # plain Celery, same handler, same keys, same workers
             t1 = time.time()
@@ -184,46 +257,78 @@ def run(args: argparse.Namespace) -> None:
                 w.stop()
             durable.shutdown()
 
-    fx_rate = n / (fx_end - t0)
     plain_rate = n / (plain_end - t1)
-    fx_span = fx_end - min(r[2] for r in fx_runs)
-    plain_span = plain_end - min(r[2] for r in plain_runs)
-    fx_viol, plain_viol = order_violations(fx_runs), order_violations(plain_runs)
-    dup = len(fx_runs) - len({(k, s) for k, s, *_ in fx_runs})
     print(
         f"\n{n} effects over {keys} keys; {args.workers} workers x prefork -c {args.concurrency}; Redis broker, "
         f"SQLite store; handler = one log line; {args.enqueuers} enqueuer threads\n"
-        "items/s: n / (last handler end - first submit); run span/s: n / (last end - first start)"
+        "items/s: n / (last handler end - first submit); run span/s: n / (last end - first start); "
+        "round trips: store calls of the client and the workers / n"
     )
-    print_table(
-        ["variant", "items/s", "submit/s", "run span/s", "latency p50 ms", "latency p99 ms", "order viol.", "dups"],
+    rows = []
+    for label, r in (("outbox, enqueue one by one", one), ("outbox, enqueue_many (100)", many)):
+        rows.append(
+            [
+                label,
+                f"{r['rate']:.1f}",
+                f"{r['rate'] / plain_rate:.2f}x",
+                f"{r['submit']:.1f}",
+                fmt_ms(r["p50"]),
+                fmt_ms(r["p99"]),
+                f"{r['trips']:.2f}",
+                r["viol"],
+                r["dups"],
+            ]
+        )
+    rows.append(
         [
-            [
-                "outbox (enqueue -> settled)",
-                f"{fx_rate:.1f}",
-                f"{n / (t_enqueued - t0):.1f}",
-                f"{n / fx_span:.1f}",
-                fmt_ms(percentile(latencies, 50)),
-                fmt_ms(percentile(latencies, 99)),
-                fx_viol,
-                dup,
-            ],
-            [
-                "plain Celery task (send -> run)",
-                f"{plain_rate:.1f}",
-                f"{n / (t_sent - t1):.1f}",
-                f"{n / plain_span:.1f}",
-                fmt_ms(percentile(plain_lat, 50)),
-                fmt_ms(percentile(plain_lat, 99)),
-                plain_viol,
-                len(plain_runs) - len({(k, s) for k, s, *_ in plain_runs}),
-            ],
-        ],
-        title="Throughput, claim latency (outbox: claimable -> claimed; plain: sent -> started), per-key order",
+            "plain Celery task (send -> run)",
+            f"{plain_rate:.1f}",
+            "1.00x",
+            f"{n / (t_sent - t1):.1f}",
+            fmt_ms(percentile(plain_lat, 50)),
+            fmt_ms(percentile(plain_lat, 99)),
+            "-",
+            order_violations(plain_runs),
+            len(plain_runs) - len({(k, s) for k, s, *_ in plain_runs}),
+        ]
     )
-    print(f"outbox rows: {dict(statuses)}; attempts {attempts} for {n} effects")
+    print_rich_table(
+        [
+            "variant",
+            "items/s",
+            "vs plain",
+            "submit/s",
+            "latency p50 ms",
+            "latency p99 ms",
+            "round trips",
+            "order viol.",
+            "dups",
+        ],
+        rows,
+        "Throughput, claim latency (outbox: claimable -> claimed; plain: sent -> started), per-key order",
+    )
+    for label, r in (("one by one", one), ("enqueue_many", many)):
+        print(
+            f"outbox rows ({label}): {r['statuses']}; attempts {r['attempts']} for {n} effects; "
+            f"run span {r['span']:.1f}/s"
+        )
     print(f"{machine()} at the end")
-    print(verdict("outbox per-key order violations", fx_viol, 0, higher_is_better=False))
+    print(verdict("outbox per-key order violations", one["viol"] + many["viol"], 0, higher_is_better=False))
+    print(verdict("outbox/plain Celery throughput (one by one)", one["rate"] / plain_rate, 0.8, higher_is_better=True))
+    print(verdict("outbox claim latency p99 ms", one["p99"] * 1000, 100, higher_is_better=False))
+    print(verdict("store round trips per effect (enqueue_many)", many["trips"], 4, higher_is_better=False))
+
+
+def print_rich_table(headers: list[str], rows: list[list[Any]], title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for h in headers:
+        table.add_column(h, justify="left" if h == "variant" else "right")
+    for row in rows:
+        table.add_row(*(str(c) for c in row))
+    Console(width=160).print(table)
 
 
 def main() -> None:

@@ -18,6 +18,8 @@ from .errors import (
     ConfigurationError,
     DurableError,
     DurableTimeoutError,
+    IdempotencyConflict,
+    LaneFull,
     NonDeterminismError,
     NonRetryableError,
     PayloadValidationError,
@@ -56,4 +58,6 @@ __all__ = [
     "DurableTimeoutError",
     "StoreError",
     "StoreUnavailable",
+    "IdempotencyConflict",
+    "LaneFull",
 ]

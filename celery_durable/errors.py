@@ -27,6 +27,8 @@ __all__ = [
     "ChildWorkflowError",
     "NonRetryableError",
     "DurableTimeoutError",
+    "IdempotencyConflict",
+    "LaneFull",
 ]
 
 
@@ -143,3 +145,13 @@ class NonRetryableError(DurableError):
 
 class DurableTimeoutError(DurableError, TimeoutError):
     """Waiting for a result took longer than the caller allowed (also a builtin ``TimeoutError``)."""
+
+
+class IdempotencyConflict(DurableError):
+    """An effect id was enqueued again with a different type, key or payload (as Stripe refuses an
+    idempotency key reused with different parameters). The first enqueue stands."""
+
+
+class LaneFull(DurableError):
+    """A key has as many live effects as it may hold (``durable_outbox_max_lane_backlog``, or the
+    size its lane's head document may reach in the store). Nothing was written."""

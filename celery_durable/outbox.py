@@ -18,6 +18,7 @@ delay and re-sent with Celery's own ``Task.retry(countdown=...)``. Settings (``a
 ``durable_outbox_fast_send_max``       60 s       delays up to this get a countdown message
 ``durable_outbox_admit_grace``         10 s       an unadmitted intent is admitted by the scan
 ``durable_outbox_max_lane_backlog``    10,000     live rows per key
+``durable_outbox_drain_max``           50         rows of a key one delivery runs back to back
 =====================================  =========  ===============================================
 
 Leases use ``durable_lease_ttl`` / ``durable_heartbeat_interval`` like activities.
@@ -41,6 +42,7 @@ from celery import Celery
 from .codecs import ValueCodec
 from .engine.outbox import (
     Admitted,
+    Claim,
     EffectRef,
     OutboxEngine,
     OutboxSettings,
@@ -51,6 +53,7 @@ from .engine.outbox.runtime import (
     EffectCancelled,
     EffectContext,
     EffectDef,
+    EffectLeaseLost,
     EffectRegistry,
     EffectTimeout,
     effect_context,
@@ -58,7 +61,7 @@ from .engine.outbox.runtime import (
     execute,
     shielded,
 )
-from .errors import ConfigurationError, DurableTimeoutError, StoreUnavailable
+from .errors import ConfigurationError, DurableTimeoutError, IdempotencyConflict, LaneFull, StoreUnavailable
 from .retry import RetryPolicy
 from .stores.base import Doc, Op
 
@@ -68,9 +71,13 @@ if TYPE_CHECKING:
 __all__ = [
     "Outbox",
     "EffectInfo",
+    "EffectSpec",
+    "IdempotencyConflict",
+    "LaneFull",
     "EffectContext",
     "EffectCancelled",
     "EffectTimeout",
+    "EffectLeaseLost",
     "effect_context",
     "OUTBOX_SCAN_TASK",
     "EFFECT_TASK_PREFIX",
@@ -142,6 +149,18 @@ class EffectInfo:
             completed_at=row.get("completed_at"),
             lease=row.get("lease"),
         )
+
+
+@dataclass(frozen=True)
+class EffectSpec:
+    """One effect of :meth:`Outbox.enqueue_many` (the arguments of :meth:`Outbox.enqueue`)."""
+
+    type: str
+    payload: Any = None
+    key: str | None = None
+    effect_id: str | None = None
+    available_at: datetime | float | None = None
+    delay: timedelta | float | None = None
 
 
 class CeleryEffectSender:
@@ -297,14 +316,31 @@ class Outbox:
             core.settle(claim, RETRY, error=error, delay=core.settings.queue_timeout)
             log.error("effect %s: %s", effect_id, error)
             return "unknown-type"
-        outcome = execute(core, claim, definition, self._durable.engine.effect_keeper)
-        log.info("effect %s (%s) attempt %d: %s", effect_id, claim.type, claim.attempt, outcome.kind)
-        if outcome.kind == RETRY:
-            # the row is pending again (lease ownership was checked by that settle); Celery's own
-            # retry carries the countdown, the scan re-sends it if that message is lost
-            cause = outcome.error if isinstance(outcome.error, Exception) else None
-            raise task.retry(countdown=outcome.delay, max_retries=None, exc=cause)
-        return outcome.kind
+        return self._run(task, core, claim, definition)
+
+    def _run(self, task: Any, core: OutboxEngine, claim: Claim, definition: EffectDef) -> str:
+        """Run a claimed row, then the key's next rows this settle claimed (up to ``drain_max``):
+        a busy key costs no message and no claim round trips between its rows."""
+        keeper = self._durable.engine.effect_keeper
+        budget, first = core.settings.drain_max, True
+        current: Claim | None = claim
+        kind = "unknown"
+        while current is not None:
+            follow = (current.type,) if budget > 0 else ()
+            outcome = execute(core, current, definition, keeper, claim_next=follow)
+            kind = outcome.kind
+            log.info("effect %s (%s) attempt %d: %s", current.effect_id, current.type, current.attempt, kind)
+            if kind == RETRY:
+                # the row is pending again (lease ownership was checked by that settle); Celery's own
+                # retry carries the countdown (for a successor: a message of its own), the scan
+                # re-sends it if that message is lost
+                if first:
+                    cause = outcome.error if isinstance(outcome.error, Exception) else None
+                    raise task.retry(countdown=outcome.delay, max_retries=None, exc=cause)
+                core.sender.send_effect(current.ref, countdown=outcome.delay or None)
+                return kind
+            current, first, budget = current.successor, False, budget - 1
+        return kind
 
     # --- client API -------------------------------------------------------------------------------
 
@@ -366,11 +402,27 @@ class Outbox:
         if len(pks) != 1:
             raise ConfigurationError("with_docs must hold documents of exactly one partition")
         pk = pks.pop()
+        core.check_room(str(effect["key"]))  # a full lane fails here, before your documents commit
         intent = core.intent(pk, effect)
         core.store.batch(pk, [*ops, Op.create(intent)])
         admitted = core.admit_intent(intent)
         assert admitted is not None
         return admitted
+
+    @_shielded
+    def enqueue_many(self, effects: Sequence[EffectSpec | dict[str, Any]]) -> list[Admitted]:
+        """Enqueue many effects in one call: one index write each, then one head read and one
+        batch per key and chunk (a key's rows keep the order given). Each item is an
+        :class:`EffectSpec` or a dict of :meth:`enqueue`'s arguments (``type``, ``payload``,
+        ``key``, ``effect_id``, ``available_at``, ``delay``). Every payload is validated before
+        anything is written; an :class:`IdempotencyConflict` or :class:`LaneFull` of one effect
+        is raised after all the others were admitted."""
+        specs = [e if isinstance(e, EffectSpec) else EffectSpec(**e) for e in effects]
+        bodies = [self._effect(e.type, e.payload, e.key, e.effect_id, e.available_at, e.delay) for e in specs]
+        ids = [str(b["id"]) for b in bodies]
+        if len(set(ids)) != len(ids):
+            raise ConfigurationError("enqueue_many: an effect id appears twice in one call")
+        return self.core.admit_many(bodies)
 
     @_shielded
     def enqueue_ops(

@@ -31,6 +31,7 @@ setting                                default                     meaning
 ``durable_outbox_fast_send_max``       60 s                        delays up to this: countdown
 ``durable_outbox_admit_grace``         10 s                        unadmitted intent → scan admits
 ``durable_outbox_max_lane_backlog``    10,000                      live rows per key
+``durable_outbox_drain_max``           50                          rows of a key one delivery runs in a row
 =====================================  ==========================  ===============================
 """
 
@@ -54,7 +55,9 @@ DEFAULT_STORE_URL = "sqlite:///celery_durable.db"
 PREFIX = "durable_"
 
 #: fields that may be 0 (others that are numbers must be > 0)
-_MAY_BE_ZERO = frozenset({"timer_fast_path_max", "outbox_fast_send_max", "outbox_admit_grace", "trust_cache_for"})
+_MAY_BE_ZERO = frozenset(
+    {"timer_fast_path_max", "outbox_fast_send_max", "outbox_admit_grace", "trust_cache_for", "outbox_drain_max"}
+)
 
 # key=..., password=..., AccountKey=..., the password of user:password@host
 _SECRET_PARAM = re.compile(r"(?i)((?:key|password|secret|token|accountkey|sig)=)[^&;]+")
@@ -111,6 +114,9 @@ class Settings:
     outbox_fast_send_max: float = 60.0
     outbox_admit_grace: float = 10.0
     outbox_max_lane_backlog: int = 10_000
+    #: a delivery that settles a row runs the key's next row (same type, due now) itself, up to
+    #: this many in a row, before it hands the key back to the queue (0: one row per message)
+    outbox_drain_max: int = 50
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -18,6 +18,7 @@ from ..errors import (
     ConflictError,
     DurableError,
     DurableTimeoutError,
+    LaneFull,
     StoreError,
     UnknownWorkflowError,
 )
@@ -226,5 +227,5 @@ class Engine:
             doc = self.store.read(req.execution_id, req.doc_id)
             if doc is not None and doc.get("due_kind") == DUE_ADMIT:
                 self.outbox.admit_intent(doc)
-        except StoreError as exc:
+        except (StoreError, LaneFull) as exc:  # a full lane: the intent waits, due later
             log.warning("admitting effect %s of %s failed, the scan will: %s", req.doc_id, req.execution_id, exc)

@@ -32,6 +32,8 @@ PUBLIC = {
     "DurableTimeoutError",
     "StoreError",
     "StoreUnavailable",
+    "IdempotencyConflict",
+    "LaneFull",
 }
 
 WORKFLOW_API = {

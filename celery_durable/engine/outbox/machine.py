@@ -1,22 +1,25 @@
-"""Enqueue, admit, claim, renew, settle and cancel: the outbox's transitions (see ``model``).
+"""Claim, renew, settle and cancel: the outbox's transitions (see ``model``; admission is in
+``admission``, the liveness scan in ``scan``).
 
 Every transition that touches a lane writes the row and the head in one all-or-nothing batch of
 the lane partition, guarded by both etags: a settle therefore applies only while the settler
 still owns the lease (the row's etag), and two claimers of one key cannot both win (the head's).
+A settle may claim the key's next row in the same batch (``claim_next``): the worker runs it
+without a message, which is what makes a busy key cost two round trips an effect.
 """
 
 from __future__ import annotations
 
-import bisect
 import logging
 import threading
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
-from ...errors import ConflictError, StoreError
+from ...errors import ConflictError, IdempotencyConflict, LaneFull, StoreError
 from ...stores.base import Doc, Op, Store
 from ..model import Clock, SystemClock, worker_identity
+from .admission import MAX_ROUNDS, Admission
 from .model import (
     CANCELLED,
     DUE_ADMIT,
@@ -35,7 +38,6 @@ from .model import (
     ClaimResult,
     EffectRef,
     EffectSender,
-    LaneFull,
     OutboxSettings,
     ScanReport,
     index_pk,
@@ -46,11 +48,14 @@ from .model import (
 from .model import strip as _strip
 from .scan import Scanner
 
-__all__ = ["OutboxEngine", "MAX_ROUNDS"]
+__all__ = ["OutboxEngine", "MAX_ROUNDS", "LEASE_LOST"]
 
 log = logging.getLogger("celery_durable.outbox")
 
-MAX_ROUNDS = 100
+LEASE_LOST = "lease-lost"
+
+#: test-only switches that put a fixed bug back (the simulation proves it would catch it)
+KNOWN_BUGS = frozenset({"cancel_frees_key"})
 
 
 class OutboxEngine:
@@ -71,6 +76,9 @@ class OutboxEngine:
         self._events = events
         self._created_lock = threading.Lock()
         self._last_created = 0.0
+        #: reintroduced bugs (``KNOWN_BUGS``), for the simulation's can-fail tests only
+        self.bugs: frozenset[str] = frozenset()
+        self._admission = Admission(self)
 
     def _emit(self, event: str, **kwargs: Any) -> None:
         if self._events is not None:
@@ -105,7 +113,7 @@ class OutboxEngine:
         }
 
     def _created_at(self, now: float | None) -> float:
-        # strictly increasing within a process, so one enqueuer's rows keep their order
+        # strictly increasing within a process (timestamps only: the order is the lane's seq)
         with self._created_lock:
             t = max(self.clock.now() if now is None else now, self._last_created + 1e-6)
             self._last_created = t
@@ -123,121 +131,73 @@ class OutboxEngine:
         }
 
     def admit(self, effect: Doc, source: Doc | None = None) -> Admitted:
-        """Put an effect in its lane (idempotent by id); wake the lane if it became claimable."""
-        eid, key = str(effect["id"]), str(effect["key"])
-        store, now = self.store, self.clock.now()
-        index = {
-            "pk": index_pk(eid),
-            "id": INDEX_ID,
-            "type": "effect_index",
-            "key": key,
-            "effect_type": effect["type"],
-            "created_at": effect["created_at"],
-        }
-        if store.create(index) is None:
-            existing = store.read(index_pk(eid), INDEX_ID)
-            if existing is not None and existing.get("key") != key:
-                other = str(existing.get("key"))
-                if store.read(lane_pk(other), row_id(eid)) is not None:
-                    log.info("effect %s was already enqueued under key %r", eid, other)
-                    return Admitted(eid, other, False)
-                # an enqueuer died between the index and its lane: the id is free, take it
-                try:
-                    store.replace(index, if_match=existing["_etag"])
-                except ConflictError:
-                    return self.admit(effect, source)
-        lane = lane_pk(key)
-        row: Doc = {
-            "pk": lane,
-            "id": row_id(eid),
-            "type": "effect",
-            "effect_id": eid,
-            "effect_type": effect["type"],
-            "key": key,
-            "payload": effect.get("payload"),
-            "status": PENDING,
-            "attempt": 0,
-            "max_attempts": int(effect.get("max_attempts") or 1),
-            "replay_safe": bool(effect.get("replay_safe")),
-            "available_at": float(effect["available_at"]),
-            "created_at": float(effect["created_at"]),
-            "lease": None,
-            "last_error": None,
-            "reason": None,
-            "lost": 0,
-            "started_at": None,
-            "completed_at": None,
-            "source": None if source is None else {"pk": source["pk"], "id": source["id"]},
-        }
-        entry = [row["created_at"], eid, row["effect_type"]]
-        for _ in range(MAX_ROUNDS):
-            head = store.read(lane, HEAD_ID)
-            live: list[list[Any]] = [list(e) for e in (head or {}).get("live") or []]
-            if len(live) >= self.settings.max_lane_backlog:
-                raise LaneFull(f"key {key!r} has {len(live)} live effects (limit {self.settings.max_lane_backlog})")
-            running = (head or {}).get("running")
-            pos = bisect.bisect(live, entry)
-            if running is not None and pos == 0:
-                pos = 1  # never ahead of the running row
-            live.insert(pos, entry)
-            first = pos == 0 and running is None
-            new_head: Doc = _strip(head) if head is not None else {"pk": lane, "id": HEAD_ID, "type": "effect_lane"}
-            new_head.update(key=key, live=live, running=running)
-            send_in: float | None = None
-            if first:
-                wait = max(0.0, row["available_at"] - now)
-                if wait <= self.settings.fast_send_max:
-                    send_in = wait
-                    new_head.update(due_kind=DUE_LANE, due_at=now + wait + self.settings.queue_timeout)
-                else:
-                    new_head.update(due_kind=DUE_LANE, due_at=row["available_at"])
-            elif not new_head.get("due_kind"):
-                new_head.update(due_kind=DUE_LANE, due_at=now + self.settings.queue_timeout)
-            head_op = Op.create(new_head) if head is None else Op.replace(new_head, head["_etag"])
-            try:
-                store.batch(lane, [Op.create(row), head_op])
-            except ConflictError:
-                if store.read(lane, row_id(eid)) is not None:
-                    return Admitted(eid, key, False)
-                continue
-            self._emit("effect_enqueued", effect_id=eid, key=key, effect_type=row["effect_type"])
-            if send_in is not None:
-                self.sender.send_effect(EffectRef(key, eid, row["effect_type"]), countdown=send_in or None)
-            return Admitted(eid, key, True)
-        raise StoreError(f"could not enqueue effect {eid!r}: key {key!r} too contended")
+        """Put an effect in its lane (idempotent by id); wake the lane if it became claimable.
+
+        Raises :class:`IdempotencyConflict` (the id holds another request) and :class:`LaneFull`
+        (nothing written)."""
+        return self._admission.admit(effect, source)
+
+    def admit_many(self, effects: Sequence[Doc]) -> list[Admitted]:
+        """Admit many effects with one head read and one batch per key (``Admission.admit_many``)."""
+        return self._admission.admit_many(effects)
+
+    def check_room(self, key: str) -> None:
+        """Raise :class:`LaneFull` now if ``key`` has no room (a caller about to commit an intent)."""
+        head = self.store.read(lane_pk(key), HEAD_ID)
+        live = [list(e) for e in (head or {}).get("live") or []]
+        self._admission._check_room(key, live, {"effect_id": "", "effect_type": ""})
 
     def admit_intent(self, doc: Doc) -> Admitted | None:
-        """Admit an intent document (``fxi:`` or an ``emit`` step marker), then clear it."""
+        """Admit an intent document (``fxi:`` or an ``emit`` step marker), then clear it.
+
+        A lane that is full leaves the intent due later (:class:`LaneFull` propagates); an id that
+        holds another request clears it with the conflict noted (the first enqueue stands)."""
         effect = doc.get("effect")
         if not isinstance(effect, dict):
             return None
-        admitted = self.admit(effect, source=doc)
+        note: dict[str, Any] = {"admitted": True}
         try:
-            if doc.get("type") == "effect_intent":
-                self.store.delete(doc["pk"], doc["id"])
+            admitted: Admitted | None = self.admit(effect, source=doc)
+        except LaneFull:
+            self._defer_intent(doc)
+            raise
+        except IdempotencyConflict as exc:
+            log.error("intent %s/%s not admitted: %s", doc["pk"], doc["id"], exc)
+            admitted, note = None, {"admitted": False, "conflict": str(exc)}
+        try:
+            if doc.get("type") == "effect_intent" and admitted is not None:
+                self.store.delete(doc["pk"], doc["id"], if_match=doc.get("_etag"))
             elif doc.get("due_kind") == DUE_ADMIT:
-                cleared = _strip(doc) | {"due_kind": None, "due_at": None, "admitted": True}
+                cleared = _strip(doc) | {"due_kind": None, "due_at": None} | note
                 self.store.replace(cleared, if_match=doc.get("_etag"))
         except ConflictError:
             pass  # cleared by someone else (a second admitter); admission is idempotent anyway
         return admitted
+
+    def _defer_intent(self, doc: Doc) -> None:
+        later = _strip(doc) | {"due_at": self.clock.now() + self.settings.admit_grace}
+        try:
+            self.store.replace(later, if_match=doc.get("_etag"))
+        except (ConflictError, StoreError):
+            pass  # the scan finds it due again and retries sooner: harmless
 
     # --- claim ------------------------------------------------------------------------------
 
     def claim(self, key: str, effect_id: str, owner: str | None = None) -> ClaimResult:
         """Claim the row if it is the first live row of its key, nothing runs and it is available."""
         store, lane = self.store, lane_pk(key)
-        owner = owner or f"{worker_identity()}:{uuid.uuid4().hex[:6]}"
+        owner = owner or self.new_owner()
         for _ in range(MAX_ROUNDS):
-            head = store.read(lane, HEAD_ID)
-            row = store.read(lane, row_id(effect_id))
-            if row is None or head is None:
+            head, row = store.read_many(lane, [HEAD_ID, row_id(effect_id)])
+            if row is None:
                 return ClaimResult(None, "missing")
             status = row.get("status")
             if status == RUNNING:
                 return ClaimResult(None, "duplicate")
             if status != PENDING:
                 return ClaimResult(None, "settled")
+            if head is None:
+                return ClaimResult(None, "missing")
             live = head.get("live") or []
             if head.get("running") is not None or not live or live[0][1] != effect_id:
                 return ClaimResult(None, "blocked")
@@ -245,80 +205,108 @@ class OutboxEngine:
             available = float(row.get("available_at") or 0.0)
             if available > now + 0.005:
                 return ClaimResult(None, "early", wait=available - now)
-            expires = now + self.settings.lease_ttl
-            new_row = _strip(row)
-            new_row.update(
-                status=RUNNING,
-                attempt=int(row.get("attempt") or 0) + 1,
-                lease={"owner": owner, "expires": expires},
-                started_at=now,
-                eligible_at=max(available, float(row.get("created_at") or 0.0), float(head.get("freed_at") or 0.0)),
-            )
-            new_head = _strip(head) | {"running": effect_id, "due_kind": DUE_LANE, "due_at": expires}
+            new_row, new_head = self._claimed(row, head, owner, now)
             try:
                 etags = store.batch(lane, [Op.replace(new_row, row["_etag"]), Op.replace(new_head, head["_etag"])])
             except ConflictError:
                 continue
-            claim = Claim(
-                key=key,
-                effect_id=effect_id,
-                type=str(row["effect_type"]),
-                payload=row.get("payload"),
-                attempt=int(new_row["attempt"]),
-                max_attempts=int(row.get("max_attempts") or 1),
-                replay_safe=bool(row.get("replay_safe")),
-                owner=owner,
-                row=new_row,
-                etag=str(etags[0]),
-                head=new_head | {"_etag": etags[1]},
-            )
-            self._emit("effect_claimed", effect_id=effect_id, key=key, attempt=claim.attempt, effect_type=claim.type)
+            claim = self._claim_of(new_row, str(etags[0]), new_head | {"_etag": etags[1]}, owner, now)
             return ClaimResult(claim, "claimed")
         return ClaimResult(None, "blocked")
 
+    def new_owner(self) -> str:
+        return f"{worker_identity()}:{uuid.uuid4().hex[:6]}"
+
+    def _claimed(self, row: Doc, head: Doc, owner: str, now: float) -> tuple[Doc, Doc]:
+        """The row and head after claiming ``row`` (no write)."""
+        expires = now + self.settings.lease_ttl
+        available = float(row.get("available_at") or 0.0)
+        new_row = _strip(row)
+        new_row.update(
+            status=RUNNING,
+            attempt=int(row.get("attempt") or 0) + 1,
+            lease={"owner": owner, "expires": expires},
+            started_at=now,
+            eligible_at=max(available, float(row.get("created_at") or 0.0), float(head.get("freed_at") or 0.0)),
+        )
+        new_head = _strip(head) | {"running": row["effect_id"], "due_kind": DUE_LANE, "due_at": expires}
+        return new_row, new_head
+
+    def _claim_of(self, row: Doc, etag: str, head: Doc | None, owner: str, now: float) -> Claim:
+        claim = Claim(
+            key=str(row["key"]),
+            effect_id=str(row["effect_id"]),
+            type=str(row["effect_type"]),
+            payload=row.get("payload"),
+            attempt=int(row["attempt"]),
+            max_attempts=int(row.get("max_attempts") or 1),
+            replay_safe=bool(row.get("replay_safe")),
+            owner=owner,
+            row=row,
+            etag=etag,
+            head=head,
+            claimed_at=now,
+        )
+        self._emit(
+            "effect_claimed", effect_id=claim.effect_id, key=claim.key, attempt=claim.attempt, effect_type=claim.type
+        )
+        return claim
+
     def renew(self, claim: Claim) -> str:
-        """Heartbeat: ``ok``, ``cancelled`` or ``lost``; extends the lease when it runs low."""
+        """Heartbeat: ``ok``, ``cancelled`` or ``lost``; extends the lease when it runs low.
+
+        A cancelled row's lease is still extended while its handler runs: the key stays held
+        until the handler stopped (its settle frees it) or the lease expired (the worker died)."""
         with claim.lock:
-            if claim.cancelled or claim.lost:
+            if claim.lost:
                 return "cancelled" if claim.cancelled else "lost"
             row = self.store.read(lane_pk(claim.key), row_id(claim.effect_id))
-            if row is not None and row.get("status") == CANCELLED:
-                claim.cancelled = True
-                return "cancelled"
             lease = (row or {}).get("lease") or {}
-            if row is None or row.get("status") != RUNNING or lease.get("owner") != claim.owner:
+            if row is None or row.get("status") not in (RUNNING, CANCELLED) or lease.get("owner") != claim.owner:
                 claim.lost = True
                 self._emit("effect_lease_lost", effect_id=claim.effect_id, key=claim.key)
-                return "lost"
+                return "cancelled" if claim.cancelled else "lost"
+            if row.get("status") == CANCELLED:
+                claim.cancelled = True
             claim.row, claim.etag = _strip(row), str(row["_etag"])
             now = self.clock.now()
-            if float(lease.get("expires") or 0.0) - now > self.settings.lease_ttl - self.settings.heartbeat_interval:
-                return "ok"
-            renewed = _strip(row) | {"lease": {"owner": claim.owner, "expires": now + self.settings.lease_ttl}}
-            try:
-                claim.etag = self.store.replace(renewed, if_match=row["_etag"])
-                claim.row = renewed
-            except ConflictError:
-                pass  # changed under us: the next beat (or the settle) finds out why
-            return "ok"
+            if float(lease.get("expires") or 0.0) - now <= self.settings.lease_ttl - self.settings.heartbeat_interval:
+                renewed = _strip(row) | {"lease": {"owner": claim.owner, "expires": now + self.settings.lease_ttl}}
+                try:
+                    claim.etag = self.store.replace(renewed, if_match=row["_etag"])
+                    claim.row = renewed
+                except ConflictError:
+                    pass  # changed under us: the next beat (or the settle) finds out why
+            return "cancelled" if claim.cancelled else "ok"
 
     # --- settle -----------------------------------------------------------------------------
 
     def settle(
-        self, claim: Claim, outcome: str, *, error: str | None = None, delay: float = 0.0, reason: str | None = None
+        self,
+        claim: Claim,
+        outcome: str,
+        *,
+        error: str | None = None,
+        delay: float = 0.0,
+        reason: str | None = None,
+        claim_next: Collection[str] = (),
     ) -> str:
         """Settle a claimed row: ``succeeded``, ``failed`` or ``retry`` (pending after ``delay``).
 
         Applies only while ``claim`` still owns the lease (its etag); otherwise nothing is
-        written and the answer is ``cancelled`` (the row was cancelled meanwhile: a normal
-        outcome) or ``lease-lost``. Store errors propagate (the caller decides requeue vs
-        terminalize).
+        written and the answer is ``cancelled`` (the row was cancelled meanwhile: the key is
+        freed now that the handler stopped) or ``lease-lost``. With ``claim_next`` (effect types
+        this worker runs) the key's next row, if it is of one of them and available now, is
+        claimed for the same owner in the same batch (``claim.successor``). Store errors
+        propagate (the caller decides requeue vs terminalize).
         """
         assert outcome in (SUCCEEDED, FAILED, RETRY), outcome
         store, lane = self.store, lane_pk(claim.key)
         with claim.lock:
             if claim.cancelled:
-                return CANCELLED
+                return self._release_cancelled(claim)
+            if claim.lost:
+                return LEASE_LOST
             for attempt in range(MAX_ROUNDS):
                 # first try with the head as the claim left it (no read); re-read after a conflict
                 head = claim.head if attempt == 0 and claim.head is not None else store.read(lane, HEAD_ID)
@@ -328,11 +316,12 @@ class OutboxEngine:
                     new_row["last_error"] = error[-4000:]
                 live = [list(e) for e in (head or {}).get("live") or []]
                 new_head = _strip(head) if head is not None else None
+                successor: tuple[Doc, Doc] | None = None
                 if outcome == RETRY:
                     available = now + max(0.0, delay)
                     new_row.update(status=PENDING, available_at=available)
-                    due = available + self.settings.queue_timeout
                     if new_head is not None:
+                        due = available + self.settings.queue_timeout
                         new_head.update(running=None, due_kind=DUE_LANE, due_at=due, freed_at=now)
                 else:
                     new_row.update(
@@ -344,41 +333,97 @@ class OutboxEngine:
                     if new_head is not None:
                         new_head.update(live=live, running=None, freed_at=now)
                         self._head_due(new_head, now)
+                        if live and live[0][2] in claim_next:
+                            successor = self._next_claimable(lane, new_head, claim.owner, now)
                 ops = [Op.replace(new_row, claim.etag)]
                 if new_head is not None and head is not None:
-                    ops.append(Op.replace(new_head, head["_etag"]))
+                    if successor is not None:
+                        new_head = successor[1]
+                        ops.append(Op.replace(successor[0], successor[0].pop("_etag")))
+                    if new_head.get("live") or new_head.get("running"):
+                        ops.append(Op.replace(new_head, head["_etag"]))
+                    else:  # the lane is empty: its head goes (a later enqueue creates a new one)
+                        ops.append(Op.delete(HEAD_ID, if_match=head["_etag"]))
                 try:
-                    store.batch(lane, ops)
+                    etags = store.batch(lane, ops)
                 except ConflictError:
                     verdict = self._still_mine(claim)
                     if verdict is not None:
-                        return verdict
+                        return self._release_cancelled(claim) if verdict == CANCELLED else verdict
                     continue
                 claim.lost = True  # settled: the lease is gone
                 self._emit(
                     "effect_settled", effect_id=claim.effect_id, key=claim.key, outcome=outcome, attempt=claim.attempt
                 )
-                if outcome != RETRY and new_head is not None:
+                if successor is not None:
+                    next_row, next_head = successor
+                    claim.successor = self._claim_of(
+                        next_row, str(etags[1]), next_head | {"_etag": etags[2]}, claim.owner, now
+                    )
+                elif outcome != RETRY and new_head is not None:
                     self._wake_first(new_head)
                 return outcome
         raise StoreError(f"could not settle effect {claim.effect_id!r}: key {claim.key!r} too contended")
 
+    def _next_claimable(self, lane: str, head: Doc, owner: str, now: float) -> tuple[Doc, Doc] | None:
+        """The key's next row claimed for ``owner`` (row with its read etag, head), if it is due now."""
+        live = head.get("live") or []
+        row = self.store.read(lane, row_id(str(live[0][1])))
+        if row is None or row.get("status") != PENDING or float(row.get("available_at") or 0.0) > now + 0.005:
+            return None
+        new_row, new_head = self._claimed(row, head, owner, now)
+        return new_row | {"_etag": row["_etag"]}, new_head
+
+    def release(self, claim: Claim) -> str:
+        """The handler of a cancelled row stopped: free its key now (``settle`` does it as well)."""
+        with claim.lock:
+            return self._release_cancelled(claim)
+
+    def _release_cancelled(self, claim: Claim) -> str:
+        """The handler of a cancelled row stopped: free its key (the cancel left it held) and wake
+        the next row. Idempotent; the scan does the same once the lease expired."""
+        store, lane = self.store, lane_pk(claim.key)
+        for _ in range(MAX_ROUNDS):
+            head, row = store.read_many(lane, [HEAD_ID, row_id(claim.effect_id)])
+            if head is None or head.get("running") != claim.effect_id:
+                break  # freed already (by the scan, once the lease expired)
+            if row is not None and row.get("status") != CANCELLED:
+                break  # not cancelled: requeued by the scan and perhaps running elsewhere
+            now = self.clock.now()
+            new_head = _strip(head) | {"running": None, "freed_at": now}
+            self._head_due(new_head, now)
+            ops = [Op.replace(new_head, head["_etag"])]
+            if not new_head.get("live"):
+                ops = [Op.delete(HEAD_ID, if_match=head["_etag"])]
+            if row is not None and row.get("status") == CANCELLED and row.get("lease"):
+                ops.append(Op.replace(_strip(row) | {"lease": None}, row["_etag"]))
+            try:
+                store.batch(lane, ops)
+            except ConflictError:
+                continue
+            self._wake_first(new_head)
+            break
+        claim.lost = True
+        return CANCELLED
+
     def _still_mine(self, claim: Claim) -> str | None:
         """After a failed settle: None to try again, else why the row is not ours any more."""
         row = self.store.read(lane_pk(claim.key), row_id(claim.effect_id))
-        if row is not None and row.get("status") == CANCELLED:
+        lease = (row or {}).get("lease") or {}
+        if row is not None and row.get("status") == CANCELLED and lease.get("owner") == claim.owner:
             claim.cancelled = True
             return CANCELLED
-        lease = (row or {}).get("lease") or {}
         if row is None or row.get("status") != RUNNING or lease.get("owner") != claim.owner:
             claim.lost = True
             log.warning("effect %s: lease lost before settle (now %s)", claim.effect_id, (row or {}).get("status"))
             self._emit("effect_lease_lost", effect_id=claim.effect_id, key=claim.key)
-            return "lease-lost"
+            return LEASE_LOST
         claim.row, claim.etag = _strip(row), str(row["_etag"])
         return None
 
     def _head_due(self, head: Doc, now: float) -> None:
+        if head.get("running") is not None:
+            return  # the running row's lease sets it
         if head.get("live"):
             head.update(due_kind=DUE_LANE, due_at=now + self.settings.queue_timeout)
         else:
@@ -387,7 +432,7 @@ class OutboxEngine:
     def _wake_first(self, head: Doc) -> None:
         live = head.get("live") or []
         if live and head.get("running") is None:
-            _, eid, etype = live[0]
+            _, eid, etype = live[0][:3]
             self.sender.send_effect(EffectRef(str(head["key"]), str(eid), str(etype)))
 
     # --- cancel -----------------------------------------------------------------------------
@@ -400,52 +445,79 @@ class OutboxEngine:
         types: Sequence[str] | None = None,
         reason: str = "cancelled",
     ) -> int:
-        """Cancel pending or running rows by id, or every live row of ``key`` (of ``types``)."""
+        """Cancel pending or running rows by id, or every live row of ``key`` (of ``types``).
+
+        Intents not yet admitted (a transactional enqueue or a workflow's ``emit`` whose
+        admission has not run) are admitted first, so they are cancelled too."""
+        if effect_id is None and key is None:
+            raise ValueError("cancel() needs an effect id or a key")
+        wanted = None if types is None else set(types)
+        self._admit_pending(effect_id, key, wanted)
         if effect_id is not None:
             index = self.store.read(index_pk(effect_id), INDEX_ID)
             if index is None:
                 return 0
             return int(self._cancel_one(str(index["key"]), effect_id, reason))
-        if key is None:
-            raise ValueError("cancel() needs an effect id or a key")
+        assert key is not None
         head = self.store.read(lane_pk(key), HEAD_ID)
-        wanted = None if types is None else set(types)
         ids = [str(e[1]) for e in (head or {}).get("live") or [] if wanted is None or e[2] in wanted]
         return sum(1 for eid in ids if self._cancel_one(key, eid, reason))
+
+    def _admit_pending(self, effect_id: str | None, key: str | None, types: set[str] | None) -> None:
+        """Admit the intents a cancel is about (their scan costs what is pending, usually nothing)."""
+        # every pending intent, due or not (a finite bound: +inf is not JSON for a Cosmos query)
+        for ref in self.store.scan_due(DUE_ADMIT, self.clock.now() + 1e9, 1000):
+            doc = self.store.read(ref.pk, ref.id)
+            effect = (doc or {}).get("effect")
+            if doc is None or doc.get("due_kind") != DUE_ADMIT or not isinstance(effect, dict):
+                continue
+            if effect_id is not None and effect.get("id") != effect_id:
+                continue
+            if key is not None and (
+                effect.get("key") != key or (types is not None and effect.get("type") not in types)
+            ):
+                continue
+            try:
+                self.admit_intent(doc)
+            except LaneFull:
+                log.warning("cancel: intent %s/%s could not be admitted (lane full)", ref.pk, ref.id)
 
     def _cancel_one(self, key: str, effect_id: str, reason: str) -> bool:
         store, lane = self.store, lane_pk(key)
         for _ in range(MAX_ROUNDS):
-            head = store.read(lane, HEAD_ID)
-            row = store.read(lane, row_id(effect_id))
+            head, row = store.read_many(lane, [HEAD_ID, row_id(effect_id)])
             if row is None or row.get("status") not in LIVE:
                 return False
             now = self.clock.now()
+            was_running = row.get("status") == RUNNING
             new_row = _strip(row) | {
                 "status": CANCELLED,
                 "completed_at": now,
                 "reason": reason,
-                "lease": None,
                 "due_kind": DUE_PRUNE,
                 "due_at": now + self.settings.retention,
             }
+            if not was_running:
+                new_row["lease"] = None  # a running row keeps its lease: it holds the key (D1)
             ops = [Op.replace(new_row, row["_etag"])]
             new_head: Doc | None = None
             if head is not None:
                 new_head = _strip(head)
                 new_head["live"] = [e for e in head.get("live") or [] if e[1] != effect_id]
-                if head.get("running") == effect_id:
+                if head.get("running") == effect_id and "cancel_frees_key" in self.bugs:
                     new_head.update(running=None, freed_at=now)
-                if new_head.get("running") is None:
-                    self._head_due(new_head, now)
-                ops.append(Op.replace(new_head, head["_etag"]))
+                self._head_due(new_head, now)
+                if new_head.get("live") or new_head.get("running"):
+                    ops.append(Op.replace(new_head, head["_etag"]))
+                else:
+                    ops.append(Op.delete(HEAD_ID, if_match=head["_etag"]))
             try:
                 store.batch(lane, ops)
             except ConflictError:
                 continue
             self._emit("effect_cancelled", effect_id=effect_id, key=key, was=row.get("status"))
             if new_head is not None and new_head.get("running") is None:
-                self._wake_first(new_head)  # a cancel unblocks the later rows of the key
+                self._wake_first(new_head)  # a cancel of a pending first row unblocks the next
             return True
         raise StoreError(f"could not cancel effect {effect_id!r}: key {key!r} too contended")
 
@@ -457,10 +529,10 @@ class OutboxEngine:
         return None if index is None else self.store.read(lane_pk(str(index["key"])), row_id(effect_id))
 
     def rows(self, key: str) -> list[Doc]:
-        """Every row of a key (live, settled not yet pruned, failed), in order."""
+        """Every row of a key (live, settled not yet pruned, failed), in lane order."""
         docs = self.store.query_partition(lane_pk(key)).docs
         rows = [d for d in docs if d.get("type") == "effect"]
-        return sorted(rows, key=lambda d: (float(d.get("created_at") or 0.0), str(d.get("effect_id"))))
+        return sorted(rows, key=lambda d: (int(d.get("seq") or 0), float(d.get("created_at") or 0.0)))
 
     def head(self, key: str) -> Doc | None:
         return self.store.read(lane_pk(key), HEAD_ID)

@@ -4,15 +4,19 @@ Documents
 ---------
 * **Lane** ``fxq:{key}`` — one partition per ordering key, holding
 
-  - the **rows** ``fx:{effect_id}``: type, payload, status ``pending|running|succeeded|failed|
-    cancelled``, attempt, available-at, lease (owner + expiry), last error, timestamps;
-  - the **head** ``head``: the *live* (pending or running) rows of the key as a sorted list of
-    ``[created_at, effect_id, type]`` and the id of the running row. Claims and settles read two
-    documents (head, row) and write both in one all-or-nothing partition batch, so their cost
-    never depends on the key's history: settled rows stay in the partition until pruned but
-    nothing reads them.
-* **Index** ``fxid:{effect_id}`` / ``fx`` — which key an effect id went to: global dedupe of
-  enqueues and lookup by id (``get``, ``cancel``).
+  - the **rows** ``fx:{effect_id}``: type, payload, the lane sequence number ``seq`` given at
+    admission, status ``pending|running|succeeded|failed|cancelled``, attempt, available-at,
+    lease (owner + expiry), last error, timestamps;
+  - the **head** ``head``: the next sequence number, the *live* (pending or running) rows of the
+    key as a list of ``[seq, effect_id, type]`` in ``seq`` order, and the id of the row whose
+    handler holds the key (``running``). Claims and settles read two documents (head, row) and
+    write both in one all-or-nothing partition batch, so their cost never depends on the key's
+    history. The head is deleted with the last live row (a lane of unkeyed effects leaves
+    nothing behind) and never grows past half the store's item limit (``LaneFull``).
+* **Index** ``fxid:{effect_id}`` / ``fx`` — the key, type and payload digest an effect id was
+  first enqueued with: global dedupe (a repeat is ``created=False``; the same id with another
+  type, key or payload is an ``IdempotencyConflict``) and lookup by id (``get``, ``cancel``).
+  It is never moved to another key, so two enqueuers racing with one id meet in one lane.
 * **Intent** — a portable copy of an enqueue (``effect`` field) that can live in *any* partition:
   ``fxi:{effect_id}`` in the caller's partition (``OutboxEngine.intent``; the transactional
   outbox), or the ``emit`` step marker of a workflow. It carries the due kind ``outbox_admit``;
@@ -26,10 +30,11 @@ admitted; ``outbox_prune`` on succeeded/cancelled rows once their retention ends
 
 Ordering
 --------
-A row may be claimed only when it is the first live row of its key by ``(created_at, id)``,
-nothing of the key is running and its ``available_at`` has passed: a row waiting for a retry
-blocks the later rows of its key. A row admitted late (its intent recovered by the scan) is
-placed by its ``created_at`` but never ahead of a running row.
+A row may be claimed only when it is the first live row of its key by ``seq`` (the order of
+admission into the lane, never a clock), nothing of the key holds it and its ``available_at``
+has passed: a row waiting for a retry blocks the later rows of its key. A cancelled *running*
+row leaves the live list at once but keeps holding its key (``running``) until its handler
+stopped (its settle) or its lease expired, so the next row never overlaps it.
 
 Row states: ``pending`` → (claim: attempt+1, lease) ``running`` → ``succeeded`` | ``failed`` |
 ``pending`` again (retry after the backoff, or requeue after a lost worker of a replay-safe type);
@@ -38,13 +43,16 @@ Row states: ``pending`` → (claim: attempt+1, lease) ``running`` → ``succeede
 
 from __future__ import annotations
 
+import hashlib
+import json
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ...errors import DurableError
+from ...errors import LaneFull
 from ...settings import Settings
-from ...stores.base import Doc, strip_reserved
+from ...stores.base import Doc, Store, strip_reserved
+from ..model import Clock
 
 __all__ = [
     "DUE_LANE",
@@ -63,6 +71,7 @@ __all__ = [
     "OutboxSettings",
     "EffectRef",
     "EffectSender",
+    "LaneOps",
     "InlineSender",
     "Claim",
     "ClaimResult",
@@ -75,6 +84,8 @@ __all__ = [
     "intent_id",
     "strip",
     "claim_latency",
+    "digest",
+    "head_bytes",
 ]
 
 DUE_LANE = "outbox"
@@ -115,10 +126,6 @@ def intent_id(effect_id: str) -> str:
 strip = strip_reserved
 
 
-class LaneFull(DurableError):
-    """A key has too many live rows (the head document would outgrow the store's limit)."""
-
-
 @dataclass(frozen=True)
 class OutboxSettings:
     """Timings in seconds: the outbox's view of the library's one ``Settings`` (defaults from it)."""
@@ -136,6 +143,7 @@ class OutboxSettings:
     #: an intent its enqueuer did not admit within this delay is admitted by the scan
     admit_grace: float = Settings.outbox_admit_grace
     max_lane_backlog: int = Settings.outbox_max_lane_backlog
+    drain_max: int = Settings.outbox_drain_max
 
     @classmethod
     def of(cls, settings: Settings) -> OutboxSettings:
@@ -149,6 +157,7 @@ class OutboxSettings:
             fast_send_max=settings.outbox_fast_send_max,
             admit_grace=settings.outbox_admit_grace,
             max_lane_backlog=settings.outbox_max_lane_backlog,
+            drain_max=settings.outbox_drain_max,
         )
 
 
@@ -165,6 +174,25 @@ class EffectSender(Protocol):
     def send_effect(self, ref: EffectRef, countdown: float | None = None) -> None:
         """Deliver ``ref`` to a worker that runs its handler (after ``countdown`` seconds)."""
         ...
+
+
+class LaneOps(Protocol):
+    """What admission and the scan need of the outbox engine (``machine.OutboxEngine``): typed
+    here so that ``machine`` imports them and never the other way round."""
+
+    store: Store
+    sender: EffectSender
+    settings: OutboxSettings
+    clock: Clock
+    bugs: frozenset[str]
+
+    def admit_intent(self, doc: Doc) -> Admitted | None: ...
+
+    def _head_due(self, head: Doc, now: float) -> None: ...
+
+    def _wake_first(self, head: Doc) -> None: ...
+
+    def _emit(self, event: str, **kwargs: Any) -> None: ...
 
 
 class InlineSender:
@@ -199,9 +227,13 @@ class Claim:
     #: the head as this claim wrote it (with its etag): the settle tries it before reading
     head: Doc | None = None
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    #: when the claim was written (the engine's clock): a run that starts much later re-checks
+    claimed_at: float = 0.0
     #: set by a renewal or settle that found the row cancelled / owned by someone else
     cancelled: bool = False
     lost: bool = False
+    #: the next row of the key, claimed for this worker in the same batch as this one's settle
+    successor: Claim | None = field(default=None, repr=False)
 
     @property
     def ref(self) -> EffectRef:
@@ -233,6 +265,8 @@ class ScanReport:
     failed: int = 0
     pruned: int = 0
     repaired: int = 0
+    #: intents left for later because their key's lane is full
+    deferred: int = 0
     errors: int = 0
 
 
@@ -245,3 +279,19 @@ def claim_latency(row: Doc) -> float | None:
     if started is None or eligible is None:
         return None
     return max(0.0, float(started) - float(eligible))
+
+
+def digest(effect: Doc) -> str:
+    """What makes two enqueues of one effect id the same request: type, key and payload."""
+    body = json.dumps([effect["type"], effect["key"], effect.get("payload")], sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(body.encode()).hexdigest()[:32]
+
+
+def _json_len(text: str) -> int:
+    # JSON escapes a non-ASCII character as up to 12 bytes (a surrogate pair of \\uXXXX)
+    return len(text) + 2 if text.isascii() else 12 * len(text) + 2
+
+
+def head_bytes(live: list[list[Any]]) -> int:
+    """An upper bound of the JSON size of a head's live list (``[seq, "id", "type"], ``)."""
+    return sum(26 + _json_len(str(e[1])) + _json_len(str(e[2])) for e in live)

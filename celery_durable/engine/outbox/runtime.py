@@ -16,10 +16,11 @@ from __future__ import annotations
 import contextvars
 import ctypes
 import logging
+import random
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,8 +29,8 @@ from ...codecs import ValueCodec
 from ...errors import ConfigurationError, DurableTimeoutError, StoreError
 from ...retry import RetryPolicy
 from ..heartbeat import Heartbeat
-from .machine import OutboxEngine
-from .model import CANCELLED, FAILED, RETRY, SUCCEEDED, Claim
+from .machine import LEASE_LOST, OutboxEngine
+from .model import FAILED, RETRY, SUCCEEDED, Claim
 
 __all__ = [
     "EffectDef",
@@ -39,6 +40,7 @@ __all__ = [
     "EffectInterrupt",
     "EffectCancelled",
     "EffectTimeout",
+    "EffectLeaseLost",
     "Outcome",
     "UnknownEffectType",
     "effects_of",
@@ -60,6 +62,10 @@ class EffectCancelled(EffectInterrupt):
 
 class EffectTimeout(EffectInterrupt):
     """The handler ran longer than its ``timeout``."""
+
+
+class EffectLeaseLost(EffectInterrupt):
+    """Another worker owns the row now (this one was presumed dead): stop, nothing is recorded."""
 
 
 class UnknownEffectType(ConfigurationError):
@@ -190,6 +196,17 @@ class EffectContext:
         return self.claim.attempt
 
     @property
+    def max_attempts(self) -> int:
+        """The attempts this effect gets in all (the row's and the retry policy's limit)."""
+        return min(self.claim.max_attempts, self.definition.policy.maximum_attempts)
+
+    @property
+    def will_retry(self) -> bool:
+        """Whether a retryable failure of this attempt gets another one (False on the last: the
+        place to compensate)."""
+        return self.claim.attempt < self.max_attempts
+
+    @property
     def lease_lost(self) -> bool:
         """Another worker took the row: this attempt's outcome will not be recorded."""
         return self.claim.lost and not self.claim.cancelled
@@ -217,6 +234,12 @@ class EffectContext:
     def time_out(self) -> None:
         self.timed_out = True
         self._interrupt(EffectTimeout)
+
+    def mark_lost(self) -> None:
+        """The lease is gone (D3): stop the handler as a cancel does (its outcome is not recorded)."""
+        self._cancel.set()
+        if self.definition.interruptible:
+            self._interrupt(EffectLeaseLost)
 
     def _interrupt(self, exc_type: type[BaseException]) -> None:
         with self._lock:
@@ -314,6 +337,9 @@ class EffectKeeper:
             if state == "cancelled" and not ctx.cancelled():
                 log.info("effect %s was cancelled while running: stopping its handler", ctx.effect_id)
                 ctx.mark_cancelled()
+            elif state == "lost" and not ctx.cancelled():
+                log.warning("effect %s: another worker owns it now: stopping its handler", ctx.effect_id)
+                ctx.mark_lost()
 
 
 @dataclass(frozen=True)
@@ -336,35 +362,55 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def execute(outbox: OutboxEngine, claim: Claim, definition: EffectDef, keeper: EffectKeeper) -> Outcome:
-    """Run the handler for a claimed row and settle the outcome (under lease ownership)."""
+#: a claim older than this when its handler starts is re-read for a cancel first (a fresh one
+#: was proved pending and uncancelled by its own etag-guarded write a moment ago)
+PRECHECK_AFTER = 0.05
+
+
+def execute(
+    outbox: OutboxEngine, claim: Claim, definition: EffectDef, keeper: EffectKeeper, claim_next: Collection[str] = ()
+) -> Outcome:
+    """Run the handler for a claimed row and settle the outcome (under lease ownership).
+
+    With ``claim_next`` (effect types this worker runs) a settle that ends the row also claims the
+    key's next row for this worker when it is due now: it is then ``claim.successor``."""
     ctx = EffectContext(outbox, claim, definition)
     keeper.track(ctx)
     try:
-        return _execute(outbox, ctx, definition)
+        return _execute(outbox, ctx, definition, claim_next)
     finally:
         keeper.untrack(ctx)
 
 
-def _execute(outbox: OutboxEngine, ctx: EffectContext, definition: EffectDef) -> Outcome:
+def _stopped(outbox: OutboxEngine, claim: Claim) -> Outcome:
+    """The handler did not run to its end, or its outcome is not ours to record."""
+    if claim.cancelled:
+        return Outcome(outbox.release(claim))  # the key was held until now (D1)
+    return Outcome(LEASE_LOST)
+
+
+def _execute(outbox: OutboxEngine, ctx: EffectContext, definition: EffectDef, claim_next: Collection[str]) -> Outcome:
     claim = ctx.claim
-    # a cancel may have committed between the claim and now: look before running
-    try:
-        state = outbox.renew(claim)
-    except StoreError as exc:  # the heartbeat keeps checking while the handler runs
-        log.warning("effect %s: cancel check failed (%s); running it anyway", claim.effect_id, exc)
-        state = "ok"
-    if state != "ok":
-        return Outcome(CANCELLED if state == "cancelled" else "lease-lost")
+    if outbox.clock.now() - claim.claimed_at > PRECHECK_AFTER:
+        try:
+            state = outbox.renew(claim)
+        except StoreError as exc:
+            # never run blind: put the row back (the lease lapses if even that fails)
+            log.warning("effect %s: cancel check failed (%s); requeued without running", claim.effect_id, exc)
+            return _settle_failed(outbox, claim, exc, requeue=True)
+        if state != "ok":
+            return _stopped(outbox, claim)
     error: BaseException | None = None
     try:
         payload = definition.codec.decode(claim.payload, f"payload of effect {claim.type!r}")
         with ctx:
             definition.fn(payload)
+    except EffectLeaseLost:
+        return _stopped(outbox, claim)
     except EffectCancelled as exc:
-        if ctx.cancelled() or claim.cancelled:
-            log.info("effect %s stopped: cancelled", claim.effect_id)
-            return Outcome(CANCELLED)
+        if ctx.cancelled() or claim.cancelled or claim.lost:
+            log.info("effect %s stopped: %s", claim.effect_id, "cancelled" if claim.cancelled else "lease lost")
+            return _stopped(outbox, claim)
         error = exc
     except EffectTimeout:
         error = DurableTimeoutError(f"effect {claim.type!r} timed out after {definition.timeout}s")
@@ -372,7 +418,7 @@ def _execute(outbox: OutboxEngine, ctx: EffectContext, definition: EffectDef) ->
         error = exc
     if error is None:
         try:
-            return Outcome(outbox.settle(claim, SUCCEEDED))
+            return Outcome(outbox.settle(claim, SUCCEEDED, claim_next=claim_next))
         except StoreError as exc:
             # seed: a replay-safe effect is requeued, a process-bound one terminalized
             return _settle_failed(outbox, claim, exc, requeue=claim.replay_safe)
@@ -380,20 +426,29 @@ def _execute(outbox: OutboxEngine, ctx: EffectContext, definition: EffectDef) ->
     policy = definition.policy
     if policy.non_retryable and isinstance(error, policy.non_retryable):
         verb = definition.non_retryable_status
-    elif claim.attempt >= min(claim.max_attempts, policy.maximum_attempts):
+    elif not ctx.will_retry:
         verb = FAILED
     else:
         verb = RETRY
     log.warning("effect %s (%s) attempt %d failed (%s): %s", claim.effect_id, claim.type, claim.attempt, verb, text)
     try:
         if verb == RETRY:
-            delay = policy.delay(claim.attempt).total_seconds()
+            delay = jittered(policy.delay(claim.attempt).total_seconds())
             kind = outbox.settle(claim, RETRY, error=text, delay=delay)
             return Outcome(kind, delay=delay if kind == RETRY else 0.0, error=error)
         reason = None if verb != FAILED or claim.attempt < claim.max_attempts else f"attempts exhausted: {text}"
-        return Outcome(outbox.settle(claim, verb, error=text, reason=reason), error=error)
+        return Outcome(outbox.settle(claim, verb, error=text, reason=reason, claim_next=claim_next), error=error)
     except StoreError as exc:
         return _settle_failed(outbox, claim, exc, requeue=verb == RETRY)
+
+
+def jittered(delay: float) -> float:
+    """A retry delay with jitter, so retries of many failed effects do not arrive together.
+
+    Celery's ``retry_jitter`` draws from [0, delay] in whole seconds
+    (``celery.utils.time.get_exponential_backoff_interval``); our delays start at 100 ms, so this
+    draws from [delay/2, delay] instead: spread, but never an immediate retry."""
+    return delay * (0.5 + random.random() / 2) if delay > 0 else 0.0
 
 
 def _settle_failed(outbox: OutboxEngine, claim: Claim, exc: StoreError, requeue: bool) -> Outcome:

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
-from ...errors import ConflictError, StoreError
-from ...stores.base import Doc, Op, Store
-from ..model import Clock, lease_live
+from ...errors import ConflictError, DurableError, LaneFull
+from ...stores.base import Doc, Op
+from ..model import lease_live
 from .model import (
     CANCELLED,
     DUE_ADMIT,
@@ -33,35 +33,13 @@ from .model import (
     PENDING,
     RUNNING,
     SUCCEEDED,
-    TERMINAL,
-    Admitted,
     EffectRef,
-    EffectSender,
-    OutboxSettings,
+    LaneOps,
     ScanReport,
     index_pk,
     row_id,
 )
 from .model import strip as _strip
-
-
-class LaneOps(Protocol):
-    """What the scan needs of the outbox engine (``machine.OutboxEngine``): typed here so that
-    ``machine`` imports ``scan`` and never the other way round."""
-
-    store: Store
-    sender: EffectSender
-    settings: OutboxSettings
-    clock: Clock
-
-    def admit_intent(self, doc: Doc) -> Admitted | None: ...
-
-    def _head_due(self, head: Doc, now: float) -> None: ...
-
-    def _wake_first(self, head: Doc) -> None: ...
-
-    def _emit(self, event: str, **kwargs: Any) -> None: ...
-
 
 __all__ = ["Scanner"]
 
@@ -86,16 +64,22 @@ class Scanner:
         return report
 
     def _guard(self, report: ScanReport, fn: Callable[..., None], *args: Any) -> None:
+        # one bad document or lane never stops the scan of the others
         try:
             fn(*args)
-        except (StoreError, KeyError, TypeError, ValueError, IndexError) as exc:
+        except (DurableError, KeyError, TypeError, ValueError, IndexError) as exc:
             report.errors += 1
             log.exception("outbox scan of %s failed: %s", args[0], exc)
 
     def _admit_due(self, pk: str, doc_id: str, report: ScanReport) -> None:
         doc = self.store.read(pk, doc_id)
         if doc is not None and doc.get("due_kind") == DUE_ADMIT:
-            self.outbox.admit_intent(doc)
+            try:
+                self.outbox.admit_intent(doc)
+            except LaneFull as exc:  # it stays due (later): the lane drains, then it gets in
+                report.deferred += 1
+                log.warning("outbox scan: intent %s/%s deferred: %s", pk, doc_id, exc)
+                return
             report.admitted += 1
 
     def _lane_due(self, lane: str, now: float, report: ScanReport) -> None:
@@ -105,25 +89,27 @@ class Scanner:
             return
         new_head = _strip(head)
         live = head.get("live") or []
-        if not live:
-            self.outbox._head_due(new_head, now)
+        running = head.get("running")
+        if not live and running is None:
+            self._try_delete_head(head, report)
+            return
+        first = str(running or live[0][1])
+        row = store.read(lane, row_id(first))
+        status = (row or {}).get("status")
+        if running is not None and row is not None and status in (RUNNING, CANCELLED) and lease_live(row, now):
+            # its handler runs (a cancelled one holds the key until it stopped): wait for its lease
+            new_head["due_at"] = float(row["lease"]["expires"])
             self._try_replace(new_head, head, report)
             return
-        first = str(head.get("running") or live[0][1])
-        row = store.read(lane, row_id(first))
-        if row is None or row.get("status") in TERMINAL or row.get("status") not in LIVE:
-            # repair: a row that is gone or settled never blocks its key
-            new_head.update(live=[e for e in live if e[1] != first], running=None)
+        if row is None or status not in LIVE:
+            # repair: a row that is gone, settled, or cancelled with its lease lapsed frees its key
+            new_head.update(live=[e for e in live if e[1] != first], running=None, freed_at=now)
             self.outbox._head_due(new_head, now)
             if self._try_replace(new_head, head, report):
                 report.repaired += 1
                 self.outbox._wake_first(new_head)
             return
-        if row.get("status") == RUNNING:
-            if lease_live(row, now):
-                new_head["due_at"] = float(row["lease"]["expires"])
-                self._try_replace(new_head, head, report)
-                return
+        if status == RUNNING:
             self._lease_expired(head, row, now, report)
             return
         # pending and first: its message was lost, or its retry is due, or it is not yet available
@@ -138,6 +124,12 @@ class Scanner:
             report.resent += 1
             self.outbox._emit("effect_resent", effect_id=row["effect_id"], key=row["key"])
             self.outbox.sender.send_effect(EffectRef(str(row["key"]), str(row["effect_id"]), str(row["effect_type"])))
+
+    def _try_delete_head(self, head: Doc, report: ScanReport) -> None:
+        try:
+            self.store.delete(str(head["pk"]), HEAD_ID, if_match=head["_etag"])
+        except ConflictError:
+            pass  # an enqueue just used it
 
     def _lease_expired(self, head: Doc, row: Doc, now: float, report: ScanReport) -> None:
         """The worker running this row died (or hung past its lease): requeue or fail it."""
@@ -165,8 +157,10 @@ class Scanner:
             new_head["live"] = [e for e in head.get("live") or [] if e[1] != row["effect_id"]]
             self.outbox._head_due(new_head, now)
             requeued = False
+        empty = not new_head.get("live")
+        head_op = Op.delete(HEAD_ID, if_match=head["_etag"]) if empty else Op.replace(new_head, head["_etag"])
         try:
-            self.store.batch(lane, [Op.replace(new_row, row["_etag"]), Op.replace(new_head, head["_etag"])])
+            self.store.batch(lane, [Op.replace(new_row, row["_etag"]), head_op])
         except ConflictError:
             return  # renewed, settled or handled by another scanner meanwhile
         eid, key = str(row["effect_id"]), str(row["key"])
@@ -183,7 +177,10 @@ class Scanner:
 
     def _try_replace(self, new: Doc, old: Doc, report: ScanReport) -> bool:
         try:
-            self.store.replace(new, if_match=old["_etag"])
+            if not new.get("live") and new.get("running") is None:
+                self.store.delete(str(old["pk"]), HEAD_ID, if_match=old["_etag"])
+            else:
+                self.store.replace(new, if_match=old["_etag"])
             return True
         except ConflictError:
             return False  # someone (a worker, another beat) changed it: they are on it
@@ -194,14 +191,16 @@ class Scanner:
             return
         if float(row.get("due_at") or 0.0) > now:
             return
-        try:
-            self.store.delete(pk, doc_id, if_match=row["_etag"])
-        except ConflictError:
-            return
+        # the index goes first, etag-guarded: an enqueue reviving this id touches the index before
+        # the row, so either this delete fails (and the row stays) or the enqueue starts over
         index = self.store.read(index_pk(str(row["effect_id"])), INDEX_ID)
         if index is not None and index.get("key") == row.get("key"):
             try:
                 self.store.delete(index["pk"], INDEX_ID, if_match=index["_etag"])
             except ConflictError:
-                pass
+                return
+        try:
+            self.store.delete(pk, doc_id, if_match=row["_etag"])
+        except ConflictError:
+            return  # revived by a repeat enqueue meanwhile
         report.pruned += 1

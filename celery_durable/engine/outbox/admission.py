@@ -1,0 +1,320 @@
+"""Admission: an effect enters its lane (idempotent by effect id), alone or many at once.
+
+The index ``fxid:{id}`` is written first and never moved: whoever comes second with the same id
+reads it and goes to *that* lane, where the row's create-only write lets one of them win; a
+different type, key or payload is an :class:`~celery_durable.errors.IdempotencyConflict`. A row
+settled long enough ago to be pruned is *revived* by a repeat (the idempotency window is the
+retention), and the revival touches the index first so a prune racing it cannot delete the new
+row's index (``scan._prune`` deletes the index before the row, both etag-guarded).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+from ...errors import ConflictError, DurableError, IdempotencyConflict, LaneFull, StoreError
+from ...stores.base import Doc, Op
+from .model import (
+    DUE_LANE,
+    DUE_PRUNE,
+    HEAD_ID,
+    INDEX_ID,
+    LIVE,
+    PENDING,
+    TERMINAL,
+    Admitted,
+    EffectRef,
+    LaneOps,
+    digest,
+    head_bytes,
+    index_pk,
+    lane_pk,
+    row_id,
+)
+from .model import strip as _strip
+
+__all__ = ["Admission", "MAX_ROUNDS"]
+
+log = logging.getLogger("celery_durable.outbox")
+
+MAX_ROUNDS = 100
+HEAD_CACHE_SIZE = 256
+
+
+def new_row(effect: Doc, source: Doc | None) -> Doc:
+    eid, key = str(effect["id"]), str(effect["key"])
+    return {
+        "pk": lane_pk(key),
+        "id": row_id(eid),
+        "type": "effect",
+        "effect_id": eid,
+        "effect_type": effect["type"],
+        "key": key,
+        "payload": effect.get("payload"),
+        "digest": digest(effect),
+        "seq": None,
+        "status": PENDING,
+        "attempt": 0,
+        "max_attempts": int(effect.get("max_attempts") or 1),
+        "replay_safe": bool(effect.get("replay_safe")),
+        "available_at": float(effect["available_at"]),
+        "created_at": float(effect["created_at"]),
+        "lease": None,
+        "last_error": None,
+        "reason": None,
+        "lost": 0,
+        "started_at": None,
+        "completed_at": None,
+        "source": None if source is None else {"pk": source["pk"], "id": source["id"]},
+    }
+
+
+class Admission:
+    def __init__(self, outbox: LaneOps) -> None:
+        self.outbox = outbox
+        self.store = outbox.store
+        self.settings = outbox.settings
+        # the heads this process last wrote, by lane: an enqueuer filling one key tries its batch
+        # on the head it wrote last instead of reading it again (a stale one costs the same as
+        # the read it saves: the batch fails on its etag and the head is read)
+        self._heads: OrderedDict[str, Doc] = OrderedDict()
+        self._heads_lock = threading.Lock()
+
+    def _cached_head(self, lane: str) -> Doc | None:
+        with self._heads_lock:
+            return self._heads.pop(lane, None)
+
+    def _remember(self, lane: str, head: Doc, etag: str | None) -> None:
+        if etag is None:
+            return
+        with self._heads_lock:
+            self._heads[lane] = head | {"_etag": etag}
+            while len(self._heads) > HEAD_CACHE_SIZE:
+                self._heads.popitem(last=False)
+
+    # --- the index --------------------------------------------------------------------------
+
+    def claim_id(self, effect: Doc) -> tuple[str, bool, Doc | None]:
+        """Make ``effect``'s id ours or find who has it: (key to use, index fresh, index doc)."""
+        eid, key, fp = str(effect["id"]), str(effect["key"]), digest(effect)
+        index = {
+            "pk": index_pk(eid),
+            "id": INDEX_ID,
+            "type": "effect_index",
+            "key": key,
+            "effect_type": effect["type"],
+            "digest": fp,
+            "created_at": effect["created_at"],
+        }
+        for _ in range(MAX_ROUNDS):
+            etag = self.store.create(index)
+            if etag is not None:
+                return key, True, index | {"_etag": etag}
+            existing = self.store.read(index_pk(eid), INDEX_ID)
+            if existing is None:
+                continue  # pruned in between: try again
+            if existing.get("digest") == fp or (existing.get("digest") is None and existing.get("key") == key):
+                return key, False, existing
+            # another request holds the id: a conflict, unless its row is gone for good (pruned)
+            other = str(existing.get("key"))
+            row = self.store.read(lane_pk(other), row_id(eid))
+            if row is not None and not self._expired(row):
+                raise IdempotencyConflict(
+                    f"effect id {eid!r} was already enqueued with another type, key or payload "
+                    f"(type {existing.get('effect_type')!r}, key {other!r}); the first enqueue stands"
+                )
+            if row is None and not self._index_abandoned(existing):
+                raise IdempotencyConflict(
+                    f"effect id {eid!r} is being enqueued with another type, key or payload "
+                    f"(type {existing.get('effect_type')!r}, key {other!r})"
+                )
+            try:  # the old request is over: the id is free for this one
+                etag = self.store.replace(_strip(index), if_match=existing["_etag"])
+            except ConflictError:
+                continue
+            return key, True, index | {"_etag": etag}
+        raise StoreError(f"could not enqueue effect {eid!r}: its id is too contended")
+
+    def _expired(self, row: Doc) -> bool:
+        """A settled row whose retention ended: the prune will delete it; a repeat may revive it."""
+        return (
+            row.get("status") in TERMINAL
+            and row.get("due_kind") == DUE_PRUNE
+            and float(row.get("due_at") or 0.0) <= self.outbox.clock.now()
+        )
+
+    def _index_abandoned(self, index: Doc) -> bool:
+        # an index without a row this long after its enqueue: the enqueuer died before its lane
+        age = self.outbox.clock.now() - float(index.get("created_at") or 0.0)
+        return age > self.settings.admit_grace + self.settings.lease_ttl
+
+    def _touch_index(self, index: Doc) -> bool:
+        """Change the index's etag (a prune holding the old one then gives up); False if it went."""
+        try:
+            self.store.replace(_strip(index), if_match=index["_etag"])
+            return True
+        except ConflictError:
+            return False
+
+    # --- admission --------------------------------------------------------------------------
+
+    def admit(self, effect: Doc, source: Doc | None = None) -> Admitted:
+        for _ in range(MAX_ROUNDS):
+            key, fresh, index = self.claim_id(effect)
+            result = self._into_lane(effect, key, fresh, index, source)
+            if result is not None:
+                return result
+        raise StoreError(f"could not enqueue effect {effect['id']!r}: key {effect['key']!r} too contended")
+
+    def _into_lane(self, effect: Doc, key: str, fresh: bool, index: Doc | None, source: Doc | None) -> Admitted | None:
+        """Write the row and the head; None to start over from the index (it changed)."""
+        store, eid, lane = self.store, str(effect["id"]), lane_pk(key)
+        row = new_row(effect, source)
+        # the row as stored: None = assume there is none (a fresh id: create it blind, one round
+        # trip less); {} = look first (a repeat, or a create that found one)
+        known: Doc | None = None if fresh else {}
+        cached = self._cached_head(lane) if known is None else None
+        head: Doc | None
+        for _ in range(MAX_ROUNDS):
+            if cached is not None:
+                head, cached = cached, None
+            elif known is None:
+                head = store.read(lane, HEAD_ID)
+            else:
+                head, known = store.read_many(lane, [HEAD_ID, row_id(eid)])
+                if known is not None:
+                    if known.get("status") in LIVE or not (fresh or self._expired(known)):
+                        return Admitted(eid, key, False)
+                    if not fresh and index is not None and not self._touch_index(index):
+                        return None
+                    fresh = True  # the index is ours now (touched or created): revive the row
+            live = [list(e) for e in (head or {}).get("live") or []]
+            self._check_room(key, live, row)
+            seq = int((head or {}).get("next_seq") or 1)
+            live.append([seq, eid, row["effect_type"]])
+            new_head: Doc = _strip(head) if head is not None else {"pk": lane, "id": HEAD_ID, "type": "effect_lane"}
+            new_head.update(key=key, live=live, next_seq=seq + 1)
+            running = new_head.get("running")
+            send_in = self._head_for_new_row(new_head, row, first=len(live) == 1 and running is None)
+            row_op = Op.create(row | {"seq": seq}) if known is None else Op.replace(row | {"seq": seq}, known["_etag"])
+            head_op = Op.create(new_head) if head is None else Op.replace(new_head, head["_etag"])
+            try:
+                etags = store.batch(lane, [row_op, head_op])
+            except ConflictError:
+                if known is None:
+                    known = {}  # look at the row next round (someone may have created it)
+                continue
+            self._remember(lane, new_head, etags[1])
+            self.outbox._emit("effect_enqueued", effect_id=eid, key=key, effect_type=row["effect_type"])
+            if send_in is not None:
+                self.outbox.sender.send_effect(EffectRef(key, eid, str(row["effect_type"])), countdown=send_in or None)
+            return Admitted(eid, key, True)
+        raise StoreError(f"could not enqueue effect {eid!r}: key {key!r} too contended")
+
+    def _check_room(self, key: str, live: list[list[Any]], row: Doc) -> None:
+        limit = self.settings.max_lane_backlog
+        if len(live) >= limit:
+            raise LaneFull(f"key {key!r} has {len(live)} live effects (limit {limit})")
+        # the head must fit the store with room to spare (a claim adds the running id)
+        room = self.store.max_doc_bytes // 2
+        if head_bytes([*live, [0, row["effect_id"], row["effect_type"]]]) > room:
+            raise LaneFull(f"key {key!r}: its {len(live)} live effects fill the lane's head ({room} bytes)")
+
+    def _head_for_new_row(self, head: Doc, row: Doc, first: bool) -> float | None:
+        """Set the head's due time for a new row; the countdown to send it with (None: not now)."""
+        now = self.outbox.clock.now()
+        if first:
+            wait = max(0.0, float(row["available_at"]) - now)
+            if wait <= self.settings.fast_send_max:
+                head.update(due_kind=DUE_LANE, due_at=now + wait + self.settings.queue_timeout)
+                return wait
+            head.update(due_kind=DUE_LANE, due_at=float(row["available_at"]))
+        elif not head.get("due_kind"):
+            head.update(due_kind=DUE_LANE, due_at=now + self.settings.queue_timeout)
+        return None
+
+    def admit_many(self, effects: Sequence[Doc]) -> list[Admitted]:
+        """Admit several effects: one index write each, then one head read and one batch per lane
+        chunk (rows of a key keep the order of ``effects``). Falls back to one by one on conflicts."""
+        out: dict[str, Admitted | DurableError] = {}
+        by_lane: dict[str, list[Doc]] = {}
+
+        def one(effect: Doc) -> None:
+            try:
+                out[str(effect["id"])] = self.admit(effect)
+            except (IdempotencyConflict, LaneFull) as exc:
+                out[str(effect["id"])] = exc
+
+        for effect in effects:
+            try:
+                key, fresh, _ = self.claim_id(effect)
+            except IdempotencyConflict as exc:
+                out[str(effect["id"])] = exc
+                continue
+            if fresh:
+                by_lane.setdefault(key, []).append(effect)
+            else:
+                one(effect)
+        chunk = max(1, self.store.max_batch_ops - 1)
+        for key, group in by_lane.items():
+            for i in range(0, len(group), chunk):
+                part = group[i : i + chunk]
+                try:
+                    done = self._many_into_lane(key, part)
+                except LaneFull:
+                    done = False
+                for effect in part:
+                    if done:
+                        out[str(effect["id"])] = Admitted(str(effect["id"]), key, True)
+                    else:  # a row existed, the head moved or the lane filled up: one by one
+                        one(effect)
+        results = [out[str(e["id"])] for e in effects]
+        errors = [r for r in results if isinstance(r, DurableError)]
+        if errors:
+            raise errors[0]  # every other effect was admitted
+        return [r for r in results if isinstance(r, Admitted)]
+
+    def _many_into_lane(self, key: str, effects: Sequence[Doc]) -> bool:
+        """One batch: the rows and the head; False if a row existed or the head kept moving."""
+        lane = lane_pk(key)
+        cached = self._cached_head(lane)
+        for _ in range(3):
+            head, cached = (cached, None) if cached is not None else (self.store.read(lane, HEAD_ID), None)
+            done = self._try_many(lane, key, head, effects)
+            if done is not None:
+                return done
+        return False
+
+    def _try_many(self, lane: str, key: str, head: Doc | None, effects: Sequence[Doc]) -> bool | None:
+        live = [list(e) for e in (head or {}).get("live") or []]
+        seq = int((head or {}).get("next_seq") or 1)
+        rows: list[Doc] = []
+        was_empty = not live and (head or {}).get("running") is None
+        for effect in effects:
+            row = new_row(effect, None)
+            self._check_room(key, live, row)
+            rows.append(row | {"seq": seq})
+            live.append([seq, row["effect_id"], row["effect_type"]])
+            seq += 1
+        new_head: Doc = _strip(head) if head is not None else {"pk": lane, "id": HEAD_ID, "type": "effect_lane"}
+        new_head.update(key=key, live=live, next_seq=seq)
+        send_in = self._head_for_new_row(new_head, rows[0], first=was_empty)
+        head_op = Op.create(new_head) if head is None else Op.replace(new_head, head["_etag"])
+        try:
+            etags = self.store.batch(lane, [*(Op.create(r) for r in rows), head_op])
+        except ConflictError:
+            # the head moved (try again with a fresh one) or a row exists (the careful path)
+            if self.store.read_many(lane, [row_id(str(r["effect_id"])) for r in rows]) != [None] * len(rows):
+                return False
+            return None
+        self._remember(lane, new_head, etags[-1])
+        for r in rows:
+            self.outbox._emit("effect_enqueued", effect_id=r["effect_id"], key=key, effect_type=r["effect_type"])
+        if send_in is not None:
+            first = rows[0]
+            self.outbox.sender.send_effect(EffectRef(key, first["effect_id"], first["effect_type"]), send_in or None)
+        return True
