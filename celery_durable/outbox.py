@@ -402,11 +402,18 @@ class Outbox:
         if len(pks) != 1:
             raise ConfigurationError("with_docs must hold documents of exactly one partition")
         pk = pks.pop()
-        core.check_room(str(effect["key"]))  # a full lane fails here, before your documents commit
+        core.check_admissible(effect)  # a full lane or a taken id fails here, before your documents commit
         intent = core.intent(pk, effect)
         core.store.batch(pk, [*ops, Op.create(intent)])
-        admitted = core.admit_intent(intent)
-        assert admitted is not None
+        try:
+            admitted = core.admit_intent(intent)
+        except LaneFull:
+            # the lane filled up since the check: the intent is committed and waits, due later;
+            # beat's scan admits it once the lane has room
+            log.warning("effect %s committed; its lane %r is full for now: admitted later", effect["id"], effect["key"])
+            return Admitted(str(effect["id"]), str(effect["key"]), True)
+        if admitted is None:  # the id holds another request: admit_intent noted the conflict
+            raise IdempotencyConflict(f"effect id {effect['id']!r} was already enqueued with another request")
         return admitted
 
     @_shielded

@@ -296,17 +296,23 @@ def test_d3_a_renew_that_finds_the_lease_lost_stops_the_handler(store: Store) ->
             stopped.set()
 
     env.effects.add(EffectDef("slow", slow, env.effects.require("note").codec))
-    body = env.outbox.effect_body("slow", 1, key="k", effect_id="s", available_at=None, replay_safe=True, max_attempts=3)
+    body = env.outbox.effect_body(
+        "slow", 1, key="k", effect_id="s", available_at=None, replay_safe=True, max_attempts=3
+    )
     env.outbox.admit(body)
     claim = env.outbox.claim("k", "s").claim
     assert claim is not None
     outcome: list[Any] = []
-    t = threading.Thread(target=lambda: outcome.append(execute(env.outbox, claim, env.effects.require("slow"), env.keeper)))
+    t = threading.Thread(
+        target=lambda: outcome.append(execute(env.outbox, claim, env.effects.require("slow"), env.keeper))
+    )
     t.start()
     assert started.wait(5)
     # another worker presumed this one dead and took the row over
     row = env.row("k", "s")
-    store.replace({k: v for k, v in row.items() if k != "_etag"} | {"lease": {"owner": "other", "expires": 1e12}}, row["_etag"])
+    store.replace(
+        {k: v for k, v in row.items() if k != "_etag"} | {"lease": {"owner": "other", "expires": 1e12}}, row["_etag"]
+    )
     assert stopped.wait(5), "the handler was not stopped"
     t.join(5)
     assert outcome and outcome[0].kind == "lease-lost"
@@ -344,7 +350,9 @@ def test_context_says_whether_a_failure_will_be_retried(store: Store) -> None:
         seen.append((ctx.attempt, ctx.max_attempts, ctx.will_retry))
         raise RuntimeError("down")
 
-    body = env.outbox.effect_body("flaky", 1, key="k", effect_id="f", available_at=None, replay_safe=True, max_attempts=3)
+    body = env.outbox.effect_body(
+        "flaky", 1, key="k", effect_id="f", available_at=None, replay_safe=True, max_attempts=3
+    )
     env.outbox.admit(body)
     env.drain()
     assert seen == [(1, 3, True), (2, 3, True), (3, 3, False)]
@@ -392,3 +400,35 @@ def test_running_row_status_is_running_after_claim(store: Store) -> None:
     env.enqueue("note", 1, key="k", effect_id="e")
     assert env.outbox.claim("k", "e").claim is not None
     assert env.row("k", "e")["status"] == RUNNING and env.row("k", "e")["seq"] == 1
+
+
+# --- B1/r10: the transactional enqueue refuses before the caller's documents commit -------------
+
+
+def test_enqueue_with_docs_refuses_a_full_lane_or_taken_id_before_committing() -> None:
+    from celery import Celery
+
+    from celery_durable import Durable
+
+    app = Celery("reg-outbox-tx", set_as_current=False)
+    app.conf.durable_outbox_max_lane_backlog = 1
+    durable = Durable(app, store="memory://")
+
+    @durable.effect("reg.tx.note")
+    def note(payload: dict[str, Any]) -> None:
+        pass
+
+    outbox, store = durable.outbox, durable.engine.store
+    assert outbox.enqueue("reg.tx.note", {"n": 1}, key="k", effect_id="first").created
+    with pytest.raises(LaneFull):
+        outbox.enqueue("reg.tx.note", {"n": 2}, key="k", effect_id="second", with_docs=[{"pk": "orders", "id": "o2"}])
+    assert store.read("orders", "o2") is None  # nothing of the caller's was committed
+    with pytest.raises(IdempotencyConflict):
+        outbox.enqueue("reg.tx.note", {"n": 3}, key="k", effect_id="first", with_docs=[{"pk": "orders", "id": "o3"}])
+    assert store.read("orders", "o3") is None
+    # a repeat of the same request is fine even though the lane is full
+    again = outbox.enqueue(
+        "reg.tx.note", {"n": 1}, key="k", effect_id="first", with_docs=[{"pk": "orders", "id": "o1"}]
+    )
+    assert again.created is False and store.read("orders", "o1") is not None
+    durable.shutdown()

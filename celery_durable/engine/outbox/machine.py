@@ -40,6 +40,7 @@ from .model import (
     EffectSender,
     OutboxSettings,
     ScanReport,
+    digest,
     index_pk,
     intent_id,
     lane_pk,
@@ -141,11 +142,21 @@ class OutboxEngine:
         """Admit many effects with one head read and one batch per key (``Admission.admit_many``)."""
         return self._admission.admit_many(effects)
 
-    def check_room(self, key: str) -> None:
-        """Raise :class:`LaneFull` now if ``key`` has no room (a caller about to commit an intent)."""
+    def check_admissible(self, effect: Doc) -> None:
+        """Raise now what admitting ``effect`` would raise (:class:`LaneFull`, an
+        :class:`IdempotencyConflict`): a caller about to commit its intent with its own documents
+        learns it before they commit (a race after this check leaves the intent waiting)."""
+        index = self.store.read(index_pk(str(effect["id"])), INDEX_ID)
+        if index is not None and index.get("digest") != digest(effect):
+            row = self.store.read(lane_pk(str(index["key"])), row_id(str(effect["id"])))
+            if row is not None and not self._admission._expired(row):
+                raise IdempotencyConflict(f"effect id {effect['id']!r} was already enqueued with another request")
+        if index is not None:
+            return  # a repeat: never refused for a full lane
+        key = str(effect["key"])
         head = self.store.read(lane_pk(key), HEAD_ID)
         live = [list(e) for e in (head or {}).get("live") or []]
-        self._admission._check_room(key, live, {"effect_id": "", "effect_type": ""})
+        self._admission._check_room(key, live, {"effect_id": effect["id"], "effect_type": effect["type"]})
 
     def admit_intent(self, doc: Doc) -> Admitted | None:
         """Admit an intent document (``fxi:`` or an ``emit`` step marker), then clear it.
