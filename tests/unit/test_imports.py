@@ -29,6 +29,7 @@ LAYERS = {
     "activity": 4,
     "tasks": 4,
     "outbox": 4,
+    "pools": 4,
     "signals": 4,
     "contrib": 4,
     "cli": 5,

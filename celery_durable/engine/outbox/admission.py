@@ -45,7 +45,7 @@ MAX_ROUNDS = 100
 HEAD_CACHE_SIZE = 256
 
 
-def new_row(effect: Doc, source: Doc | None) -> Doc:
+def new_row(effect: Doc, source: Doc | None, fingerprint: str | None = None) -> Doc:
     eid, key = str(effect["id"]), str(effect["key"])
     return {
         "pk": lane_pk(key),
@@ -55,7 +55,7 @@ def new_row(effect: Doc, source: Doc | None) -> Doc:
         "effect_type": effect["type"],
         "key": key,
         "payload": effect.get("payload"),
-        "digest": digest(effect),
+        "digest": fingerprint or digest(effect),
         "seq": None,
         "status": PENDING,
         "attempt": 0,
@@ -173,7 +173,7 @@ class Admission:
     def _into_lane(self, effect: Doc, key: str, fresh: bool, index: Doc | None, source: Doc | None) -> Admitted | None:
         """Write the row and the head; None to start over from the index (it changed)."""
         store, eid, lane = self.store, str(effect["id"]), lane_pk(key)
-        row = new_row(effect, source)
+        row = new_row(effect, source, None if index is None else index.get("digest"))
         # the row as stored: None = assume there is none (a fresh id: create it blind, one round
         # trip less); {} = look first (a repeat, or a create that found one)
         known: Doc | None = None if fresh else {}

@@ -287,11 +287,6 @@ def digest(effect: Doc) -> str:
     return hashlib.sha256(body.encode()).hexdigest()[:32]
 
 
-def _json_len(text: str) -> int:
-    # JSON escapes a non-ASCII character as up to 12 bytes (a surrogate pair of \\uXXXX)
-    return len(text) + 2 if text.isascii() else 12 * len(text) + 2
-
-
 def head_bytes(live: list[list[Any]]) -> int:
-    """An upper bound of the JSON size of a head's live list (``[seq, "id", "type"], ``)."""
-    return sum(26 + _json_len(str(e[1])) + _json_len(str(e[2])) for e in live)
+    """The JSON size of a head's live list (ASCII-escaped: never less than the stored UTF-8)."""
+    return len(json.dumps(live, separators=(",", ":")))
