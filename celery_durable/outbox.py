@@ -62,6 +62,7 @@ from .engine.outbox.runtime import (
     shielded,
 )
 from .errors import ConfigurationError, DurableTimeoutError, IdempotencyConflict, LaneFull, StoreUnavailable
+from .pools import effect_refusal
 from .retry import RetryPolicy
 from .stores.base import Doc, Op
 
@@ -266,6 +267,11 @@ class Outbox:
         outbox = self
 
         def run(task: Any, key: str, effect_id: str) -> str:
+            # a backstop for workers the bootstep did not check: refuse before the claim (the row
+            # stays pending, the scan re-sends it to a worker that can stop its handler)
+            refusal = effect_refusal(definition)
+            if refusal is not None:
+                raise ConfigurationError(refusal)
             return outbox.deliver(task, key, effect_id)
 
         run.__name__ = run.__qualname__ = definition.task_name.rsplit(".", 1)[-1].replace("-", "_")

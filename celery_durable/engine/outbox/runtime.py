@@ -157,9 +157,13 @@ def shielded() -> Iterator[None]:
 
 
 def _async_raise(thread_id: int, exc_type: type[BaseException] | None) -> None:
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+    found = ctypes.pythonapi.PyThreadState_SetAsyncExc(
         ctypes.c_ulong(thread_id), ctypes.py_object(exc_type) if exc_type is not None else None
     )
+    if found == 0 and exc_type is not None:
+        # no OS thread has this id: a green thread (gevent/eventlet) that the worker's pool check
+        # did not refuse; say so rather than fail silently
+        log.warning("could not interrupt the handler (thread %s is not an OS thread)", thread_id)
 
 
 class EffectContext:
