@@ -149,7 +149,14 @@ class DurableTimeoutError(DurableError, TimeoutError):
 
 class IdempotencyConflict(DurableError):
     """An effect id was enqueued again with a different type, key or payload (as Stripe refuses an
-    idempotency key reused with different parameters). The first enqueue stands."""
+    idempotency key reused with different parameters). The first enqueue stands.
+
+    ``pending`` is True when that first enqueue has not finished (its row is not written yet):
+    it may still fail and free the id."""
+
+    def __init__(self, message: str, pending: bool = False) -> None:
+        super().__init__(message)
+        self.pending = pending
 
 
 class LaneFull(DurableError):

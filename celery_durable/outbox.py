@@ -418,8 +418,14 @@ class Outbox:
             # beat's scan admits it once the lane has room
             log.warning("effect %s committed; its lane %r is full for now: admitted later", effect["id"], effect["key"])
             return Admitted(str(effect["id"]), str(effect["key"]), True)
-        if admitted is None:  # the id holds another request: admit_intent noted the conflict
-            raise IdempotencyConflict(f"effect id {effect['id']!r} was already enqueued with another request")
+        if admitted is None:  # the id holds another request (raced past the check above)
+            left = core.store.read(pk, intent["id"])
+            waiting = left is not None and not left.get("conflict")
+            raise IdempotencyConflict(
+                f"effect id {effect['id']!r} is held by another request; your documents committed"
+                + (" and the effect waits for that request to fail or finish" if waiting else ""),
+                pending=waiting,
+            )
         return admitted
 
     @_shielded

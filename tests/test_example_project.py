@@ -23,7 +23,12 @@ def run_example(
     base = {k: v for k, v in os.environ.items() if not k.startswith("EXAMPLE_") and k != "DURABLE_STORE_URL"}
     return subprocess.run(
         [sys.executable, "-m", "example_project", *args],
-        cwd=REPO, env=base | (env or {}), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+        cwd=REPO,
+        env=base | (env or {}),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
     )
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import sqlite3
 import threading
 import time
@@ -51,8 +52,11 @@ __all__ = ["SqliteStore", "from_url", "DEFAULT_BUSY_TIMEOUT"]
 
 #: seconds a connection waits for another writer's lock before giving up
 DEFAULT_BUSY_TIMEOUT = 5.0
-#: idle connections kept per process; extra ones are closed when released
+#: idle connections kept per process and kind (reader, writer); extra ones are closed when released
 MAX_IDLE_CONNECTIONS = 8
+#: first and longest sleep (seconds) between tries for the write lock; see SqliteStore._begin
+WAIT_FIRST = 100e-6
+WAIT_MAX = 2e-3
 #: ids per ``IN (...)`` of read_many (SQLite before 3.32 allows 999 parameters a statement)
 _IN_CHUNK = 500
 SCHEMA_VERSION = 2  # 2: the docs_execs index (list_execs); a version-1 file is upgraded on open
@@ -143,6 +147,9 @@ def _prefix_upper(prefix: str) -> str | None:
 class SqliteStore(Store):
     """The storage contract on one SQLite file, shared by threads and processes."""
 
+    _wait_first = WAIT_FIRST
+    _wait_max = WAIT_MAX
+
     def __init__(self, path: str, *, busy_timeout: float = DEFAULT_BUSY_TIMEOUT) -> None:
         if not path or path == ":memory:" or path.startswith("file::memory:"):
             raise ConfigurationError("the sqlite store needs a file path (an in-memory database is not shared)")
@@ -151,7 +158,8 @@ class SqliteStore(Store):
         self.path = path
         self.busy_timeout = float(busy_timeout)
         self._lock = threading.Lock()
-        self._idle: list[sqlite3.Connection] = []
+        self._idle: list[sqlite3.Connection] = []  # readers: SQLite's busy handler waits for them
+        self._idle_writers: list[sqlite3.Connection] = []  # no busy handler: _begin waits for the lock
         self._pid = os.getpid()
         self._schema_ready = False
         # handles inherited across fork(): kept referenced so they are never finalised here
@@ -206,21 +214,24 @@ class SqliteStore(Store):
     def _after_fork(self) -> None:
         """In a forked child: forget the parent's connections and its lock (maybe held there)."""
         self._lock = threading.Lock()
-        self._abandoned.extend(self._idle)
-        self._idle = []
+        self._abandoned.extend(self._idle + self._idle_writers)
+        self._idle, self._idle_writers = [], []
         self._pid = os.getpid()
 
     @contextmanager
-    def _conn(self) -> Iterator[sqlite3.Connection]:
-        """A pooled connection; sqlite3 errors leave as :class:`StoreUnavailable`."""
+    def _conn(self, writer: bool = False) -> Iterator[sqlite3.Connection]:
+        """A pooled connection (a writer's has no busy handler); sqlite3 errors leave as :class:`StoreUnavailable`."""
         if os.getpid() != self._pid:
             self._after_fork()
         with self._lock:
-            conn = self._idle.pop() if self._idle else None
+            idle = self._idle_writers if writer else self._idle
+            conn = idle.pop() if idle else None
             pid = self._pid
         try:
             if conn is None:
                 conn = self._connect()
+                if writer:
+                    conn.execute("PRAGMA busy_timeout = 0")
             yield conn
         except sqlite3.Error as exc:
             if conn is not None:
@@ -229,9 +240,9 @@ class SqliteStore(Store):
             raise _unavailable(exc, self.path) from exc
         finally:
             if conn is not None:
-                self._release(conn, pid)
+                self._release(conn, pid, writer)
 
-    def _release(self, conn: sqlite3.Connection, pid: int) -> None:
+    def _release(self, conn: sqlite3.Connection, pid: int, writer: bool) -> None:
         if conn.in_transaction:  # an exception escaped mid-transaction
             try:
                 conn.execute("ROLLBACK")
@@ -239,8 +250,9 @@ class SqliteStore(Store):
                 self._discard(conn)
                 return
         with self._lock:
-            if pid == self._pid == os.getpid() and len(self._idle) < MAX_IDLE_CONNECTIONS:
-                self._idle.append(conn)
+            idle = self._idle_writers if writer else self._idle
+            if pid == self._pid == os.getpid() and len(idle) < MAX_IDLE_CONNECTIONS:
+                idle.append(conn)
                 return
         if pid == os.getpid():
             conn.close()
@@ -255,14 +267,47 @@ class SqliteStore(Store):
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
         """A write transaction: ``BEGIN IMMEDIATE`` takes the file's write lock up front."""
-        with self._conn() as conn:
-            conn.execute("BEGIN IMMEDIATE")
+        with self._conn(writer=True) as conn:
+            deadline = time.monotonic() + self.busy_timeout
+            self._begin(conn, deadline)
             try:
                 yield conn
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
-            conn.execute("COMMIT")
+            # WAL: a COMMIT of an IMMEDIATE transaction needs no further lock (it is not expected
+            # to be busy); if it ever is, the transaction stays open and COMMIT may be retried.
+            self._retry_busy(conn, "COMMIT", deadline)
+
+    def _begin(self, conn: sqlite3.Connection, deadline: float) -> None:
+        """``BEGIN IMMEDIATE``, waiting for another writer's lock until ``deadline``.
+
+        Why not SQLite's busy handler (``timeout=``, kept for readers): it sleeps 1, 2, 5, 10, 15,
+        20, 25 … ms between tries, while a write transaction here holds the lock for ~0.1 ms, so
+        with several writers a waiter keeps sleeping long after the lock is free again (see
+        ``bench/sqlite_contention.py``). A writer's connection has no handler; we retry after
+        short randomized sleeps instead (jitter spreads the waiters). A failed ``BEGIN IMMEDIATE``
+        takes nothing and changes nothing, so it is safe to retry; past ``deadline`` the last
+        "database is locked" error is raised, as SQLite's handler would have.
+        """
+        self._retry_busy(conn, "BEGIN IMMEDIATE", deadline)
+
+    def _retry_busy(self, conn: sqlite3.Connection, sql: str, deadline: float) -> None:
+        """Execute ``sql``; on SQLITE_BUSY sleep 50–100 % of a wait doubling from WAIT_FIRST to
+        WAIT_MAX, and try again until ``deadline`` (then raise the last error)."""
+        wait = self._wait_first
+        while True:
+            try:
+                conn.execute(sql)
+                return
+            except sqlite3.OperationalError as exc:
+                if getattr(exc, "sqlite_errorcode", 0) & 0xFF != sqlite3.SQLITE_BUSY:
+                    raise
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise
+            time.sleep(min(left, wait * random.uniform(0.5, 1.0)))
+            wait = min(wait * 2, self._wait_max)
 
     @staticmethod
     def _allocate(conn: sqlite3.Connection, count: int = 1) -> int:
@@ -279,7 +324,8 @@ class SqliteStore(Store):
             self._after_fork()
             return
         with self._lock:
-            idle, self._idle = self._idle, []
+            idle = self._idle + self._idle_writers
+            self._idle, self._idle_writers = [], []
         for conn in idle:
             self._discard(conn)
 

@@ -104,5 +104,3 @@ class Env:
         doc = self.store.read(lane_pk(key), row_id(effect_id))
         assert doc is not None
         return doc
-
-

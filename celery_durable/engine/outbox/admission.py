@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import uuid
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -108,6 +109,8 @@ class Admission:
             "key": key,
             "effect_type": effect["type"],
             "digest": fp,
+            # links the index to the row admitted under it: a prune deletes only its own row's index
+            "token": uuid.uuid4().hex,
             "created_at": effect["created_at"],
         }
         for _ in range(MAX_ROUNDS):
@@ -130,7 +133,8 @@ class Admission:
             if row is None and not self._index_abandoned(existing):
                 raise IdempotencyConflict(
                     f"effect id {eid!r} is being enqueued with another type, key or payload "
-                    f"(type {existing.get('effect_type')!r}, key {other!r})"
+                    f"(type {existing.get('effect_type')!r}, key {other!r})",
+                    pending=True,
                 )
             try:  # the old request is over: the id is free for this one
                 etag = self.store.replace(_strip(index), if_match=existing["_etag"])
@@ -148,24 +152,40 @@ class Admission:
         )
 
     def _index_abandoned(self, index: Doc) -> bool:
-        # an index without a row this long after its enqueue: the enqueuer died before its lane
-        age = self.outbox.clock.now() - float(index.get("created_at") or 0.0)
-        return age > self.settings.admit_grace + self.settings.lease_ttl
+        # an index without a row this long after it was written or touched: its enqueuer died
+        # before its lane (an admitter that touched it a moment ago is about to write the row)
+        written = max(float(index.get("created_at") or 0.0), float(index.get("touched_at") or 0.0))
+        return self.outbox.clock.now() - written > self.settings.admit_grace + self.settings.lease_ttl
 
-    def _touch_index(self, index: Doc) -> bool:
-        """Change the index's etag (a prune holding the old one then gives up); False if it went."""
+    def _touch_index(self, index: Doc) -> Doc | None:
+        """A new token (and etag) for the index: a prune holding the old one then gives up and a
+        revived row gets the new token. None if the index changed or went meanwhile."""
+        touched = _strip(index) | {"token": uuid.uuid4().hex, "touched_at": self.outbox.clock.now()}
         try:
-            self.store.replace(_strip(index), if_match=index["_etag"])
-            return True
+            return touched | {"_etag": self.store.replace(touched, if_match=index["_etag"])}
         except ConflictError:
-            return False
+            return None
+
+    def _release_id(self, index: Doc | None) -> None:
+        """An admission that wrote a fresh index and then failed frees the id again."""
+        if index is None:
+            return
+        try:
+            self.store.delete(str(index["pk"]), INDEX_ID, if_match=index["_etag"])
+        except (ConflictError, StoreError):
+            pass  # taken over or unreachable: the index is abandoned and times out
 
     # --- admission --------------------------------------------------------------------------
 
     def admit(self, effect: Doc, source: Doc | None = None) -> Admitted:
         for _ in range(MAX_ROUNDS):
             key, fresh, index = self.claim_id(effect)
-            result = self._into_lane(effect, key, fresh, index, source)
+            try:
+                result = self._into_lane(effect, key, fresh, index, source)
+            except LaneFull:
+                if fresh:
+                    self._release_id(index)
+                raise
             if result is not None:
                 return result
         raise StoreError(f"could not enqueue effect {effect['id']!r}: key {effect['key']!r} too contended")
@@ -174,12 +194,14 @@ class Admission:
         """Write the row and the head; None to start over from the index (it changed)."""
         store, eid, lane = self.store, str(effect["id"]), lane_pk(key)
         row = new_row(effect, source, None if index is None else index.get("digest"))
+        row["token"] = None if index is None else index.get("token")
         # the row as stored: None = assume there is none (a fresh id: create it blind, one round
         # trip less); {} = look first (a repeat, or a create that found one)
         known: Doc | None = None if fresh else {}
         cached = self._cached_head(lane) if known is None else None
         head: Doc | None
         for _ in range(MAX_ROUNDS):
+            from_cache = cached is not None
             if cached is not None:
                 head, cached = cached, None
             elif known is None:
@@ -187,17 +209,29 @@ class Admission:
             else:
                 head, known = store.read_many(lane, [HEAD_ID, row_id(eid)])
                 if known is not None:
-                    if known.get("status") in LIVE or not (fresh or self._expired(known)):
+                    # only a row settled longer ago than the retention is a finished request
+                    # (the prune is about to delete it); anything else is this one: a repeat
+                    if known.get("status") in LIVE or not self._expired(known):
                         return Admitted(eid, key, False)
-                    if not fresh and index is not None and not self._touch_index(index):
-                        return None
-                    fresh = True  # the index is ours now (touched or created): revive the row
+            if not fresh and index is not None:
+                # the index was there before this admission: a prune may be deleting it right now.
+                # Touch it first, so that either the prune's delete fails or this write does
+                index = self._touch_index(index)
+                if index is None:
+                    return None  # the index changed or went: start over from it
+                row["token"], fresh = index.get("token"), True
             live = [list(e) for e in (head or {}).get("live") or []]
-            self._check_room(key, live, row)
+            try:
+                self._check_room(key, live, row)
+            except LaneFull:
+                if from_cache:  # the head this process wrote last may be stale: look
+                    continue
+                raise
             seq = int((head or {}).get("next_seq") or 1)
             live.append([seq, eid, row["effect_type"]])
             new_head: Doc = _strip(head) if head is not None else {"pk": lane, "id": HEAD_ID, "type": "effect_lane"}
-            new_head.update(key=key, live=live, next_seq=seq + 1)
+            stored = int(new_head.get("stored") or 0) + (1 if known is None else 0)
+            new_head.update(key=key, live=live, next_seq=seq + 1, stored=stored)
             running = new_head.get("running")
             send_in = self._head_for_new_row(new_head, row, first=len(live) == 1 and running is None)
             row_op = Op.create(row | {"seq": seq}) if known is None else Op.replace(row | {"seq": seq}, known["_etag"])
@@ -239,26 +273,30 @@ class Admission:
 
     def admit_many(self, effects: Sequence[Doc]) -> list[Admitted]:
         """Admit several effects: one index write each, then one head read and one batch per lane
-        chunk (rows of a key keep the order of ``effects``). Falls back to one by one on conflicts."""
+        chunk (rows of a key keep the order of ``effects``). Falls back to one by one on conflicts;
+        the first error (``IdempotencyConflict``, ``LaneFull``) is raised after all the others."""
         out: dict[str, Admitted | DurableError] = {}
-        by_lane: dict[str, list[Doc]] = {}
+        by_lane: dict[str, list[tuple[Doc, Doc | None]]] = {}
 
-        def one(effect: Doc) -> None:
+        def one(effect: Doc, fresh_index: Doc | None) -> None:
             try:
                 out[str(effect["id"])] = self.admit(effect)
-            except (IdempotencyConflict, LaneFull) as exc:
+            except LaneFull as exc:
+                self._release_id(fresh_index)  # the id we took is free again
+                out[str(effect["id"])] = exc
+            except IdempotencyConflict as exc:
                 out[str(effect["id"])] = exc
 
         for effect in effects:
             try:
-                key, fresh, _ = self.claim_id(effect)
+                key, fresh, index = self.claim_id(effect)
             except IdempotencyConflict as exc:
                 out[str(effect["id"])] = exc
                 continue
             if fresh:
-                by_lane.setdefault(key, []).append(effect)
+                by_lane.setdefault(key, []).append((effect, index))
             else:
-                one(effect)
+                one(effect, None)
         chunk = max(1, self.store.max_batch_ops - 1)
         for key, group in by_lane.items():
             for i in range(0, len(group), chunk):
@@ -267,41 +305,48 @@ class Admission:
                     done = self._many_into_lane(key, part)
                 except LaneFull:
                     done = False
-                for effect in part:
+                for effect, index in part:
                     if done:
                         out[str(effect["id"])] = Admitted(str(effect["id"]), key, True)
                     else:  # a row existed, the head moved or the lane filled up: one by one
-                        one(effect)
+                        one(effect, index)
         results = [out[str(e["id"])] for e in effects]
         errors = [r for r in results if isinstance(r, DurableError)]
         if errors:
             raise errors[0]  # every other effect was admitted
         return [r for r in results if isinstance(r, Admitted)]
 
-    def _many_into_lane(self, key: str, effects: Sequence[Doc]) -> bool:
+    def _many_into_lane(self, key: str, part: Sequence[tuple[Doc, Doc | None]]) -> bool:
         """One batch: the rows and the head; False if a row existed or the head kept moving."""
         lane = lane_pk(key)
         cached = self._cached_head(lane)
         for _ in range(3):
+            from_cache = cached is not None
             head, cached = (cached, None) if cached is not None else (self.store.read(lane, HEAD_ID), None)
-            done = self._try_many(lane, key, head, effects)
+            try:
+                done = self._try_many(lane, key, head, part)
+            except LaneFull:
+                if from_cache:
+                    continue  # the head this process wrote last may be stale: look
+                raise
             if done is not None:
                 return done
         return False
 
-    def _try_many(self, lane: str, key: str, head: Doc | None, effects: Sequence[Doc]) -> bool | None:
+    def _try_many(self, lane: str, key: str, head: Doc | None, part: Sequence[tuple[Doc, Doc | None]]) -> bool | None:
         live = [list(e) for e in (head or {}).get("live") or []]
         seq = int((head or {}).get("next_seq") or 1)
         rows: list[Doc] = []
         was_empty = not live and (head or {}).get("running") is None
-        for effect in effects:
-            row = new_row(effect, None)
+        for effect, index in part:
+            row = new_row(effect, None, None if index is None else index.get("digest"))
+            row["token"] = None if index is None else index.get("token")
             self._check_room(key, live, row)
             rows.append(row | {"seq": seq})
             live.append([seq, row["effect_id"], row["effect_type"]])
             seq += 1
         new_head: Doc = _strip(head) if head is not None else {"pk": lane, "id": HEAD_ID, "type": "effect_lane"}
-        new_head.update(key=key, live=live, next_seq=seq)
+        new_head.update(key=key, live=live, next_seq=seq, stored=int(new_head.get("stored") or 0) + len(rows))
         send_in = self._head_for_new_row(new_head, rows[0], first=was_empty)
         head_op = Op.create(new_head) if head is None else Op.replace(new_head, head["_etag"])
         try:

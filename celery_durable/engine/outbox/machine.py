@@ -173,6 +173,10 @@ class OutboxEngine:
             self._defer_intent(doc)
             raise
         except IdempotencyConflict as exc:
+            if exc.pending:  # the other request may still fail and free the id: try again later
+                log.warning("intent %s/%s waits: %s", doc["pk"], doc["id"], exc)
+                self._defer_intent(doc)
+                return None
             log.error("intent %s/%s not admitted: %s", doc["pk"], doc["id"], exc)
             admitted, note = None, {"admitted": False, "conflict": str(exc)}
         try:
@@ -351,10 +355,7 @@ class OutboxEngine:
                     if successor is not None:
                         new_head = successor[1]
                         ops.append(Op.replace(successor[0], successor[0].pop("_etag")))
-                    if new_head.get("live") or new_head.get("running"):
-                        ops.append(Op.replace(new_head, head["_etag"]))
-                    else:  # the lane is empty: its head goes (a later enqueue creates a new one)
-                        ops.append(Op.delete(HEAD_ID, if_match=head["_etag"]))
+                    ops.append(Op.replace(new_head, head["_etag"]))
                 try:
                     etags = store.batch(lane, ops)
                 except ConflictError:
@@ -404,8 +405,6 @@ class OutboxEngine:
             new_head = _strip(head) | {"running": None, "freed_at": now}
             self._head_due(new_head, now)
             ops = [Op.replace(new_head, head["_etag"])]
-            if not new_head.get("live"):
-                ops = [Op.delete(HEAD_ID, if_match=head["_etag"])]
             if row is not None and row.get("status") == CANCELLED and row.get("lease"):
                 ops.append(Op.replace(_strip(row) | {"lease": None}, row["_etag"]))
             try:
@@ -518,10 +517,7 @@ class OutboxEngine:
                 if head.get("running") == effect_id and "cancel_frees_key" in self.bugs:
                     new_head.update(running=None, freed_at=now)
                 self._head_due(new_head, now)
-                if new_head.get("live") or new_head.get("running"):
-                    ops.append(Op.replace(new_head, head["_etag"]))
-                else:
-                    ops.append(Op.delete(HEAD_ID, if_match=head["_etag"]))
+                ops.append(Op.replace(new_head, head["_etag"]))
             try:
                 store.batch(lane, ops)
             except ConflictError:

@@ -43,6 +43,8 @@ from .model import strip as _strip
 
 __all__ = ["Scanner"]
 
+MAX_PRUNE_ROUNDS = 20
+
 log = logging.getLogger("celery_durable.outbox")
 
 
@@ -91,7 +93,8 @@ class Scanner:
         live = head.get("live") or []
         running = head.get("running")
         if not live and running is None:
-            self._try_delete_head(head, report)
+            self.outbox._head_due(new_head, now)
+            self._try_replace(new_head, head, report)
             return
         first = str(running or live[0][1])
         row = store.read(lane, row_id(first))
@@ -125,12 +128,6 @@ class Scanner:
             self.outbox._emit("effect_resent", effect_id=row["effect_id"], key=row["key"])
             self.outbox.sender.send_effect(EffectRef(str(row["key"]), str(row["effect_id"]), str(row["effect_type"])))
 
-    def _try_delete_head(self, head: Doc, report: ScanReport) -> None:
-        try:
-            self.store.delete(str(head["pk"]), HEAD_ID, if_match=head["_etag"])
-        except ConflictError:
-            pass  # an enqueue just used it
-
     def _lease_expired(self, head: Doc, row: Doc, now: float, report: ScanReport) -> None:
         """The worker running this row died (or hung past its lease): requeue or fail it."""
         lane = str(head["pk"])
@@ -157,10 +154,8 @@ class Scanner:
             new_head["live"] = [e for e in head.get("live") or [] if e[1] != row["effect_id"]]
             self.outbox._head_due(new_head, now)
             requeued = False
-        empty = not new_head.get("live")
-        head_op = Op.delete(HEAD_ID, if_match=head["_etag"]) if empty else Op.replace(new_head, head["_etag"])
         try:
-            self.store.batch(lane, [Op.replace(new_row, row["_etag"]), head_op])
+            self.store.batch(lane, [Op.replace(new_row, row["_etag"]), Op.replace(new_head, head["_etag"])])
         except ConflictError:
             return  # renewed, settled or handled by another scanner meanwhile
         eid, key = str(row["effect_id"]), str(row["key"])
@@ -177,10 +172,7 @@ class Scanner:
 
     def _try_replace(self, new: Doc, old: Doc, report: ScanReport) -> bool:
         try:
-            if not new.get("live") and new.get("running") is None:
-                self.store.delete(str(old["pk"]), HEAD_ID, if_match=old["_etag"])
-            else:
-                self.store.replace(new, if_match=old["_etag"])
+            self.store.replace(new, if_match=old["_etag"])
             return True
         except ConflictError:
             return False  # someone (a worker, another beat) changed it: they are on it
@@ -191,16 +183,30 @@ class Scanner:
             return
         if float(row.get("due_at") or 0.0) > now:
             return
-        # the index goes first, etag-guarded: an enqueue reviving this id touches the index before
-        # the row, so either this delete fails (and the row stays) or the enqueue starts over
+        # the index goes first, etag-guarded, and only if it is this row's (same token): an
+        # enqueue reviving or taking over the id writes a new index before its row, so either
+        # this delete fails (and the row stays) or that enqueue starts over
         index = self.store.read(index_pk(str(row["effect_id"])), INDEX_ID)
-        if index is not None and index.get("key") == row.get("key"):
+        if index is not None and index.get("token") == row.get("token") and index.get("key") == row.get("key"):
             try:
                 self.store.delete(index["pk"], INDEX_ID, if_match=index["_etag"])
             except ConflictError:
                 return
-        try:
-            self.store.delete(pk, doc_id, if_match=row["_etag"])
-        except ConflictError:
-            return  # revived by a repeat enqueue meanwhile
-        report.pruned += 1
+        for _ in range(MAX_PRUNE_ROUNDS):
+            head = self.store.read(pk, HEAD_ID)
+            ops = [Op.delete(doc_id, if_match=row["_etag"])]
+            if head is not None and head.get("stored") is not None:
+                left = max(0, int(head["stored"]) - 1)
+                if left == 0 and not head.get("live") and head.get("running") is None:
+                    ops.append(Op.delete(HEAD_ID, if_match=head["_etag"]))  # the lane is gone
+                else:
+                    ops.append(Op.replace(_strip(head) | {"stored": left}, head["_etag"]))
+            try:
+                self.store.batch(pk, ops)
+            except ConflictError:
+                current = self.store.read(pk, doc_id)
+                if current is None or current.get("_etag") != row.get("_etag"):
+                    return  # revived by a repeat enqueue (or pruned by another scan) meanwhile
+                continue  # the head moved: count again
+            report.pruned += 1
+            return
