@@ -1,0 +1,356 @@
+"""Adversarial tests of the effect outbox (README "Effect outbox", docs/architecture.md §9).
+
+Each test states the promise it breaks and how, and FAILS on the code it was written against:
+they are findings, not regressions. Deterministic: patched store methods, a fake clock and the
+in-process harness of ``outbox_env`` (the Celery glue with a fake task where the glue matters).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from celery_durable.engine.outbox import CANCELLED, FAILED, PENDING, RUNNING, SUCCEEDED, InlineSender, lane_pk, row_id
+from celery_durable.engine.outbox.runtime import execute
+from celery_durable.errors import LaneFull, StoreUnavailable
+from celery_durable.stores import Store
+from celery_durable.stores.base import Doc, Op
+from celery_durable.stores.memory import MemoryStore
+from celery_durable.stores.sqlite import SqliteStore
+
+from .outbox_env import Env, FakeClock
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    s: Store = MemoryStore() if request.param == "memory" else SqliteStore(str(tmp_path / "outbox.db"))
+    yield s
+    s.close()
+
+
+def make_env(store: Store, replay_safe: bool = True, **settings: Any) -> tuple[Env, list[Any]]:
+    """An Env with one handler ``note`` that records the payloads it ran with."""
+    env = Env(store, **settings)
+    ran: list[Any] = []
+
+    @env.handler("note", replay_safe=replay_safe)
+    def note(payload: Any) -> None:
+        ran.append(payload)
+
+    return env, ran
+
+
+def intent_in(env: Env, pk: str, effect_id: str, key: str, payload: Any = 1) -> Doc:
+    """A transactional enqueue committed with the caller's order document, not admitted yet."""
+    body = env.outbox.effect_body(
+        "note", payload, key=key, effect_id=effect_id, available_at=None, replay_safe=True, max_attempts=3
+    )
+    intent = env.outbox.intent(pk, body)
+    env.store.batch(pk, [Op.create({"pk": pk, "id": f"order-{effect_id}"}), Op.create(intent)])
+    return intent
+
+
+def settle_everything(env: Env, rounds: int = 6) -> None:
+    """Let time pass well beyond every lease and queue timeout, scanning and delivering each time."""
+    for _ in range(rounds):
+        env.drain()
+        env.clock.advance(max(env.settings.lease_ttl, env.settings.queue_timeout, env.settings.admit_grace) + 1)
+        env.outbox.scan()
+    env.drain()
+
+
+def applied_then_lost(store: Store, method: str, when: Callable[..., bool]) -> list[int]:
+    """Patch ``store.<method>``: the first call matching ``when`` is applied, then its answer is
+    lost (``StoreUnavailable``, as a timeout after the commit). Returns a list that counts hits."""
+    original = getattr(store, method)
+    hits: list[int] = []
+
+    def patched(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        if not hits and when(*args, **kwargs):
+            hits.append(1)
+            raise StoreUnavailable(f"injected: the answer of {method} was lost after it applied")
+        return result
+
+    setattr(store, method, patched)
+    return hits
+
+
+# --- the Celery glue, in process: a Durable on a memory store, an in-process sender, a fake task ---
+
+
+class Retry(Exception):
+    """What the fake task's ``retry`` returns (Celery's ``Retry``): the delivery is redelivered."""
+
+    def __init__(self, countdown: float | None) -> None:
+        super().__init__(countdown)
+        self.countdown = countdown
+
+
+class FakeTask:
+    def retry(self, countdown: float | None = None, max_retries: int | None = None, exc: Any = None) -> Retry:
+        return Retry(countdown)
+
+
+class Glue:
+    """``durable.outbox`` on a MemoryStore with a fake clock; messages are kept, not sent."""
+
+    def __init__(self, **conf: Any) -> None:
+        from celery import Celery
+
+        from celery_durable import Durable
+
+        self.app = Celery(f"adv-outbox-{id(self)}", set_as_current=False)
+        self.app.conf.update(
+            {"durable_lease_ttl": 10.0, "durable_heartbeat_interval": 2.0, "durable_outbox_cancel_poll": 0.05}
+            | {f"durable_{k}": v for k, v in conf.items()}
+        )
+        self.store = MemoryStore()
+        self.durable = Durable(self.app, store=self.store)
+        self.outbox = self.durable.outbox
+        self.core = self.durable.engine.outbox
+        self.sender = InlineSender()
+        self.core.sender = self.sender
+        self.clock = FakeClock()
+        self.core.clock = self.clock
+        self.task = FakeTask()
+
+    def deliver_all(self, limit: int = 100) -> list[str]:
+        """Deliver every message sent so far (a Celery retry is redelivered at once)."""
+        results: list[str] = []
+        for _ in range(limit):
+            sent = self.sender.take()
+            if not sent:
+                return results
+            for ref in sent:
+                try:
+                    results.append(self.outbox.deliver(self.task, ref.key, ref.effect_id))
+                except Retry:
+                    self.sender.send_effect(ref)
+        return results
+
+    def pass_time(self, seconds: float) -> None:
+        self.clock.advance(seconds)
+        self.outbox.scan()
+        self.deliver_all()
+
+    def close(self) -> None:
+        self.durable.shutdown()
+
+
+@pytest.fixture
+def glue() -> Iterator[Glue]:
+    g = Glue()
+    yield g
+    g.close()
+
+
+# === F1: a claim whose answer is lost ===============================================================
+
+
+def test_a_claim_applied_but_answered_with_a_store_error_fails_a_process_bound_effect_that_never_ran(
+    glue: Glue,
+) -> None:
+    """Promise (Leases): "replay_safe=False types are failed with the reason" only when "a worker
+    dies mid-handler" -- "the store fails right after the handler ran". Break: the claim batch
+    commits but its answer is lost (a timeout after the commit: StoreUnavailable). ``deliver``
+    retries the message (countdown 1 s); the redelivery's claim finds the row RUNNING under the
+    lost attempt's lease and returns "duplicate"; nobody runs the handler; when that lease
+    expires the scan fails the process-bound effect "after execution started" -- it never ran.
+    (A replay-safe effect loses one attempt and waits a lease TTL.)"""
+    ran: list[Any] = []
+
+    @glue.durable.effect("adv.charge", replay_safe=False)
+    def charge(payload: dict[str, Any]) -> None:
+        ran.append(payload)
+
+    glue.outbox.enqueue("adv.charge", {"n": 1}, key="k", effect_id="c1")
+    applied_then_lost(
+        glue.store, "batch", lambda pk, ops: any((op.doc or {}).get("status") == RUNNING for op in ops)
+    )
+    glue.deliver_all()  # the claim's answer is lost; Celery's retry redelivers it
+    for _ in range(3):
+        glue.pass_time(glue.core.settings.lease_ttl + 1)
+    info = glue.outbox.get("c1")
+    assert info is not None
+    assert (info.status, ran) == (SUCCEEDED, [{"n": 1}]), (
+        f"the effect never ran, yet it is {info.status!r}: {info.reason}"
+    )
+
+
+def test_a_draining_settle_applied_but_answered_with_a_store_error_fails_the_next_effect_unrun(
+    store: Store,
+) -> None:
+    """Promise (Order/drain + Leases): a delivery that finishes a row "runs the key's next row
+    itself, claimed in the same write"; a process-bound effect is failed only when its worker
+    vanished after it started. Break: the settle+claim batch of row A commits, its answer is lost
+    (StoreUnavailable). ``execute`` falls back to settling A as failed, finds A succeeded and
+    reports "lease-lost"; ``claim.successor`` is never set, so B -- RUNNING under this worker's
+    lease -- is run by nobody. When the lease expires the scan fails B "after execution started";
+    B never ran."""
+    env, ran = make_env(store, replay_safe=False)
+    env.enqueue("note", "A", key="k", effect_id="A")
+    env.enqueue("note", "B", key="k", effect_id="B")
+    env.sender.take()
+    claim = env.outbox.claim("k", "A").claim
+    assert claim is not None
+    applied_then_lost(store, "batch", lambda pk, ops: any((op.doc or {}).get("status") == SUCCEEDED for op in ops))
+    outcome = execute(env.outbox, claim, env.effects.require("note"), env.keeper, claim_next=("note",))
+    if claim.successor is not None:  # what Outbox._run does with a drained successor
+        execute(env.outbox, claim.successor, env.effects.require("note"), env.keeper)
+    settle_everything(env)
+    assert env.row("k", "A")["status"] == SUCCEEDED
+    b = env.row("k", "B")
+    assert (b["status"], ran) == (SUCCEEDED, ["A", "B"]), (
+        f"A's outcome {outcome.kind!r}; B never ran, yet it is {b['status']!r}: {b.get('reason')}"
+    )
+
+
+# === F3: cancel misses intents it cannot admit ========================================================
+
+
+def test_cancel_by_key_leaves_an_intent_waiting_for_a_full_lane_to_run_later(store: Store) -> None:
+    """Promise (Cancel): "Effects not yet admitted (a transactional enqueue or an emit in flight)
+    are cancelled too." Break: the key's lane is full, so a transactional enqueue's intent waits
+    (README: "a lane that fills in between leaves the intent waiting"). ``cancel(key=...)``
+    first tries to admit the key's intents -- LaneFull, logged and skipped -- then cancels the
+    live rows. The cancelled rows leave the lane, the scan admits the intent, and the effect of
+    the cancelled key runs after the cancel returned."""
+    env, ran = make_env(store, max_lane_backlog=1, admit_grace=5.0)
+    env.enqueue("note", "first", key="k", effect_id="first")
+    intent_in(env, "orders", "late", "k", payload="late")
+    env.sender.take()
+    cancelled = env.outbox.cancel(key="k")
+    settle_everything(env)
+    late = env.outbox.get("late")
+    assert ran == [], f"cancel(key='k') returned {cancelled}, then ran {ran} (late is {late and late['status']})"
+
+
+def test_cancel_by_id_of_an_intent_waiting_for_a_full_lane_returns_0_and_it_runs_later(store: Store) -> None:
+    """Promise (Cancel): "Cancel pending ... effects by id ... Effects not yet admitted ... are
+    cancelled too." Break: the intent of effect ``late`` waits for room in its full lane;
+    ``cancel("late")`` cannot admit it (LaneFull is only logged), finds no index and returns 0;
+    when the lane drains the scan admits ``late`` and it runs."""
+    env, ran = make_env(store, max_lane_backlog=1, admit_grace=5.0)
+    env.enqueue("note", "first", key="k", effect_id="first")
+    intent_in(env, "orders", "late", "k", payload="late")
+    env.sender.take()
+    cancelled = env.outbox.cancel("late")
+    settle_everything(env)
+    assert "late" not in ran, f"cancel('late') returned {cancelled}, yet the effect ran: {ran}"
+
+
+def test_cancel_misses_an_unadmitted_intent_behind_a_thousand_others(store: Store) -> None:
+    """Promise (Cancel): effects not yet admitted are cancelled too. Break: ``cancel`` looks for
+    them with one ``scan_due(outbox_admit, ..., limit=1000)``: with 1000 older intents pending
+    anywhere in the store (a burst of transactional enqueues, or intents waiting for full
+    lanes), the 1001st -- the one being cancelled -- is not seen; cancel returns 0 and the
+    effect runs."""
+    env, ran = make_env(store, admit_grace=5.0)
+    older = [
+        env.outbox.intent(
+            "burst",
+            env.outbox.effect_body(
+                "note", i, key=f"other-{i}", effect_id=f"o{i}", available_at=None, replay_safe=True, max_attempts=1
+            ),
+        )
+        for i in range(1000)
+    ]
+    for i in range(0, len(older), 50):
+        store.batch("burst", [Op.create(d) for d in older[i : i + 50]])
+    env.clock.advance(1.0)
+    intent_in(env, "orders", "target", "k", payload="target")
+    cancelled = env.outbox.cancel("target")
+    env.clock.advance(10.0)
+    for _ in range(4):  # the scan admits 500 intents a pass
+        env.outbox.scan()
+    env.drain()
+    assert "target" not in ran, f"cancel('target') returned {cancelled}, yet the effect ran"
+
+
+# === F5: an enqueue that committed reports a failure ===================================================
+
+
+def test_transactional_enqueue_raises_after_the_documents_and_the_effect_committed(glue: Glue) -> None:
+    """Promise (Enqueue): "transactional: the effect commits with your documents or not at all".
+    Break: the caller's batch (documents + intent) commits; the admission right after it hits a
+    store error (the index write is refused: StoreUnavailable, nothing applied). ``enqueue``
+    lets it escape, so the caller is told the enqueue failed -- yet the order is stored and beat's
+    scan admits and runs the effect. (The engine's own ``emit`` path catches exactly this error
+    and leaves the intent to the scan; ``Outbox.enqueue`` catches only LaneFull.) A caller that
+    retries the failed call now gets a ConflictError on its own order id, or, with new ids,
+    a second order and a second effect."""
+    ran: list[Any] = []
+
+    @glue.durable.effect("adv.receipt")
+    def receipt(payload: dict[str, Any]) -> None:
+        ran.append(payload)
+
+    original = glue.store.create
+
+    def create(doc: Doc) -> str | None:
+        if doc.get("type") == "effect_index":
+            raise StoreUnavailable("injected: the store is briefly unreachable")
+        return original(doc)
+
+    glue.store.create = create  # type: ignore[method-assign]
+    raised: Exception | None = None
+    try:
+        glue.outbox.enqueue(
+            "adv.receipt", {"order": 7}, key="u", effect_id="r7", with_docs=[{"pk": "orders", "id": "o7"}]
+        )
+    except StoreUnavailable as exc:
+        raised = exc
+    glue.store.create = original  # type: ignore[method-assign]
+    committed = glue.store.read("orders", "o7") is not None
+    glue.pass_time(glue.core.settings.admit_grace + 1)
+    glue.deliver_all()
+    assert raised is None or not committed, (
+        f"enqueue raised {raised!r}, but the order committed (stored: {committed}) and the effect ran: {ran}"
+    )
+
+
+def test_enqueue_raises_a_broker_error_after_the_effect_committed_and_a_retry_runs_it_twice(glue: Glue) -> None:
+    """Promise (Enqueue / Liveness): the effect is committed by the lane write; the message is only
+    a wake-up (beat "re-sends claimable rows whose message was lost"). Break: the wake-up
+    ``send_effect`` fails (broker unreachable) after the row+head batch committed; the broker
+    error escapes ``enqueue`` and the caller is told the enqueue failed. The effect runs anyway
+    (the scan resends it); a caller retrying an enqueue without ``effect_id`` (the default) gets
+    a second effect: the side effect runs twice."""
+    ran: list[Any] = []
+
+    @glue.durable.effect("adv.mail")
+    def mail(payload: dict[str, Any]) -> None:
+        ran.append(payload)
+
+    class BrokerDown(ConnectionError):
+        pass
+
+    real = glue.sender
+
+    class FlakySender:
+        calls = 0
+
+        def send_effect(self, ref: Any, countdown: float | None = None) -> None:
+            FlakySender.calls += 1
+            if FlakySender.calls == 1:
+                raise BrokerDown("injected: connection refused by the broker")
+            real.send_effect(ref, countdown)
+
+    glue.core.sender = FlakySender()
+    outcomes: list[Any] = []
+    for _ in range(2):  # the caller retries a failed enqueue once
+        try:
+            outcomes.append(glue.outbox.enqueue("adv.mail", {"to": "ann"}, key="user-1"))
+            break
+        except BrokerDown as exc:
+            outcomes.append(exc)
+    glue.core.sender = real
+    glue.pass_time(glue.core.settings.queue_timeout + 1)
+    glue.pass_time(glue.core.settings.queue_timeout + 1)
+    assert ran == [{"to": "ann"}], f"enqueue answered {outcomes}; the handler ran {len(ran)} times"
