@@ -2,8 +2,11 @@
 
 Each writer runs ``SqliteStore.batch`` in a loop: one ``BEGIN IMMEDIATE``, two upserts of ~500-byte
 JSON documents, ``COMMIT`` (the shape of an outbox enqueue or a workflow commit). All writers start
-together (a barrier, after one warm-up write that opens their connections) and write back to back,
-so this is the worst case of the outbox bench (2 workers × prefork 4 + a 4-thread client).
+together (a barrier, after one warm-up write that opens their connections). Two regimes (``--gaps``,
+one table each): back to back (0 ms: the lock is never idle, the CPU is oversubscribed), and 2 ms
+asleep between a writer's writes (as a worker or client waiting on its broker between writes: the
+lock is often free, and what matters is how soon a waiter notices). ``--layout 8x1+1x4`` is the
+outbox bench's writers (2 workers × prefork 4 + a 4-thread client).
 
 Variants, each on a fresh file:
 
@@ -15,12 +18,12 @@ Variants, each on a fresh file:
   caps) and ``store+plock`` (threads of one process queue on a lock before trying the file's lock);
 * ``alone`` — ``store`` with a single writer: what a write costs without contention.
 
-Per variant: writes/s (all writes / span from the first start to the last end), p50 / p99 / max
-latency of one batch, errors (``StoreUnavailable``: the busy timeout ran out). Rounds repeat every
-variant (order rotated per round); the table shows the median round and the min–max spread.
-Closed loop: with W writers the mean latency is W / throughput, so writes/s is the headline figure.
+Per variant: writes/s (all writes / span from the first start to the last end), mean / p50 /
+p99 / max latency of one batch, errors (``StoreUnavailable``: the busy timeout ran out). Rounds
+repeat every variant (order rotated per round); the table shows the median round and the min–max
+spread. The verdict: p99 of ``store`` / p99 of ``sqlite-handler`` in the last (largest-gap) table.
 
-    python bench/sqlite_contention.py                       # 9 processes x 400 writes, 3 rounds
+    python bench/sqlite_contention.py                       # 9 processes x 400 writes, gaps 0 and 2 ms, 3 rounds
     python bench/sqlite_contention.py --layout 8x1+1x4      # 8 single-thread processes + one with 4 threads
     python bench/sqlite_contention.py --explore --rounds 5
 """
@@ -56,7 +59,7 @@ class SqliteHandlerStore(SqliteStore):
         with super()._conn(False) as conn:  # the readers' pool: connections with timeout=busy_timeout
             yield conn
 
-    def _begin(self, conn: Any, deadline: float) -> None:
+    def _begin(self, conn: Any) -> None:
         conn.execute("BEGIN IMMEDIATE")
 
 
