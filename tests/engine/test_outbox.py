@@ -87,7 +87,21 @@ def test_enqueue_is_idempotent_and_wakes_once(env: Env) -> None:
 
 def test_an_orphan_index_does_not_swallow_an_enqueue(env: Env) -> None:
     # an enqueuer died after writing the index, before its lane batch
-    env.store.create({"pk": "fxid:o1", "id": "fx", "type": "effect_index", "key": "gone", "effect_type": "note"})
+    created = env.clock.now()
+    env.store.create(
+        {
+            "pk": "fxid:o1",
+            "id": "fx",
+            "type": "effect_index",
+            "key": "gone",
+            "effect_type": "note",
+            "created_at": created,
+        }
+    )
+    with pytest.raises(IdempotencyConflict) as held:  # it may still be on its way to its lane
+        env.enqueue("note", key="k", effect_id="o1")
+    assert held.value.pending
+    env.clock.advance(env.settings.retention + 1)  # the idempotency window is over: the id is free
     admitted = env.enqueue("note", key="k", effect_id="o1")
     assert admitted.created and admitted.key == "k"
     assert env.outbox.get("o1")["key"] == "k"  # type: ignore[index]

@@ -122,18 +122,24 @@ class Admission:
                 continue  # pruned in between: try again
             if existing.get("digest") == fp or (existing.get("digest") is None and existing.get("key") == key):
                 return key, False, existing
-            # another request holds the id: a conflict, unless its row is gone for good (pruned)
+            # another request holds the id: a conflict, unless that request is over (its row
+            # expired) or never got its row (abandoned), and then only for the same key: both
+            # requests then meet in one lane, where the row's own write decides who has the id
             other = str(existing.get("key"))
             row = self.store.read(lane_pk(other), row_id(eid))
+            held = f"(type {existing.get('effect_type')!r}, key {other!r})"
             if row is not None and not self._expired(row):
                 raise IdempotencyConflict(
-                    f"effect id {eid!r} was already enqueued with another type, key or payload "
-                    f"(type {existing.get('effect_type')!r}, key {other!r}); the first enqueue stands"
+                    f"effect id {eid!r} was already enqueued with another type, key or payload {held}; "
+                    "the first enqueue stands"
                 )
-            if row is None and not self._index_abandoned(existing):
+            # another key only once the idempotency window is over: a request that paused that
+            # long between its index and its row cannot come back to write its row elsewhere
+            patience = None if other == key else max(self.settings.retention, self._patience())
+            if (row is not None and other != key) or not self._index_abandoned(existing, patience):
                 raise IdempotencyConflict(
-                    f"effect id {eid!r} is being enqueued with another type, key or payload "
-                    f"(type {existing.get('effect_type')!r}, key {other!r})",
+                    f"effect id {eid!r} is held by another request {held} that may still complete; "
+                    "try again after the retention or use another id",
                     pending=True,
                 )
             try:  # the old request is over: the id is free for this one
@@ -151,11 +157,14 @@ class Admission:
             and float(row.get("due_at") or 0.0) <= self.outbox.clock.now()
         )
 
-    def _index_abandoned(self, index: Doc) -> bool:
+    def _patience(self) -> float:
+        return self.settings.admit_grace + self.settings.lease_ttl
+
+    def _index_abandoned(self, index: Doc, patience: float | None = None) -> bool:
         # an index without a row this long after it was written or touched: its enqueuer died
         # before its lane (an admitter that touched it a moment ago is about to write the row)
         written = max(float(index.get("created_at") or 0.0), float(index.get("touched_at") or 0.0))
-        return self.outbox.clock.now() - written > self.settings.admit_grace + self.settings.lease_ttl
+        return self.outbox.clock.now() - written > (self._patience() if patience is None else patience)
 
     def _touch_index(self, index: Doc) -> Doc | None:
         """A new token (and etag) for the index: a prune holding the old one then gives up and a
@@ -165,6 +174,21 @@ class Admission:
             return touched | {"_etag": self.store.replace(touched, if_match=index["_etag"])}
         except ConflictError:
             return None
+
+    def _align_index(self, index: Doc | None, row: Doc) -> None:
+        """The index this admission holds describes another request than the lane's row (it took
+        the id over and lost the row to the first request): make it describe the row again."""
+        if index is None or index.get("digest") == row.get("digest"):
+            return
+        fixed = _strip(index) | {
+            "effect_type": row.get("effect_type"),
+            "digest": row.get("digest"),
+            "token": row.get("token"),
+        }
+        try:
+            self.store.replace(fixed, if_match=index["_etag"])
+        except (ConflictError, StoreError):
+            pass  # changed again meanwhile: whoever changed it holds the row
 
     def _release_id(self, index: Doc | None) -> None:
         """An admission that wrote a fresh index and then failed frees the id again."""
@@ -209,8 +233,15 @@ class Admission:
                 head, known = store.read_many(lane, [HEAD_ID, row_id(eid)])
                 if known is not None:
                     # only a row settled longer ago than the retention is a finished request
-                    # (the prune is about to delete it); anything else is this one: a repeat
+                    # (the prune is about to delete it); anything else is this one (a repeat),
+                    # or another request that won the row: then the index must say so
                     if known.get("status") in LIVE or not self._expired(known):
+                        if known.get("digest") not in (None, row["digest"]):
+                            self._align_index(index, known)
+                            raise IdempotencyConflict(
+                                f"effect id {eid!r} was already enqueued with another type or payload "
+                                f"(type {known.get('effect_type')!r}, key {key!r}); the first enqueue stands"
+                            )
                         return Admitted(eid, key, False)
             if not fresh and index is not None:
                 # the index was there before this admission: a prune may be deleting it right now.
