@@ -26,9 +26,12 @@ Leases use ``durable_lease_ttl`` / ``durable_heartbeat_interval`` like activitie
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import inspect
+import keyword
 import logging
+import re
 import threading
 import time
 import typing
@@ -61,7 +64,14 @@ from .engine.outbox.runtime import (
     execute,
     shielded,
 )
-from .errors import ConfigurationError, DurableTimeoutError, IdempotencyConflict, LaneFull, StoreUnavailable
+from .errors import (
+    ConfigurationError,
+    DurableTimeoutError,
+    IdempotencyConflict,
+    LaneFull,
+    StoreError,
+    StoreUnavailable,
+)
 from .pools import effect_refusal
 from .retry import RetryPolicy
 from .stores.base import Doc, Op
@@ -187,6 +197,38 @@ class CeleryEffectSender:
         self.app.send_task(name, args=[ref.key, ref.effect_id], **options)
 
 
+def _sync(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """An ``async def`` handler runs to its end in an event loop of its own, on the task's thread
+    (so a cancel or timeout interrupt still reaches it); calling it bare would only create a
+    coroutine and settle the row ``succeeded`` with its body never run."""
+    if not inspect.iscoroutinefunction(fn):
+        return fn
+
+    def run(payload: Any) -> Any:
+        return asyncio.run(fn(payload))
+
+    run.__name__, run.__qualname__, run.__wrapped__ = fn.__name__, fn.__qualname__, fn  # type: ignore[attr-defined]
+    return run
+
+
+def _task_function_name(task_name: str) -> str:
+    """A Python identifier for the handler task's function (Celery compiles a signature with it)."""
+    name = re.sub(r"\W", "_", task_name.rsplit(".", 1)[-1]) or "effect"
+    return f"_{name}" if name[0].isdigit() or keyword.iskeyword(name) else name
+
+
+def _time_limit(task: Any, app: Celery) -> float | None:
+    """The smallest time limit (soft or hard, of the message, the task or the worker) that applies
+    to this delivery, in seconds; None when there is none."""
+    request = getattr(task, "request", None)
+    soft, hard = getattr(request, "timelimit", None) or (None, None)
+    conf = app.conf
+    found = [soft, hard, getattr(task, "soft_time_limit", None), getattr(task, "time_limit", None)]
+    found += [conf.get("task_soft_time_limit"), conf.get("task_time_limit")]
+    limits = [float(v) for v in found if isinstance(v, int | float) and not isinstance(v, bool) and v > 0]
+    return min(limits) if limits else None
+
+
 def _payload_codec(fn: Callable[..., Any]) -> ValueCodec:
     params = [
         p for p in inspect.signature(fn).parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
@@ -245,9 +287,11 @@ class Outbox:
             policy = dataclasses.replace(policy, non_retryable=tuple(policy.non_retryable) + tuple(non_retryable))
 
         def wrap(fn: F) -> F:
+            if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+                raise ConfigurationError(f"effect {effect_type!r}: a handler returns, it does not yield ({fn!r})")
             definition = EffectDef(
                 type=effect_type,
-                fn=fn,
+                fn=_sync(fn),
                 codec=_payload_codec(fn),
                 replay_safe=replay_safe,
                 policy=policy,
@@ -274,7 +318,7 @@ class Outbox:
                 raise ConfigurationError(refusal)
             return outbox.deliver(task, key, effect_id)
 
-        run.__name__ = run.__qualname__ = definition.task_name.rsplit(".", 1)[-1].replace("-", "_")
+        run.__name__ = run.__qualname__ = _task_function_name(definition.task_name)
         options: dict[str, Any] = {
             "name": definition.task_name,
             "bind": True,
@@ -328,12 +372,20 @@ class Outbox:
         """Run a claimed row, then the key's next rows this settle claimed (up to ``drain_max``):
         a busy key costs no message and no claim round trips between its rows."""
         keeper = self._durable.engine.effect_keeper
-        budget, first = core.settings.drain_max, True
+        # drain_max rows in all: this one and drain_max - 1 successors
+        budget, first = core.settings.drain_max - 1, True
+        limit, started, longest = _time_limit(task, self._durable.app), time.monotonic(), 0.0
         current: Claim | None = claim
         kind = "unknown"
         while current is not None:
-            follow = (current.type,) if budget > 0 else ()
+            # the task's time limit covers every row it runs: claim the next row only while this
+            # one and the next fit (at their timeout, or the longest run so far) with room to spare
+            row_max = max(definition.timeout or 0.0, longest)
+            room = limit is None or time.monotonic() - started + 2.5 * row_max + 1.0 < limit
+            follow = (current.type,) if budget > 0 and room else ()
+            began = time.monotonic()
             outcome = execute(core, current, definition, keeper, claim_next=follow)
+            longest = max(longest, time.monotonic() - began)
             kind = outcome.kind
             log.info("effect %s (%s) attempt %d: %s", current.effect_id, current.type, current.attempt, kind)
             if kind == RETRY:
@@ -343,7 +395,7 @@ class Outbox:
                 if first:
                     cause = outcome.error if isinstance(outcome.error, Exception) else None
                     raise task.retry(countdown=outcome.delay, max_retries=None, exc=cause)
-                core.sender.send_effect(current.ref, countdown=outcome.delay or None)
+                core.send(current.ref, countdown=outcome.delay or None)
                 return kind
             current, first, budget = current.successor, False, budget - 1
         return kind
@@ -413,10 +465,11 @@ class Outbox:
         core.store.batch(pk, [*ops, Op.create(intent)])
         try:
             admitted = core.admit_intent(intent)
-        except LaneFull:
-            # the lane filled up since the check: the intent is committed and waits, due later;
-            # beat's scan admits it once the lane has room
-            log.warning("effect %s committed; its lane %r is full for now: admitted later", effect["id"], effect["key"])
+        except (LaneFull, StoreError) as exc:
+            # committed with your documents: an error now must not read as "not enqueued" (a
+            # retry without an effect id would enqueue it twice). The intent is due: beat's scan
+            # admits it (once the lane has room, if it filled up since the check)
+            log.warning("effect %s committed; admitted later by the scan: %s", effect["id"], exc)
             return Admitted(str(effect["id"]), str(effect["key"]), True)
         if admitted is None:  # the id holds another request (raced past the check above)
             left = core.store.read(pk, intent["id"])
@@ -481,9 +534,11 @@ class Outbox:
         """Every row of a key still stored (live, settled within retention, failed), in order."""
         return [EffectInfo.from_row(r) for r in self.core.rows(key)]
 
-    @_shielded
     def wait(self, effect_id: str, timeout: float = 60.0, poll: float = 0.02) -> EffectInfo:
-        """Block until the effect is settled (succeeded, failed or cancelled)."""
+        """Block until the effect is settled (succeeded, failed or cancelled).
+
+        Unlike the other calls not shielded as a whole: each read is (``get``), and a handler
+        waiting here is stopped between reads by its timeout or a cancel."""
         deadline = time.monotonic() + timeout
         while True:
             info = self.get(effect_id)
@@ -492,7 +547,10 @@ class Outbox:
             if time.monotonic() > deadline:
                 state = "unknown" if info is None else info.status
                 raise DurableTimeoutError(f"effect {effect_id!r} still {state} after {timeout}s")
-            time.sleep(poll)
+            # in short sleeps: an interrupt lands between two of them, never inside one
+            until = time.monotonic() + poll
+            while (left := until - time.monotonic()) > 0:
+                time.sleep(min(left, 0.05))
 
     @_shielded
     def cancel(
@@ -505,8 +563,9 @@ class Outbox:
     ) -> int:
         """Cancel pending or running effects by id, or all of ``key`` (of ``types``); return how many.
 
-        A running handler is told (``effect_context().cancelled()``) and stopped; later effects of
-        the key are unblocked at once.
+        A running handler is told (``effect_context().cancelled()``) and stopped; the later effects
+        of the key start once it has stopped (``cancel`` itself returns at once). Effects not yet
+        admitted are cancelled too.
         """
         return self.core.cancel(effect_id, key=key, types=types, reason=reason)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -29,8 +30,16 @@ class RetryPolicy:
 
     def delay(self, attempt: int) -> timedelta:
         """Delay before retrying after failed attempt number ``attempt`` (1-based)."""
-        seconds = self.initial_interval.total_seconds() * self.backoff_coefficient ** max(0, attempt - 1)
-        return timedelta(seconds=min(seconds, self.maximum_interval.total_seconds()))
+        initial, cap = self.initial_interval.total_seconds(), self.maximum_interval.total_seconds()
+        if initial <= 0 or initial >= cap:
+            return min(self.initial_interval, self.maximum_interval)
+        # capped once backoff**steps >= cap/initial: decided in log space, because the power itself
+        # overflows a float long before any attempt limit (coefficient 10: attempt ~310)
+        steps, growth = max(0, attempt - 1), math.log(self.backoff_coefficient)
+        if growth > 0 and steps >= math.log(cap / initial) / growth:
+            return self.maximum_interval
+        seconds = initial * self.backoff_coefficient**steps
+        return self.maximum_interval if seconds >= cap else timedelta(seconds=seconds)
 
     def should_retry(self, attempt: int, exc: BaseException) -> bool:
         """Whether a failure of attempt ``attempt`` gets another try."""

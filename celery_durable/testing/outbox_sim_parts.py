@@ -367,8 +367,7 @@ def observe(sim: SimLike, before: dict[tuple[str, str], Doc | None]) -> None:
             continue
         if doc_id == "head":
             if old is not None and new is None:
-                # the lane is gone (its last row pruned): its sequence may start again
-                sim.note(f"head of {pk} deleted")
+                sim.note(f"head of {pk} deleted (its last row pruned): its seq may start again")
                 sim.first_claims.pop(pk, None)
             continue
         if doc_id.startswith("fxi:"):
@@ -562,9 +561,11 @@ def intents_left(sim: SimLike) -> list[Doc]:
 
 
 def backlog(inner: Store, key: str) -> int:
-    """Live rows of a key, and cancelled ones still holding it (their handler has not stopped)."""
-    rows = [d for d in inner.query_partition(lane_pk(key)).docs if str(d.get("id")).startswith("fx:")]
-    return sum(1 for d in rows if d.get("status") in LIVE or (d.get("status") == CANCELLED and d.get("lease")))
+    """Live rows of a key, cancelled ones still holding it, and slots kept for waiting intents."""
+    docs = inner.query_partition(lane_pk(key)).docs
+    held = sum(len(d.get("waiting") or []) for d in docs if d.get("id") == "head")
+    rows = [d for d in docs if str(d.get("id")).startswith("fx:")]
+    return held + sum(1 for d in rows if d.get("status") in LIVE or (d.get("status") == CANCELLED and d.get("lease")))
 
 
 def audit(sim: SimLike) -> None:

@@ -17,8 +17,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-from ...errors import ConflictError, DurableError, IdempotencyConflict, LaneFull, StoreError
-from ...stores.base import Doc, Op
+from ...errors import ConflictError, DocumentTooLarge, DurableError, IdempotencyConflict, LaneFull, StoreError
+from ...stores.base import Doc, Op, check_doc
 from .model import (
     DUE_LANE,
     DUE_PRUNE,
@@ -43,6 +43,8 @@ __all__ = ["Admission", "MAX_ROUNDS"]
 log = logging.getLogger("celery_durable.outbox")
 
 MAX_ROUNDS = 100
+#: a full lane keeps a slot for a waiting intent this many admit graces at most
+RESERVATION_TTL_GRACES = 5
 HEAD_CACHE_SIZE = 256
 
 
@@ -201,12 +203,19 @@ class Admission:
 
     # --- admission --------------------------------------------------------------------------
 
+    def check_size(self, effect: Doc, source: Doc | None = None) -> None:
+        """Raise :class:`DocumentTooLarge` before anything is written (a refused enqueue must not
+        keep the id: the corrected retry would be a conflict)."""
+        probe = new_row(effect, source, "0" * 32) | {"seq": 2**53, "token": "0" * 32}
+        check_doc(probe | {"lease": {"owner": "x" * 64, "expires": 0.0}}, self.store.max_doc_bytes)
+
     def admit(self, effect: Doc, source: Doc | None = None) -> Admitted:
+        self.check_size(effect, source)
         for _ in range(MAX_ROUNDS):
             key, fresh, index = self.claim_id(effect)
             try:
                 result = self._into_lane(effect, key, fresh, index, source)
-            except LaneFull:
+            except (LaneFull, DocumentTooLarge):
                 if fresh:
                     self._release_id(index)
                 raise
@@ -251,12 +260,14 @@ class Admission:
                     return None  # the index changed or went: start over from it
                 row["token"], fresh = index.get("token"), True
             live = [list(e) for e in (head or {}).get("live") or []]
-            self._check_room(key, live, row)
+            waiting = self._check_room(key, live, row, head, source)
             seq = int((head or {}).get("next_seq") or 1)
             live.append([seq, eid, row["effect_type"]])
             new_head: Doc = _strip(head) if head is not None else {"pk": lane, "id": HEAD_ID, "type": "effect_lane"}
             stored = int(new_head.get("stored") or 0) + (1 if known is None else 0)
             new_head.update(key=key, live=live, next_seq=seq + 1, stored=stored)
+            if waiting or new_head.get("waiting"):
+                new_head["waiting"] = waiting
             running = new_head.get("running")
             send_in = self._head_for_new_row(new_head, row, first=len(live) == 1 and running is None)
             row_op = Op.create(row | {"seq": seq}) if known is None else Op.replace(row | {"seq": seq}, known["_etag"])
@@ -269,18 +280,47 @@ class Admission:
                 continue
             self.outbox._emit("effect_enqueued", effect_id=eid, key=key, effect_type=row["effect_type"])
             if send_in is not None:
-                self.outbox.sender.send_effect(EffectRef(key, eid, str(row["effect_type"])), countdown=send_in or None)
+                self.outbox.send(EffectRef(key, eid, str(row["effect_type"])), countdown=send_in or None)
             return Admitted(eid, key, True)
         raise StoreError(f"could not enqueue effect {eid!r}: key {key!r} too contended")
 
-    def _check_room(self, key: str, live: list[list[Any]], row: Doc) -> None:
+    def _waiting(self, head: Doc | None) -> list[list[Any]]:
+        """The intents a full lane keeps a slot for, ``[pk, id, since]``, those not gone stale."""
+        stale = self.outbox.clock.now() - RESERVATION_TTL_GRACES * self.settings.admit_grace
+        return [list(w) for w in (head or {}).get("waiting") or [] if float(w[2]) > stale]
+
+    def reserve(self, doc: Doc) -> None:
+        """An intent found its lane full: keep the next free slot for it, so producers retrying
+        their enqueues cannot take every slot before beat's scan retries the intent (best effort:
+        a reservation lapses after a few admit graces)."""
+        effect = doc.get("effect") or {}
+        lane, ref = lane_pk(str(effect.get("key"))), [doc["pk"], doc["id"]]
+        try:
+            head = self.store.read(lane, HEAD_ID)
+            waiting = self._waiting(head)
+            if head is None or any(w[:2] == ref for w in waiting) or len(waiting) >= self.settings.max_lane_backlog:
+                return
+            waiting.append([*ref, self.outbox.clock.now()])
+            self.store.replace(_strip(head) | {"waiting": waiting}, if_match=head["_etag"])
+        except (ConflictError, StoreError):
+            pass  # the lane moved: the next deferral tries again
+
+    def _check_room(
+        self, key: str, live: list[list[Any]], row: Doc, head: Doc | None = None, source: Doc | None = None
+    ) -> list[list[Any]]:
+        """Raise LaneFull if the row does not fit; else the head's reservations after it."""
         limit = self.settings.max_lane_backlog
-        if len(live) >= limit:
-            raise LaneFull(f"key {key!r} has {len(live)} live effects (limit {limit})")
+        waiting = self._waiting(head)
+        ref = None if source is None else [source.get("pk"), source.get("id")]
+        others = [w for w in waiting if w[:2] != ref]
+        if len(live) + len(others) >= limit:
+            held = f" ({len(others)} kept for waiting intents)" if others else ""
+            raise LaneFull(f"key {key!r} has {len(live)} live effects{held} (limit {limit})")
         # the head must fit the store with room to spare (a claim adds the running id)
         room = self.store.max_doc_bytes // 2
         if head_bytes([*live, [0, row["effect_id"], row["effect_type"]]]) > room:
             raise LaneFull(f"key {key!r}: its {len(live)} live effects fill the lane's head ({room} bytes)")
+        return others  # without this one's reservation (and the lapsed ones)
 
     def _head_for_new_row(self, head: Doc, row: Doc, first: bool) -> float | None:
         """Set the head's due time for a new row; the countdown to send it with (None: not now)."""
@@ -300,6 +340,7 @@ class Admission:
         chunk (rows of a key keep the order of ``effects``). Falls back to one by one on conflicts;
         the first error (``IdempotencyConflict``, ``LaneFull``) is raised after all the others."""
         out: dict[str, Admitted | DurableError] = {}
+        #: per key, in the order given: (effect, the index this call created; None if it existed)
         by_lane: dict[str, list[tuple[Doc, Doc | None]]] = {}
 
         def one(effect: Doc, fresh_index: Doc | None) -> None:
@@ -312,24 +353,32 @@ class Admission:
                 out[str(effect["id"])] = exc
 
         for effect in effects:
+            self.check_size(effect)  # every effect fits before any is written
+        for effect in effects:
             try:
                 key, fresh, index = self.claim_id(effect)
             except IdempotencyConflict as exc:
                 out[str(effect["id"])] = exc
                 continue
-            if fresh:
-                by_lane.setdefault(key, []).append((effect, index))
-            else:
-                one(effect, None)
+            by_lane.setdefault(key, []).append((effect, index if fresh else None))
         chunk = max(1, self.store.max_batch_ops - 1)
-        for key, group in by_lane.items():
-            for i in range(0, len(group), chunk):
-                part = group[i : i + chunk]
+        for key, items in by_lane.items():
+            # in the order given: runs of fresh ids in batches, an id seen before on its own
+            i = 0
+            while i < len(items):
+                if items[i][1] is None:
+                    one(items[i][0], None)
+                    i += 1
+                    continue
+                run = [items[i]]
+                while i + len(run) < len(items) and len(run) < chunk and items[i + len(run)][1] is not None:
+                    run.append(items[i + len(run)])
+                i += len(run)
                 try:
-                    done = self._many_into_lane(key, part)
+                    done = self._many_into_lane(key, run)
                 except LaneFull:
                     done = False
-                for effect, index in part:
+                for effect, index in run:
                     if done:
                         out[str(effect["id"])] = Admitted(str(effect["id"]), key, True)
                     else:  # a row existed, the head moved or the lane filled up: one by one
@@ -365,7 +414,7 @@ class Admission:
         for effect, index in part:
             row = new_row(effect, None, None if index is None else index.get("digest"))
             row["token"] = None if index is None else index.get("token")
-            self._check_room(key, live, row)
+            self._check_room(key, live, row, head)
             rows.append(row | {"seq": seq})
             live.append([seq, row["effect_id"], row["effect_type"]])
             seq += 1
@@ -385,5 +434,5 @@ class Admission:
             self.outbox._emit("effect_enqueued", effect_id=r["effect_id"], key=key, effect_type=r["effect_type"])
         if send_in is not None:
             first = rows[0]
-            self.outbox.sender.send_effect(EffectRef(key, first["effect_id"], first["effect_type"]), send_in or None)
+            self.outbox.send(EffectRef(key, first["effect_id"], first["effect_type"]), send_in or None)
         return True

@@ -16,10 +16,11 @@ import uuid
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
-from ...errors import ConflictError, IdempotencyConflict, LaneFull, StoreError
+from ...errors import ConfigurationError, ConflictError, IdempotencyConflict, LaneFull, StoreError
 from ...stores.base import Doc, Op, Store
 from ..model import Clock, SystemClock, worker_identity
 from .admission import MAX_ROUNDS, Admission
+from .cancel import Canceller
 from .model import (
     CANCELLED,
     DUE_ADMIT,
@@ -28,7 +29,6 @@ from .model import (
     FAILED,
     HEAD_ID,
     INDEX_ID,
-    LIVE,
     PENDING,
     RETRY,
     RUNNING,
@@ -54,6 +54,9 @@ __all__ = ["OutboxEngine", "MAX_ROUNDS", "LEASE_LOST"]
 log = logging.getLogger("celery_durable.outbox")
 
 LEASE_LOST = "lease-lost"
+
+#: effect ids and keys become document ids and partition keys (``fxid:<id>``, ``fxq:<key>``)
+MAX_ID_LENGTH = 200
 
 #: test-only switches that put a fixed bug back (the simulation proves it would catch it)
 KNOWN_BUGS = frozenset({"cancel_frees_key"})
@@ -85,6 +88,17 @@ class OutboxEngine:
         if self._events is not None:
             self._events(event, **kwargs)
 
+    def send(self, ref: EffectRef, countdown: float | None = None) -> None:
+        """Send a row's message after its write committed. A broker error is logged, not raised:
+        the write stands (a caller retrying would enqueue twice) and the lane's due time makes
+        beat's scan send it again."""
+        try:
+            self.sender.send_effect(ref, countdown=countdown)
+        except Exception as exc:  # the broker's errors are not ours to type
+            log.warning(
+                "message for effect %s (key %s) not sent, the scan will resend it: %s", ref.effect_id, ref.key, exc
+            )
+
     # --- enqueue ----------------------------------------------------------------------------
 
     def effect_body(
@@ -100,6 +114,13 @@ class OutboxEngine:
         now: float | None = None,
     ) -> Doc:
         """The portable description of one enqueue (``payload`` already JSON)."""
+        for name, value in (("effect_id", effect_id), ("key", key)):
+            # an empty id would silently become a random one (a repeat would run twice) and an
+            # empty key would silently drop the ordering: refuse them in the caller
+            if value is not None and (not isinstance(value, str) or not value or len(value) > MAX_ID_LENGTH):
+                raise ConfigurationError(
+                    f"{name} must be a non-empty string of at most {MAX_ID_LENGTH} characters, got {value!r}"
+                )
         eid = effect_id or uuid.uuid4().hex
         created = self._created_at(now)
         return {
@@ -144,19 +165,21 @@ class OutboxEngine:
 
     def check_admissible(self, effect: Doc) -> None:
         """Raise now what admitting ``effect`` would raise (:class:`LaneFull`, an
-        :class:`IdempotencyConflict`): a caller about to commit its intent with its own documents
-        learns it before they commit (a race after this check leaves the intent waiting)."""
+        :class:`IdempotencyConflict`, ``DocumentTooLarge``): a caller about to commit its intent
+        with its own documents learns it before they commit (a race after this check leaves the
+        intent waiting, due for the scan)."""
+        self._admission.check_size(effect)
         index = self.store.read(index_pk(str(effect["id"])), INDEX_ID)
-        if index is not None and index.get("digest") != digest(effect):
-            row = self.store.read(lane_pk(str(index["key"])), row_id(str(effect["id"])))
-            if row is not None and not self._admission._expired(row):
-                raise IdempotencyConflict(f"effect id {effect['id']!r} was already enqueued with another request")
-        if index is not None:
+        row = None if index is None else self.store.read(lane_pk(str(index["key"])), row_id(str(effect["id"])))
+        finished = row is not None and self._admission._expired(row)
+        if index is not None and index.get("digest") != digest(effect) and row is not None and not finished:
+            raise IdempotencyConflict(f"effect id {effect['id']!r} was already enqueued with another request")
+        if row is not None and not finished:
             return  # a repeat: never refused for a full lane
         key = str(effect["key"])
         head = self.store.read(lane_pk(key), HEAD_ID)
         live = [list(e) for e in (head or {}).get("live") or []]
-        self._admission._check_room(key, live, {"effect_id": effect["id"], "effect_type": effect["type"]})
+        self._admission._check_room(key, live, {"effect_id": effect["id"], "effect_type": effect["type"]}, head)
 
     def admit_intent(self, doc: Doc) -> Admitted | None:
         """Admit an intent document (``fxi:`` or an ``emit`` step marker), then clear it.
@@ -170,7 +193,7 @@ class OutboxEngine:
         try:
             admitted: Admitted | None = self.admit(effect, source=doc)
         except LaneFull:
-            self._defer_intent(doc)
+            self._defer_intent(doc, full=True)
             raise
         except IdempotencyConflict as exc:
             if exc.pending:  # the other request may still fail and free the id: try again later
@@ -189,7 +212,9 @@ class OutboxEngine:
             pass  # cleared by someone else (a second admitter); admission is idempotent anyway
         return admitted
 
-    def _defer_intent(self, doc: Doc) -> None:
+    def _defer_intent(self, doc: Doc, full: bool = False) -> None:
+        if full:
+            self._admission.reserve(doc)
         later = _strip(doc) | {"due_at": self.clock.now() + self.settings.admit_grace}
         try:
             self.store.replace(later, if_match=doc.get("_etag"))
@@ -225,9 +250,32 @@ class OutboxEngine:
                 etags = store.batch(lane, [Op.replace(new_row, row["_etag"]), Op.replace(new_head, head["_etag"])])
             except ConflictError:
                 continue
+            except StoreError:
+                # the answer was lost: if the claim applied, the row is ours and must run now
+                # (otherwise nobody runs it and a process-bound effect is failed "after it started")
+                applied = self._claimed_anyway(lane, effect_id, owner, int(new_row["attempt"]))
+                if applied is None:
+                    raise
+                new_row, new_head, etags = applied
             claim = self._claim_of(new_row, str(etags[0]), new_head | {"_etag": etags[1]}, owner, now)
             return ClaimResult(claim, "claimed")
         return ClaimResult(None, "blocked")
+
+    def _claimed_anyway(
+        self, lane: str, effect_id: str, owner: str, attempt: int
+    ) -> tuple[Doc, Doc, list[str | None]] | None:
+        """After a claim batch raised a store error: the row and head as stored, if it applied."""
+        try:
+            head, row = self.store.read_many(lane, [HEAD_ID, row_id(effect_id)])
+        except StoreError:
+            return None
+        lease = (row or {}).get("lease") or {}
+        if row is None or head is None or row.get("status") != RUNNING or lease.get("owner") != owner:
+            return None
+        if int(row.get("attempt") or 0) != attempt or head.get("running") != effect_id:
+            return None
+        log.info("effect %s: the claim applied though its answer was lost", effect_id)
+        return _strip(row), _strip(head), [row["_etag"], head["_etag"]]
 
     def new_owner(self) -> str:
         return f"{worker_identity()}:{uuid.uuid4().hex[:6]}"
@@ -285,7 +333,10 @@ class OutboxEngine:
                 claim.cancelled = True
             claim.row, claim.etag = _strip(row), str(row["_etag"])
             now = self.clock.now()
-            if float(lease.get("expires") or 0.0) - now <= self.settings.lease_ttl - self.settings.heartbeat_interval:
+            # renewed one poll early: beats come every cancel_poll, so the lease never has less
+            # than lease_ttl - heartbeat_interval left by the holder's clock (the skew margin)
+            low = self.settings.lease_ttl - self.settings.heartbeat_interval + self.settings.cancel_poll
+            if float(lease.get("expires") or 0.0) - now <= low:
                 renewed = _strip(row) | {"lease": {"owner": claim.owner, "expires": now + self.settings.lease_ttl}}
                 try:
                     claim.etag = self.store.replace(renewed, if_match=row["_etag"])
@@ -363,6 +414,13 @@ class OutboxEngine:
                     if verdict is not None:
                         return self._release_cancelled(claim) if verdict == CANCELLED else verdict
                     continue
+                except StoreError:
+                    # the answer was lost: if the settle applied, say so (and run the successor it
+                    # claimed: nobody else will until its lease expires)
+                    found = self._settled_anyway(lane, claim, new_row, successor)
+                    if found is None:
+                        raise
+                    etags = found
                 claim.lost = True  # settled: the lease is gone
                 self._emit(
                     "effect_settled", effect_id=claim.effect_id, key=claim.key, outcome=outcome, attempt=claim.attempt
@@ -376,6 +434,32 @@ class OutboxEngine:
                     self._wake_first(new_head)
                 return outcome
         raise StoreError(f"could not settle effect {claim.effect_id!r}: key {claim.key!r} too contended")
+
+    def _settled_anyway(
+        self, lane: str, claim: Claim, new_row: Doc, successor: tuple[Doc, Doc] | None
+    ) -> list[str | None] | None:
+        """After a settle batch raised a store error: the etags as stored, if it applied."""
+        ids = [HEAD_ID, row_id(claim.effect_id)] + ([row_id(str(successor[0]["effect_id"]))] if successor else [])
+        try:
+            docs = self.store.read_many(lane, ids)
+        except StoreError:
+            return None
+        head, row = docs[0], docs[1]
+        if head is None or row is None or row.get("_etag") == claim.etag:
+            return None
+        same = ("status", "attempt", "available_at", "completed_at", "lease")
+        if any(row.get(f) != new_row.get(f) for f in same):
+            return None
+        if successor is None:
+            return [row["_etag"], head["_etag"]]
+        nxt = docs[2]
+        lease = (nxt or {}).get("lease") or {}
+        if nxt is None or nxt.get("status") != RUNNING or lease.get("owner") != claim.owner:
+            return None
+        successor[0].update(_strip(nxt))
+        successor[1].clear()
+        successor[1].update(_strip(head))
+        return [row["_etag"], nxt["_etag"], head["_etag"]]
 
     def _next_claimable(self, lane: str, head: Doc, owner: str, now: float) -> tuple[Doc, Doc] | None:
         """The key's next row claimed for ``owner`` (row with its read etag, head), if it is due now."""
@@ -443,7 +527,7 @@ class OutboxEngine:
         live = head.get("live") or []
         if live and head.get("running") is None:
             _, eid, etype = live[0][:3]
-            self.sender.send_effect(EffectRef(str(head["key"]), str(eid), str(etype)))
+            self.send(EffectRef(str(head["key"]), str(eid), str(etype)))
 
     # --- cancel -----------------------------------------------------------------------------
 
@@ -455,78 +539,9 @@ class OutboxEngine:
         types: Sequence[str] | None = None,
         reason: str = "cancelled",
     ) -> int:
-        """Cancel pending or running rows by id, or every live row of ``key`` (of ``types``).
-
-        Intents not yet admitted (a transactional enqueue or a workflow's ``emit`` whose
-        admission has not run) are admitted first, so they are cancelled too."""
-        if effect_id is None and key is None:
-            raise ValueError("cancel() needs an effect id or a key")
-        wanted = None if types is None else set(types)
-        self._admit_pending(effect_id, key, wanted)
-        if effect_id is not None:
-            index = self.store.read(index_pk(effect_id), INDEX_ID)
-            if index is None:
-                return 0
-            return int(self._cancel_one(str(index["key"]), effect_id, reason))
-        assert key is not None
-        head = self.store.read(lane_pk(key), HEAD_ID)
-        ids = [str(e[1]) for e in (head or {}).get("live") or [] if wanted is None or e[2] in wanted]
-        return sum(1 for eid in ids if self._cancel_one(key, eid, reason))
-
-    def _admit_pending(self, effect_id: str | None, key: str | None, types: set[str] | None) -> None:
-        """Admit the intents a cancel is about (their scan costs what is pending, usually nothing)."""
-        # every pending intent, due or not (a finite bound: +inf is not JSON for a Cosmos query)
-        for ref in self.store.scan_due(DUE_ADMIT, self.clock.now() + 1e9, 1000):
-            doc = self.store.read(ref.pk, ref.id)
-            effect = (doc or {}).get("effect")
-            if doc is None or doc.get("due_kind") != DUE_ADMIT or not isinstance(effect, dict):
-                continue
-            if effect_id is not None and effect.get("id") != effect_id:
-                continue
-            if key is not None and (
-                effect.get("key") != key or (types is not None and effect.get("type") not in types)
-            ):
-                continue
-            try:
-                self.admit_intent(doc)
-            except LaneFull:
-                log.warning("cancel: intent %s/%s could not be admitted (lane full)", ref.pk, ref.id)
-
-    def _cancel_one(self, key: str, effect_id: str, reason: str) -> bool:
-        store, lane = self.store, lane_pk(key)
-        for _ in range(MAX_ROUNDS):
-            head, row = store.read_many(lane, [HEAD_ID, row_id(effect_id)])
-            if row is None or row.get("status") not in LIVE:
-                return False
-            now = self.clock.now()
-            was_running = row.get("status") == RUNNING
-            new_row = _strip(row) | {
-                "status": CANCELLED,
-                "completed_at": now,
-                "reason": reason,
-                "due_kind": DUE_PRUNE,
-                "due_at": now + self.settings.retention,
-            }
-            if not was_running:
-                new_row["lease"] = None  # a running row keeps its lease: it holds the key (D1)
-            ops = [Op.replace(new_row, row["_etag"])]
-            new_head: Doc | None = None
-            if head is not None:
-                new_head = _strip(head)
-                new_head["live"] = [e for e in head.get("live") or [] if e[1] != effect_id]
-                if head.get("running") == effect_id and "cancel_frees_key" in self.bugs:
-                    new_head.update(running=None, freed_at=now)
-                self._head_due(new_head, now)
-                ops.append(Op.replace(new_head, head["_etag"]))
-            try:
-                store.batch(lane, ops)
-            except ConflictError:
-                continue
-            self._emit("effect_cancelled", effect_id=effect_id, key=key, was=row.get("status"))
-            if new_head is not None and new_head.get("running") is None:
-                self._wake_first(new_head)  # a cancel of a pending first row unblocks the next
-            return True
-        raise StoreError(f"could not cancel effect {effect_id!r}: key {key!r} too contended")
+        """Cancel pending or running rows by id, or every live row of ``key`` (of ``types``);
+        intents not yet admitted too (``cancel.Canceller``)."""
+        return Canceller(self).cancel(effect_id, key=key, types=types, reason=reason)
 
     # --- reading ----------------------------------------------------------------------------
 

@@ -6,9 +6,12 @@ A running handler is watched by one heartbeat thread per process (:class:`Effect
 (``effect_context().cancelled()``), wakes ``effect_context().sleep()`` and, unless the handler
 was declared ``interruptible=False``, raises :class:`EffectCancelled` inside the handler's
 thread (an asynchronous exception: it lands at the next Python bytecode, not inside a blocking C
-call). A handler past its ``timeout`` gets :class:`EffectTimeout` the same way. Both derive from
-``BaseException`` so a user ``except Exception`` cannot swallow them. The lease is extended when
-it runs low; a lease found taken marks the attempt lost (its settle will be a no-op).
+call). A handler past its ``timeout`` gets :class:`EffectTimeout` the same way, from a thread
+that never waits for the store (so a slow renew cannot delay it). Both derive from
+``BaseException`` so a user ``except Exception`` cannot swallow them; one that lands while the
+handler is inside a library call (``durable.outbox.*``) waits for the call's end and is then
+raised even if the call failed. The lease is extended when it runs low; a lease found taken marks
+the attempt lost (its settle will be a no-op).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import contextvars
 import ctypes
 import logging
+import os
 import random
 import threading
 import time
@@ -182,6 +186,9 @@ class EffectContext:
         self._shield = 0
         self._deferred: type[BaseException] | None = None
         self.timed_out = False
+        #: the handler returned, raised or will not run: nothing is left to stop or renew, and the
+        #: settle owns the claim (a claim it settled is marked lost, yet nobody took it)
+        self.finished = False
 
     @property
     def effect_id(self) -> str:
@@ -239,6 +246,15 @@ class EffectContext:
         self.timed_out = True
         self._interrupt(EffectTimeout)
 
+    def time_out_if_due(self, now: float) -> bool:
+        """Time the handler out if its deadline passed (once; no I/O: safe on any thread)."""
+        with self._lock:
+            if self.deadline is None or self.timed_out or now < self.deadline:
+                return False
+            self.timed_out = True
+        self._interrupt(EffectTimeout)
+        return True
+
     def mark_lost(self) -> None:
         """The lease is gone (D3): stop the handler as a cancel does (its outcome is not recorded)."""
         self._cancel.set()
@@ -261,14 +277,29 @@ class EffectContext:
             self._shield += 1
         try:
             yield
-        finally:
-            with self._lock:
-                self._shield -= 1
-                deferred = self._deferred if self._shield == 0 else None
-                if deferred is not None:
-                    self._deferred = None
+        except Exception as exc:
+            # the call failed while an interrupt waited for it: the interrupt wins (it is the only
+            # one this attempt gets), chained to the call's error; a handler catching that error
+            # must not swallow the timeout or cancel with it
+            deferred = self._unshield()
+            if deferred is not None:
+                raise deferred(f"effect {self.effect_id!r} interrupted") from exc
+            raise
+        except BaseException:
+            self._unshield()  # KeyboardInterrupt, SystemExit, an interrupt: already stopping
+            raise
+        deferred = self._unshield()
         if deferred is not None:
             raise deferred(f"effect {self.effect_id!r} interrupted")
+
+    def _unshield(self) -> type[BaseException] | None:
+        """Leave one shield level; the interrupt deferred meanwhile, if this was the outermost."""
+        with self._lock:
+            self._shield -= 1
+            deferred = self._deferred if self._shield == 0 else None
+            if deferred is not None:
+                self._deferred = None
+            return deferred
 
     # --- the guard around the handler call ----------------------------------------------------
 
@@ -282,15 +313,68 @@ class EffectContext:
     def __exit__(self, *exc: object) -> None:
         with self._lock:
             self._active = False
+            self.finished = True
             if self._interrupted and self._thread is not None:
                 _async_raise(self._thread, None)  # drop an interrupt that has not landed yet
         _current.reset(self._token)
 
 
+class _Deadlines:
+    """Times handlers out at their deadline on a thread of its own that never does I/O: the
+    heartbeat renews leases one store call after another, and one slow call (another handler's
+    renew on a throttled or locked store) must not hold a timeout back. Renewals stay on the
+    heartbeat's one thread; this one runs only while a tracked handler has a deadline ahead and
+    then ends by itself (so there is nothing to stop at shutdown)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._cond = threading.Condition()
+        self._contexts: dict[int, EffectContext] = {}
+        self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
+
+    def add(self, ctx: EffectContext) -> None:
+        if ctx.deadline is None or ctx.timed_out:
+            return
+        with self._cond:
+            self._contexts[id(ctx)] = ctx
+            thread = self._thread
+            if thread is None or not thread.is_alive() or self._pid != os.getpid():  # or lost in a fork
+                self._pid = os.getpid()
+                self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+                self._thread.start()
+            self._cond.notify()  # re-plan: this deadline may be the earliest
+
+    def remove(self, ctx: EffectContext) -> None:
+        with self._cond:
+            self._contexts.pop(id(ctx), None)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                now = time.monotonic()
+                due = [c for c in self._contexts.values() if c.deadline is not None and c.deadline <= now]
+                for ctx in due:
+                    del self._contexts[id(ctx)]
+                ahead = [c.deadline for c in self._contexts.values() if c.deadline is not None]
+                if not due:
+                    if not ahead:
+                        self._thread = None  # under the lock: the next add starts a new thread
+                        return
+                    self._cond.wait(min(ahead) - now)
+                    continue
+            for ctx in due:  # outside the lock: an add or remove never waits for an interrupt
+                try:
+                    ctx.time_out_if_due(now)
+                except Exception:  # the other handlers' deadlines must outlive any one failure
+                    log.exception("timing out effect %s failed", ctx.effect_id)
+
+
 class EffectKeeper:
     """The running handlers of this process; a beater of a :class:`~..heartbeat.Heartbeat` (the
-    engine's, shared with activity leases; or its own when built alone) that renews their leases,
-    notices cancellations every ``poll`` seconds and times them out at their deadline."""
+    engine's, shared with activity leases; or its own when built alone) that renews their leases
+    and notices cancellations every ``poll`` seconds. Timeouts fire at their deadline on a thread
+    of their own (:class:`_Deadlines`), never behind a store call."""
 
     def __init__(self, poll: float = 1.0, heartbeat: Heartbeat | None = None) -> None:
         self.poll = poll
@@ -299,17 +383,20 @@ class EffectKeeper:
         self._last_beat = 0.0
         self.heartbeat = heartbeat if heartbeat is not None else Heartbeat("celery-durable-effects")
         self.heartbeat.add(self)
+        self._deadlines = _Deadlines("celery-durable-deadlines")
 
     def track(self, ctx: EffectContext) -> None:
         with self._lock:
             if not self._running:
                 self._last_beat = time.monotonic()
             self._running[id(ctx)] = ctx
+        self._deadlines.add(ctx)
         self.heartbeat.wake()
 
     def untrack(self, ctx: EffectContext) -> None:
         with self._lock:
             self._running.pop(id(ctx), None)
+        self._deadlines.remove(ctx)
 
     def running(self) -> list[EffectContext]:
         with self._lock:
@@ -328,20 +415,27 @@ class EffectKeeper:
         return at
 
     def beat(self) -> None:
-        """Check every running handler once: timeout, cancellation, lease."""
-        self._last_beat = time.monotonic()
-        for ctx in self.running():
-            if ctx.deadline is not None and time.monotonic() >= ctx.deadline and not ctx.timed_out:
-                ctx.time_out()
+        """Check every running handler once: every due timeout first (no I/O), then each one's
+        cancellation and lease (a store call each)."""
+        self._last_beat = now = time.monotonic()
+        contexts = self.running()
+        for ctx in contexts:
+            ctx.time_out_if_due(now)
+        for ctx in contexts:
+            if ctx.finished:
+                continue  # its settle owns the claim now: a renew would only wait behind it
             try:
                 state = ctx.outbox.renew(ctx.claim)
             except StoreError as exc:  # keep beating; the lease may still be ours next time
                 log.warning("heartbeat of effect %s failed: %s", ctx.effect_id, exc)
                 continue
-            if state == "cancelled" and not ctx.cancelled():
+            if ctx.finished or ctx.cancelled():
+                # finished: settled meanwhile (the settle marks its claim lost, yet nobody took it)
+                continue
+            if state == "cancelled":
                 log.info("effect %s was cancelled while running: stopping its handler", ctx.effect_id)
                 ctx.mark_cancelled()
-            elif state == "lost" and not ctx.cancelled():
+            elif state == "lost":
                 log.warning("effect %s: another worker owns it now: stopping its handler", ctx.effect_id)
                 ctx.mark_lost()
 
@@ -401,8 +495,10 @@ def _execute(outbox: OutboxEngine, ctx: EffectContext, definition: EffectDef, cl
         except StoreError as exc:
             # never run blind: put the row back (the lease lapses if even that fails)
             log.warning("effect %s: cancel check failed (%s); requeued without running", claim.effect_id, exc)
+            ctx.finished = True
             return _settle_failed(outbox, claim, exc, requeue=True)
         if state != "ok":
+            ctx.finished = True
             return _stopped(outbox, claim)
     error: BaseException | None = None
     try:
@@ -420,6 +516,7 @@ def _execute(outbox: OutboxEngine, ctx: EffectContext, definition: EffectDef, cl
         error = DurableTimeoutError(f"effect {claim.type!r} timed out after {definition.timeout}s")
     except Exception as exc:
         error = exc
+    ctx.finished = True  # set on leaving the handler; here too when its payload did not decode
     if error is None:
         try:
             return Outcome(outbox.settle(claim, SUCCEEDED, claim_next=claim_next))

@@ -126,7 +126,7 @@ class Scanner:
         if self._try_replace(new_head, head, report):
             report.resent += 1
             self.outbox._emit("effect_resent", effect_id=row["effect_id"], key=row["key"])
-            self.outbox.sender.send_effect(EffectRef(str(row["key"]), str(row["effect_id"]), str(row["effect_type"])))
+            self.outbox.send(EffectRef(str(row["key"]), str(row["effect_id"]), str(row["effect_type"])))
 
     def _lease_expired(self, head: Doc, row: Doc, now: float, report: ScanReport) -> None:
         """The worker running this row died (or hung past its lease): requeue or fail it."""
@@ -163,7 +163,7 @@ class Scanner:
             report.requeued += 1
             log.warning("effect %s (%s): lease of %s expired; requeued", eid, row["effect_type"], owner)
             self.outbox._emit("effect_requeued", effect_id=eid, key=key)
-            self.outbox.sender.send_effect(EffectRef(key, eid, str(row["effect_type"])))
+            self.outbox.send(EffectRef(key, eid, str(row["effect_type"])))
         else:
             report.failed += 1
             log.error("effect %s (%s): %s", eid, row["effect_type"], new_row["reason"])

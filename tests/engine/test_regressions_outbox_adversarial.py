@@ -1,21 +1,24 @@
-"""Adversarial tests of the effect outbox (README "Effect outbox", docs/architecture.md §9).
+"""Regressions from the adversarial review of the outbox v2 (issue 11; README "Effect outbox",
+docs/architecture.md §9).
 
-Each test states the promise it breaks and how, and FAILS on the code it was written against:
-they are findings, not regressions. Deterministic: patched store methods, a fake clock and the
+Each test was written by a reviewer whose only job was to break the outbox, and failed on the
+code it was written against (e5564dc): its docstring states the promise and how it broke; its
+name describes that break. They pass since the fixes. The real-worker ones are in
+tests/integration/test_adversarial_outbox.py; the runtime ones in
+test_regressions_outbox_runtime.py. Deterministic: patched store methods, a fake clock and the
 in-process harness of ``outbox_env`` (the Celery glue with a fake task where the glue matters).
 """
 
 from __future__ import annotations
 
-import threading
-import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from celery_durable.engine.outbox import CANCELLED, FAILED, PENDING, RUNNING, SUCCEEDED, InlineSender, lane_pk, row_id
+from celery_durable.engine.outbox import RUNNING, SUCCEEDED, EffectRef, InlineSender
 from celery_durable.engine.outbox.runtime import execute
 from celery_durable.errors import LaneFull, StoreUnavailable
 from celery_durable.stores import Store
@@ -150,7 +153,7 @@ def glue() -> Iterator[Glue]:
     g.close()
 
 
-# === F1: a claim whose answer is lost ===============================================================
+# === Finding 1: a claim whose answer is lost ======================================================
 
 
 def test_a_claim_applied_but_answered_with_a_store_error_fails_a_process_bound_effect_that_never_ran(
@@ -170,9 +173,7 @@ def test_a_claim_applied_but_answered_with_a_store_error_fails_a_process_bound_e
         ran.append(payload)
 
     glue.outbox.enqueue("adv.charge", {"n": 1}, key="k", effect_id="c1")
-    applied_then_lost(
-        glue.store, "batch", lambda pk, ops: any((op.doc or {}).get("status") == RUNNING for op in ops)
-    )
+    applied_then_lost(glue.store, "batch", lambda pk, ops: any((op.doc or {}).get("status") == RUNNING for op in ops))
     glue.deliver_all()  # the claim's answer is lost; Celery's retry redelivers it
     for _ in range(3):
         glue.pass_time(glue.core.settings.lease_ttl + 1)
@@ -211,7 +212,7 @@ def test_a_draining_settle_applied_but_answered_with_a_store_error_fails_the_nex
     )
 
 
-# === F3: cancel misses intents it cannot admit ========================================================
+# === Finding 2: cancel misses intents it cannot admit =============================================
 
 
 def test_cancel_by_key_leaves_an_intent_waiting_for_a_full_lane_to_run_later(store: Store) -> None:
@@ -273,7 +274,7 @@ def test_cancel_misses_an_unadmitted_intent_behind_a_thousand_others(store: Stor
     assert "target" not in ran, f"cancel('target') returned {cancelled}, yet the effect ran"
 
 
-# === F5: an enqueue that committed reports a failure ===================================================
+# === Finding 3: an enqueue that committed reports a failure =======================================
 
 
 def test_transactional_enqueue_raises_after_the_documents_and_the_effect_committed(glue: Glue) -> None:
@@ -354,3 +355,265 @@ def test_enqueue_raises_a_broker_error_after_the_effect_committed_and_a_retry_ru
     glue.pass_time(glue.core.settings.queue_timeout + 1)
     glue.pass_time(glue.core.settings.queue_timeout + 1)
     assert ran == [{"to": "ann"}], f"enqueue answered {outcomes}; the handler ran {len(ran)} times"
+
+
+# === Finding 4: empty ids are silently replaced ===================================================
+
+
+def test_an_empty_effect_id_is_silently_replaced_by_a_random_one_so_a_repeat_runs_twice(glue: Glue) -> None:
+    """Promise (Enqueue): "idempotent by effect_id: a repeat of the same request writes nothing ...
+    and returns created=False". Break: ``effect_id=""`` (e.g. an unset field of the caller) is
+    treated as "no id" (``effect_id or uuid4``): each repeat is a new effect, both run, and no
+    error says the id was ignored. (Refusing it with a ConfigurationError would be fine.)"""
+    ran: list[Any] = []
+
+    @glue.durable.effect("adv.ping")
+    def ping(payload: dict[str, Any]) -> None:
+        ran.append(payload)
+
+    try:
+        first = glue.outbox.enqueue("adv.ping", {"n": 1}, key="k", effect_id="")
+    except ValueError:
+        return  # refused: fine (ConfigurationError is a ValueError)
+    again = glue.outbox.enqueue("adv.ping", {"n": 1}, key="k", effect_id="")
+    glue.deliver_all()
+    assert (first.effect_id, again.created, len(ran)) == ("", False, 1), (
+        f"effect_id='' became {first.effect_id!r} and {again.effect_id!r}; the handler ran {len(ran)} times"
+    )
+
+
+def test_an_empty_key_silently_drops_the_ordering(glue: Glue) -> None:
+    """Promise (Order): effects of one key run strictly in order, one at a time. Break: ``key=""``
+    (e.g. ``key=user.team or ""``) is silently replaced by each effect's own id (``key or eid``):
+    the two effects go to two lanes and may run at once and out of order; ``Admitted.key`` is
+    not the key asked for, and no error says so. (Refusing it would be fine.)"""
+
+    @glue.durable.effect("adv.step")
+    def step(payload: dict[str, Any]) -> None:
+        pass
+
+    try:
+        a = glue.outbox.enqueue("adv.step", {"n": 1}, key="", effect_id="s1")
+    except ValueError:
+        return  # refused: fine (ConfigurationError is a ValueError)
+    b = glue.outbox.enqueue("adv.step", {"n": 2}, key="", effect_id="s2")
+    # both are claimable now: the second does not wait for the first
+    claims = [glue.core.claim(x.key, x.effect_id).reason for x in (a, b)]
+    assert (a.key, b.key, claims) == ("", "", ["claimed", "blocked"]), (
+        f"key='' became {a.key!r} / {b.key!r}; claims {claims}"
+    )
+
+
+# === Finding 5: the documented clock-skew margin ==================================================
+
+
+def test_a_live_handler_is_taken_over_at_a_clock_skew_inside_the_documented_margin(store: Store) -> None:
+    """Promise (Leases): "Leases tolerate clock skew between workers and beat up to
+    durable_lease_ttl - durable_heartbeat_interval (20 s by default)". Break: a handler's lease is
+    only renewed at a heartbeat *beat* (every ``cancel_poll``, 1 s, in the rhythm of the
+    process's keeper, not of this claim) once less than ``ttl - interval`` is left, so it can be
+    renewed up to one poll later than that: the real margin is ``ttl - interval - cancel_poll``
+    (19 s). With the holder's clock 19.6 s behind beat's, a live, beating handler's row is
+    requeued by the scan and would run a second time elsewhere."""
+    defaults = {"lease_ttl": 30.0, "heartbeat_interval": 10.0, "cancel_poll": 1.0}
+    holder_clock, beat_clock = FakeClock(1_000_000.0), FakeClock(1_000_000.0 + 19.6)
+    holder = Env(store, clock=holder_clock, **defaults)
+    holder.handler("note")(lambda payload: None)
+    beat = Env(store, clock=beat_clock, **defaults)
+    holder.enqueue("note", 1, key="k", effect_id="e")
+    claim = holder.outbox.claim("k", "e").claim
+    assert claim is not None
+    # the keeper beats every second, half a second out of phase with this claim (another handler
+    # of the process set its rhythm); beat's scan runs every 0.05 s here (any phase of its 5 s)
+    step, beats, states = 0.05, 0.5, []
+    for _ in range(int(12.0 / step)):
+        holder_clock.advance(step)
+        beat_clock.advance(step)
+        if holder_clock.now() - 1_000_000.0 >= beats:
+            beats += 1.0
+            states.append(holder.outbox.renew(claim))
+        beat.outbox.scan()
+    row = holder.row("k", "e")
+    assert (row["status"], (row.get("lease") or {}).get("owner")) == (RUNNING, claim.owner), (
+        f"skew 19.6 s < 20 s: the row is {row['status']!r}, lease {row.get('lease')}; the holder's beats: {states}"
+    )
+
+
+# === Finding 8: enqueue_many and the order of a key ===============================================
+
+
+def test_enqueue_many_puts_a_reused_id_ahead_of_the_effects_listed_before_it(store: Store) -> None:
+    """Promise (``enqueue_many``): "a key's rows keep the order given"; (Order) effects of one key
+    run in the order they entered the lane. Break: ``admit_many`` admits at once, one by one, every
+    effect whose id already has an index (here ``b``, settled longer ago than the retention, so a
+    new request; likewise an id whose earlier enqueuer died after its index write), and only then
+    the fresh ones in batches. Given ``[a, b]`` for one key, ``b`` gets the lower sequence number
+    and runs first."""
+    env, ran = make_env(store, retention=60.0)
+    env.enqueue("note", "b-old", key="k", effect_id="b")
+    env.drain()
+    env.clock.advance(120)  # b's retention is over: enqueuing id b again is a new request
+    bodies = [
+        env.outbox.effect_body("note", p, key="k", effect_id=eid, available_at=None, replay_safe=True, max_attempts=3)
+        for eid, p in (("a", "a"), ("b", "b-old"))
+    ]
+    admitted = env.outbox.admit_many(bodies)
+    ran.clear()
+    env.drain()
+    order = [r["effect_id"] for r in env.outbox.rows("k") if r["status"] == SUCCEEDED]
+    assert ran == ["a", "b-old"], f"enqueue_many([a, b]) -> {admitted}; ran in the order {ran} (lane order {order})"
+
+
+# === Finding 9: the transactional enqueue's pre-check and a reused id =============================
+
+
+def test_transactional_enqueue_of_an_expired_id_into_a_full_lane_commits_the_documents() -> None:
+    """Promise (Enqueue): "beyond that enqueue raises LaneFull and writes nothing -- a
+    transactional enqueue refuses before your documents commit". Break: ``check_admissible``
+    skips the room check whenever the id has an index ("a repeat: never refused for a full
+    lane"), but an id whose row settled longer ago than the retention is a *new* request
+    (README: "The window is durable_outbox_retention"). Its documents commit, the lane is full,
+    ``enqueue`` returns ``created=True`` -- and the effect waits instead of being refused."""
+    glue = Glue(outbox_max_lane_backlog=1, outbox_retention=60.0)
+    try:
+
+        @glue.durable.effect("adv.tx")
+        def tx(payload: dict[str, Any]) -> None:
+            pass
+
+        glue.outbox.enqueue("adv.tx", {"n": 1}, key="k", effect_id="x")
+        glue.deliver_all()
+        glue.clock.advance(120)  # x settled long ago: enqueuing x again is a new request
+        glue.outbox.enqueue("adv.tx", {"n": 2}, key="k", effect_id="y")  # the lane is full now
+        outcome: Any
+        try:
+            outcome = glue.outbox.enqueue(
+                "adv.tx", {"n": 1}, key="k", effect_id="x", with_docs=[{"pk": "orders", "id": "o1"}]
+            )
+        except LaneFull as exc:
+            outcome = exc
+        committed = glue.store.read("orders", "o1") is not None
+        assert isinstance(outcome, LaneFull) and not committed, (
+            f"a full lane: enqueue answered {outcome!r} and the documents committed: {committed}"
+        )
+    finally:
+        glue.close()
+
+
+# === Finding 10: an enqueue refused for its size keeps its id =====================================
+
+
+def test_an_enqueue_refused_as_too_large_keeps_the_id_so_the_corrected_retry_conflicts(store: Store) -> None:
+    """Promise (Enqueue): idempotent by effect id; an ``IdempotencyConflict`` means "the id holds
+    another request (the first enqueue stands)". Break: an enqueue whose row is too large for the
+    store fails (DocumentTooLarge) *after* its index was written, and the index is not released
+    (only LaneFull releases it). The corrected retry -- same id, smaller payload -- is refused with
+    ``IdempotencyConflict`` although no request holds the id (for ``admit_grace + lease_ttl``;
+    the orphan index itself is never deleted)."""
+    from celery_durable.errors import DocumentTooLarge, IdempotencyConflict
+
+    store.max_doc_bytes = 20_000
+    env, ran = make_env(store)
+    with pytest.raises(DocumentTooLarge):
+        env.enqueue("note", {"blob": "x" * 30_000}, key="k", effect_id="big")
+    outcome: Any
+    try:
+        outcome = env.enqueue("note", {"blob": "x" * 100}, key="k", effect_id="big")
+    except IdempotencyConflict as exc:
+        outcome = exc
+    assert not isinstance(outcome, IdempotencyConflict), f"the corrected retry was refused: {outcome}"
+
+
+# === Finding 12: an async handler "succeeds" without running ======================================
+
+
+def test_an_async_handler_is_settled_succeeded_without_its_body_running(glue: Glue) -> None:
+    """Promise (Enqueue/handlers): "a Celery worker runs its handler" and a row is ``succeeded``
+    when the "handler returned". Break: ``@durable.effect`` accepts an ``async def`` handler (it
+    only checks for one positional parameter); calling it returns a coroutine that is never
+    awaited, so the effect is settled ``succeeded`` and its body -- the side effect -- never ran.
+    No error, only a RuntimeWarning. (A generator function behaves the same.)"""
+    ran: list[Any] = []
+
+    try:
+
+        @glue.durable.effect("adv.coro")
+        async def send(payload: dict[str, Any]) -> None:
+            ran.append(payload)
+
+    except (TypeError, ValueError):
+        return  # refused at registration: fine
+    glue.outbox.enqueue("adv.coro", {"n": 1}, key="k", effect_id="a1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # "coroutine ... was never awaited"
+        glue.deliver_all()
+    info = glue.outbox.get("a1")
+    assert info is not None
+    assert not (info.status == SUCCEEDED and not ran), "the async handler's row is 'succeeded'; its body never ran"
+
+
+@pytest.mark.parametrize("effect_type", ["webhook:stripe", "order.return", "sms.2fa", "mail send"])
+def test_an_effect_type_that_is_not_a_python_identifier_fails_with_a_syntax_error(effect_type: str) -> None:
+    """Promise (README): an effect type is any name (``celery_durable.effect.<type>``; the examples
+    use dotted names). Break: the handler task's function is named after the type's last dotted
+    part (only ``-`` is replaced), and Celery compiles a signature for it: a type such as
+    ``order.return``, ``webhook:stripe`` or ``sms.2fa`` makes ``@durable.effect`` fail with a
+    ``SyntaxError`` from deep inside Celery ("invalid syntax") instead of registering, or refusing
+    with a ConfigurationError that names the type."""
+    from celery_durable.errors import ConfigurationError
+
+    glue = Glue()
+    try:
+        try:
+
+            @glue.durable.effect(effect_type)
+            def handler(payload: dict[str, Any]) -> None:
+                pass
+
+        except ConfigurationError:
+            return  # a clear refusal: fine
+        except SyntaxError as exc:
+            pytest.fail(f"@durable.effect({effect_type!r}) raised SyntaxError: {exc}")
+        glue.outbox.enqueue(effect_type, {}, key="k", effect_id="e")
+        glue.deliver_all()
+        info = glue.outbox.get("e")
+        assert info is not None and info.status == SUCCEEDED
+    finally:
+        glue.close()
+
+
+# === Finding 13: an intent waiting for a full lane can wait forever ===============================
+
+
+def test_an_intent_waiting_for_a_full_lane_starves_behind_a_producer_under_backpressure(store: Store) -> None:
+    """Promise (Liveness / B1): an intent for a full lane "stays due (later) and never stops the
+    scan ... the lane drains, then it gets in"; (README) "a lane that fills in between leaves the
+    intent waiting". Break: the waiting intent only retries every ``admit_grace`` (beat's scan),
+    while a producer that meets ``LaneFull`` simply retries its enqueue: whenever a slot frees,
+    the producer takes it first. Under sustained load the committed transactional effect never
+    enters its lane (here: 30 slots freed, 0 taken by the intent) although its caller was told
+    ``created=True``."""
+    env, ran = make_env(store, max_lane_backlog=2, admit_grace=5.0)
+    n = 0
+
+    def produce() -> None:  # a producer under backpressure: fill the lane whenever there is room
+        nonlocal n
+        while True:
+            try:
+                env.enqueue("note", f"p{n}", key="k", effect_id=f"p{n}")
+                n += 1
+            except LaneFull:
+                return
+
+    produce()
+    intent_in(env, "orders", "receipt", "k", payload="receipt")  # committed; the lane is full
+    env.sender.take()
+    for _ in range(30):
+        env.clock.advance(env.settings.admit_grace + 0.1)
+        ref = env.outbox.head("k")["live"][0]  # type: ignore[index]
+        env.deliver(EffectRef("k", ref[1], ref[2]))
+        produce()  # the producer's retry loop runs far more often than beat's scan
+        env.outbox.scan()
+        env.sender.take()
+    admitted = env.outbox.get("receipt")
+    assert admitted is not None, f"30 slots freed in the lane ({len(ran)} effects ran); the intent never got in"
