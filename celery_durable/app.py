@@ -10,7 +10,7 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 from celery import Celery
 
 from . import workflow as _wf
-from .bootsteps import DurableStep
+from .bootsteps import DurableShutdownStep, DurableStep
 from .engine.admin import Admin, ExecutionDetail, ExecutionPage, PurgeReport, StepRecord
 from .engine.context import DurableFuture, current_context, require_context
 from .engine.core import Engine
@@ -90,8 +90,10 @@ class Durable:
         self._schedules: dict[str, dict[str, Any]] = {}
         setattr(app, EXTENSION_ATTR, self)
         register_tasks(app, self)
-        # the worker's own step: on stop it gives back this process's leases, stops its heartbeat
+        # the worker's own steps: once the pool drained (or at once on a cold shutdown) they stop
+        # this process's heartbeat and give back its leases
         app.steps["worker"].add(DurableStep)
+        app.steps["consumer"].add(DurableShutdownStep)
         #: the effect outbox (docs/architecture.md §9): ``durable.outbox.enqueue(...)``, ``@durable.effect``
         self.outbox = Outbox(self)
         install(self)
