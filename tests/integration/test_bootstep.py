@@ -34,7 +34,7 @@ def test_the_step_is_in_the_worker_blueprint_and_stopping_releases_leases() -> N
     app, durable = _app()
     assert DurableStep in app.steps["worker"]
 
-    @app.task(name="bootstep.slow")
+    @app.task(name="bootstep.slow")  # type: ignore[untyped-decorator]
     def slow() -> int:
         STARTED.set()
         RELEASE.wait(10)
@@ -44,7 +44,7 @@ def test_the_step_is_in_the_worker_blueprint_and_stopping_releases_leases() -> N
 
     @durable.workflow(name="bootstep.flow")
     def flow() -> int:
-        return step()
+        return int(step())
 
     with start_worker(app, pool="solo", perform_ping_check=False, shutdown_timeout=10) as worker:
         assert any(isinstance(s, DurableStep) for s in worker.blueprint.steps.values())
@@ -94,7 +94,7 @@ def test_a_warm_shutdown_renews_leases_until_the_pool_has_drained(stops: str) ->
     release = threading.Event()
     started = {"activity": threading.Event(), "effect": threading.Event()}
 
-    @app.task(name=f"bootstep.held.{stops}")
+    @app.task(name=f"bootstep.held.{stops}")  # type: ignore[untyped-decorator]
     def held() -> int:
         started["activity"].set()
         release.wait(20)
@@ -110,7 +110,7 @@ def test_a_warm_shutdown_renews_leases_until_the_pool_has_drained(stops: str) ->
 
     @durable.workflow(name=f"bootstep.held_flow.{stops}")
     def flow() -> int:
-        return step()
+        return int(step())
 
     setup_app_for_worker(app, "WARNING", None)
     worker = TestWorkController(
