@@ -13,6 +13,7 @@ from celery_durable.engine import Registry
 from celery_durable.engine.outbox import RETRY, EffectRef, InlineSender, OutboxEngine, OutboxSettings, lane_pk, row_id
 from celery_durable.engine.outbox.runtime import EffectDef, EffectKeeper, Outcome, effects_of, execute
 from celery_durable.stores import Store
+from celery_durable.stores.memory import MemoryStore
 
 
 class FakeClock:
@@ -104,3 +105,65 @@ class Env:
         doc = self.store.read(lane_pk(key), row_id(effect_id))
         assert doc is not None
         return doc
+
+
+# --- the Celery glue, in process: a Durable on a memory store, an in-process sender, a fake task ---
+
+
+class Retry(Exception):
+    """What the fake task's ``retry`` returns (Celery's ``Retry``): the delivery is redelivered."""
+
+    def __init__(self, countdown: float | None) -> None:
+        super().__init__(countdown)
+        self.countdown = countdown
+
+
+class FakeTask:
+    def retry(self, countdown: float | None = None, max_retries: int | None = None, exc: Any = None) -> Retry:
+        return Retry(countdown)
+
+
+class Glue:
+    """``durable.outbox`` on a MemoryStore with a fake clock; messages are kept, not sent."""
+
+    def __init__(self, **conf: Any) -> None:
+        from celery import Celery
+
+        from celery_durable import Durable
+
+        self.app = Celery(f"outbox-glue-{id(self)}", set_as_current=False)
+        self.app.conf.update(
+            {"durable_lease_ttl": 10.0, "durable_heartbeat_interval": 2.0, "durable_outbox_cancel_poll": 0.05}
+            | {f"durable_{k}": v for k, v in conf.items()}
+        )
+        self.store = MemoryStore()
+        self.durable = Durable(self.app, store=self.store)
+        self.outbox = self.durable.outbox
+        self.core = self.durable.engine.outbox
+        self.sender = InlineSender()
+        self.core.sender = self.sender
+        self.clock = FakeClock()
+        self.core.clock = self.clock
+        self.task = FakeTask()
+
+    def deliver_all(self, limit: int = 100) -> list[str]:
+        """Deliver every message sent so far (a Celery retry is redelivered at once)."""
+        results: list[str] = []
+        for _ in range(limit):
+            sent = self.sender.take()
+            if not sent:
+                return results
+            for ref in sent:
+                try:
+                    results.append(self.outbox.deliver(self.task, ref.key, ref.effect_id))
+                except Retry:
+                    self.sender.send_effect(ref)
+        return results
+
+    def pass_time(self, seconds: float) -> None:
+        self.clock.advance(seconds)
+        self.outbox.scan()
+        self.deliver_all()
+
+    def close(self) -> None:
+        self.durable.shutdown()

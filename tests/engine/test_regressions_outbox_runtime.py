@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from celery_durable.engine.heartbeat import Heartbeat
-from celery_durable.engine.outbox import PENDING, RETRY, SUCCEEDED, InlineSender
+from celery_durable.engine.outbox import PENDING, RETRY, SUCCEEDED
 from celery_durable.engine.outbox.runtime import EffectContext, EffectKeeper, EffectTimeout, execute
 from celery_durable.errors import IdempotencyConflict
 from celery_durable.retry import RetryPolicy
@@ -26,7 +26,7 @@ from celery_durable.stores import Store
 from celery_durable.stores.memory import MemoryStore
 from celery_durable.stores.sqlite import SqliteStore
 
-from .outbox_env import Env, FakeClock
+from .outbox_env import Env, Glue, Retry
 
 
 @pytest.fixture(params=["memory", "sqlite"])
@@ -53,60 +53,6 @@ def quiet_keeper() -> EffectKeeper:
     heartbeat = Heartbeat("celery-durable-test")
     heartbeat.disable()
     return EffectKeeper(poll=60.0, heartbeat=heartbeat)
-
-
-class Retry(Exception):
-    """What the fake task's ``retry`` returns (Celery's ``Retry``): the delivery is redelivered."""
-
-    def __init__(self, countdown: float | None) -> None:
-        super().__init__(countdown)
-        self.countdown = countdown
-
-
-class FakeTask:
-    def retry(self, countdown: float | None = None, max_retries: int | None = None, exc: Any = None) -> Retry:
-        return Retry(countdown)
-
-
-class Glue:
-    """``durable.outbox`` on a MemoryStore with a fake clock; messages are kept, not sent."""
-
-    def __init__(self, **conf: Any) -> None:
-        from celery import Celery
-
-        from celery_durable import Durable
-
-        self.app = Celery(f"outbox-runtime-{id(self)}", set_as_current=False)
-        self.app.conf.update(
-            {"durable_lease_ttl": 10.0, "durable_heartbeat_interval": 2.0, "durable_outbox_cancel_poll": 0.05}
-            | {f"durable_{k}": v for k, v in conf.items()}
-        )
-        self.store = MemoryStore()
-        self.durable = Durable(self.app, store=self.store)
-        self.outbox = self.durable.outbox
-        self.core = self.durable.engine.outbox
-        self.sender = InlineSender()
-        self.core.sender = self.sender
-        self.clock = FakeClock()
-        self.core.clock = self.clock
-        self.task = FakeTask()
-
-    def deliver_all(self, limit: int = 100) -> list[str]:
-        """Deliver every message sent so far (a Celery retry is redelivered at once)."""
-        results: list[str] = []
-        for _ in range(limit):
-            sent = self.sender.take()
-            if not sent:
-                return results
-            for ref in sent:
-                try:
-                    results.append(self.outbox.deliver(self.task, ref.key, ref.effect_id))
-                except Retry:
-                    self.sender.send_effect(ref)
-        return results
-
-    def close(self) -> None:
-        self.durable.shutdown()
 
 
 @pytest.fixture
