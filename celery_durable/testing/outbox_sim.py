@@ -39,10 +39,8 @@ a failing seed prints one command that replays it exactly.
 
 from __future__ import annotations
 
-import logging
 import random
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,6 +87,7 @@ from .outbox_sim_parts import (
     replay_command,
     request_of,
 )
+from .sim_faults import quiet
 
 __all__ = [
     "BUGS",
@@ -565,17 +564,6 @@ class OutboxSim:
                 nxt += [ref.due_at + 2 * MAX_SKEW + 0.01 for ref in self.inner.scan_due(kind, float("inf"), 1)]
             future = [t for t in nxt if t > self.now]
             self.advance(max(self.now + 1.0, min(future)) if future else self.now + SETTINGS.lease_ttl)
-
-
-@contextmanager
-def quiet() -> Iterator[None]:
-    """The outbox logs every injected fault: silence it while simulating."""
-    previous = logging.root.manager.disable
-    logging.disable(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        logging.disable(previous)
 
 
 def run_seed(

@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from ..engine.outbox import (
     CANCELLED,
@@ -27,6 +27,7 @@ from ..engine.outbox import (
 from ..engine.outbox.model import index_pk
 from ..errors import StoreUnavailable
 from ..stores.base import Doc, DueRef, Op, PartitionRead, Store
+from .sim_faults import FaultSpec
 
 __all__ = [
     "BUGS",
@@ -114,8 +115,10 @@ TERMINAL = frozenset({SUCCEEDED, FAILED, CANCELLED})
 
 
 @dataclass(frozen=True)
-class Faults:
+class Faults(FaultSpec):
     """Per-call / per-delivery probabilities of each fault kind (``skew``: share of ``MAX_SKEW``)."""
+
+    KINDS: ClassVar[tuple[str, ...]] = FAULT_KINDS
 
     before: float = 0.02  # the store raises StoreUnavailable before applying
     after: float = 0.02  # the store applies, then raises StoreUnavailable
@@ -125,21 +128,6 @@ class Faults:
     delay: float = 0.05  # a message is held back 1..60 s (others overtake it)
     preempt: float = 0.20  # another action runs in the middle of a store call
     skew: float = 1.0  # clocks are off by up to skew * MAX_SKEW
-
-    @classmethod
-    def parse(cls, spec: str) -> Faults:
-        """``all``, ``none`` or a comma list of kinds (the others off)."""
-        if spec == "all":
-            return cls()
-        kinds = [] if spec in ("", "none") else spec.split(",")
-        unknown = [k for k in kinds if k not in FAULT_KINDS]
-        if unknown:
-            raise ValueError(f"unknown fault kinds {unknown}; known: {', '.join(FAULT_KINDS)}")
-        return cls(**{k: (getattr(cls(), k) if k in kinds else 0.0) for k in FAULT_KINDS})
-
-    def spec(self) -> str:
-        on = [k for k in FAULT_KINDS if getattr(self, k) > 0]
-        return "all" if on == list(FAULT_KINDS) and self == Faults() else (",".join(on) or "none")
 
 
 class WorkerCrash(BaseException):  # noqa: N818 - control flow, like SystemExit

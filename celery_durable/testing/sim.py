@@ -26,12 +26,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import random
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..engine.model import DUE_ACTIVITY, DUE_CHILD, DUE_CLOCK, DUE_EXEC, EXEC_ID, TERMINAL, marker_id
@@ -39,6 +37,7 @@ from ..errors import NonRetryableError, StoreError, StoreUnavailable
 from ..stores.base import Doc, Store
 from ..stores.memory import MemoryStore
 from .sim_checks import Outcome, check, outcome_of
+from .sim_faults import quiet
 from .sim_store import (
     EPOCH,
     FAULT_KINDS,
@@ -525,17 +524,6 @@ def reference_outcome(workflow: str, args: list[Any]) -> Outcome:
         ex = sim.inner.read(f"ref-{workflow}", EXEC_ID)
         _REFERENCE[key] = outcome_of(ex) if ex is not None else ("missing",)
     return _REFERENCE[key]
-
-
-@contextmanager
-def quiet() -> Iterator[None]:
-    """The engine logs every injected fault: silence it while simulating."""
-    previous = logging.root.manager.disable
-    logging.disable(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        logging.disable(previous)
 
 
 def run_seed(

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from ..engine.activity import Attempt
 from ..engine.core import Engine
@@ -15,6 +15,7 @@ from ..engine.dispatcher import ActivityRequest, ClockRequest
 from ..engine.model import EXEC_ID, RUNNING, TERMINAL, Settings
 from ..errors import StoreUnavailable
 from ..stores.base import Doc, DueRef, Op, PartitionRead, Store
+from .sim_faults import FaultSpec
 
 if TYPE_CHECKING:
     import random
@@ -95,8 +96,10 @@ MAX_ATTEMPTS = 1000
 
 
 @dataclass(frozen=True)
-class Faults:
+class Faults(FaultSpec):
     """Per-call/per-delivery probabilities of each fault kind."""
+
+    KINDS: ClassVar[tuple[str, ...]] = FAULT_KINDS
 
     before: float = 0.02  # store raises StoreUnavailable before applying
     after: float = 0.02  # store applies, then raises StoreUnavailable
@@ -105,21 +108,6 @@ class Faults:
     dup: float = 0.05  # a delivered message is also delivered again later
     delay: float = 0.05  # a message is held back 1..60 s
     preempt: float = 0.20  # another action runs in the middle of a store call
-
-    @classmethod
-    def parse(cls, spec: str) -> Faults:
-        """``all``, ``none`` or a comma list of kinds (the others off)."""
-        if spec == "all":
-            return cls()
-        kinds = [] if spec in ("", "none") else spec.split(",")
-        unknown = [k for k in kinds if k not in FAULT_KINDS]
-        if unknown:
-            raise ValueError(f"unknown fault kinds {unknown}; known: {', '.join(FAULT_KINDS)}")
-        return cls(**{k: (getattr(cls(), k) if k in kinds else 0.0) for k in FAULT_KINDS})
-
-    def spec(self) -> str:
-        on = [k for k in FAULT_KINDS if getattr(self, k) > 0]
-        return "all" if on == list(FAULT_KINDS) and self == Faults() else (",".join(on) or "none")
 
 
 NO_FAULTS = Faults.parse("none")
