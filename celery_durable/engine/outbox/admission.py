@@ -137,7 +137,9 @@ class Admission:
                 )
             # another key only once the idempotency window is over: a request that paused that
             # long between its index and its row cannot come back to write its row elsewhere
-            patience = None if other == key else max(self.settings.retention, self._patience())
+            patience = self.settings.admit_grace + self.settings.lease_ttl
+            if other != key:
+                patience = max(self.settings.retention, patience)
             if (row is not None and other != key) or not self._index_abandoned(existing, patience):
                 raise IdempotencyConflict(
                     f"effect id {eid!r} is held by another request {held} that may still complete; "
@@ -159,14 +161,11 @@ class Admission:
             and float(row.get("due_at") or 0.0) <= self.outbox.clock.now()
         )
 
-    def _patience(self) -> float:
-        return self.settings.admit_grace + self.settings.lease_ttl
-
-    def _index_abandoned(self, index: Doc, patience: float | None = None) -> bool:
+    def _index_abandoned(self, index: Doc, patience: float) -> bool:
         # an index without a row this long after it was written or touched: its enqueuer died
         # before its lane (an admitter that touched it a moment ago is about to write the row)
         written = max(float(index.get("created_at") or 0.0), float(index.get("touched_at") or 0.0))
-        return self.outbox.clock.now() - written > (self._patience() if patience is None else patience)
+        return self.outbox.clock.now() - written > patience
 
     def _touch_index(self, index: Doc) -> Doc | None:
         """A new token (and etag) for the index: a prune holding the old one then gives up and a

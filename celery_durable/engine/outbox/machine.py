@@ -58,9 +58,6 @@ LEASE_LOST = "lease-lost"
 #: effect ids and keys become document ids and partition keys (``fxid:<id>``, ``fxq:<key>``)
 MAX_ID_LENGTH = 200
 
-#: test-only switches that put a fixed bug back (the simulation proves it would catch it)
-KNOWN_BUGS = frozenset({"cancel_frees_key"})
-
 
 class OutboxEngine:
     """Enqueue, admit, claim, renew, settle, cancel, scan — all against :class:`Store`."""
@@ -80,7 +77,7 @@ class OutboxEngine:
         self._events = events
         self._created_lock = threading.Lock()
         self._last_created = 0.0
-        #: reintroduced bugs (``KNOWN_BUGS``), for the simulation's can-fail tests only
+        #: reintroduced bugs ("cancel_frees_key"), for the simulation's can-fail tests only
         self.bugs: frozenset[str] = frozenset()
         self._admission = Admission(self)
 
