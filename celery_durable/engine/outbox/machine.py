@@ -370,9 +370,15 @@ class OutboxEngine:
                 return self._release_cancelled(claim)
             if claim.lost:
                 return LEASE_LOST
-            for attempt in range(MAX_ROUNDS):
-                # first try with the head as the claim left it (no read); re-read after a conflict
-                head = claim.head if attempt == 0 and claim.head is not None else store.read(lane, HEAD_ID)
+            # the head as the claim left it, tried without a read, unless a successor is likely:
+            # then the head and that row are read together (the batch needs the row anyway, and
+            # a busy lane's head has usually moved: enqueues append to it)
+            head: Doc | None = claim.head
+            guess = self._successor_guess(claim, head, outcome, claim_next)
+            prefetched: Doc | None = None
+            if head is None or guess is not None:
+                head, prefetched = self._settle_read(lane, claim, guess)
+            for _ in range(MAX_ROUNDS):
                 now = self.clock.now()
                 new_row = dict(claim.row) | {"lease": None}
                 if error is not None:
@@ -397,7 +403,7 @@ class OutboxEngine:
                         new_head.update(live=live, running=None, freed_at=now)
                         self._head_due(new_head, now)
                         if live and live[0][2] in claim_next:
-                            successor = self._next_claimable(lane, new_head, claim.owner, now)
+                            successor = self._next_claimable(lane, new_head, claim.owner, now, prefetched)
                 ops = [Op.replace(new_row, claim.etag)]
                 if new_head is not None and head is not None:
                     if successor is not None:
@@ -407,7 +413,8 @@ class OutboxEngine:
                 try:
                     etags = store.batch(lane, ops)
                 except ConflictError:
-                    verdict = self._still_mine(claim)
+                    guess = self._successor_guess(claim, head, outcome, claim_next)
+                    verdict, head, prefetched = self._still_mine(claim, guess)
                     if verdict is not None:
                         return self._release_cancelled(claim) if verdict == CANCELLED else verdict
                     continue
@@ -431,6 +438,21 @@ class OutboxEngine:
                     self._wake_first(new_head)
                 return outcome
         raise StoreError(f"could not settle effect {claim.effect_id!r}: key {claim.key!r} too contended")
+
+    @staticmethod
+    def _successor_guess(claim: Claim, head: Doc | None, outcome: str, claim_next: Collection[str]) -> str | None:
+        """The row a settle of ``claim`` would claim next, by the head known (None: none likely)."""
+        if outcome == RETRY or not claim_next or head is None:
+            return None
+        after = [e for e in head.get("live") or [] if e[1] != claim.effect_id]
+        return str(after[0][1]) if after and after[0][2] in claim_next else None
+
+    def _settle_read(self, lane: str, claim: Claim, guess: str | None) -> tuple[Doc | None, Doc | None]:
+        """The head, and the guessed successor row, in one read."""
+        if guess is None:
+            return self.store.read(lane, HEAD_ID), None
+        head, row = self.store.read_many(lane, [HEAD_ID, row_id(guess)])
+        return head, row
 
     def _settled_anyway(
         self, lane: str, claim: Claim, new_row: Doc, successor: tuple[Doc, Doc] | None
@@ -458,10 +480,15 @@ class OutboxEngine:
         successor[1].update(_strip(head))
         return [row["_etag"], nxt["_etag"], head["_etag"]]
 
-    def _next_claimable(self, lane: str, head: Doc, owner: str, now: float) -> tuple[Doc, Doc] | None:
-        """The key's next row claimed for ``owner`` (row with its read etag, head), if it is due now."""
+    def _next_claimable(
+        self, lane: str, head: Doc, owner: str, now: float, prefetched: Doc | None = None
+    ) -> tuple[Doc, Doc] | None:
+        """The key's next row claimed for ``owner`` (row with its read etag, head), if it is due now
+        (``prefetched``: that row if it was read with the head)."""
         live = head.get("live") or []
-        row = self.store.read(lane, row_id(str(live[0][1])))
+        nxt = str(live[0][1])
+        row = prefetched if prefetched is not None and prefetched.get("effect_id") == nxt else None
+        row = row or self.store.read(lane, row_id(nxt))
         if row is None or row.get("status") != PENDING or float(row.get("available_at") or 0.0) > now + 0.005:
             return None
         new_row, new_head = self._claimed(row, head, owner, now)
@@ -497,20 +524,24 @@ class OutboxEngine:
         claim.lost = True
         return CANCELLED
 
-    def _still_mine(self, claim: Claim) -> str | None:
-        """After a failed settle: None to try again, else why the row is not ours any more."""
-        row = self.store.read(lane_pk(claim.key), row_id(claim.effect_id))
+    def _still_mine(self, claim: Claim, guess: str | None) -> tuple[str | None, Doc | None, Doc | None]:
+        """After a failed settle: (None to try again, or why the row is not ours any more) with
+        the head and the ``guess``ed successor row read in the same call."""
+        ids = [HEAD_ID, row_id(claim.effect_id)] + ([row_id(guess)] if guess is not None else [])
+        docs = self.store.read_many(lane_pk(claim.key), ids)
+        head, row = docs[0], docs[1]
+        prefetched = docs[2] if guess is not None else None
         lease = (row or {}).get("lease") or {}
         if row is not None and row.get("status") == CANCELLED and lease.get("owner") == claim.owner:
             claim.cancelled = True
-            return CANCELLED
+            return CANCELLED, head, prefetched
         if row is None or row.get("status") != RUNNING or lease.get("owner") != claim.owner:
             claim.lost = True
             log.warning("effect %s: lease lost before settle (now %s)", claim.effect_id, (row or {}).get("status"))
             self._emit("effect_lease_lost", effect_id=claim.effect_id, key=claim.key)
-            return LEASE_LOST
+            return LEASE_LOST, head, prefetched
         claim.row, claim.etag = _strip(row), str(row["_etag"])
-        return None
+        return None, head, prefetched
 
     def _head_due(self, head: Doc, now: float) -> None:
         if head.get("running") is not None:
