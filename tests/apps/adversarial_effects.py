@@ -12,32 +12,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from celery import Celery, signals
-
 from celery_durable import Durable
 from celery_durable.outbox import effect_context
+from tests.apps._common import env_app, env_float
 
-app = Celery("adversarial_effects", broker=os.environ.get("TEST_BROKER_URL", "redis://127.0.0.1:6379/15"))
-app.conf.update(
-    task_serializer="json",
-    accept_content=["json"],
-    broker_connection_retry_on_startup=True,
-    worker_hijack_root_logger=False,
-    task_default_queue=os.environ.get("TEST_QUEUE", "celery"),
-    durable_lease_ttl=float(os.environ.get("TEST_LEASE_TTL", "30")),
-    durable_heartbeat_interval=float(os.environ.get("TEST_HEARTBEAT", "10")),
-    durable_outbox_scan_interval=float(os.environ.get("TEST_OUTBOX_SCAN", "5")),
-    durable_outbox_queue_timeout=float(os.environ.get("TEST_OUTBOX_QUEUE_TIMEOUT", "60")),
-    durable_outbox_cancel_poll=float(os.environ.get("TEST_OUTBOX_CANCEL_POLL", "1")),
+app = env_app(
+    "adversarial_effects",
+    durable_outbox_scan_interval=env_float("TEST_OUTBOX_SCAN", "5"),
+    durable_outbox_queue_timeout=env_float("TEST_OUTBOX_QUEUE_TIMEOUT", "60"),
+    durable_outbox_cancel_poll=env_float("TEST_OUTBOX_CANCEL_POLL", "1"),
 )
 durable = Durable(app)
-
-
-@signals.worker_ready.connect  # type: ignore[untyped-decorator]
-def _ready(**_: object) -> None:
-    ready = os.environ.get("TEST_READY_FILE")
-    if ready:
-        Path(ready).write_text(str(os.getpid()))
 
 
 def log_run(event: str) -> None:

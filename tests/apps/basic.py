@@ -5,46 +5,26 @@ Configured from the environment so each test can point it at its own broker and 
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
-from celery import Celery, signals
 from pydantic import BaseModel
 
 from celery_durable import ActivityError, Durable, NonRetryableError, durable_activity
 from celery_durable import workflow as wf
+from tests.apps._common import env_app, env_float
 
-app = Celery("basic", broker=os.environ.get("TEST_BROKER_URL", "redis://127.0.0.1:6379/15"))
-app.conf.update(
-    task_serializer="json",
-    accept_content=["json"],
-    result_serializer="json",
-    broker_connection_retry_on_startup=True,
-    worker_hijack_root_logger=False,
-    task_default_queue=os.environ.get("TEST_QUEUE", "celery"),
-    broker_transport_options=json.loads(os.environ.get("TEST_BROKER_OPTIONS") or "{}"),
-    durable_lease_ttl=float(os.environ.get("TEST_LEASE_TTL", "30")),
-    durable_heartbeat_interval=float(os.environ.get("TEST_HEARTBEAT", "10")),
-    durable_recovery_interval=float(os.environ.get("TEST_RECOVERY_INTERVAL", "15")),
-    durable_clock_interval=float(os.environ.get("TEST_CLOCK_INTERVAL", "1")),
-    durable_timer_fast_path_max=float(os.environ.get("TEST_FAST_TIMER_MAX", "60")),
-    durable_activity_queue_timeout=float(os.environ.get("TEST_QUEUE_TIMEOUT", "300")),
-    durable_drive_timeout=float(os.environ.get("TEST_DRIVE_TIMEOUT", "30")),
+app = env_app(
+    "basic",
+    durable_recovery_interval=env_float("TEST_RECOVERY_INTERVAL", "15"),
+    durable_clock_interval=env_float("TEST_CLOCK_INTERVAL", "1"),
+    durable_timer_fast_path_max=env_float("TEST_FAST_TIMER_MAX", "60"),
+    durable_activity_queue_timeout=env_float("TEST_QUEUE_TIMEOUT", "300"),
+    durable_drive_timeout=env_float("TEST_DRIVE_TIMEOUT", "30"),
 )
-if app.conf.broker_url.startswith("filesystem"):
-    # kombu's own filesystem transport can hand a consumer a half-written message
-    app.conf.broker_transport = "celery_durable.contrib.filesystem:Transport"
 durable = Durable(app)
 
 MARKS = Path(os.environ.get("TEST_MARKS_DIR", "/tmp/celery_durable_marks"))
-
-
-@signals.worker_ready.connect
-def _ready(**_: object) -> None:
-    ready = os.environ.get("TEST_READY_FILE")
-    if ready:
-        Path(ready).write_text(str(os.getpid()))
 
 
 def mark(name: str) -> int:
@@ -258,3 +238,16 @@ def needs_flag(flag: str) -> str:
 @durable.workflow(name="fragile")
 def fragile(flag: str) -> str:
     return needs_flag(flag)
+
+
+@durable_activity
+def blob(key: str, n: int) -> str:
+    mark(f"blob-{key}")
+    return "x" * n
+
+
+@durable.workflow(name="big_payloads")
+def big_payloads(key: str, data: str, n: int) -> dict[str, int]:
+    """Issue 12: a big input, a big activity result and a big workflow result (offloaded)."""
+    out = blob(key, n)
+    return {"input": len(data), "activity": len(out), "echo": len(data + out)}

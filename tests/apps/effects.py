@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from celery import Celery, signals
 from pydantic import BaseModel
 
 from celery_durable import Durable
@@ -26,31 +25,17 @@ from celery_durable.errors import StoreUnavailable
 from celery_durable.outbox import effect_context
 from celery_durable.stores import Store, register_backend, store_from_url
 from celery_durable.stores.base import Doc, DueRef, Op, PartitionRead
+from tests.apps._common import env_app, env_float
 
-app = Celery("effects", broker=os.environ.get("TEST_BROKER_URL", "redis://127.0.0.1:6379/15"))
-app.conf.update(
-    task_serializer="json",
-    accept_content=["json"],
-    broker_connection_retry_on_startup=True,
-    worker_hijack_root_logger=False,
-    task_default_queue=os.environ.get("TEST_QUEUE", "celery"),
-    broker_transport_options=json.loads(os.environ.get("TEST_BROKER_OPTIONS") or "{}"),
-    durable_lease_ttl=float(os.environ.get("TEST_LEASE_TTL", "30")),
-    durable_heartbeat_interval=float(os.environ.get("TEST_HEARTBEAT", "10")),
-    durable_recovery_interval=float(os.environ.get("TEST_RECOVERY_INTERVAL", "15")),
-    durable_outbox_scan_interval=float(os.environ.get("TEST_OUTBOX_SCAN", "5")),
-    durable_outbox_queue_timeout=float(os.environ.get("TEST_OUTBOX_QUEUE_TIMEOUT", "60")),
-    durable_outbox_cancel_poll=float(os.environ.get("TEST_OUTBOX_CANCEL_POLL", "1")),
-    durable_outbox_retention=float(os.environ.get("TEST_OUTBOX_RETENTION", str(7 * 24 * 3600))),
+app = env_app(
+    "effects",
+    durable_recovery_interval=env_float("TEST_RECOVERY_INTERVAL", "15"),
+    durable_outbox_scan_interval=env_float("TEST_OUTBOX_SCAN", "5"),
+    durable_outbox_queue_timeout=env_float("TEST_OUTBOX_QUEUE_TIMEOUT", "60"),
+    durable_outbox_cancel_poll=env_float("TEST_OUTBOX_CANCEL_POLL", "1"),
+    durable_outbox_retention=env_float("TEST_OUTBOX_RETENTION", str(7 * 24 * 3600)),
 )
 durable = Durable(app)
-
-
-@signals.worker_ready.connect
-def _ready(**_: object) -> None:
-    ready = os.environ.get("TEST_READY_FILE")
-    if ready:
-        Path(ready).write_text(str(os.getpid()))
 
 
 def marks() -> Path:

@@ -22,34 +22,16 @@ import json  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from celery import Celery, signals  # noqa: E402
-
 from celery_durable import Durable  # noqa: E402
 from celery_durable.outbox import effect_context  # noqa: E402
+from tests.apps._common import env_app, env_float  # noqa: E402
 
-app = Celery("pools", broker=os.environ.get("TEST_BROKER_URL", "redis://127.0.0.1:6379/15"))
-app.conf.update(
-    task_serializer="json",
-    accept_content=["json"],
-    broker_connection_retry_on_startup=True,
-    worker_hijack_root_logger=False,
-    task_default_queue=os.environ.get("TEST_QUEUE", "celery"),
-    durable_lease_ttl=float(os.environ.get("TEST_LEASE_TTL", "30")),
-    durable_heartbeat_interval=float(os.environ.get("TEST_HEARTBEAT", "10")),
-    durable_outbox_cancel_poll=float(os.environ.get("TEST_OUTBOX_CANCEL_POLL", "1")),
-)
+app = env_app("pools", durable_outbox_cancel_poll=env_float("TEST_OUTBOX_CANCEL_POLL", "1"))
 #: the effects a cancel or timeout must interrupt (an OS-thread pool only)
 INTERRUPTED = ("pl.spin", "pl.spin_timeout")
 if os.environ.get("TEST_OS_QUEUE"):
     app.conf.task_routes = {f"celery_durable.effect.{t}": {"queue": os.environ["TEST_OS_QUEUE"]} for t in INTERRUPTED}
 durable = Durable(app)
-
-
-@signals.worker_ready.connect
-def _ready(**_: object) -> None:
-    ready = os.environ.get("TEST_READY_FILE")
-    if ready:
-        Path(ready).write_text(str(os.getpid()))
 
 
 def note(event: str, exc: BaseException | None = None) -> None:

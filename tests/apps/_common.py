@@ -1,0 +1,44 @@
+"""What every test app shares: a Celery app configured from the environment (each test points it
+at its own broker, queue and store) and the ready file a test awaits before it sends anything."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from celery import Celery, signals
+
+
+def env_float(name: str, default: str) -> float:
+    return float(os.environ.get(name, default))
+
+
+def env_app(name: str, **conf: Any) -> Celery:
+    """A JSON-only Celery app on ``$TEST_BROKER_URL`` / ``$TEST_QUEUE`` with the lease settings
+    from the environment; ``conf`` adds or overrides settings."""
+    app = Celery(name, broker=os.environ.get("TEST_BROKER_URL", "redis://127.0.0.1:6379/15"))
+    app.conf.update(
+        task_serializer="json",
+        accept_content=["json"],
+        result_serializer="json",
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=False,
+        task_default_queue=os.environ.get("TEST_QUEUE", "celery"),
+        broker_transport_options=json.loads(os.environ.get("TEST_BROKER_OPTIONS") or "{}"),
+        durable_lease_ttl=env_float("TEST_LEASE_TTL", "30"),
+        durable_heartbeat_interval=env_float("TEST_HEARTBEAT", "10"),
+        **conf,
+    )
+    if app.conf.broker_url.startswith("filesystem"):
+        # kombu's own filesystem transport can hand a consumer a half-written message
+        app.conf.broker_transport = "celery_durable.contrib.filesystem:Transport"
+    return app
+
+
+@signals.worker_ready.connect
+def _ready(**_: object) -> None:
+    ready = os.environ.get("TEST_READY_FILE")
+    if ready:
+        Path(ready).write_text(str(os.getpid()))
