@@ -128,7 +128,7 @@ def test_keyword_arguments_bind_end_to_end(env: Env) -> None:
 
 
 _json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.text(max_size=4),
+    st.none() | st.booleans() | st.integers(-(2**53 - 1), 2**53 - 1) | st.text(max_size=4),  # JSON-exact ints
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
     max_leaves=6,
 )
