@@ -15,11 +15,13 @@ __all__ = [
     "ConflictError",
     "NotFoundError",
     "DocumentTooLarge",
+    "PayloadTooLarge",
     "StoreUnavailable",
     "Throttled",
     "CorruptDocument",
     "PayloadValidationError",
     "UnknownWorkflowError",
+    "InvalidWorkflowId",
     "NonDeterminismError",
     "WorkflowFailedError",
     "WorkflowCancelledError",
@@ -65,6 +67,17 @@ class DocumentTooLarge(StoreError):
         self.limit = limit
 
 
+class PayloadTooLarge(DocumentTooLarge):
+    """A payload (activity or workflow result, workflow input, signal value, effect payload) is
+    larger than ``durable_max_payload``, even offloaded into chunk documents. Recorded as a
+    non-retryable failure of the activity or workflow; raised in the caller of ``start()`` or
+    ``signal()``."""
+
+    def __init__(self, doc_id: str, size: int, limit: int) -> None:
+        super().__init__(doc_id, size, limit)
+        self.args = (f"document {doc_id!r} is {size} bytes, over durable_max_payload ({limit} bytes)",)
+
+
 class StoreUnavailable(StoreError):
     """The store could not be reached or answered with a server error; the operation may be retried."""
 
@@ -89,6 +102,13 @@ class PayloadValidationError(DurableError, ValueError):
 
     Raised in the caller (``start()``, ``signal()``, ``enqueue()``) before anything is stored.
     """
+
+
+class InvalidWorkflowId(DurableError, ValueError):
+    """A workflow id given to ``start()`` or ``start_child()`` cannot be used (empty, not a string,
+    too long, a control character, a reserved prefix or the form of a derived child id).
+
+    Raised in the caller before anything is stored; the rules are in the README ("Workflow ids")."""
 
 
 class UnknownWorkflowError(DurableError):

@@ -11,13 +11,17 @@ Only documents the engine owns are checked (by id); unknown ids in a partition a
 
 from __future__ import annotations
 
+import re
 import threading
+import unicodedata
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import CorruptDocument
+from ..errors import CorruptDocument, InvalidWorkflowId
+from ..stores._cosmos_index import lwm_pk
 from ..stores.base import Doc
+from .outbox.model import index_pk, lane_pk
 from .schema import (
     EXEC_ID,
     SIGNAL_MARK_PREFIX,
@@ -39,7 +43,53 @@ __all__ = [
     "signal_value_id",
     "signal_mark_id",
     "pending_signal_values",
+    "MAX_WORKFLOW_ID_LENGTH",
+    "RESERVED_ID_PREFIXES",
+    "check_workflow_id",
 ]
+
+#: the longest workflow id a caller may give (derived child ids may grow past it with nesting)
+MAX_WORKFLOW_ID_LENGTH = 200
+#: partitions the engine and the stores own: the outbox's lanes and id index, Cosmos' due index
+RESERVED_ID_PREFIXES = (lane_pk(""), index_pk(""), lwm_pk(""))
+#: the tail of a derived child id (``schema.child_execution_id``: ``<parent>-c<seq>[.r<run>]``).
+#: A caller's id may not end like this, so no one can take a default child id before its parent
+#: starts that child (the parent would fail with ``ChildIdTaken``).
+_DERIVED_CHILD_TAIL = re.compile(r"-c[0-9]+(\.r[0-9]+)?\Z")
+#: Unicode categories refused: control characters (newlines, NUL, DEL, C1) break logs, the CLI and
+#: SQLite's text functions; lone surrogates cannot be encoded as UTF-8 (JSON, SQLite, Cosmos)
+_REFUSED_CATEGORIES = frozenset({"Cc", "Cs"})
+
+
+def check_workflow_id(value: object, what: str = "workflow id") -> str:
+    """Return ``value`` if a caller may name an execution with it; else raise
+    :class:`InvalidWorkflowId` saying why (checked in the caller, before anything is stored)."""
+    if not isinstance(value, str):
+        raise InvalidWorkflowId(f"a {what} must be a string, got {type(value).__name__} {value!r:.60}")
+    if not value.strip():
+        raise InvalidWorkflowId(f"a {what} must be a non-empty string, got {value!r}")
+    if len(value) > MAX_WORKFLOW_ID_LENGTH:
+        raise InvalidWorkflowId(
+            f"a {what} may have at most {MAX_WORKFLOW_ID_LENGTH} characters, got {len(value)}: {value[:40]!r}..."
+        )
+    bad = next((c for c in value if unicodedata.category(c) in _REFUSED_CATEGORIES), None)
+    if bad is not None:
+        raise InvalidWorkflowId(
+            f"a {what} may not contain {bad!r} (a control character or a lone surrogate): {value!r:.80}"
+        )
+    reserved = next((p for p in RESERVED_ID_PREFIXES if value.startswith(p)), None)
+    if reserved is not None:
+        raise InvalidWorkflowId(
+            f"a {what} may not start with {reserved!r} (reserved for the engine's own partitions): {value!r:.80}"
+        )
+    tail = _DERIVED_CHILD_TAIL.search(value)
+    if tail is not None:
+        raise InvalidWorkflowId(
+            f"a {what} may not end like a derived child id ({tail.group()!r}: '<parent>-c<step>'), which "
+            f"is reserved for the children a parent starts without an explicit id: {value!r:.80} "
+            "(use a handle to reach an existing child)"
+        )
+    return value
 
 
 def pending_signal_values(docs: Mapping[str, Doc], name: str) -> list[Doc]:
@@ -104,6 +154,12 @@ def _exec(doc: Doc) -> None:
         _field(parent, "pk", str, required=True)
         _field(parent, "seq", int, required=True)
         _field(parent, "run", int)
+    for joiner in _field(doc, "joiners", list) or []:  # parent steps that joined this child
+        if not isinstance(joiner, dict):
+            raise ValueError(f"'joiners' holds {type(joiner).__name__} {joiner!r:.40}, not an object")
+        _field(joiner, "pk", str, required=True)
+        _field(joiner, "seq", int, required=True)
+        _field(joiner, "run", int)
     signals = _field(doc, "signals", list)
     if signals is not None and not all(isinstance(s, str) for s in signals):
         raise ValueError("'signals' must be a list of names")

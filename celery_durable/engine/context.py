@@ -30,7 +30,7 @@ from ..errors import (
     WorkflowCancelledError,
 )
 from ..stores.base import Doc
-from .checks import pending_signal_values, signal_mark_id
+from .checks import check_workflow_id, pending_signal_values, signal_mark_id
 from .dispatcher import ActivityRequest, AdmitRequest, CancelRequest, ChildRequest, ClockRequest, Send
 from .model import DUE_ACTIVITY, DUE_CHILD, DUE_CLOCK, marker_id, result_id
 from .outbox.model import DUE_ADMIT
@@ -454,16 +454,22 @@ class WorkflowContext:
     ) -> DurableFuture[Any]:
         """Start a child workflow (idempotent by its derived id); return its future.
 
-        An explicit ``child_id`` held by an execution that is not this step's child fails the
-        step (:class:`ChildWorkflowError`, ``ChildIdTaken``) when awaited; see ``Links.start_child``.
+        An explicit ``child_id`` must pass :func:`check_workflow_id` (else :class:`InvalidWorkflowId`
+        here). Held by this parent's child of the same workflow and input, the step joins it;
+        held otherwise, the step fails (:class:`ChildWorkflowError`, ``ChildIdTaken``) when
+        awaited; see ``Links.start_child``.
         """
         seq, marker = self._step("child", definition.name)
         if marker is None:
             # checked for new steps only: a recorded step keeps the id it was started with
-            if child_id is not None and (not isinstance(child_id, str) or not child_id.strip()):
-                raise ValueError(f"a child workflow id must be a non-empty string, got {child_id!r}")
+            # the caller's id obeys start()'s rules (so it can never be a derived child id);
+            # InvalidWorkflowId is raised here, at the call, where the workflow can handle it
+            cid = (
+                child_execution_id(self.execution_id, self.run, seq)
+                if child_id is None
+                else check_workflow_id(child_id, "child workflow id")
+            )
             payload = definition.codec.encode_args(args, kwargs)
-            cid = child_id or child_execution_id(self.execution_id, self.run, seq)
             self._marker(
                 seq,
                 "child",

@@ -24,8 +24,10 @@ from ..errors import (
 )
 from ..observability import Counters, tracing_configured
 from ..stores.base import Doc, Store, strip_reserved
+from ..stores.offload import offloaded
 from .activity import ActivityRunner
 from .cache import PartitionCache
+from .checks import check_workflow_id
 from .dispatcher import ActivityRequest, AdmitRequest, ChildRequest, ClockRequest, Dispatcher, Send
 from .driver import Driver
 from .heartbeat import Heartbeat
@@ -53,6 +55,9 @@ class Engine:
         settings: Settings | None = None,
         clock: Clock | None = None,
     ) -> None:
+        self.settings = settings or Settings()
+        # documents past the item limit go to chunk documents, up to durable_max_payload
+        store = offloaded(store, self.settings.max_payload)
         if tracing_configured():  # every store call becomes a span (with Cosmos' request charge)
             from ..stores.traced import TracedStore
 
@@ -60,7 +65,6 @@ class Engine:
         self.store = store
         self.dispatcher = dispatcher
         self.registry = registry or Registry()
-        self.settings = settings or Settings()
         self.clock: Clock = clock or SystemClock()
         self.cache = PartitionCache(store)
         self.driver = Driver(self)
@@ -109,11 +113,12 @@ class Engine:
     ) -> tuple[str, bool]:
         """Create the execution (idempotent by id) and send its first drive.
 
-        The payload is validated here, in the caller, before anything is stored or sent.
+        The id and the payload are validated here, in the caller, before anything is stored or
+        sent (:class:`InvalidWorkflowId`, see :func:`check_workflow_id`); ``None`` draws a random id.
         Returns ``(execution_id, created)``; ``created`` is False when the id existed (joined).
         """
+        eid = uuid.uuid4().hex if workflow_id is None else check_workflow_id(workflow_id)
         payload = workflow.codec.encode_args(args, kwargs)
-        eid = workflow_id or uuid.uuid4().hex
         if not self.create_execution(workflow.name, payload, eid, parent):
             existing = self.store.read(eid, EXEC_ID)
             if existing is not None and existing.get("workflow") != workflow.name:

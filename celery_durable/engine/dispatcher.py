@@ -72,7 +72,8 @@ class ChildRequest:
 
     @property
     def key(self) -> str:
-        return f"child:{self.child_id}"
+        # per step, not per child id: two steps may name one explicit id (joined or refused)
+        return f"child:{self.parent_id}:{self.run}:{self.seq}"
 
 
 @dataclass(frozen=True)

@@ -28,9 +28,9 @@ from .checks import (
     signal_value_id,
 )
 from .dispatcher import ChildRequest
+from .kin import child_outcome, describe_holder, is_child_of, is_fence, joinable, joiners_of
 from .model import (
     CANCELLED,
-    COMPLETED,
     DUE_CLOCK,
     DUE_EXEC,
     EXEC_ID,
@@ -246,10 +246,14 @@ class Links:
         existed). The parent is looked at again after a creation, so a cancel racing it still
         reaches the child.
 
-        An existing execution under the id is joined only if it is this very step's child (an
-        earlier attempt's create, or its cancel's fence). Any other holder (a previous run's or an
-        earlier step's child, an unrelated execution: an explicit id can be squatted) fails the
-        step with ``ChildIdTaken`` rather than leave the parent waiting for a child it never gets.
+        An existing execution under the id is this step's child if it was created for this very
+        step (an earlier attempt's create, or its cancel's fence). This parent's child of another
+        step or run, of the same workflow and input (the same explicit id started twice), is
+        *joined*: the step gets that child's outcome (:meth:`_join`), as DBOS returns a workflow
+        id's existing result. Any other holder (an unrelated execution: an explicit id can be
+        squatted; this parent's child started with another input) fails the step with
+        ``ChildIdTaken`` rather than leave the parent waiting for a child it never gets. Default
+        child ids cannot be taken: ``start()`` refuses ids of their form (``check_workflow_id``).
         """
         eng = self.engine
         why = self._child_unwanted(req)
@@ -259,12 +263,14 @@ class Links:
         parent = {"pk": req.parent_id, "seq": req.seq, "run": req.run}
         if not eng.create_execution(req.workflow, req.payload, req.child_id, parent):
             existing = eng.store.read(req.child_id, EXEC_ID)
-            if existing is not None and not _is_child_of(existing, req.parent_id, req.run, req.seq):
+            if existing is not None and not is_child_of(existing, req.parent_id, req.run, req.seq):
+                if joinable(existing, req):
+                    return self._join(req, existing)
                 self._refuse_taken(req, existing)
                 return False
             # A fence of a cancel the parent has been resumed past (an operator's resume): start
             # it, if the parent (read again: the fence may be this very race's) still waits.
-            fenced = existing is not None and _is_fence(existing)
+            fenced = existing is not None and is_fence(existing)
             if not fenced or self._child_unwanted(req, fenced) is not None or not self._revive(existing or {}):
                 return True
         why = self._child_unwanted(req)
@@ -283,7 +289,11 @@ class Links:
         attempt) converges on the same failure, and the parent raises ``ChildWorkflowError``.
         """
         eng = self.engine
-        message = f"child workflow id {req.child_id!r} is taken by {_describe_holder(holder)}"
+        message = f"child workflow id {req.child_id!r} is taken by {describe_holder(holder)}"
+        link = holder.get("parent")
+        if isinstance(link, dict) and link.get("pk") == req.parent_id and not is_fence(holder):
+            other = "another workflow" if holder.get("workflow") != req.workflow else "other input"
+            message += f", started with {other} (a child id is joined only with the same workflow and input)"
         log.error("child step %d of %s (run %d) failed: %s", req.seq, req.parent_id, req.run, message)
         doc: Doc = {
             "pk": req.parent_id,
@@ -301,11 +311,47 @@ class Links:
         }
         eng.driver.drive(req.parent_id, carry=[doc], release=[req.seq])
 
+    def _join(self, req: ChildRequest, child: Doc) -> bool:
+        """Give step ``req`` the outcome of ``child``, this parent's (joinable) child of another step.
+
+        A finished child's outcome is recorded for the step at once. A running child gets the step
+        added to its ``joiners`` (etag-guarded, so the write that ends the child, conditional on
+        the exec's etag too, either sees it or conflicts and re-reads): :meth:`notify_parent`
+        tells every joiner. False when contention or a change of holder left it undone (recovery's
+        :meth:`check_child` looks again).
+        """
+        eng = self.engine
+        me = {"pk": req.parent_id, "run": req.run, "seq": req.seq}
+        current: Doc | None = child
+        for _ in range(20):
+            if current is None:
+                return False  # gone (purged) meanwhile: recovery starts it again
+            if not joinable(current, req):
+                self._refuse_taken(req, current)
+                return False
+            if current.get("status") in TERMINAL:
+                doc = child_outcome(req.child_id, current, me, eng.clock.now())
+                eng.driver.drive(req.parent_id, carry=[doc], release=[req.seq])
+                return True
+            joiners = joiners_of(current)
+            if me in joiners:
+                return True
+            log.info("child step %d of %s (run %d) joins child %s", req.seq, req.parent_id, req.run, req.child_id)
+            try:
+                eng.store.replace(strip_reserved(current) | {"joiners": [*joiners, me]}, if_match=current["_etag"])
+                return True
+            except ConflictError:
+                current = check_exec(req.child_id, eng.store.read(req.child_id, EXEC_ID))
+        log.warning("child step %d of %s: joining %s failed (contention)", req.seq, req.parent_id, req.child_id)
+        return False
+
     def cancel_child(self, child_id: str, link: tuple[str, int, int]) -> None:
-        """Cancel ``child_id`` if it is the child at ``link`` (parent id, run, step); an execution
-        that merely holds the id (a taken explicit id) is never cancelled by this parent."""
+        """Cancel ``child_id`` if it is the child at ``link`` (parent id, run, step), or joined by
+        it; an execution that merely holds the id (a taken explicit id) is never cancelled by
+        this parent."""
         child = self.engine.store.read(child_id, EXEC_ID)
-        if child is None or not _is_child_of(child, *link):
+        pk, run, seq = link
+        if child is None or not (is_child_of(child, *link) or {"pk": pk, "run": run, "seq": seq} in joiners_of(child)):
             return
         try:
             self.engine.cancel(child_id)
@@ -385,31 +431,17 @@ class Links:
         return None
 
     def notify_parent(self, child_id: str) -> None:
-        """Record a finished child's outcome in its parent and drive the parent."""
+        """Record a finished child's outcome in its parent (for its step and every step that
+        joined it) and drive the parent."""
         eng = self.engine
         child = check_exec(child_id, eng.store.read(child_id, EXEC_ID))
-        if child is None or child.get("status") not in TERMINAL or not child.get("parent") or _is_fence(child):
+        if child is None or child.get("status") not in TERMINAL or not child.get("parent") or is_fence(child):
             return
-        link = child["parent"]
-        seq, run = int(link["seq"]), int(link.get("run") or 0)
-        status = child["status"]
-        err = child.get("error") or {}
-        if status == CANCELLED:
-            err = {"type": "WorkflowCancelledError", "message": f"child {child_id!r} was cancelled"}
-        doc: Doc = {
-            "pk": link["pk"],
-            "id": result_id(seq, run),
-            "type": "result",
-            "run": run,
-            "seq": seq,
-            "name": child.get("workflow"),
-            "child_id": child_id,
-            "ok": status == COMPLETED,
-            "value": child.get("result"),
-            "error": None if status == COMPLETED else err,
-            "completed_at": eng.clock.now(),
-        }
-        eng.driver.drive(str(link["pk"]), carry=[doc], release=[seq])
+        now = eng.clock.now()
+        docs = [child_outcome(child_id, child, link, now) for link in [child["parent"], *joiners_of(child)]]
+        for pk in dict.fromkeys(str(d["pk"]) for d in docs):  # one drive per parent (joiners share it)
+            mine = [d for d in docs if d["pk"] == pk]
+            eng.driver.drive(pk, carry=mine, release=[int(d["seq"]) for d in mine])
         for _ in range(20):
             try:
                 eng.store.replace(
@@ -431,16 +463,20 @@ class Links:
         run, seq = parse_step_id(marker["id"])
         req = ChildRequest(parent_id, seq, str(marker["name"]), dict(marker.get("input") or {}), child_id, run)
         child = check_exec(child_id, eng.store.read(child_id, EXEC_ID))
-        if child is not None and not _is_child_of(child, parent_id, run, seq):
-            # the id is held by another execution: the step fails (never joined, never cancelled)
+        if child is not None and not is_child_of(child, parent_id, run, seq):
+            # the id is held by another execution: joined if it is this parent's same child,
+            # else the step fails (never cancelled); a join left undone stays due
             if self._child_unwanted(req) is None:
-                self._refuse_taken(req, child)
+                if not joinable(child, req):
+                    self._refuse_taken(req, child)
+                elif not self._join(req, child):
+                    return
             self._clear_due(marker)
             return
-        if child is not None and _is_fence(child) and self._child_unwanted(req, fenced=True) is None:
+        if child is not None and is_fence(child) and self._child_unwanted(req, fenced=True) is None:
             child = None  # the parent waits for it again (resumed by an operator): start it
         if child is not None and child.get("status") in TERMINAL:
-            if _is_fence(child):
+            if is_fence(child):
                 self.wake(parent_id)  # never a real outcome: the parent's cancel drive records the step's
             else:
                 self.notify_parent(child_id)
@@ -496,29 +532,3 @@ class Links:
                 doomed = rest
         except Exception:  # leftovers are harmless: ids of an old run are never read again
             log.warning("pruning run %d of %s failed", old_run, execution_id, exc_info=True)
-
-
-def _is_child_of(child: Doc, parent_id: str, run: int, seq: int) -> bool:
-    """Whether ``child`` was created (or fenced) for step ``seq`` of run ``run`` of ``parent_id``."""
-    link = child.get("parent")
-    if not isinstance(link, dict):
-        return False
-    try:
-        return link.get("pk") == parent_id and int(link.get("run") or 0) == run and int(link["seq"]) == seq
-    except (KeyError, TypeError, ValueError):
-        return False
-
-
-def _describe_holder(ex: Doc) -> str:
-    what = f"an execution of {ex.get('workflow')!r} ({ex.get('status')})"
-    link = ex.get("parent")
-    if isinstance(link, dict) and link.get("pk"):
-        return f"{what} that is the child of {link['pk']!r} (run {link.get('run') or 0}, step {link.get('seq')})"
-    return f"{what} that has no parent"
-
-
-def _is_fence(child: Doc) -> bool:
-    """A child id claimed by its parent's cancel (``Links.fence_children``) and never run. Once an
-    operator resumes it (resuming the parent resumes its cancelled children) it is driven and
-    is a real child whose outcome its parent is told."""
-    return bool(child.get("fence")) and not child.get("drives")

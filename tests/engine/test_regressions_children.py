@@ -111,12 +111,12 @@ def test_explicit_child_id_taken_by_an_earlier_child_is_a_clear_error() -> None:
 
 def test_squatted_child_id_fails_the_step_and_leaves_the_squatter_alone() -> None:
     env = WorkflowEnvironment(durable)
-    squatter = env.start(held, _workflow_id="reg-squat-c1")  # someone took the id first
-    h = env.start(victim, "reg-squat-c1", _workflow_id="reg-squat")
+    squatter = env.start(held, _workflow_id="reg-squat-kid")  # someone took the id first
+    h = env.start(victim, "reg-squat-kid", _workflow_id="reg-squat")
     env.run_until_idle()
     assert h.poll().done, f"parent is still {h.status()}: it waits for someone else's execution"
     out = h.result(timeout=0)
-    assert out.startswith("refused: ChildIdTaken:") and "'reg-squat-c1'" in out and "no parent" in out, out
+    assert out.startswith("refused: ChildIdTaken:") and "'reg-squat-kid'" in out and "no parent" in out, out
     assert squatter.status() == "running"
     assert env.signal(squatter, "go", 7)
     env.run_until_idle()
@@ -125,9 +125,9 @@ def test_squatted_child_id_fails_the_step_and_leaves_the_squatter_alone() -> Non
 
 def test_recovery_refuses_a_squatted_child_id_when_the_first_start_was_lost() -> None:
     env = WorkflowEnvironment(durable)
-    env.start(held, _workflow_id="reg-lost-c1")
-    _lose_first_child_start(env, "reg-lost-c1")
-    h = env.start(victim, "reg-lost-c1", _workflow_id="reg-lost")
+    env.start(held, _workflow_id="reg-lost-kid")
+    _lose_first_child_start(env, "reg-lost-kid")
+    h = env.start(victim, "reg-lost-kid", _workflow_id="reg-lost")
     env.run_until_idle()
     assert h.status() == "running"
     _recover(env)
@@ -137,9 +137,9 @@ def test_recovery_refuses_a_squatted_child_id_when_the_first_start_was_lost() ->
 
 def test_cancelling_the_parent_never_cancels_a_squatter() -> None:
     env = WorkflowEnvironment(durable)
-    squatter = env.start(held, _workflow_id="reg-cancel-c1")
-    _lose_first_child_start(env, "reg-cancel-c1")
-    h = env.start(victim, "reg-cancel-c1", _workflow_id="reg-cancel")
+    squatter = env.start(held, _workflow_id="reg-cancel-kid")
+    _lose_first_child_start(env, "reg-cancel-kid")
+    h = env.start(victim, "reg-cancel-kid", _workflow_id="reg-cancel")
     env.run_until_idle()
     assert env.cancel(h)
     env.run_until_idle()
@@ -151,11 +151,11 @@ def test_cancelling_the_parent_never_cancels_a_squatter() -> None:
 def test_lost_start_of_an_own_child_is_still_joined_by_recovery() -> None:
     """The same id, created by this parent step (an earlier attempt's create), is joined, not refused."""
     env = WorkflowEnvironment(durable)
-    _lose_first_child_start(env, "reg-own-c1")
-    h = env.start(victim, "reg-own-c1", _workflow_id="reg-own")
+    _lose_first_child_start(env, "reg-own-kid")
+    h = env.start(victim, "reg-own-kid", _workflow_id="reg-own")
     env.run_until_idle()
     _recover(env)
-    child = env.handle("reg-own-c1")
+    child = env.handle("reg-own-kid")
     assert child.status() == "running"
     assert env.signal(child, "go", 3)
     env.run_until_idle()

@@ -1,0 +1,83 @@
+"""Who holds a child id: the links between a parent step and the child execution under an id.
+
+Pure functions over exec documents, used by :mod:`links` (start, join, refuse, notify, cancel).
+A child is *of* a step when it was created (or fenced) for it; it is *joined* by the other steps
+of the same parent that started the same explicit id with the same workflow and input.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..stores.base import Doc
+from .dispatcher import ChildRequest
+from .model import CANCELLED, COMPLETED, result_id
+
+__all__ = ["is_child_of", "joinable", "joiners_of", "child_outcome", "describe_holder", "is_fence"]
+
+
+def is_child_of(child: Doc, parent_id: str, run: int, seq: int) -> bool:
+    """Whether ``child`` was created (or fenced) for step ``seq`` of run ``run`` of ``parent_id``."""
+    link = child.get("parent")
+    if not isinstance(link, dict):
+        return False
+    try:
+        return link.get("pk") == parent_id and int(link.get("run") or 0) == run and int(link["seq"]) == seq
+    except (KeyError, TypeError, ValueError):
+        return False
+
+
+def joinable(child: Doc, req: ChildRequest) -> bool:
+    """Whether step ``req`` may join ``child``: this parent's child (of any step or run, not a
+    fence) of the same workflow and input. Another input would silently give the step a result
+    computed from other arguments (as Stripe refuses a reused idempotency key): refused instead."""
+    link = child.get("parent")
+    return (
+        isinstance(link, dict)
+        and link.get("pk") == req.parent_id
+        and not is_fence(child)
+        and child.get("workflow") == req.workflow
+        and child.get("payload") == req.payload
+    )
+
+
+def joiners_of(child: Doc) -> list[dict[str, Any]]:
+    """The parent steps that joined ``child`` (``{"pk", "run", "seq"}``; shape checked by ``check_exec``)."""
+    return [dict(j) for j in child.get("joiners") or []]
+
+
+def child_outcome(child_id: str, child: Doc, link: dict[str, Any], now: float) -> Doc:
+    """The outcome document of the parent step at ``link`` for the finished ``child``."""
+    seq, run = int(link["seq"]), int(link.get("run") or 0)
+    status = child["status"]
+    err = child.get("error") or {}
+    if status == CANCELLED:
+        err = {"type": "WorkflowCancelledError", "message": f"child {child_id!r} was cancelled"}
+    return {
+        "pk": link["pk"],
+        "id": result_id(seq, run),
+        "type": "result",
+        "run": run,
+        "seq": seq,
+        "name": child.get("workflow"),
+        "child_id": child_id,
+        "ok": status == COMPLETED,
+        "value": child.get("result"),
+        "error": None if status == COMPLETED else err,
+        "completed_at": now,
+    }
+
+
+def describe_holder(ex: Doc) -> str:
+    what = f"an execution of {ex.get('workflow')!r} ({ex.get('status')})"
+    link = ex.get("parent")
+    if isinstance(link, dict) and link.get("pk"):
+        return f"{what} that is the child of {link['pk']!r} (run {link.get('run') or 0}, step {link.get('seq')})"
+    return f"{what} that has no parent"
+
+
+def is_fence(child: Doc) -> bool:
+    """A child id claimed by its parent's cancel (``Links.fence_children``) and never run. Once an
+    operator resumes it (resuming the parent resumes its cancelled children) it is driven and
+    is a real child whose outcome its parent is told."""
+    return bool(child.get("fence")) and not child.get("drives")
