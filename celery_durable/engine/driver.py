@@ -18,7 +18,7 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConflictError, CorruptDocument
+from ..errors import ConflictError, CorruptDocument, DocumentTooLarge
 from ..observability import span
 from ..stores.base import Doc, Op, strip_reserved
 from .checks import check_partition
@@ -76,6 +76,18 @@ def _as_of(doc: Doc, ex: Doc | None) -> Doc:
     return doc | {"signals_seen": int(ex.get("signal_seq") or 0)}
 
 
+def _oversized(exc: DocumentTooLarge, carry: list[Doc]) -> list[Doc]:
+    """``carry`` with the outcome ``exc`` names recorded as its step's failure instead: a value
+    too large to store fails the activity (non-retryable; its body is not run again). Re-raises
+    ``exc`` when it names no carried outcome with a value."""
+    for i, d in enumerate(carry):
+        if d["id"] == exc.doc_id and d.get("ok"):
+            failed = {k: v for k, v in d.items() if k != "value"}
+            failed.update(ok=False, error=error_info(exc, attempts=d.get("attempts")))
+            return [*carry[:i], failed, *carry[i + 1 :]]
+    raise exc
+
+
 class Driver:
     def __init__(self, engine: EngineParts) -> None:
         self.engine = engine
@@ -114,6 +126,8 @@ class Driver:
         release = list(release)
         orphan_sends: dict[str, Send] = {}
         committed: tuple[Doc, Replay] | None = None
+        #: why this drive fails the execution: a document it must write is too large to store
+        oversize: dict[str, Any] | None = None
         try:
             for round_ in range(MAX_ROUNDS):
                 try:
@@ -157,6 +171,9 @@ class Driver:
                     except ConflictError:
                         eng.cache.suspect(execution_id)  # changed, or deleted (purged)
                         continue
+                    except DocumentTooLarge as exc:
+                        carry = _oversized(exc, carry)
+                        continue
                     return "deferred"
                 if not holding and conflicts >= eng.settings.optimistic_attempts:
                     # contention: take the lease (with ours recorded) so others defer to us
@@ -171,12 +188,16 @@ class Driver:
                         carry, release = [], []
                     except ConflictError:
                         eng.cache.suspect(execution_id)
+                    except DocumentTooLarge as exc:
+                        carry = _oversized(exc, carry)
                     continue
                 history = dict(docs)
                 for d in carry_new:
                     history[d["id"]] = d
                 try:
                     replay = self.replay(ex, history, now)
+                    if oversize is not None:  # what it decided does not fit the store: it fails
+                        replay = Replay("failed", error=oversize, steps=replay.steps)
                     ops = self._commit_ops(ex, docs, carry_new, release, replay, now)
                 except (KeyError, TypeError, ValueError, AttributeError) as exc:
                     # user code's errors are caught inside replay: what escapes is a document
@@ -193,6 +214,16 @@ class Driver:
                     eng.cache.suspect(execution_id)
                     conflicts += 1
                     eng.counters.incr("drive_conflict")
+                    continue
+                except DocumentTooLarge as exc:
+                    # a carried outcome too large: its activity fails; else (the workflow's result,
+                    # a new step's arguments) the execution fails, recorded by the next round
+                    if any(d["id"] == exc.doc_id for d in carry):
+                        carry = _oversized(exc, carry)
+                    elif oversize is None:
+                        oversize = error_info(exc)
+                    else:
+                        raise
                     continue
                 log.debug(
                     "drive %s: %s after %d steps (%d new documents, %d sends)",
@@ -379,7 +410,10 @@ class Driver:
 
     def _record(self, docs: list[Doc]) -> None:
         for d in docs:
-            self.engine.store.create(d)
+            try:
+                self.engine.store.create(d)
+            except DocumentTooLarge as exc:
+                self.engine.store.create(_oversized(exc, [d])[0])
 
     @staticmethod
     def _release_ops(docs: dict[str, Doc], release: list[int], run: int) -> list[Op]:

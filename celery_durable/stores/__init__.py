@@ -12,6 +12,7 @@ from typing import Any
 
 from ..errors import ConfigurationError
 from .base import MAX_BATCH_OPS, MAX_DOC_BYTES, Doc, DueRef, Op, PartitionRead, Store
+from .offload import DEFAULT_MAX_PAYLOAD, offloaded
 
 __all__ = [
     "Store",
@@ -40,8 +41,12 @@ def register_backend(scheme: str, target: str) -> None:
     BACKEND_ALIASES[scheme] = target
 
 
-def store_from_url(url: str, **options: Any) -> Store:
-    """Build a store from a URL such as ``sqlite:///var/lib/app/durable.db``."""
+def store_from_url(url: str, *, max_payload: int | None = None, **options: Any) -> Store:
+    """Build a store from a URL such as ``sqlite:///var/lib/app/durable.db``.
+
+    Every backend gets :class:`~.offload.Offloading` mixed in: documents over the item limit
+    (2 MB) are stored as chunk documents, up to ``max_payload`` bytes (default 64 MiB).
+    """
     scheme = url.split(":", 1)[0].lower() if ":" in url else ""
     target = BACKEND_ALIASES.get(scheme)
     if target is None:
@@ -54,4 +59,4 @@ def store_from_url(url: str, **options: Any) -> Store:
         raise ConfigurationError(f"store backend {scheme!r} is not available: {exc}") from exc
     factory = getattr(module, attr)
     store: Store = factory(url, **options)
-    return store
+    return offloaded(store, DEFAULT_MAX_PAYLOAD if max_payload is None else max_payload)

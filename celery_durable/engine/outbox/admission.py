@@ -17,7 +17,15 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-from ...errors import ConflictError, DocumentTooLarge, DurableError, IdempotencyConflict, LaneFull, StoreError
+from ...errors import (
+    ConflictError,
+    DocumentTooLarge,
+    DurableError,
+    IdempotencyConflict,
+    LaneFull,
+    PayloadTooLarge,
+    StoreError,
+)
 from ...stores.base import Doc, Op, check_doc
 from .model import (
     DUE_LANE,
@@ -203,10 +211,15 @@ class Admission:
     # --- admission --------------------------------------------------------------------------
 
     def check_size(self, effect: Doc, source: Doc | None = None) -> None:
-        """Raise :class:`DocumentTooLarge` before anything is written (a refused enqueue must not
-        keep the id: the corrected retry would be a conflict)."""
+        """Raise :class:`PayloadTooLarge` before anything is written (a refused enqueue must not
+        keep the id: the corrected retry would be a conflict). An offloading store takes rows up
+        to its ``max_payload`` (stores/offload.py)."""
         probe = new_row(effect, source, "0" * 32) | {"seq": 2**53, "token": "0" * 32}
-        check_doc(probe | {"lease": {"owner": "x" * 64, "expires": 0.0}}, self.store.max_doc_bytes)
+        limit = int(getattr(self.store, "max_payload", self.store.max_doc_bytes))
+        try:
+            check_doc(probe | {"lease": {"owner": "x" * 64, "expires": 0.0}}, limit)
+        except DocumentTooLarge as exc:
+            raise PayloadTooLarge(exc.doc_id, exc.size, exc.limit) from None
 
     def admit(self, effect: Doc, source: Doc | None = None) -> Admitted:
         self.check_size(effect, source)
