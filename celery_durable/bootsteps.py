@@ -17,22 +17,82 @@ A cold shutdown (:meth:`DurableStep.terminate`) stops at once. Pool child proces
 have no bootsteps: there the ``worker_process_init`` and ``worker_process_shutdown`` signals
 (signals/receivers.py) reset the store after the fork and, once the child finished its tasks and
 exits, do the same release. Before the worker starts, :class:`DurableStep` refuses a pool that
-could not stop the effect handlers this worker would run (:func:`celery_durable.pools.check_worker`).
+could not stop the effect handlers this worker would run (:func:`celery_durable.pools.check_worker`)
+and a store it cannot use (:func:`check_store`): a wrong or unreachable store URL, or a mistyped
+``durable_*`` setting, exits the worker with one line before it reports ready, instead of a worker
+that is "ready" and fails every drive.
+
+Importing this module also adds the store URL to what Celery censors (:func:`install_censoring`).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
+import celery.app.utils as celery_app_utils
 from celery import bootsteps
 
-from .extension import durable_of
+from .extension import DurableLike, durable_of
 from .pools import check_worker
+from .settings import censor_conf, redact_url
 
-__all__ = ["DurableStep", "DurableShutdownStep"]
+__all__ = ["DurableStep", "DurableShutdownStep", "check_store", "install_censoring"]
 
 log = logging.getLogger("celery_durable.worker")
+
+#: the start-up check reads this document, which never exists (one point read: ~1 RU on Cosmos)
+PROBE_PK, PROBE_ID = "celery_durable.startup_check", "probe"
+
+
+def check_store(durable: DurableLike) -> None:
+    """Read the settings, open the store and read one document; if any fails, exit (one line).
+
+    :class:`SystemExit` with the message: ``celery worker`` prints a traceback for any other
+    exception, while Python prints the message of a ``SystemExit`` alone on stderr and exits with
+    status 1. Runs in the worker's main process before any pool child exists, so the
+    connection it opened is closed again (children must not inherit it).
+    """
+    try:
+        durable.settings  # noqa: B018 - unknown keys, bad values
+    except Exception as exc:
+        raise SystemExit(_one_line("bad configuration", exc)) from None
+    built = durable.engine_if_built is not None
+    try:
+        store = durable.engine.store
+        store.read(PROBE_PK, PROBE_ID)
+    except Exception as exc:
+        raise SystemExit(_one_line("cannot use the store", exc)) from None
+    if not built:
+        store.close()
+
+
+def _one_line(what: str, exc: Exception) -> str:
+    reason = redact_url(" ".join(f"{type(exc).__name__}: {exc}".split()))
+    return f"celery_durable: {what}, not starting this worker: {reason}"
+
+
+def install_censoring() -> None:
+    """Make Celery censor ``durable_store_url`` (``celery report``, ``celery inspect conf/report``).
+
+    Celery censors by setting *name* in ``celery.app.utils.filter_hidden_settings``, which
+    ``Settings.table(censored=True)`` (and so ``humanize``) looks up at each call; the store URL's
+    name matches none of its patterns though it may carry a Cosmos key. Wrapped once per process.
+    """
+    original = celery_app_utils.filter_hidden_settings
+    if getattr(original, "celery_durable", False):
+        return
+
+    @functools.wraps(original)
+    def filter_hidden_settings(conf: Any) -> Any:
+        return censor_conf(original(conf))
+
+    setattr(filter_hidden_settings, "celery_durable", True)  # noqa: B010 - a marker mypy allows
+    celery_app_utils.filter_hidden_settings = filter_hidden_settings
+
+
+install_censoring()
 
 
 class DurableStep(bootsteps.StartStopStep):
@@ -41,8 +101,15 @@ class DurableStep(bootsteps.StartStopStep):
     def __init__(self, worker: Any, **kwargs: Any) -> None:
         super().__init__(worker, **kwargs)
         self.durable = durable_of(worker.app)
-        # before the worker connects: a gevent/eventlet worker must not take effects it cannot stop
+        # before the worker connects: a gevent/eventlet worker must not take effects it cannot stop,
+        # and no worker may report ready on a store it cannot use
         check_worker(worker, self.durable)
+        try:
+            check_store(self.durable)
+        except SystemExit as exc:
+            if getattr(worker, "logfile", None):  # --logfile / --detach: stderr may go unread
+                log.critical("%s", exc.code)
+            raise
 
     def start(self, worker: Any) -> None:
         log.debug("celery_durable: worker started (store %s)", self.durable.settings.store_url_redacted)

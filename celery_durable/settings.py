@@ -2,8 +2,10 @@
 
 Every field is settable from ``app.conf`` as ``durable_<field>`` (seconds, or a ``timedelta``)
 and from ``Durable(app, <field>=...)``; an unknown ``durable_*`` key raises with a suggestion, so
-a typo cannot silently fall back to a default store. The engine, the outbox and the Celery glue
-all read this one object (the outbox engine takes a view of it: ``OutboxSettings.of(settings)``).
+a typo cannot silently fall back to a default store. Under a Celery namespace
+(``config_from_object(..., namespace="CELERY")``) the keys are ``CELERY_DURABLE_*``. The engine,
+the outbox and the Celery glue all read this one object (the outbox engine takes a view of it:
+``OutboxSettings.of(settings)``).
 
 =====================================  ==========================  ===============================
 setting                                default                     meaning
@@ -22,6 +24,8 @@ setting                                default                     meaning
 ``durable_install_beat``               True                        add the beat entries
 ``durable_unknown_retry_delay``        60 s                        workflow unknown here → retried
 ``durable_max_lost_attempts``          10                          lost activity attempts → failed
+``durable_max_payload``                64 MiB                      largest document (payload) stored,
+                                                                   offloaded in chunks past 2 MB
 ``durable_optimistic_attempts``        2                           drive conflicts → take the lease
 ``durable_trust_cache_for``            2 s                         inline drive reuses a fresh read
 ``durable_outbox_scan_interval``       5 s                         beat: lost effects, due retries
@@ -41,6 +45,7 @@ import difflib
 import math
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from datetime import timedelta
 from typing import Any
@@ -48,7 +53,7 @@ from urllib.parse import unquote
 
 from .errors import ConfigurationError
 
-__all__ = ["Settings", "DurableSettings", "DEFAULT_STORE_URL", "redact_url"]
+__all__ = ["Settings", "DurableSettings", "DEFAULT_STORE_URL", "redact_url", "censor_conf"]
 
 DEFAULT_STORE_URL = "sqlite:///celery_durable.db"
 
@@ -83,6 +88,25 @@ def redact_url(url: str) -> str:
     return _USERINFO.sub(r"\1***@", _SECRET_PARAM.sub(r"\1***", url))
 
 
+#: ``durable_store_url`` under any namespace (``CELERY_DURABLE_STORE_URL``), any case
+_STORE_URL_KEY = re.compile(r"(?i)(?:^|_)durable_store_url$")
+
+
+def censor_conf(table: Mapping[Any, Any]) -> dict[Any, Any]:
+    """A Celery config table with every store URL passed through :func:`redact_url`.
+
+    Celery censors settings by *name* (``celery.app.utils.HIDDEN_SETTINGS``: KEY, SECRET,
+    PASS...); ``durable_store_url`` matches none, yet a ``cosmos://`` URL may carry the account
+    key. The Celery glue adds this to Celery's filter (``celery report``, ``celery inspect conf``).
+    """
+    return {
+        key: redact_url(value)
+        if isinstance(key, str) and isinstance(value, str) and _STORE_URL_KEY.search(key)
+        else value
+        for key, value in table.items()
+    }
+
+
 @dataclass(frozen=True)
 class Settings:
     """Every ``durable_*`` setting, typed and validated once."""
@@ -103,6 +127,9 @@ class Settings:
     unknown_retry_delay: float = 60.0
     #: times an activity may be lost (worker killed) before it is failed
     max_lost_attempts: int = 10
+    #: bytes (compact JSON) of the largest document stored: one over the store's item limit is
+    #: offloaded into chunk documents (stores/offload.py); one over this fails with PayloadTooLarge
+    max_payload: int = 64 * 1024 * 1024
     #: conflicts tolerated in optimistic drives before taking the exec lease
     optimistic_attempts: int = 2
     #: an activity's inline drive reuses the partition read at its start if younger than this
@@ -156,18 +183,15 @@ class Settings:
         """
         known = {f.name: f for f in fields(cls)}
         values: dict[str, Any] = {}
-        keys = list(conf.keys()) if hasattr(conf, "keys") else []
-        for key in keys:
-            if isinstance(key, str) and key.lower().startswith(PREFIX):
-                name = key[len(PREFIX) :].lower()
-                if name not in known:
-                    raise ConfigurationError(_unknown(key))
-                value = conf.get(key)
-                if value is not None:
-                    values[name] = value
+        for key, name in _durable_keys(conf):
+            if name not in known:
+                raise ConfigurationError(_unknown(key, name))
+            value = conf.get(key)
+            if value is not None:
+                values[name] = value
         for name, value in overrides.items():
             if name not in known:
-                raise ConfigurationError(_unknown(PREFIX + name))
+                raise ConfigurationError(_unknown(PREFIX + name, name))
             if value is not None:
                 values[name] = value
         for name, value in list(values.items()):
@@ -179,9 +203,30 @@ class Settings:
 DurableSettings = Settings
 
 
-def _unknown(key: str) -> str:
+def _durable_keys(conf: Any) -> list[tuple[str, str]]:
+    """``(key, field name)`` of every ``durable_*`` key of ``conf``, namespaced ones last (they win).
+
+    Under ``config_from_object(..., namespace="CELERY")`` (Django) Celery reads its own keys as
+    ``CELERY_<key>``, and so must we: skipping ``CELERY_DURABLE_STORE_URL`` would silently give
+    this process the default store.
+    """
+    keys = [k for k in (conf.keys() if hasattr(conf, "keys") else ()) if isinstance(k, str)]
+    namespace = str(getattr(conf, "prefix", None) or "").lower()  # set once the keys were read
+    plain: list[tuple[str, str]] = []
+    namespaced: list[tuple[str, str]] = []
+    for key in keys:
+        lowered = key.lower()
+        if namespace and lowered.startswith(namespace + PREFIX):
+            namespaced.append((key, lowered[len(namespace) + len(PREFIX) :]))
+        elif lowered.startswith(PREFIX):
+            plain.append((key, lowered[len(PREFIX) :]))
+    return plain + namespaced
+
+
+def _unknown(key: str, name: str) -> str:
+    """The message for an unknown ``key`` (``name``: what follows ``durable_``, namespace removed)."""
     names = [PREFIX + f.name for f in fields(Settings)]
-    close = difflib.get_close_matches(key.lower(), names, n=1, cutoff=0.6)
+    close = difflib.get_close_matches(PREFIX + name.lower(), names, n=1, cutoff=0.6)
     hint = f"; did you mean {close[0]!r}?" if close else f" (known: {', '.join(names)})"
     return f"unknown setting {key!r}{hint}"
 

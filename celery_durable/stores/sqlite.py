@@ -32,6 +32,7 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from ..errors import ConfigurationError, ConflictError, CorruptDocument, StoreUnavailable
+from ._sqlite_files import DEFAULT_FILE_MODE, check_file_mode, create_file
 from .base import (
     CORRUPT_KEY,
     Doc,
@@ -49,7 +50,7 @@ from .base import (
     encode_keyset,
 )
 
-__all__ = ["SqliteStore", "from_url", "DEFAULT_BUSY_TIMEOUT"]
+__all__ = ["SqliteStore", "from_url", "DEFAULT_BUSY_TIMEOUT", "DEFAULT_FILE_MODE"]
 
 #: seconds a connection waits for another writer's lock before giving up
 DEFAULT_BUSY_TIMEOUT = 5.0
@@ -151,13 +152,16 @@ class SqliteStore(Store):
     _wait_first = WAIT_FIRST
     _wait_max = WAIT_MAX
 
-    def __init__(self, path: str, *, busy_timeout: float = DEFAULT_BUSY_TIMEOUT) -> None:
+    def __init__(
+        self, path: str, *, busy_timeout: float = DEFAULT_BUSY_TIMEOUT, file_mode: int = DEFAULT_FILE_MODE
+    ) -> None:
         if not path or path == ":memory:" or path.startswith("file::memory:"):
             raise ConfigurationError("the sqlite store needs a file path (an in-memory database is not shared)")
         if busy_timeout < 0:
             raise ConfigurationError(f"busy_timeout must be >= 0 seconds, got {busy_timeout}")
         self.path = path
         self.busy_timeout = float(busy_timeout)
+        self.file_mode = check_file_mode(file_mode)
         self._lock = threading.Lock()
         self._idle: list[sqlite3.Connection] = []  # readers: SQLite's busy handler waits for them
         self._idle_writers: list[sqlite3.Connection] = []  # no busy handler: _begin waits for the lock
@@ -172,6 +176,8 @@ class SqliteStore(Store):
     # connections ------------------------------------------------------------------------
 
     def _connect(self) -> sqlite3.Connection:
+        if not self._schema_ready:  # 0600, not SQLite's 0644 (stores/_sqlite_files.py)
+            create_file(self.path, self.file_mode)
         conn = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False)
         try:
             conn.execute("PRAGMA synchronous = NORMAL")
@@ -552,7 +558,9 @@ def from_url(url: str, **options: Any) -> SqliteStore:
     """``sqlite:///relative/path.db`` or ``sqlite:////absolute/path.db``.
 
     Options (keyword or URL query): ``busy_timeout`` — seconds to wait for another writer's lock
-    (default 5). Example: ``sqlite:////var/lib/app/durable.db?busy_timeout=10``.
+    (default 5); ``file_mode`` — permissions of a file the store creates, octal (default ``0600``;
+    SQLite gives the ``-wal``/``-shm`` files the same). Example:
+    ``sqlite:////var/lib/app/durable.db?busy_timeout=10&file_mode=0640``.
     """
     parts = urlsplit(url)
     if parts.scheme.lower() != "sqlite":
@@ -562,11 +570,11 @@ def from_url(url: str, **options: Any) -> SqliteStore:
     path = unquote(parts.path[1:] if parts.path.startswith("/") else parts.path)
     settings: dict[str, Any] = dict(parse_qsl(parts.query))
     settings.update(options)
-    unknown = set(settings) - {"busy_timeout"}
+    unknown = set(settings) - {"busy_timeout", "file_mode"}
     if unknown:
         raise ConfigurationError(f"unknown sqlite store option(s): {', '.join(sorted(unknown))}")
     try:
         busy_timeout = float(settings.get("busy_timeout", DEFAULT_BUSY_TIMEOUT))
     except (TypeError, ValueError) as exc:
         raise ConfigurationError(f"busy_timeout must be a number of seconds: {exc}") from exc
-    return SqliteStore(path, busy_timeout=busy_timeout)
+    return SqliteStore(path, busy_timeout=busy_timeout, file_mode=settings.get("file_mode", DEFAULT_FILE_MODE))
