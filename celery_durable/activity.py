@@ -9,23 +9,28 @@ keep their meaning: the attempt loop *is* Celery's.
 
 from __future__ import annotations
 
+import inspect
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from datetime import datetime
 from typing import Any, ParamSpec, Protocol, TypeVar, overload
 
 from celery import Task, shared_task
-from celery._state import connect_on_app_finalize
+from celery._state import _get_active_apps, connect_on_app_finalize
+from celery.app.autoretry import add_autoretry_behaviour
 from celery.exceptions import Retry
+from celery.local import PromiseProxy, Proxy
 
 from .codecs import codec_for
+from .engine.activity import run_awaitable, sync_callable
 from .engine.context import DurableFuture, current_context, require_context
 from .engine.registry import GLOBAL_ACTIVITIES, ActivityDef
 from .errors import NonRetryableError, StoreUnavailable
 from .extension import durable_of
 from .observability import span
+from .retry import TaskRetry
 
-__all__ = ["durable_activity", "ActivityTask", "DurableActivityTask", "DURABLE_HEADER"]
+__all__ = ["durable_activity", "ActivityTask", "DurableActivityTask", "DURABLE_HEADER", "task_retry"]
 
 log = logging.getLogger("celery_durable.activity")
 
@@ -109,6 +114,21 @@ def _definition(task: Task) -> ActivityDef:
     return definition
 
 
+def task_retry(task: Task) -> TaskRetry:
+    """``task``'s automatic retries as a worker applies them (Celery's autoretry wrapper, then
+    ``retry()``: ``retry_kwargs`` may override ``max_retries`` and the countdown)."""
+    retry_kwargs = dict(getattr(task, "retry_kwargs", None) or {})
+    countdown = retry_kwargs.get("countdown")
+    return TaskRetry(
+        autoretry_for=tuple(getattr(task, "autoretry_for", ()) or ()),
+        dont_autoretry_for=_with_non_retryable(getattr(task, "dont_autoretry_for", ())),
+        max_retries=retry_kwargs.get("max_retries", task.max_retries),
+        countdown=float(task.default_retry_delay if countdown is None else countdown),
+        retry_backoff=float(getattr(task, "retry_backoff", False) or 0),
+        retry_backoff_max=float(getattr(task, "retry_backoff_max", 600)),
+    )
+
+
 def _countdown(exc: Retry) -> float:
     when = exc.when
     if isinstance(when, datetime):
@@ -171,7 +191,8 @@ def _run_attempt(task: Task, meta: dict[str, Any], args: tuple[Any, ...], kwargs
                 extra={"workflow_id": execution_id, "step": seq, "attempt": attempt.number},
             )
             with span("activity", activity=task.name, execution_id=execution_id, step=seq, attempt=attempt.number):
-                value = task.run(*dargs, **dkwargs)
+                # run_awaitable: a coroutine from a task made durable some other way
+                value = run_awaitable(task.run(*dargs, **dkwargs))
             doc = runner.result_doc(attempt, value=definition.codec.encode_result(value))
         except Retry as exc:
             if not getattr(task.request, "durable_released", False):  # a retry() bypassing ours
@@ -206,47 +227,123 @@ class ActivityTask(Protocol[P, R]):
     def apply_async(self, *args: Any, **kwargs: Any) -> Any: ...
 
 
+class ActivityDecorator(Protocol):
+    """What ``@durable_activity(...)`` with options returns: an ``async def`` activity is
+    called (in a workflow and outside) for its awaited result."""
+
+    @overload
+    def __call__(self, fn: Callable[P, Coroutine[Any, Any, R]]) -> ActivityTask[P, R]: ...
+    @overload
+    def __call__(self, fn: Callable[P, R]) -> ActivityTask[P, R]: ...
+
+
+@overload
+def durable_activity(fn: Callable[P, Coroutine[Any, Any, R]]) -> ActivityTask[P, R]: ...
 @overload
 def durable_activity(fn: Callable[P, R]) -> ActivityTask[P, R]: ...
 @overload
-def durable_activity(*, name: str | None = None, **options: Any) -> Callable[[Callable[P, R]], ActivityTask[P, R]]: ...
+def durable_activity(*, name: str | None = None, **options: Any) -> ActivityDecorator: ...
 def durable_activity(fn: Any = None, *, name: str | None = None, **options: Any) -> Any:
     """Declare a durable activity.
 
     On a plain function it creates a Celery shared task (``options`` are Celery task
-    options). Stacked on ``@app.task`` or ``@shared_task`` it upgrades that task in place.
+    options). Stacked on ``@app.task`` or ``@shared_task`` it upgrades that task in place
+    (``@durable_activity`` goes on top). An ``async def`` function runs to completion with
+    ``asyncio.run`` wherever the task runs.
     """
 
     def wrap(target: Any) -> Any:
+        # type(), not isinstance(): a proxy claims its target's class, and asking evaluates it
+        if issubclass(type(target), Proxy):
+            return _upgrade_proxy(target)
         if isinstance(target, Task):
             return _upgrade(target)
-        if hasattr(target, "__wrapped__") and type(target).__name__ == "Proxy":
-            return _upgrade_proxy(target)
         task_name = name or f"{target.__module__}.{target.__qualname__}"
-        _register(task_name, target)
-        return shared_task(name=task_name, base=DurableActivityTask, **options)(target)
+        run = sync_callable(target)
+        _register(task_name, run)
+        if "dont_autoretry_for" in options:  # Celery takes the option over the class attribute
+            options["dont_autoretry_for"] = _with_non_retryable(options["dont_autoretry_for"])
+        return shared_task(name=task_name, base=DurableActivityTask, **options)(run)
 
     return wrap(fn) if fn is not None else wrap
 
 
+def _with_non_retryable(classes: Any) -> tuple[type[BaseException], ...]:
+    dont = tuple(classes or ())
+    return dont if NonRetryableError in dont else (*dont, NonRetryableError)
+
+
 def _upgrade(task: Task) -> Task:
+    """Make ``task`` (a real task object, not a proxy) a durable activity, in place."""
     cls = type(task)
     if not issubclass(cls, DurableActivityTask):
-        dont = tuple(getattr(task, "dont_autoretry_for", ()) or ()) + (NonRetryableError,)
+        dont = _with_non_retryable(getattr(task, "dont_autoretry_for", ()))
         task.__class__ = type(cls.__name__, (DurableActivityTask, cls), {"dont_autoretry_for": dont})
-    fn = getattr(task, "_orig_run", None) or task.run
-    _register(task.name, fn)
+        # Celery's autoretry wrapper was built with the task's options of then (its
+        # dont_autoretry_for lacked NonRetryableError) around the function as it was (maybe
+        # async): rebuild it around the synchronous function, with the options of now.
+        orig = task.__dict__.pop("_orig_run", None)
+        if orig is not None:
+            task.__dict__.pop("run", None)
+        fn = orig if orig is not None else task.run
+        if inspect.iscoroutinefunction(fn):
+            task.run = sync_callable(fn)
+        if orig is not None or inspect.iscoroutinefunction(fn):
+            add_autoretry_behaviour(task)
+    _register(task.name, getattr(task, "_orig_run", None) or task.run)
     return task
 
 
-def _upgrade_proxy(proxy: Any) -> Any:
-    # ``@shared_task`` returns a lazy proxy; upgrade the real task in every app as it finalizes.
-    task_name = proxy.name
+def _shared_origin(proxy: Proxy) -> tuple[Callable[..., Any], str | None] | None:
+    """The function and explicit name behind ``@shared_task``'s proxy, without evaluating it.
 
-    @connect_on_app_finalize
-    def _on_finalize(app: Any) -> None:
-        if task_name in app.tasks:
-            _upgrade(app.tasks[task_name])
+    Evaluating it would finalize the current app at import time (Celery does that on first
+    use only). Read from the proxy's closure; ``None`` if this Celery builds it otherwise.
+    """
+    try:
+        local = object.__getattribute__(proxy, "_Proxy__local")
+        cells = dict(zip(local.__code__.co_freevars, local.__closure__ or (), strict=True))
+        fun = cells["fun"].cell_contents
+        name = cells["name"].cell_contents
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return None
+    return (fun, name) if callable(fun) and (name is None or isinstance(name, str)) else None
 
-    _upgrade(proxy._get_current_object())
+
+def _upgrade_proxy(proxy: Proxy) -> Proxy:
+    """``@shared_task`` (a lazy proxy) or ``@app.task`` on an unfinalized app (a promise)."""
+    if issubclass(type(proxy), PromiseProxy):  # one app's task, created when the promise is evaluated
+        proxy.__then__(lambda: _upgrade(proxy._get_current_object()))
+        return proxy
+    origin = _shared_origin(proxy)
+    if origin is None:  # unknown proxy layout: resolve it now, in the current app
+        task_name = proxy.name
+
+        def find(app: Any) -> Task | None:
+            return app._tasks.get(task_name)
+    else:
+        fun, explicit = origin
+
+        def find(app: Any) -> Task | None:
+            return app._tasks.get(explicit or app.gen_task_name(fun.__name__, fun.__module__))
+
+        if explicit is not None:  # known now: the environment finds it before any app exists
+            _register(explicit, sync_callable(fun))
+
+    def on_finalize(app: Any) -> None:
+        task = find(app)
+        if task is not None:
+            _upgrade(task)
+        else:  # finalizers run in no set order: shared_task's may come after this one
+            app.on_after_finalize.connect(lambda **_: _upgrade_in(app), weak=False)
+
+    def _upgrade_in(app: Any) -> None:
+        task = find(app)
+        if task is not None:
+            _upgrade(task)
+
+    connect_on_app_finalize(on_finalize)
+    for app in _get_active_apps():
+        if app.finalized:
+            _upgrade_in(app)
     return proxy

@@ -1,4 +1,5 @@
-"""Retry policy as data (like Temporal's ``RetryPolicy``), used by the effect outbox."""
+"""Retry policies as data: :class:`RetryPolicy` (like Temporal's, used by the effect outbox) and
+:class:`TaskRetry` (a Celery task's automatic retry options, as a worker applies them)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-__all__ = ["RetryPolicy"]
+__all__ = ["RetryPolicy", "TaskRetry"]
 
 
 @dataclass(frozen=True)
@@ -44,3 +45,36 @@ class RetryPolicy:
     def should_retry(self, attempt: int, exc: BaseException) -> bool:
         """Whether a failure of attempt ``attempt`` gets another try."""
         return attempt < self.maximum_attempts and not isinstance(exc, self.non_retryable)
+
+
+@dataclass(frozen=True)
+class TaskRetry:
+    """A Celery task's automatic retries (``autoretry_for``, ``max_retries`` …) as a worker runs them.
+
+    Lets an in-process runner (the test environment) retry exactly what a worker would, as many
+    times. Delays are Celery's without jitter: ``retry_backoff`` gives
+    ``min(retry_backoff_max, factor * 2**retries)``, otherwise ``countdown`` (the task's
+    ``default_retry_delay``, or ``retry_kwargs["countdown"]``).
+    """
+
+    autoretry_for: tuple[type[BaseException], ...] = ()
+    dont_autoretry_for: tuple[type[BaseException], ...] = ()
+    #: retries after the first attempt; ``None``: retry forever (Celery's meaning)
+    max_retries: int | None = 3
+    countdown: float = 180.0
+    #: backoff factor in seconds (``True`` is 1); 0: no backoff
+    retry_backoff: float = 0.0
+    retry_backoff_max: float = 600.0
+
+    def next_delay(self, retries: int, exc: BaseException) -> float | None:
+        """Seconds before the next attempt after ``exc`` ended the attempt that followed
+        ``retries`` retries; ``None`` when Celery would not retry (the failure is final)."""
+        if not isinstance(exc, self.autoretry_for) or isinstance(exc, self.dont_autoretry_for):
+            return None
+        if self.max_retries is not None and retries + 1 > self.max_retries:
+            return None
+        if self.retry_backoff:
+            factor = int(max(1.0, self.retry_backoff))
+            # 2**retries overflows nothing here: Python ints, capped right away
+            return float(min(self.retry_backoff_max, factor * 2 ** min(retries, 64)))
+        return max(0.0, float(self.countdown))

@@ -10,8 +10,14 @@ trips per activity on the common path: query, lease, commit.
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
+import functools
+import inspect
 import logging
+import threading
 import uuid
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConflictError, StoreError
@@ -21,9 +27,59 @@ from .model import DUE_ACTIVITY, EXEC_ID, TERMINAL, Attempt, error_info, lease_l
 if TYPE_CHECKING:
     from .parts import EngineParts
 
-__all__ = ["Attempt", "ActivityRunner"]
+__all__ = ["Attempt", "ActivityRunner", "run_awaitable", "sync_callable"]
 
 log = logging.getLogger("celery_durable.activity")
+
+
+def run_awaitable(value: Any) -> Any:
+    """``value`` itself, or, for an awaitable (an ``async def`` activity's call), its result.
+
+    Run by ``asyncio.run`` in a fresh loop. When a loop already runs in this thread (an async
+    test driving the environment, an async caller) it cannot be blocked on, so the coroutine
+    gets its own loop on a helper thread (with this thread's context variables).
+    """
+    if not inspect.isawaitable(value):
+        return value
+
+    async def main() -> Any:
+        return await value
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(main())
+    box: dict[str, Any] = {}
+    ctx = contextvars.copy_context()
+
+    def target() -> None:
+        try:
+            box["value"] = ctx.run(asyncio.run, main())
+        except BaseException as exc:  # re-raised in the caller's thread
+            box["error"] = exc
+
+    helper = threading.Thread(target=target, name="celery-durable-async-activity")
+    helper.start()
+    helper.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def sync_callable(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn``, or for an ``async def`` function a synchronous wrapper running it to completion.
+
+    The wrapper keeps ``fn``'s name, signature and hints (``__wrapped__``), so codecs and
+    Celery's argument checks see the original function.
+    """
+    if not inspect.iscoroutinefunction(fn):
+        return fn
+
+    @functools.wraps(fn)
+    def run_sync(*args: Any, **kwargs: Any) -> Any:
+        return run_awaitable(fn(*args, **kwargs))
+
+    return run_sync
 
 
 class ActivityRunner:

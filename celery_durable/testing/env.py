@@ -5,6 +5,11 @@ when the workflow waits for a timer the clock jumps straight to it. A workflow t
 days, or waits 2 days for a signal that never comes, completes in milliseconds, without
 ``time.sleep``. Timers fire through the same path as beat's clock scan.
 
+Activities are retried as a worker retries them: by their own Celery options
+(``autoretry_for``, ``dont_autoretry_for``, ``max_retries``, ``default_retry_delay``,
+``retry_backoff``; never ``NonRetryableError``), each retry waiting its delay (without jitter)
+on the fake clock. ``async def`` activities run to completion as on a worker.
+
 >>> env = WorkflowEnvironment(durable)
 >>> handle = env.start(fulfil_order, order)
 >>> env.signal(handle, "approval", Approval(ok=True))
@@ -14,20 +19,26 @@ days, or waits 2 days for a signal that never comes, completes in milliseconds, 
 from __future__ import annotations
 
 import time
+import warnings
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..activity import task_retry
+from ..engine.activity import run_awaitable
 from ..engine.core import Engine
-from ..engine.dispatcher import InlineDispatcher
+from ..engine.dispatcher import ActivityRequest, InlineDispatcher
 from ..engine.local import LocalWorker
 from ..engine.model import Settings
 from ..engine.registry import Registry
-from ..errors import DurableError
+from ..errors import DurableError, NonRetryableError
 from ..handle import WorkflowHandle
+from ..retry import TaskRetry
 from ..stores.base import Store
 from ..stores.memory import MemoryStore
 
 if TYPE_CHECKING:
+    from celery import Celery
+
     from ..app import Durable, Workflow
 
 __all__ = ["FakeClock", "WorkflowEnvironment"]
@@ -51,7 +62,12 @@ class FakeClock:
 
 
 class WorkflowEnvironment:
-    """In-process engine on a fake clock. Pass a :class:`Durable` (its workflows) or a registry."""
+    """In-process engine on a fake clock. Pass a :class:`Durable` (its workflows) or a registry.
+
+    ``activity_attempts`` is deprecated: activities retry by their own Celery options, as on a
+    worker. It only still applies to activities that are no Celery task (registered directly
+    in a :class:`Registry`): that many attempts, retried at once, never ``NonRetryableError``.
+    """
 
     def __init__(
         self,
@@ -59,8 +75,23 @@ class WorkflowEnvironment:
         *,
         store: Store | None = None,
         start: datetime | float | None = None,
-        activity_attempts: int = 1,
+        activity_attempts: int | None = None,
     ) -> None:
+        if activity_attempts is not None:
+            warnings.warn(
+                "WorkflowEnvironment(activity_attempts=...) is deprecated: activities now retry by "
+                "their own Celery options (autoretry_for, max_retries, ...) as on a worker; it only "
+                "applies to activities that are not Celery tasks",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            if activity_attempts < 1:
+                raise ValueError("activity_attempts must be >= 1")
+        self._fallback = (
+            TaskRetry()
+            if activity_attempts is None
+            else TaskRetry(autoretry_for=(Exception,), max_retries=activity_attempts - 1, countdown=0.0)
+        )
         if isinstance(start, datetime):
             start = start.timestamp()
         self.clock = FakeClock(start)
@@ -70,11 +101,72 @@ class WorkflowEnvironment:
         # the app's own settings (attempts, timeouts, grace periods), as its workers would run
         settings = durable.settings if durable is not None and not isinstance(durable, Registry) else Settings()
         self.engine = Engine(self.store, self.dispatcher, registry, settings, self.clock)
-        self.worker = LocalWorker(self.engine, self.dispatcher, max_attempts=activity_attempts)
+        self.worker = LocalWorker(self.engine, self.dispatcher)
+        self.dispatcher.handlers["activity"] = self._activity
+        #: where activities' Celery tasks (and so their retry options) are looked up
+        self._app: Celery | None = None if durable is None or isinstance(durable, Registry) else durable.app
+        #: activity retries waiting for their delay: (due time, message), as Celery's countdown
+        self.retries: list[tuple[float, ActivityRequest]] = []
         # library signals (celery_durable.signals) fire here as they do on workers
         from ..signals.receivers import forward_event
 
         self.engine.subscribe(forward_event)
+
+    # --- activities ----------------------------------------------------------------------
+
+    def _retry_of(self, name: str) -> TaskRetry:
+        """The activity's retry options: its Celery task's (this app's, or the current app's)."""
+        if self._app is None:
+            from celery import current_app
+
+            app: Any = current_app
+        else:
+            app = self._app
+        task = app.tasks.get(name)
+        return self._fallback if task is None else task_retry(task)
+
+    def _activity(self, req: ActivityRequest) -> None:
+        """One delivery of an activity message, as ``_run_attempt`` runs it on a worker."""
+        eng = self.engine
+        attempt, _why = eng.activities.begin(req.execution_id, req.seq, req.run)
+        if attempt is None:
+            return
+        act = eng.registry.activity(req.name)
+        if act is None:
+            err = NonRetryableError(f"activity {req.name!r} is not registered here")
+            eng.activities.complete(attempt, eng.activities.result_doc(attempt, error=err))
+            return
+        self.worker.executed.append((req.execution_id, req.seq, req.name))
+        try:
+            args, kwargs = act.codec.decode_args({"args": req.args, "kwargs": req.kwargs})
+        except Exception as exc:  # final, as on a worker: only the function's own errors retry
+            eng.activities.complete(attempt, eng.activities.result_doc(attempt, error=exc))
+            return
+        try:
+            value = run_awaitable(act.fn(*args, **kwargs))
+        except Exception as exc:
+            # attempts so far minus one: Celery's request.retries (no lost deliveries in-process)
+            delay = self._retry_of(req.name).next_delay(attempt.number - 1, exc)
+            if delay is None:
+                eng.activities.complete(attempt, eng.activities.result_doc(attempt, error=exc))
+            else:
+                eng.activities.retrying(attempt, delay, exc)
+                self.retries.append((self.clock.now() + delay, req))
+                self._release_retries()
+            return
+        try:
+            doc = eng.activities.result_doc(attempt, value=act.codec.encode_result(value))
+        except Exception as exc:
+            doc = eng.activities.result_doc(attempt, error=exc)
+        eng.activities.complete(attempt, doc)
+
+    def _release_retries(self) -> None:
+        """Send the activity retries whose delay has passed on the fake clock."""
+        now = self.clock.now()
+        due = [req for at, req in self.retries if at <= now]
+        self.retries = [(at, req) for at, req in self.retries if at > now]
+        for req in due:
+            self.dispatcher.send_activity(req)
 
     # --- driving -------------------------------------------------------------------------
 
@@ -88,10 +180,14 @@ class WorkflowEnvironment:
         self._scan()
 
     def skip_to_next_timer(self) -> bool:
-        """Jump to the earliest pending timer and fire it; False when there is none."""
-        nxt = self.engine.links.next_clock()
-        if nxt is None:
+        """Jump to the earliest pending timer (or activity retry) and fire it; False when there is none."""
+        pending = [at for at, _ in self.retries]
+        clock = self.engine.links.next_clock()
+        if clock is not None:
+            pending.append(clock)
+        if not pending:
             return False
+        nxt = min(pending)
         self.clock.t = max(self.clock.t, nxt)
         self._scan()
         return True
@@ -99,6 +195,7 @@ class WorkflowEnvironment:
     def _scan(self) -> None:
         """What beat does when time passes: fire due timers, re-send due effects (retries)."""
         self.engine.links.fire_due_clocks()
+        self._release_retries()
         self.worker.release_due()
         self.engine.outbox.scan()
         self.run_until_idle()
