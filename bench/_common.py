@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 __all__ = [
     "BENCH_DIR",
@@ -217,20 +218,15 @@ def fmt_ms(seconds: float) -> str:
     return f"{seconds * 1000:.1f}"
 
 
-def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]], title: str | None = None) -> None:
-    """Plain-text columns: first column left-aligned, the others right-aligned."""
-    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-
-    def line(row: Sequence[str]) -> str:
-        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True)))
+def print_table(
+    headers: Sequence[str], rows: Sequence[Sequence[object]], title: str | None = None, stream: TextIO | None = None
+) -> None:
+    """A rich table (the ``durable`` CLI's rendering): first column left-aligned, the others right."""
+    from celery_durable.cli_render import print_table as render
 
     if title:
-        print(f"\n{title}")
-    print(line(cells[0]))
-    print("  ".join("-" * w for w in widths))
-    for row in cells[1:]:
-        print(line(row))
+        print(f"\n{title}", file=stream or sys.stdout)
+    render(headers, rows, right=range(1, len(headers)), stream=stream)
 
 
 def verdict(label: str, value: float, target: float, higher_is_better: bool, goal: float | None = None) -> str:

@@ -3,9 +3,10 @@
 Registered through the ``celery.commands`` entry point, so it runs with the app, config and
 store of the project, like ``celery inspect``. A thin layer over the read model and operations
 of :mod:`celery_durable.engine.admin`: it parses and validates input (bad input exits 2),
-formats tables (``--json`` for scripts) and asks for confirmation of destructive commands unless
-``--yes``. Errors of the library (configuration, store, refused operations) are one line and
-exit 1; a document that cannot be decoded is flagged in the output, never fatal.
+formats rich tables (:mod:`.cli_render`; ``--json`` for scripts) and asks for confirmation of
+destructive commands unless ``--yes``. Errors of the library (configuration, store, refused
+operations) are one line on stderr and exit 1; a document that cannot be decoded is flagged in
+the output, never fatal.
 """
 
 from __future__ import annotations
@@ -13,14 +14,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import sys
-from datetime import UTC, datetime
 from typing import Any
 
 import click
 
+from . import cli_render
 from .app import Durable
+from .cli_render import escape, print_table, ts
 from .engine.admin import ExecutionDetail, ExecutionSummary, PurgeReport, StepRecord
+from .engine.links import declared_signals
 from .engine.schema import Status
 from .errors import DurableError, PayloadValidationError, UnknownWorkflowError
 from .stores.base import MAX_PAGE_SIZE
@@ -44,25 +46,9 @@ def _age_option(ctx: click.Context, param: click.Parameter, value: str | None) -
     return None if value is None else parse_age(value)
 
 
-def _ts(value: Any) -> str:
-    if not isinstance(value, int | float) or not value:
-        return "-"
-    return datetime.fromtimestamp(float(value), tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
-
-
 def _cell(value: Any) -> str:
-    """One table cell: control characters (a newline in an id…) escaped so rows stay rows."""
-    text = "-" if value is None else str(value)
-    return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-
-
-def _table(rows: list[list[Any]], headers: list[str]) -> str:
-    cells = [[_cell(c) for c in r] for r in rows]
-    widths = [max(len(c) for c in col) for col in zip(headers, *cells, strict=False)]
-    out = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=False)).rstrip()]
-    out.append("  ".join("-" * w for w in widths))
-    out += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)).rstrip() for r in cells]
-    return "\n".join(out)
+    """A value on a line of its own: ``-`` for None, control characters escaped."""
+    return escape("-" if value is None else str(value))
 
 
 def _jsonable(value: Any) -> Any:
@@ -70,7 +56,8 @@ def _jsonable(value: Any) -> Any:
 
 
 class _Group(click.Group):
-    """Library errors leave as one line and exit 1 (no traceback), whatever the command."""
+    """Library errors leave as one line on stderr and exit 1 (no traceback), whatever the command;
+    so does an OS error (a file the store cannot open, a refused socket) a store did not wrap."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -78,6 +65,8 @@ class _Group(click.Group):
         except UnknownWorkflowError as exc:
             raise click.ClickException(str(exc)) from exc
         except DurableError as exc:
+            raise click.ClickException(f"{type(exc).__name__}: {exc}") from exc
+        except OSError as exc:
             raise click.ClickException(f"{type(exc).__name__}: {exc}") from exc
 
 
@@ -144,10 +133,10 @@ def list_(
         click.echo("no executions")
     else:
         table = [
-            [r.id, r.workflow, "CORRUPT" if r.corrupt else r.status, r.steps, _ts(r.created_at), _ts(r.updated_at)]
+            [r.id, r.workflow, "CORRUPT" if r.corrupt else r.status, r.steps, ts(r.created_at), ts(r.updated_at)]
             for r in rows
         ]
-        click.echo(_table(table, ["ID", "WORKFLOW", "STATUS", "STEPS", "CREATED", "UPDATED"]))
+        print_table(["ID", "WORKFLOW", "STATUS", "STEPS", "CREATED", "UPDATED"], table, right=[3])
         for r in rows:
             if r.corrupt:
                 click.echo(f"  {_cell(r.id)}: unreadable exec document: {r.corrupt}")
@@ -180,20 +169,20 @@ def show(ctx: click.Context, execution_id: str, as_json: bool) -> None:
         click.echo(json.dumps(_jsonable(data), indent=2))
         return
     click.echo(f"execution  {_cell(s.id)}")
-    click.echo(f"workflow   {s.workflow}")
-    click.echo(f"status     {s.status}{'  (cancel requested)' if s.cancel_requested else ''}")
-    click.echo(f"created    {_ts(s.created_at)}    updated {_ts(s.updated_at)}")
+    click.echo(f"workflow   {_cell(s.workflow)}")
+    click.echo(f"status     {_cell(s.status)}{'  (cancel requested)' if s.cancel_requested else ''}")
+    click.echo(f"created    {ts(s.created_at)}    updated {ts(s.updated_at)}")
     if s.parent:
         click.echo(f"parent     {_cell(s.parent)}")
-    click.echo(f"payload    {json.dumps(info.payload, default=str)}")
+    click.echo(f"payload    {_json(info.payload)}")
     if s.status == Status.COMPLETED:
-        click.echo(f"result     {json.dumps(info.result, default=str)}")
+        click.echo(f"result     {_json(info.result)}")
     if info.error:
-        click.echo(f"error      {info.error.get('type')}: {info.error.get('message')}")
+        click.echo(f"error      {_cell(info.error.get('type'))}: {_cell(info.error.get('message'))}")
     if s.last_error:
-        click.echo(f"last error {s.last_error}")
+        click.echo(f"last error {_cell(s.last_error)}")
     for problem in info.corrupt:
-        click.echo(f"CORRUPT    {problem}")
+        click.echo(f"CORRUPT    {_cell(problem)}")
     click.echo("")
     if not info.steps:
         click.echo("no steps yet")
@@ -205,18 +194,22 @@ def show(ctx: click.Context, execution_id: str, as_json: bool) -> None:
                 step.name,
                 step.state,
                 step.attempts or "-",
-                _ts(step.scheduled_at),
-                _ts(step.finished_at),
+                ts(step.scheduled_at),
+                ts(step.finished_at),
                 step.task_id or step.child_id or "-",
             ]  # fmt: skip
             for step in info.steps
         ]
-        click.echo(_table(rows, ["#", "KIND", "NAME", "STATE", "ATTEMPTS", "SCHEDULED", "FINISHED", "TASK ID"]))
+        print_table(["#", "KIND", "NAME", "STATE", "ATTEMPTS", "SCHEDULED", "FINISHED", "TASK ID"], rows, right=[0, 4])
         for step in info.steps:
-            if step.error:
-                click.echo(f"  step {step.seq}: {step.error}")
+            if step.error or step.corrupt:
+                click.echo(f"  step {step.seq}: {_cell(step.corrupt or step.error)}")
     for sig in info.signals:
-        click.echo(f"signal {sig.name!r}: {sig.state} at {_ts(sig.at)}: {json.dumps(sig.value, default=str)}")
+        click.echo(f"signal {_cell(repr(sig.name))}: {sig.state} at {ts(sig.at)}: {_json(sig.value)}")
+
+
+def _json(value: Any) -> str:
+    return _cell(json.dumps(value, default=str))
 
 
 @durable.command()
@@ -233,10 +226,22 @@ def signal(ctx: click.Context, execution_id: str, name: str, value: str) -> None
     except json.JSONDecodeError as exc:
         raise click.ClickException(f"VALUE is not valid JSON: {exc}") from exc
     try:
+        # the path of WorkflowHandle.signal: a name the workflow does not declare is refused there
         delivered = d.signal(execution_id, name, data)
     except PayloadValidationError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo("delivered" if delivered else "ignored: the execution has ended")
+    try:
+        ex = d.engine.store.read(execution_id, "exec") if delivered else None
+    except DurableError:
+        ex = None  # the value is recorded; only the note is lost
+    if ex is not None and declared_signals(ex, d.registry.workflow(str(ex.get("workflow")))) is None:
+        # any name is accepted (typed where the workflow waits): a typo would wait forever
+        click.echo(
+            f"note: workflow {_cell(ex.get('workflow'))} declares no signals, so any name is accepted: "
+            f"the value waits for a wait_signal({_cell(repr(name))})",
+            err=True,
+        )
 
 
 @durable.command()
@@ -299,32 +304,30 @@ def retry(ctx: click.Context, execution_id: str, yes: bool) -> None:
 def purge(ctx: click.Context, older_than: float, dry_run: bool, yes: bool) -> None:
     """Delete finished executions (all their documents) that ended more than an age ago."""
     d = _durable(ctx)
-    matched = d.purge(older_than, dry_run=True).matched
+    plan = d.purge(older_than, dry_run=True)
+    matched = plan.matched
     if not matched:
         click.echo("nothing to purge")
         return
     if dry_run:
-        click.echo(f"would purge {matched}")
+        click.echo(f"would purge {matched - plan.skipped}")
+        for why in plan.kept:
+            click.echo(f"  {_cell(why)}")
         return
     if not yes:
         click.confirm(f"delete {matched} finished execution(s)?", abort=True)
-    if sys.stdout.isatty():
-        with click.progressbar(length=matched, label="purging") as bar:
-            done = [0]
+    # each execution's documents go in all-or-nothing batches of its own partition (engine.admin)
+    with cli_render.progress("purging", matched) as update:
 
-            def advance(report: PurgeReport) -> None:
-                step = report.purged + report.skipped - done[0]
-                done[0] += step
-                bar.update(step)
+        def advance(report: PurgeReport) -> None:
+            update(report.purged + report.skipped)
 
-            report = d.purge(older_than, progress=advance)
-    else:
-        report = d.purge(older_than)
+        report = d.purge(older_than, progress=advance)
     click.echo(f"purged {report.purged} ({report.documents} documents)")
     if report.skipped:
         click.echo(f"kept {report.skipped} (the next purge looks again):")
         for why in report.kept:
-            click.echo(f"  {why}")
+            click.echo(f"  {_cell(why)}")
 
 
 @durable.group()
@@ -334,7 +337,7 @@ def outbox() -> None:
 
 def _effect_row(info: Any) -> list[str]:
     return [info.id, info.type, info.key, info.status, f"{info.attempt}/{info.max_attempts}",
-            _ts(info.created_at), _ts(info.completed_at), (info.last_error or info.reason or "")[:60]]  # fmt: skip
+            ts(info.created_at), ts(info.completed_at), (info.last_error or info.reason or "")[:60]]  # fmt: skip
 
 
 _EFFECT_HEADERS = ["EFFECT ID", "TYPE", "KEY", "STATUS", "ATTEMPT", "CREATED", "SETTLED", "LAST ERROR"]
@@ -353,7 +356,10 @@ def outbox_list(ctx: click.Context, key: str, status: str | None, as_json: bool)
         for r in rows:
             click.echo(json.dumps(r.__dict__, default=str))
         return
-    click.echo(_table([_effect_row(r) for r in rows], _EFFECT_HEADERS) if rows else "no effects")
+    if rows:
+        print_table(_EFFECT_HEADERS, [_effect_row(r) for r in rows])
+    else:
+        click.echo("no effects")
 
 
 @outbox.command(name="show")

@@ -9,6 +9,7 @@ every order ended as its scenario predicts, 1 otherwise, 130 on Ctrl-C.
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import shutil
 import signal
@@ -189,10 +190,12 @@ def describe(s: Shipment) -> str:
 
 
 def table(rows: list[list[str]]) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    """The summary as a rich table (the ``celery durable`` CLI's rendering): header row first."""
+    from celery_durable.cli_render import print_table  # imported late, like the app: after the env is set
+
+    out = io.StringIO()
+    print_table(rows[0], rows[1:], right=[4, 5], stream=out)  # steps, elapsed
+    return out.getvalue().rstrip("\n")
 
 
 @dataclass

@@ -11,7 +11,7 @@ partition cache notices and reads the partition afresh (see :func:`.cache.bump_g
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +21,20 @@ from .cache import bump_generation
 from .dispatcher import ActivityRequest, ClockRequest
 from .model import lease_live
 from .outbox import DUE_ADMIT
-from .schema import EXEC_ID, TERMINAL, DocType, DueKind, Status, StepKind, marker_id
+from .schema import (
+    EXEC_ID,
+    TERMINAL,
+    DocType,
+    DueKind,
+    Status,
+    StepKind,
+    marker_id,
+    parse_step_id,
+    result_id,
+    signal_mark_id,
+    signal_value_id,
+    wait_decision_id,
+)
 from .timeline import (
     STATUSES,
     ExecutionDetail,
@@ -56,6 +69,8 @@ __all__ = [
 
 #: how many reasons for kept executions a purge report carries (the latest)
 _KEPT_REASONS = 50
+#: the most steps (and signal values) a describe reads one by one around an undecodable document
+_SALVAGE_MAX = 5000
 
 
 class OperationRefused(DurableError):
@@ -147,24 +162,74 @@ class Admin:
                 return
 
     def describe(self, execution_id: str) -> ExecutionDetail:
-        """The execution and its step timeline; raises :class:`UnknownWorkflowError` if absent."""
+        """The execution and its step timeline; raises :class:`UnknownWorkflowError` if absent.
+
+        A document the store cannot decode does not hide the others: they are read by id (the
+        ids the exec document implies) and each undecodable one is flagged, its step ``corrupt``.
+        """
         store = self.engine.store
         try:
             docs = store.query_partition(execution_id).docs
         except CorruptDocument as exc:
-            # one undecodable document: show the exec document alone, with the reason
             try:
                 ex = store.read(execution_id, EXEC_ID)
             except CorruptDocument as exc2:
                 return ExecutionDetail(ExecutionSummary(id=execution_id, corrupt=str(exc2)), corrupt=(str(exc2),))
             if ex is None:
                 raise UnknownWorkflowError(f"no execution with id {execution_id!r}") from exc
-            detail = describe_docs(ex, [])
-            return replace(detail, corrupt=detail.corrupt + (str(exc),))
+            return self._salvage(ex, str(exc))
         ex = next((d for d in docs if d.get("id") == EXEC_ID), None)
         if ex is None:
             raise UnknownWorkflowError(f"no execution with id {execution_id!r}")
         return describe_docs(ex, docs)
+
+    def _salvage(self, ex: Doc, failure: str) -> ExecutionDetail:
+        """:meth:`describe` of a partition holding an undecodable document (``failure`` says which):
+        the documents of the current run's steps and the signal values, read by id, the
+        undecodable ones flagged."""
+        summary = summary_of(ex)
+        run, steps, sent = summary.run, summary.steps, _int(ex.get("signal_seq"))
+        ids = [
+            f(seq, run)
+            for seq in range(1, min(steps, _SALVAGE_MAX) + 1)
+            for f in (marker_id, result_id, wait_decision_id)
+        ]
+        ids += [f(n) for n in range(1, min(sent, _SALVAGE_MAX) + 1) for f in (signal_value_id, signal_mark_id)]
+        docs, bad = self._read_tolerant(str(ex["pk"]), ids)
+        detail = describe_docs(ex, [ex, *docs])
+        broken: dict[int, str] = {}
+        for doc_id, why in bad.items():
+            try:
+                broken.setdefault(parse_step_id(doc_id)[1], why)
+            except ValueError:
+                pass  # a signal value: flagged below, no step of its own
+        shown = {s.seq for s in detail.steps}
+        timeline = [replace(s, state="corrupt", corrupt=broken[s.seq]) if s.seq in broken else s for s in detail.steps]
+        timeline += [
+            StepRecord(seq, "?", "?", "corrupt", corrupt=why) for seq, why in broken.items() if seq not in shown
+        ]
+        notes = list(bad.values()) or [failure]  # not among the ids read (another run's, say): as read
+        if max(steps, sent) > _SALVAGE_MAX:
+            notes.append(f"only the first {_SALVAGE_MAX} steps and signal values were read")
+        return replace(detail, steps=tuple(sorted(timeline, key=lambda s: s.seq)), corrupt=(*detail.corrupt, *notes))
+
+    def _read_tolerant(self, pk: str, ids: Sequence[str]) -> tuple[list[Doc], dict[str, str]]:
+        """The documents of ``ids`` that exist, and why each undecodable one is: chunks of
+        ``read_many``, split in halves around a failure (a few reads per undecodable document)."""
+        found: list[Doc] = []
+        bad: dict[str, str] = {}
+        pending = [list(ids[i : i + 500]) for i in range(0, len(ids), 500)]
+        while pending:
+            chunk = pending.pop()
+            try:
+                found += [d for d in self.engine.store.read_many(pk, chunk) if d is not None]
+            except CorruptDocument as exc:
+                if len(chunk) == 1:
+                    bad[chunk[0]] = str(exc)
+                else:
+                    half = len(chunk) // 2
+                    pending += [chunk[:half], chunk[half:]]
+        return found, dict(sorted(bad.items()))
 
     # --- operations ----------------------------------------------------------------------------
 
@@ -228,13 +293,24 @@ class Admin:
                 page = self.engine.store.list_execs(ExecFilter(status=status, created_before=cutoff), page_size, cursor)
                 for doc in page.docs:
                     s = summary_of(doc)
+                    if s.corrupt:
+                        # listed as finished and old, but unreadable: kept for inspection, reported
+                        why = f"{s.id}: unreadable exec document, kept: {s.corrupt}"
+                        kept = (*report.kept, why)[-_KEPT_REASONS:]
+                        report = replace(report, matched=report.matched + 1, skipped=report.skipped + 1, kept=kept)
+                        if progress is not None and not dry_run:
+                            progress(report)
+                        continue
                     ended = s.completed_at or s.updated_at or s.created_at
-                    if s.corrupt or s.status not in TERMINAL or ended is None or ended >= cutoff:
+                    if s.status not in TERMINAL or ended is None or ended >= cutoff:
                         continue
                     report = replace(report, matched=report.matched + 1)
                     if dry_run:
                         continue
-                    deleted = self._purge_one(s.id)
+                    try:
+                        deleted = self._purge_one(s.id)
+                    except CorruptDocument as exc:
+                        deleted = f"a document cannot be decoded, kept for inspection: {exc}"
                     if isinstance(deleted, str):
                         kept = (*report.kept, f"{s.id}: {deleted}")[-_KEPT_REASONS:]
                         report = replace(report, skipped=report.skipped + 1, kept=kept)

@@ -33,6 +33,7 @@ LAYERS = {
     "signals": 4,
     "contrib": 4,
     "cli": 5,
+    "cli_render": 5,
     "app": 5,
     "testing": 6,
     "": 7,  # the package's __init__: the public API
