@@ -11,7 +11,7 @@
 """
 
 from .activity import durable_activity
-from .app import Durable, Workflow
+from .app import Durable, Workflow, WorkflowOptions
 from .errors import (
     ActivityError,
     ChildWorkflowError,
@@ -19,9 +19,11 @@ from .errors import (
     DurableError,
     DurableTimeoutError,
     IdempotencyConflict,
+    InvalidWorkflowId,
     LaneFull,
     NonDeterminismError,
     NonRetryableError,
+    PayloadTooLarge,
     PayloadValidationError,
     StoreError,
     StoreUnavailable,
@@ -39,6 +41,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Durable",
     "Workflow",
+    "WorkflowOptions",
     "durable_activity",
     "WorkflowHandle",
     "ExecutionInfo",
@@ -48,6 +51,8 @@ __all__ = [
     "DurableError",
     "ConfigurationError",
     "PayloadValidationError",
+    "PayloadTooLarge",
+    "InvalidWorkflowId",
     "UnknownWorkflowError",
     "NonDeterminismError",
     "WorkflowFailedError",

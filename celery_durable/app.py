@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections.abc import Callable
 from datetime import timedelta
@@ -12,6 +13,7 @@ from celery import Celery
 from . import workflow as _wf
 from .bootsteps import DurableShutdownStep, DurableStep
 from .engine.admin import Admin, ExecutionDetail, ExecutionPage, PurgeReport, StepRecord
+from .engine.checks import check_workflow_id
 from .engine.context import DurableFuture, current_context, require_context
 from .engine.core import Engine
 from .engine.registry import Registry, WorkflowDef
@@ -25,7 +27,7 @@ from .signals.receivers import forward_event, install
 from .stores import Store, store_from_url
 from .tasks import FIRE_DUE_CLOCKS_TASK, RECOVER_TASK, START_SCHEDULED_TASK, CeleryDispatcher, register_tasks
 
-__all__ = ["Durable", "Workflow"]
+__all__ = ["Durable", "Workflow", "WorkflowOptions"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -48,27 +50,75 @@ class Workflow(Generic[P, R]):
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         """Inside a workflow: run as a child workflow and wait for it. Outside: a plain call."""
         if current_context() is not None:
-            value: R = self.start_child(*args, **kwargs).result()  # type: ignore[arg-type]
+            value: R = self.start_child(*args, **kwargs).result()
             return value
         result: R = self.definition.fn(*args, **kwargs)
         return result
 
-    def start_child(self, *args: Any, _workflow_id: str | None = None, **kwargs: Any) -> DurableFuture[R]:
+    # ``_workflow_id`` cannot join a ParamSpec's parameters (PEP 612), so a call without it is
+    # checked against the workflow's signature and a call with it is not: ``options(workflow_id=)``
+    # is the checked way to give an id.
+    @overload
+    def start_child(self, *args: P.args, **kwargs: P.kwargs) -> DurableFuture[R]: ...
+    @overload
+    def start_child(self, *args: Any, _workflow_id: str | None, **kwargs: Any) -> DurableFuture[R]: ...
+    def start_child(self, *args: Any, **kwargs: Any) -> DurableFuture[R]:
         """Inside a workflow: start this workflow as a child; ``.result()`` waits for it.
 
         The child's id derives from the parent's id and the step (idempotent on replay) unless
         ``_workflow_id`` is given. Cancelling the parent cancels its running children.
         """
+        workflow_id = kwargs.pop("_workflow_id", None)
         ctx = require_context(f"{self.name}.start_child()")
-        return ctx.start_child(self.definition, args, kwargs, _workflow_id)
+        return ctx.start_child(self.definition, args, kwargs, workflow_id)
 
-    def start(self, *args: Any, _workflow_id: str | None = None, **kwargs: Any) -> WorkflowHandle[R]:
+    @overload
+    def start(self, *args: P.args, **kwargs: P.kwargs) -> WorkflowHandle[R]: ...
+    @overload
+    def start(self, *args: Any, _workflow_id: str | None, **kwargs: Any) -> WorkflowHandle[R]: ...
+    def start(self, *args: Any, **kwargs: Any) -> WorkflowHandle[R]:
         """Start (or join, when ``_workflow_id`` exists) an execution; validate in the caller."""
-        eid, _ = self._durable.engine.start(self.definition, args, kwargs, workflow_id=_workflow_id)
+        workflow_id = kwargs.pop("_workflow_id", None)
+        eid, _ = self._durable.engine.start(self.definition, args, kwargs, workflow_id=workflow_id)
         return WorkflowHandle(self._durable.engine, eid, self.definition)
+
+    def options(self, *, workflow_id: str | None = None) -> WorkflowOptions[P, R]:
+        """This workflow with start options, its arguments type-checked:
+        ``fulfil.options(workflow_id=f"order-{o.id}").start(o)`` (same as ``_workflow_id=``)."""
+        return WorkflowOptions(self, None if workflow_id is None else check_workflow_id(workflow_id))
 
     def handle(self, workflow_id: str) -> WorkflowHandle[R]:
         return WorkflowHandle(self._durable.engine, workflow_id, self.definition)
+
+
+def _refuse_non_plain(fn: Callable[..., Any]) -> None:
+    """A workflow is replayed step by step on the worker's thread: a coroutine (or generator)
+    would need a deterministic event loop to suspend and resume it, which there is not."""
+    kinds = (
+        (inspect.iscoroutinefunction, "an async def function"),
+        (inspect.isasyncgenfunction, "an async generator"),
+        (inspect.isgeneratorfunction, "a generator function"),
+    )
+    kind = next((what for test, what in kinds if test(fn)), None)
+    if kind is not None:
+        raise TypeError(
+            f"workflows must be plain functions; async activities are supported "
+            f"({getattr(fn, '__qualname__', fn)!r} is {kind}: call async code from a @durable_activity)"
+        )
+
+
+class WorkflowOptions(Generic[P, R]):
+    """A workflow with start options (``Workflow.options(...)``); ``start``/``start_child`` as there."""
+
+    def __init__(self, workflow: Workflow[P, R], workflow_id: str | None) -> None:
+        self.workflow = workflow
+        self.workflow_id = workflow_id
+
+    def start(self, *args: P.args, **kwargs: P.kwargs) -> WorkflowHandle[R]:
+        return self.workflow.start(*args, _workflow_id=self.workflow_id, **kwargs)
+
+    def start_child(self, *args: P.args, **kwargs: P.kwargs) -> DurableFuture[R]:
+        return self.workflow.start_child(*args, _workflow_id=self.workflow_id, **kwargs)
 
 
 class Durable:
@@ -229,11 +279,15 @@ class Durable:
     def workflow(self, fn: Any = None, *, name: str | None = None, signals: dict[str, Any] | None = None) -> Any:
         """Register a workflow function; its name (default ``module.qualname``) is stored.
 
+        A workflow is a plain function: ``async def`` (and generator) functions are refused with
+        a ``TypeError`` (replaying them would need a deterministic event loop); activities may be async.
+
         ``signals`` declares signal names and their types: values sent to them are validated
         in the sender.
         """
 
         def wrap(f: Callable[P, R]) -> Workflow[P, R]:
+            _refuse_non_plain(f)
             wf_name = name or f"{f.__module__}.{f.__qualname__}"
             return Workflow(self, self.registry.add_workflow(wf_name, f, signals))
 

@@ -13,6 +13,7 @@ PKG = Path(celery_durable.__file__).parent
 PUBLIC = {
     "Durable",
     "Workflow",
+    "WorkflowOptions",
     "durable_activity",
     "WorkflowHandle",
     "ExecutionInfo",
@@ -22,6 +23,8 @@ PUBLIC = {
     "DurableError",
     "ConfigurationError",
     "PayloadValidationError",
+    "PayloadTooLarge",
+    "InvalidWorkflowId",
     "UnknownWorkflowError",
     "NonDeterminismError",
     "WorkflowFailedError",
