@@ -18,16 +18,21 @@ of the common path, independent of how long the run takes.
 
     python bench/store_ops.py                 # 10 and 1,000 steps on SQLite
     python bench/store_ops.py --store both    # ... and on the in-memory store
+    python bench/store_ops.py --store sqlite,postgres   # SQLite and PostgreSQL in one run
+                                              # ($BENCH_POSTGRES_URL, default 127.0.0.1:5432/test;
+                                              # a fresh schema, dropped at the end)
     python bench/store_ops.py --quick         # 10 and 200 steps
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import tempfile
 import time
+import uuid
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -142,7 +147,16 @@ class CountingStore(Store):
         self.inner.close()
 
 
+POSTGRES_URL = os.environ.get("BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
+
+
 def make_store(kind: str, tmp: Path) -> tuple[Store, str]:
+    if kind == "postgres":
+        from celery_durable.stores.postgres import from_url
+
+        schema = f"bench_{uuid.uuid4().hex[:12]}"
+        sep = "&" if "?" in POSTGRES_URL else "?"
+        return from_url(f"{POSTGRES_URL}{sep}schema={schema}"), "PostgresStore"
     if kind == "sqlite":
         try:
             from celery_durable.stores.sqlite import SqliteStore
@@ -234,11 +248,12 @@ def report(results: list[Result], sizes: tuple[int, int]) -> tuple[float, float]
                 f"{r.per_act(r.tally.docs_read):.2f}",
                 f"{r.per_act(r.tally.docs_written):.2f}",
                 f"{r.per_act(r.seconds) * 1e3:.3f}",
+                f"{r.activities / r.seconds:,.0f}",
             ]
         )
     print_table(
         ["run", "activities", "round trips/act", *[f"{op}/act" for op in ops], "docs read/act", "docs written/act",
-         "ms/step"],
+         "ms/step", "steps/s"],
         rows,
         title="Store calls per activity (sequential workflow, in-process engine)",
     )  # fmt: skip
@@ -279,12 +294,26 @@ def report(results: list[Result], sizes: tuple[int, int]) -> tuple[float, float]
     return marginal, b.per_act(b.tally.docs_read) / a.per_act(a.tally.docs_read)
 
 
+def _drop_schema(store: Store) -> None:
+    import psycopg
+
+    from celery_durable.stores.postgres import PostgresStore
+
+    assert isinstance(store, PostgresStore)
+    schema = store.cfg.schema
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
 def run(args: argparse.Namespace) -> None:
     t_start = time.perf_counter()
     print(f"{machine()} at the start", flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="celery-durable-store-ops-"))
     results: list[Result] = []
-    kinds = ["sqlite", "memory"] if args.store == "both" else [args.store]
+    kinds = ["sqlite", "memory"] if args.store == "both" else args.store.split(",")
+    unknown = set(kinds) - {"sqlite", "memory", "postgres"}
+    if unknown:
+        raise SystemExit(f"unknown --store {', '.join(sorted(unknown))} (sqlite, memory, postgres, both)")
     sizes = (args.small, args.large)
     try:
         for kind in kinds:
@@ -297,6 +326,8 @@ def run(args: argparse.Namespace) -> None:
                     results.append(bench.run(steps, executions, label))
             finally:
                 bench.close()
+                if kind == "postgres":
+                    _drop_schema(inner)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -314,7 +345,9 @@ def run(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--store", choices=["sqlite", "memory", "both"], default="sqlite")
+    parser.add_argument(
+        "--store", default="sqlite", help="sqlite, memory, postgres, a comma list of them, or both (sqlite,memory)"
+    )
     parser.add_argument("--small", type=int, default=10, help="steps of the small workflow (default 10)")
     parser.add_argument("--small-executions", type=int, default=20, help="small workflows run (default 20)")
     parser.add_argument("--large", type=int, default=1000, help="steps of the large workflow (default 1000)")

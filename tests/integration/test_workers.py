@@ -20,7 +20,10 @@ BACKENDS = [
     pytest.param(("filesystem", "sqlite"), id="filesystem-sqlite"),
     pytest.param(("rabbitmq", "sqlite"), id="rabbitmq-sqlite"),
     pytest.param(("redis", "cosmos"), id="redis-cosmos", marks=pytest.mark.cosmos),
+    pytest.param(("redis", "postgres"), id="redis-postgres"),
 ]
+#: the representative tests also run on PostgreSQL (every STORES test would double the runtime)
+WITH_POSTGRES = [*STORES, pytest.param(("redis", "postgres"), id="postgres")]
 
 
 @pytest.mark.parametrize("cluster", BACKENDS, indirect=True)
@@ -33,7 +36,7 @@ def test_happy_path(cluster) -> None:  # type: ignore[no-untyped-def]
     assert h.status() == "completed"
 
 
-@pytest.mark.parametrize("cluster", STORES, indirect=True)
+@pytest.mark.parametrize("cluster", WITH_POSTGRES, indirect=True)
 def test_idempotent_start_joins(cluster) -> None:  # type: ignore[no-untyped-def]
     cluster.start_worker()
     a = basic.fan_out.start([basic.Item(sku="one", qty=1)], _workflow_id="order-1")
@@ -81,7 +84,7 @@ def test_invalid_payload_rejected_in_caller(cluster) -> None:  # type: ignore[no
     assert cluster.durable.store.read("bad-1", "exec") is None
 
 
-@pytest.mark.parametrize("cluster", STORES, indirect=True)
+@pytest.mark.parametrize("cluster", WITH_POSTGRES, indirect=True)
 def test_duplicate_delivery_records_one_result(cluster) -> None:  # type: ignore[no-untyped-def]
     from celery_durable.engine.dispatcher import ActivityRequest
 
@@ -105,6 +108,7 @@ def test_duplicate_delivery_records_one_result(cluster) -> None:  # type: ignore
     assert first["_etag"] == result["_etag"]
 
 
+@pytest.mark.parametrize("cluster", [STORES[0], WITH_POSTGRES[-1]], indirect=True)
 def test_racing_completions_lose_no_wakeup(cluster) -> None:  # type: ignore[no-untyped-def]
     cluster.start_worker(concurrency=4)
     cluster.start_worker(concurrency=4)

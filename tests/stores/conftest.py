@@ -1,35 +1,87 @@
 """Fixtures of the store contract suite: one ``store`` per backend.
 
-``memory`` and ``sqlite`` always run; ``cosmos`` asks for the ``cosmos_url`` fixture of
+``memory``, ``sqlite`` and ``postgres`` always run (``postgres``: a fresh schema per test, from
+``tests/plugins/postgres.py``; the shared-store tests reach it through a pausable proxy, for the
+outage test); ``cosmos`` asks for the ``cosmos_url`` fixture of
 ``tests/plugins/cosmos_server.py`` (a fresh empty container per test) only when that parameter
 is selected, so ``-m "not cosmos"`` runs without the Cosmos test server.
+
+``DURABLE_TEST_COSMOS_URL`` (a ``cosmos://`` store URL of a real account or the official emulator;
+the key may come from ``DURABLE_COSMOS_KEY``) replaces the test server: every test gets a fresh
+container named ``t<random>`` in that URL's database (dropped afterwards), e.g.::
+
+    DURABLE_TEST_COSMOS_URL='cosmos://acct.documents.azure.com/?database=durable_tests&container=x' \
+        pytest tests/stores -m cosmos
 """
 
 from __future__ import annotations
 
+import os
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import pytest
 
 from celery_durable.stores import Store, store_from_url
+from tests.plugins.postgres import (  # noqa: F401 - fixtures
+    _postgres_server,
+    postgres_proxied_url,
+    postgres_proxy,
+    postgres_schema,
+    postgres_url,
+)
 
 BACKENDS = [
     pytest.param("memory", id="memory"),
     pytest.param("sqlite", id="sqlite"),
+    pytest.param("postgres", id="postgres"),
     pytest.param("cosmos", id="cosmos", marks=pytest.mark.cosmos),
 ]
 #: backends whose stores several processes can share (the same URL opens the same data)
 SHARED_BACKENDS = [p for p in BACKENDS if p.values[0] != "memory"]
 
 
-def _url_for(request: pytest.FixtureRequest, backend: str, tmp_path: Path) -> str:
+#: A real Cosmos DB account (or the official emulator) to run the ``cosmos`` parameter against
+COSMOS_URL_ENV = "DURABLE_TEST_COSMOS_URL"
+
+
+def _real_cosmos_url(request: pytest.FixtureRequest) -> str:
+    """The env URL with a fresh container (deleted when the test ends)."""
+    parts = urlsplit(os.environ[COSMOS_URL_ENV])
+    query = dict(parse_qsl(parts.query, keep_blank_values=True))
+    query["container"] = f"t{uuid.uuid4().hex[:16]}"
+    query.setdefault("database", "durable_tests")
+    url = urlunsplit(parts._replace(query=urlencode(query)))
+
+    def drop() -> None:
+        store = store_from_url(url)
+        try:
+            store._container()  # type: ignore[attr-defined]  # connects (a CosmosStore)
+            client = store._client  # type: ignore[attr-defined]
+            client.get_database_client(query["database"]).delete_container(query["container"])
+        except Exception:  # noqa: BLE001 - best effort: a leftover test container costs little
+            pass
+        finally:
+            store.close()
+
+    request.addfinalizer(drop)
+    return url
+
+
+def _url_for(request: pytest.FixtureRequest, backend: str, tmp_path: Path, shared: bool = False) -> str:
     if backend == "memory":
         return "memory://"
     if backend == "sqlite":
         # tmp_path is absolute, so this is the sqlite:////abs/path form
         return f"sqlite:///{tmp_path / 'store.db'}"
+    if backend == "postgres":
+        pg: str = request.getfixturevalue("postgres_proxied_url" if shared else "postgres_url")
+        return pg
     if backend == "cosmos":
+        if os.environ.get(COSMOS_URL_ENV):
+            return _real_cosmos_url(request)
         url: str = request.getfixturevalue("cosmos_url")
         return url
     raise AssertionError(f"unknown backend {backend!r}")
@@ -73,5 +125,5 @@ def other_handle(backend: str, store_url: str, store: Store) -> Iterator[Callabl
 
 @pytest.fixture(params=SHARED_BACKENDS)
 def shared_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """URL of a fresh store that several processes can open (sqlite, cosmos)."""
-    return _url_for(request, request.param, tmp_path)
+    """URL of a fresh store that several processes can open (sqlite, postgres, cosmos)."""
+    return _url_for(request, request.param, tmp_path, shared=True)
