@@ -1,6 +1,6 @@
 """Storage backends behind one contract (docs/architecture.md §4), chosen by URL scheme.
 
-``sqlite:///path/to/file.db`` (the embedded default), ``cosmos://...`` and ``memory://``
+``sqlite:///path/to/file.db`` (the embedded default), ``postgresql://...``, ``cosmos://...`` and ``memory://``
 (engine unit tests only). Like Celery's backend alias table, third parties can register a
 scheme with :func:`register_backend`.
 """
@@ -33,6 +33,8 @@ BACKEND_ALIASES: dict[str, str] = {
     "sqlite": "celery_durable.stores.sqlite:from_url",
     "cosmos": "celery_durable.stores.cosmos:from_url",
     "cosmoss": "celery_durable.stores.cosmos:from_url",
+    "postgresql": "celery_durable.stores.postgres:from_url",
+    "postgres": "celery_durable.stores.postgres:from_url",
 }
 
 

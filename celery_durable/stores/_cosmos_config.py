@@ -7,13 +7,15 @@ import json
 import logging
 import os
 import re
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import parse_qsl, quote, quote_plus, urlsplit
 
 from ..errors import ConfigurationError
 
-__all__ = ["Secret", "parse_url", "server_message", "KEY_ENV"]
+__all__ = ["Secret", "parse_url", "server_message", "KEY_ENV", "CallDeadline", "DeadlineExceeded"]
 
 #: Environment variable holding the account key.
 KEY_ENV = "DURABLE_COSMOS_KEY"
@@ -74,6 +76,11 @@ _OPTIONS: dict[str, Callable[[Any], Any]] = {
     "throttle_retries": int,
     "throttle_max_wait": int,
     "due_bucket": float,
+    "due_shards": int,
+    "read_timeout": float,
+    "deadline": float,
+    "throughput": int,
+    "autoscale_max": int,
     "credential": lambda v: v,
 }
 
@@ -112,6 +119,54 @@ def parse_url(url: str, options: dict[str, Any]) -> tuple[str, str, str, str | N
         except (TypeError, ValueError) as exc:
             raise ConfigurationError(f"cosmos store option {name}={value!r} is invalid") from exc
     return f"https://{parts.hostname}{port}/", str(database), str(container), key, kwargs
+
+
+class DeadlineExceeded(Exception):
+    """A store call ran out of its deadline (raised by :meth:`CallDeadline.hook` before a request)."""
+
+
+class CallDeadline:
+    """The absolute deadline of the store call running in this thread.
+
+    The SDK's own timeouts are per HTTP attempt (and it retries), so one call could outlive an
+    activity's lease. The store opens a deadline around each call (:meth:`running`; a nested call
+    keeps the outer one) and the SDK calls :meth:`hook` (its ``raw_request_hook``) before every
+    attempt, its own retries included: the attempt's connect and read timeouts are cut to what is
+    left, and no attempt starts once nothing is.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        if not seconds > 0:
+            raise ConfigurationError(f"cosmos deadline must be a positive number of seconds, got {seconds!r}")
+        self.seconds = seconds
+        self._local = threading.local()
+
+    def left(self) -> float | None:
+        """Seconds left for the call in progress (``None`` outside a call: SDK background threads)."""
+        end: float | None = getattr(self._local, "end", None)
+        return None if end is None else end - time.monotonic()
+
+    @contextlib.contextmanager
+    def running(self, seconds: float | None = None) -> Iterator[None]:
+        if getattr(self._local, "end", None) is not None:
+            yield
+            return
+        self._local.end = time.monotonic() + (self.seconds if seconds is None else seconds)
+        try:
+            yield
+        finally:
+            self._local.end = None
+
+    def hook(self, request: Any) -> None:
+        left = self.left()
+        if left is None:
+            return
+        if left <= 0.01:
+            raise DeadlineExceeded("the call's deadline passed before this request")
+        opts = request.context.options
+        for name in ("connection_timeout", "read_timeout"):
+            current = opts.get(name)
+            opts[name] = left if not isinstance(current, int | float) else min(float(current), left)
 
 
 # The SDK logs every request and response at INFO (with the key redacted): far too chatty for a

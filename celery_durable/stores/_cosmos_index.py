@@ -24,7 +24,8 @@ DUE_REF = "_dx"  # [kind, at, bucket] of the index entry that covers this docume
 #: Cosmos system properties (and ours) stripped from documents handed back to callers.
 SYSTEM_KEYS = frozenset({"_rid", "_self", "_etag", "_ts", "_attachments", "_lsn", ORIGINAL_ID, DUE_REF})
 
-#: Index entry fields. An entry's partition is ``_due:{kind}:{bucket}``.
+#: Index entry fields. An entry's partition is ``_due:{kind}:{bucket}:{shard}`` (``_due:{kind}:{bucket}``
+#: with one shard).
 ENTRY_KIND = "_ix"
 LATE = "late"
 
@@ -73,8 +74,17 @@ def entry_id(target_pk: str, target_id: str, at: float) -> str:
     return hashlib.blake2b(raw.encode("utf-8"), digest_size=16).hexdigest()
 
 
-def bucket_pk(kind: str, bucket: int | str) -> str:
-    return f"_due:{kind}:{bucket}"
+def bucket_pk(kind: str, bucket: int | str, shard: int | None = None) -> str:
+    return f"_due:{kind}:{bucket}" if shard is None else f"_due:{kind}:{bucket}:{shard}"
+
+
+def shard_of(target_pk: str, shards: int) -> int | None:
+    """The shard of a document's index entries: a stable hash of its partition key (``None``
+    with one shard: the unsharded layout)."""
+    if shards <= 1:
+        return None
+    digest = hashlib.blake2b(target_pk.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % shards
 
 
 def lwm_pk(kind: str) -> str:
@@ -89,8 +99,12 @@ class DueIndex:
     """Parameters of the due index (seconds). Every process sharing a container must agree on
     ``bucket``; the others only tune cost."""
 
-    #: width of a time bucket (one Cosmos partition per kind and bucket)
+    #: width of a time bucket (``shards`` Cosmos partitions per kind and bucket)
     bucket: float = 60.0
+    #: logical partitions per kind and bucket: Azure serves one logical partition at most
+    #: 10,000 RU/s, so the entries of a busy minute are spread by the hash of their document's
+    #: partition key (a scan reads every shard)
+    shards: int = 4
     #: entries due more than this long ago at write time go to the always-scanned ``late`` partition
     late_after: float = 60.0
     #: the low-water mark stays this far behind the clock (covers clock skew and write latency)
@@ -108,6 +122,16 @@ class DueIndex:
 
     def bucket_of(self, t: float) -> int:
         return math.floor(t / self.bucket)
+
+    def partition(self, kind: str, bucket: int | str, target_pk: str) -> str:
+        """The partition of the entry of a document of partition ``target_pk``."""
+        return bucket_pk(kind, bucket, shard_of(target_pk, self.shards))
+
+    def partitions(self, kind: str, bucket: int | str) -> list[str]:
+        """Every partition of one bucket (what a scan reads)."""
+        if self.shards <= 1:
+            return [bucket_pk(kind, bucket)]
+        return [bucket_pk(kind, bucket, s) for s in range(self.shards)]
 
     def trusted(self, prev: list[Any] | None, kind: str, at: float, now: float) -> bool:
         """May a conditional write setting due ``(kind, at)`` keep the entry ``prev`` of the
@@ -127,7 +151,7 @@ class DueIndex:
         """``(due_ref, entry document)`` for a document becoming due ``(kind, at)``."""
         bucket: int | str = LATE if at < now - self.late_after else self.bucket_of(at)
         entry: Doc = {
-            "pk": bucket_pk(kind, bucket),
+            "pk": self.partition(kind, bucket, target_pk),
             "id": entry_id(target_pk, target_id, at),
             ENTRY_KIND: kind,
             "at": at,

@@ -11,6 +11,19 @@ grows with what is due, never with everything stored (SQLite: a partial index; C
 index documents in time-bucketed partitions). Clocks, expired leases, lost activity messages
 and claimable outbox rows are all found this way. Remove the keys (or set them to ``None``) and
 the document leaves the scan.
+
+**Consistency.** The engine needs *read-your-writes across processes*: a process handling a
+message must see every write that happened before the message was sent (the write of the step
+it names, of the signal that woke it...). Every backend's writes are etag-guarded, so a stale
+read never corrupts anything, but a decision made on it (no such step, a lease that looks live)
+would drop the delivery until the recovery scan, 30-300 s later. SQLite, PostgreSQL and memory are strongly
+consistent. Cosmos DB accounts at *Strong* or *Bounded staleness* are too; at *Session* (Azure's
+default) a read sees a write only with a session token at least as new: :meth:`Store.session_token`
+gives the token covering this process's writes to a partition, the glue sends it with the
+message that follows, and the receiver hands it to :meth:`Store.use_session_token` before
+reading. *Consistent prefix* and *Eventual* are not supported: no token makes their reads
+catch up, so every drive or claim could act on an old version and wait for recovery (the engine
+retries deliveries a stale read may explain a few times, over ~4 s, not more).
 """
 
 from __future__ import annotations
@@ -36,9 +49,14 @@ __all__ = [
     "Store",
     "MAX_DOC_BYTES",
     "MAX_BATCH_OPS",
+    "MAX_BATCH_BYTES",
+    "MAX_PK_BYTES",
+    "batch_bytes",
     "check_doc",
+    "check_pk",
     "check_ids",
     "doc_size",
+    "sent_size",
 ]
 
 Doc = dict[str, Any]
@@ -47,6 +65,16 @@ Doc = dict[str, Any]
 MAX_DOC_BYTES = 2 * 1024 * 1024
 #: Cosmos TransactionalBatch's operation limit; every backend enforces the same.
 MAX_BATCH_OPS = 100
+#: Cosmos TransactionalBatch's request size limit (all operations together, as counted by
+#: :func:`batch_bytes`); every backend enforces the same.
+MAX_BATCH_BYTES = 2 * 1024 * 1024
+#: What :func:`batch_bytes` adds per operation for the request framing and the store's own fields
+#: (Cosmos: operation type, etag condition, the due reference ``_dx``), on top of twice the id (an
+#: encoded id is sent beside the caller's).
+BATCH_OP_OVERHEAD = 256
+#: Cosmos' limit on a partition key value (UTF-8 bytes, large partition keys / version 2);
+#: every backend refuses longer keys the same way.
+MAX_PK_BYTES = 2048
 #: The largest page :meth:`Store.list_execs` returns (a bigger ``limit`` is refused, not capped).
 MAX_PAGE_SIZE = 1000
 #: Key a store adds to a listed exec document it could not decode (the value says why).
@@ -185,8 +213,36 @@ def check_ids(ids: Sequence[str]) -> list[str]:
 
 
 def doc_size(doc: Doc) -> int:
-    """Size of the document as stored: compact JSON, UTF-8."""
-    return len(json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
+    """Size of the document as sent: compact JSON with non-ASCII characters escaped (``\\uXXXX``,
+    as the Cosmos SDK writes a request body: a CJK character costs 6 bytes, not its 3 in UTF-8).
+    Every backend counts this way, so a document that fits one fits all."""
+    return len(json.dumps(doc, separators=(",", ":")))
+
+
+def sent_size(text: str) -> int:
+    """:func:`doc_size` of a document whose compact UTF-8 JSON is ``text``: its length, plus what
+    escaping its non-ASCII characters adds (``json.dumps`` of the text escapes those exactly as a
+    document dump would, and adds one backslash per quote and backslash, taken off again)."""
+    if text.isascii():
+        return len(text)
+    return len(json.dumps(text)) - 2 - text.count('"') - text.count("\\")
+
+
+def check_pk(pk: str) -> str:
+    """Refuse a partition key value longer than :data:`MAX_PK_BYTES` (Cosmos would answer 400)."""
+    size = len(pk.encode("utf-8", "surrogatepass"))
+    if size > MAX_PK_BYTES:
+        raise ConfigurationError(f"partition key {pk[:40]!r}... is {size} bytes; the limit is {MAX_PK_BYTES} bytes")
+    return pk
+
+
+def batch_bytes(ops: Sequence[Op], sizes: Sequence[int]) -> int:
+    """The size of a batch as every backend counts it against :data:`MAX_BATCH_BYTES`: each
+    document's compact JSON (``sizes``, 0 for deletes) plus a fixed allowance per operation."""
+    return sum(
+        size + BATCH_OP_OVERHEAD + 2 * len(op.doc_id.encode("utf-8", "surrogatepass"))
+        for op, size in zip(ops, sizes, strict=True)
+    )
 
 
 def check_doc(doc: Doc, limit: int = MAX_DOC_BYTES) -> str:
@@ -195,7 +251,9 @@ def check_doc(doc: Doc, limit: int = MAX_DOC_BYTES) -> str:
         raise ConfigurationError("a document needs a non-empty string 'pk'")
     if not isinstance(doc.get("id"), str) or not doc["id"]:
         raise ConfigurationError("a document needs a non-empty string 'id'")
-    # Backends keep system fields under '_' (Cosmos drops unknown ones): refuse rather than lose
+    check_pk(doc["pk"])
+    # Backends keep system fields under '_' (Cosmos stores them as they are, but its own
+    # '_rid', '_ts', '_etag'... and ours '_dx', '_oid' would clash): refuse rather than lose
     private = [k for k in doc if k.startswith("_") and k not in RESERVED]
     if private:
         raise ConfigurationError(f"document {doc['id']!r}: keys starting with '_' are reserved for stores: {private}")
@@ -206,7 +264,7 @@ def check_doc(doc: Doc, limit: int = MAX_DOC_BYTES) -> str:
         raise ConfigurationError(f"document {doc['id']!r}: due_at must be a number (epoch seconds)")
     body = {k: v for k, v in doc.items() if k not in RESERVED}
     text = json.dumps(body, separators=(",", ":"), ensure_ascii=False)
-    size = len(text.encode("utf-8"))
+    size = sent_size(text)
     if size > limit:
         raise DocumentTooLarge(doc["id"], size, limit)
     return text
@@ -222,6 +280,7 @@ class Store(ABC):
 
     max_doc_bytes: int = MAX_DOC_BYTES
     max_batch_ops: int = MAX_BATCH_OPS
+    max_batch_bytes: int = MAX_BATCH_BYTES
 
     @abstractmethod
     def read(self, pk: str, doc_id: str) -> Doc | None:
@@ -269,7 +328,9 @@ class Store(ABC):
         """All-or-nothing within one partition; return the etags (``None`` for deletes).
 
         Any failing op (create on an existing id, stale ``if_match``, missing document) raises
-        :class:`ConflictError` and leaves nothing applied. At most :attr:`max_batch_ops` ops.
+        :class:`ConflictError` and leaves nothing applied. At most :attr:`max_batch_ops` ops of
+        at most :attr:`max_batch_bytes` in all (:func:`batch_bytes`; more raises
+        :class:`DocumentTooLarge` before anything is sent).
         """
 
     @abstractmethod
@@ -290,6 +351,17 @@ class Store(ABC):
         """
         raise NotImplementedError
 
+    def session_token(self, pk: str) -> str | None:
+        """An opaque token covering this process's writes to partition ``pk`` (and the tokens it
+        was handed), for a message that another process will handle after those writes; ``None``
+        when the backend needs none (strongly consistent: the default)."""
+        return None
+
+    def use_session_token(self, pk: str, token: str | None) -> None:  # noqa: B027 - a no-op by default
+        """Make later reads of partition ``pk`` see at least what ``token`` (from
+        :meth:`session_token`, maybe of another process) covers. ``None`` or a token the backend
+        does not understand changes nothing: old messages carry none."""
+
     def reopen(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Drop connections inherited across ``fork()``; the next call opens fresh ones."""
 
@@ -300,19 +372,32 @@ class Store(ABC):
 
     def _check_batch(self, pk: str, ops: Sequence[Op], check_docs: bool = True) -> None:
         """Limits, one partition, each id once; ``check_docs=False`` when the backend checks
-        (and encodes) every document itself anyway, so it is not encoded twice."""
+        (and encodes) every document itself anyway, so it is not encoded twice (it then calls
+        :meth:`_check_batch_bytes` with the sizes it got)."""
         if len(ops) > self.max_batch_ops:
             raise ConfigurationError(f"a batch holds at most {self.max_batch_ops} operations, got {len(ops)}")
+        check_pk(pk)
         ids: set[str] = set()
+        sizes: list[int] = []
         for op in ops:
+            size = 0
             if op.doc is not None:
                 if op.doc.get("pk") != pk:
                     raise ConfigurationError(f"batch op for {op.doc_id!r} is not in partition {pk!r}")
                 if check_docs:
-                    check_doc(op.doc, self.max_doc_bytes)
+                    size = sent_size(check_doc(op.doc, self.max_doc_bytes))
+            sizes.append(size)
             if op.doc_id in ids:
                 raise ConfigurationError(f"batch touches {op.doc_id!r} twice")
             ids.add(op.doc_id)
+        if check_docs:
+            self._check_batch_bytes(pk, ops, sizes)
+
+    def _check_batch_bytes(self, pk: str, ops: Sequence[Op], sizes: Sequence[int]) -> None:
+        total = batch_bytes(ops, sizes)
+        if total > self.max_batch_bytes:
+            # the same error as one document over the limit: the caller made the request too big
+            raise DocumentTooLarge(f"<batch of {len(ops)} operations in {pk[:80]!r}>", total, self.max_batch_bytes)
 
 
 def due_fields(doc: Doc) -> tuple[str | None, float | None]:

@@ -38,7 +38,18 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from ..errors import ConfigurationError, ConflictError, CorruptDocument, DocumentTooLarge, PayloadTooLarge, StoreError
-from .base import CORRUPT_KEY, Doc, ExecFilter, ExecPage, Op, PartitionRead, Store, check_ids, doc_size
+from .base import (
+    CORRUPT_KEY,
+    Doc,
+    ExecFilter,
+    ExecPage,
+    Op,
+    PartitionRead,
+    Store,
+    batch_bytes,
+    check_ids,
+    doc_size,
+)
 
 __all__ = ["Offloading", "offloaded", "DEFAULT_MAX_PAYLOAD", "CHUNK_PREFIX", "MANIFEST_KEY", "inline_limit"]
 
@@ -59,6 +70,10 @@ _SLIM_BYTES = 64 * 1024
 _READ_ROUNDS = 5
 #: exceptions after which a write certainly did not apply (its fresh chunks can go)
 _NOT_APPLIED = (ConflictError, DocumentTooLarge, ConfigurationError)
+
+
+#: tries of an unconditional write racing other writers of the same document
+_UNCONDITIONAL_ROUNDS = 50
 
 
 def inline_limit(max_doc_bytes: int) -> int:
@@ -110,14 +125,15 @@ def _manifest(pk: str, doc: Doc) -> dict[str, Any] | None:
 
 
 def _pieces(text: str, budget: int) -> list[str]:
-    """``text`` cut into pieces whose JSON string encoding (UTF-8) is at most ``budget`` bytes."""
+    """``text`` cut into pieces whose JSON string encoding (ASCII-escaped, as sent: ``doc_size``)
+    is at most ``budget`` bytes."""
     out: list[str] = []
     start = 0
     while start < len(text):
         take = min(len(text) - start, budget)
         while True:
             piece = text[start : start + take]
-            size = len(json.dumps(piece, ensure_ascii=False).encode("utf-8"))
+            size = len(json.dumps(piece))
             if size <= budget:
                 break
             take = max(1, min(take - 1, int(take * budget / size * 0.98)))
@@ -148,6 +164,7 @@ class Offloading(ABC):  # noqa: B024 - a mixin, registered (not inherited) by th
     max_payload: int = DEFAULT_MAX_PAYLOAD
     max_doc_bytes: int
     max_batch_ops: int
+    max_batch_bytes: int  # the backend's (no default here: the mixed class must not shadow it)
 
     @property
     def backend(self) -> Store:
@@ -160,13 +177,15 @@ class Offloading(ABC):  # noqa: B024 - a mixin, registered (not inherited) by th
 
     # --- splitting --------------------------------------------------------------------------------
 
-    def _ofl_split(self, doc: Doc) -> tuple[Doc, list[Doc], tuple[str, int] | None]:
-        """``(document to write, chunk documents to create first, (nonce, count))``."""
+    def _ofl_split(self, doc: Doc, inline: int | None = None) -> tuple[Doc, list[Doc], tuple[str, int] | None]:
+        """``(document to write, chunk documents to create first, (nonce, count))``; documents
+        over ``inline`` bytes (default :attr:`inline_bytes`) are offloaded."""
         body = {k: v for k, v in doc.items() if k != "_etag"}
         size = doc_size(body)
         if size > self.max_payload:
             raise PayloadTooLarge(str(doc.get("id")), size, self.max_payload)
-        if size <= self.inline_bytes or not isinstance(doc.get("pk"), str) or not isinstance(doc.get("id"), str):
+        limit = self.inline_bytes if inline is None else inline
+        if size <= limit or not isinstance(doc.get("pk"), str) or not isinstance(doc.get("id"), str):
             return doc, [], None  # within the item limit (or malformed: the backend says why)
         sizes = {k: doc_size({k: v}) for k, v in body.items()}
         kept, moved, left = dict(body), {}, size
@@ -358,48 +377,119 @@ class Offloading(ABC):  # noqa: B024 - a mixin, registered (not inherited) by th
         result: str | None = self._ofl_write(doc, [], self.backend.create)
         return result
 
+    def _ofl_stored(self, pk: str, doc_id: str) -> tuple[str | None, list[str]] | None:
+        """The stored version of a document as ``(backend etag, its chunks)``, ``(None, [])`` if
+        there is none, ``None`` if it cannot be read (corrupt: its chunks cannot be known)."""
+        try:
+            raw = self.backend.read(pk, doc_id)
+        except CorruptDocument:
+            return None
+        if raw is None:
+            return None, []
+        m = _manifest(pk, raw)
+        return str(raw["_etag"]), (_chunk_ids(m["nonce"], m["n"]) if m is not None else [])
+
+    # An unconditional write (replace or delete without an etag, upsert) reads the stored version
+    # and writes conditionally on it, again if another writer came between: the chunks it drops
+    # are then exactly those of the version it replaced (a blind write racing another would
+    # drop the chunks of the version it read while another's stayed behind, orphaned).
+
     def replace(self, doc: Doc, if_match: str | None) -> str:
         inner_etag, old = _unwrap(if_match)
-        if if_match is None and isinstance(doc.get("pk"), str) and isinstance(doc.get("id"), str):
-            old = self._ofl_current_chunks(doc["pk"], [doc["id"]])
-        result: str = self._ofl_write(doc, old, lambda slim: self.backend.replace(slim, inner_etag))
-        return result
+        if if_match is not None or not (isinstance(doc.get("pk"), str) and isinstance(doc.get("id"), str)):
+            result: str = self._ofl_write(doc, old, lambda slim: self.backend.replace(slim, inner_etag))
+            return result
+        for _ in range(_UNCONDITIONAL_ROUNDS):
+            stored = self._ofl_stored(doc["pk"], doc["id"])
+            etag, old = stored if stored is not None else (None, [])
+            try:
+                result = self._ofl_write(doc, old, lambda slim, e=etag: self.backend.replace(slim, e))
+            except ConflictError:
+                if etag is None:
+                    raise  # there is no such document
+                continue
+            return result
+        raise ConflictError(f"{doc['id']!r} changed under every replace ({_UNCONDITIONAL_ROUNDS} tries)")
 
     def upsert(self, doc: Doc) -> str:
-        shaped = isinstance(doc.get("pk"), str) and isinstance(doc.get("id"), str)  # else the backend says why
-        old = self._ofl_current_chunks(doc["pk"], [doc["id"]]) if shaped else []
-        result: str = self._ofl_write(doc, old, self.backend.upsert)
-        return result
+        if not (isinstance(doc.get("pk"), str) and isinstance(doc.get("id"), str)):  # the backend says why
+            result: str = self._ofl_write(doc, [], self.backend.upsert)
+            return result
+        for _ in range(_UNCONDITIONAL_ROUNDS):
+            stored = self._ofl_stored(doc["pk"], doc["id"])
+            if stored is None:  # unreadable: overwrite it (the engine fails a corrupt exec so)
+                result = self._ofl_write(doc, [], self.backend.upsert)
+                return result
+            etag, old = stored
+            try:
+                if etag is None:
+                    created: str | None = self._ofl_write(doc, [], self.backend.create)
+                    if created is None:
+                        continue  # created meanwhile: replace that version
+                    return created
+                result = self._ofl_write(doc, old, lambda slim, e=etag: self.backend.replace(slim, e))
+            except ConflictError:
+                continue
+            return result
+        raise ConflictError(f"{doc['id']!r} changed under every upsert ({_UNCONDITIONAL_ROUNDS} tries)")
 
     def delete(self, pk: str, doc_id: str, if_match: str | None = None) -> bool:
         inner_etag, old = _unwrap(if_match)
-        if if_match is None:
-            old = self._ofl_current_chunks(pk, [doc_id])
-        deleted = self.backend.delete(pk, doc_id, inner_etag)
-        if deleted and old:
-            self._ofl_drop(pk, old)
-        return deleted
+        if if_match is not None:
+            deleted = self.backend.delete(pk, doc_id, inner_etag)
+            if deleted and old:
+                self._ofl_drop(pk, old)
+            return deleted
+        for _ in range(_UNCONDITIONAL_ROUNDS):
+            stored = self._ofl_stored(pk, doc_id)
+            etag, old = stored if stored is not None else (None, [])
+            try:
+                deleted = self.backend.delete(pk, doc_id, etag)
+            except ConflictError:
+                continue
+            if deleted and old:
+                self._ofl_drop(pk, old)
+            return deleted
+        raise ConflictError(f"{doc_id!r} changed under every delete ({_UNCONDITIONAL_ROUNDS} tries)")
 
     def batch(self, pk: str, ops: Sequence[Op]) -> list[str | None]:
         if len(ops) > self.max_batch_ops:
             raise ConfigurationError(f"a batch holds at most {self.max_batch_ops} operations, got {len(ops)}")
-        inner_ops: list[Op] = []
-        refs: list[tuple[str, int] | None] = []
-        fresh: list[Doc] = []
+        for op in ops:
+            if op.doc is not None and op.doc.get("pk") != pk:
+                raise ConfigurationError(f"batch op for {op.doc_id!r} is not in partition {pk!r}")
+        inner_etags: list[str | None] = []
         old: list[str] = []
         blind: list[str] = []
         for op in ops:
             inner_etag, replaced = _unwrap(op.if_match)
+            inner_etags.append(inner_etag)
             old += replaced
             if op.kind != "create" and (op.if_match is None or op.kind == "upsert"):
                 blind.append(op.doc_id)
-            if op.doc is None:
+        # Each document within the item limit may stay inline, but a Cosmos batch carries at
+        # most 2 MB in all: offload the biggest inline documents until the batch fits (split
+        # with ``inline=0`` a document keeps only its small fields).
+        splits = [None if op.doc is None else self._ofl_split(op.doc) for op in ops]
+        sizes = [0 if split is None else doc_size(split[0]) for split in splits]
+        while batch_bytes(ops, sizes) > self.max_batch_bytes:
+            movable = [i for i, sp in enumerate(splits) if sp is not None and sp[2] is None and sizes[i] > _SLIM_BYTES]
+            if not movable:
+                break  # nothing left to move: the backend refuses the batch and says why
+            i = max(movable, key=lambda j: sizes[j])
+            doc = ops[i].doc
+            assert doc is not None
+            forced = self._ofl_split(doc, inline=0)
+            splits[i], sizes[i] = forced, doc_size(forced[0])
+        inner_ops: list[Op] = []
+        refs: list[tuple[str, int] | None] = []
+        fresh: list[Doc] = []
+        for op, split, inner_etag in zip(ops, splits, inner_etags, strict=True):
+            if split is None:
                 inner_ops.append(Op(op.kind, id=op.id, if_match=inner_etag))
                 refs.append(None)
                 continue
-            if op.doc.get("pk") != pk:
-                raise ConfigurationError(f"batch op for {op.doc_id!r} is not in partition {pk!r}")
-            slim, chunks, ref = self._ofl_split(op.doc)
+            slim, chunks, ref = split
             fresh += chunks
             inner_ops.append(Op(op.kind, doc=slim, if_match=inner_etag))
             refs.append(ref)

@@ -48,6 +48,7 @@ from .base import (
     decode_keyset,
     due_fields,
     encode_keyset,
+    sent_size,
 )
 
 __all__ = ["SqliteStore", "from_url", "DEFAULT_BUSY_TIMEOUT", "DEFAULT_FILE_MODE"]
@@ -457,6 +458,7 @@ class SqliteStore(Store):
         if not ops:
             return []
         prepared = [_prepare(op.doc, self.max_doc_bytes) if op.doc is not None else None for op in ops]
+        self._check_batch_bytes(pk, ops, [sent_size(p[0]) if p is not None else 0 for p in prepared])
         with self._write() as conn:
             ids = [op.doc_id for op in ops]
             marks = ",".join("?" * len(ids))

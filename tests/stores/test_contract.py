@@ -7,6 +7,7 @@ files, locks, fork) is at the end of the module.
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import sqlite3
@@ -531,10 +532,11 @@ def test_awkward_partition_keys_round_trip(store: Store, pk: str) -> None:
 
 
 def sized(pk: str, doc_id: str, size: int, char: str = "x") -> Doc:
-    """A document whose stored size (compact UTF-8 JSON) is exactly ``size`` bytes."""
+    """A document whose size as sent (compact JSON, non-ASCII escaped: ``doc_size``) is exactly
+    ``size`` bytes."""
     doc = D(pk, doc_id, blob="")
     room = size - doc_size(doc)
-    per = len(char.encode("utf-8"))
+    per = len(json.dumps(char)) - 2
     doc["blob"] = char * (room // per) + "x" * (room % per)
     assert doc_size(doc) == size
     return doc
@@ -751,6 +753,11 @@ def test_read_many_costs_one_round_trip(request: pytest.FixtureRequest, backend:
         store._connect = traced_connect  # type: ignore[attr-defined]
         got = store.read_many("p", ids)
         assert len(statements) == 1 and "IN (" in statements[0], statements
+    elif backend == "postgres":
+        from tests.plugins.postgres import round_trips
+
+        got, trips = round_trips(store, lambda: store.read_many("p", ids), request.getfixturevalue("tmp_path"))
+        assert trips == 1, trips
     else:
         server = request.getfixturevalue("cosmos_server")
         server.reset_stats()
@@ -896,6 +903,13 @@ def outage(request: pytest.FixtureRequest, url: str) -> Iterator[None]:
         finally:
             holder.execute("ROLLBACK")
             holder.close()
+    elif url.startswith("postgres"):
+        proxy = request.getfixturevalue("postgres_proxy")  # shared_store_url goes through it
+        proxy.pause()  # the server is gone: connections refused, open ones cut
+        try:
+            yield
+        finally:
+            proxy.resume()
     else:
         server = request.getfixturevalue("cosmos_server")
         server.pause()  # the listener goes away and open connections are cut

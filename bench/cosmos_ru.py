@@ -1,0 +1,156 @@
+"""Request units per activity on Azure Cosmos DB, estimated from the store's request mix.
+
+Runs workflows of N sequential activities in-process (``WorkflowEnvironment``: no broker) on an
+in-memory store wrapped in :class:`~celery_durable.testing.counting.CountingStore`, and prices each
+store call with Cosmos' documented costs for the recommended indexing policy
+(``docs/azure/indexing-policy.json``: only the queried paths are indexed):
+
+* point read: 1 RU per KB read (at least 1); a miss 1 RU
+* write (create / replace / upsert): ~5.5 RU per KB written (at least 5.5); delete ~5.5 RU
+* batch: its operations' writes (Cosmos charges a transactional batch as its operations)
+* query in one partition (``read_many``, ``query_partition``): ~2.5 RU + 1 RU per KB returned
+* a due document's write also upserts a ~0.3 KB index entry (~5.5 RU) unless it keeps its
+  predecessor's (heartbeats); not seen by the counting proxy, so counted as an upper bound here
+* ``scan_due`` (not per activity, per scan): ``due_shards`` single-partition queries per minute
+  bucket scanned (~2.5 RU each) plus one point read per due entry
+
+These are estimates (real charges vary with document shape, consistency and region count); the
+point is the order of magnitude and how it moves with the payload size. Printed beside the
+request counts they come from.
+
+    python bench/cosmos_ru.py                       # 20 activities, 1 KB payloads
+    python bench/cosmos_ru.py --payload 16384 --activities 50
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from _common import print_table
+from celery import Celery
+
+from celery_durable import Durable, durable_activity
+from celery_durable.stores.base import Doc, DueRef, Op, PartitionRead
+from celery_durable.stores.memory import MemoryStore
+from celery_durable.testing.counting import CountingStore
+from celery_durable.testing.env import WorkflowEnvironment
+
+READ_RU_PER_KB = 1.0
+WRITE_RU_PER_KB = 5.5
+QUERY_RU = 2.5
+ENTRY_KB = 0.3
+
+
+def _kb(doc: Doc | None) -> float:
+    if doc is None:
+        return 0.0
+    body = {k: v for k, v in doc.items() if k != "_etag"}
+    return len(json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")) / 1024
+
+
+def _write_ru(doc: Doc | None) -> float:
+    ru = max(WRITE_RU_PER_KB, WRITE_RU_PER_KB * _kb(doc))
+    if doc is not None and doc.get("due_kind") is not None and doc.get("due_at") is not None:
+        ru += WRITE_RU_PER_KB * max(1.0, ENTRY_KB)  # the due-index entry (upper bound)
+    return ru
+
+
+class PricedStore(CountingStore):
+    """Counts round trips (as CountingStore) and adds up their estimated request units."""
+
+    def __init__(self, inner: MemoryStore) -> None:
+        super().__init__(inner)
+        self.ru: defaultdict[str, float] = defaultdict(float)
+
+    def read(self, pk: str, doc_id: str) -> Doc | None:
+        doc = super().read(pk, doc_id)
+        self.ru["read"] += max(1.0, READ_RU_PER_KB * _kb(doc))
+        return doc
+
+    def read_many(self, pk: str, ids: Sequence[str]) -> list[Doc | None]:
+        docs = super().read_many(pk, ids)
+        if ids:
+            self.ru["read_many"] += QUERY_RU + READ_RU_PER_KB * sum(_kb(d) for d in docs)
+        return docs
+
+    def query_partition(self, pk: str, since: Any = None) -> PartitionRead:
+        got = super().query_partition(pk, since)
+        self.ru["query_partition"] += QUERY_RU + READ_RU_PER_KB * sum(_kb(d) for d in got.docs)
+        return got
+
+    def create(self, doc: Doc) -> str | None:
+        self.ru["create"] += _write_ru(doc)
+        return super().create(doc)
+
+    def replace(self, doc: Doc, if_match: str | None) -> str:
+        self.ru["replace"] += _write_ru(doc)
+        return super().replace(doc, if_match)
+
+    def upsert(self, doc: Doc) -> str:
+        self.ru["upsert"] += _write_ru(doc)
+        return super().upsert(doc)
+
+    def delete(self, pk: str, doc_id: str, if_match: str | None = None) -> bool:
+        self.ru["delete"] += WRITE_RU_PER_KB
+        return super().delete(pk, doc_id, if_match)
+
+    def batch(self, pk: str, ops: Sequence[Op]) -> list[str | None]:
+        self.ru["batch"] += sum(_write_ru(op.doc) if op.doc is not None else WRITE_RU_PER_KB for op in ops)
+        return super().batch(pk, ops)
+
+    def scan_due(self, kind: str, now: float, limit: int = 100) -> list[DueRef]:
+        found = super().scan_due(kind, now, limit)
+        self.ru["scan_due"] += 4 * QUERY_RU + READ_RU_PER_KB * len(found)  # 4 shards, one bucket
+        return found
+
+
+@durable_activity(name="bench.cosmos_ru.step")
+def step(data: str, i: int) -> str:
+    return data[: len(data) - len(str(i))] + str(i)
+
+
+def run(activities: int, payload: int, workflows: int) -> tuple[PricedStore, int]:
+    durable = Durable(Celery("cosmos-ru", set_as_current=False), store="memory://")
+
+    @durable.workflow(name="bench.cosmos_ru.chain")
+    def chain(data: str, n: int) -> int:
+        for i in range(n):
+            data = step(data, i)
+        return len(data)
+
+    store = PricedStore(MemoryStore())
+    env = WorkflowEnvironment(durable, store=store)
+    # the first run warms registries; count the rest
+    env.result(env.start(chain, "x" * payload, 1))
+    store.reset()
+    store.ru.clear()
+    for _ in range(workflows):
+        assert env.result(env.start(chain, "x" * payload, activities)) == payload
+    return store, activities * workflows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--activities", type=int, default=20, help="sequential activities per workflow")
+    parser.add_argument("--payload", type=int, default=1024, help="bytes of each activity's input and result")
+    parser.add_argument("--workflows", type=int, default=5)
+    args = parser.parse_args()
+    store, n = run(args.activities, args.payload, args.workflows)
+    ops = sorted(set(store.counts) | set(store.ru))
+    rows = [[op, f"{store.counts[op] / n:.2f}", f"{store.ru[op] / n:.1f}"] for op in ops]
+    total_requests, total_ru = sum(store.counts.values()) / n, sum(store.ru.values()) / n
+    rows.append(["total", f"{total_requests:.2f}", f"{total_ru:.1f}"])
+    print(f"{args.workflows} workflows x {args.activities} activities, {args.payload} B payloads")
+    print_table(["store call", "requests / activity", "est. RU / activity"], rows)
+    print(
+        f"~{total_ru:.0f} RU per activity: 100 activities/s need ~{total_ru * 100:,.0f} RU/s "
+        f"(manual throughput, or autoscale_max >= {total_ru * 100 / 0.9:,.0f})"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""Provisioning of the Cosmos store's container: throughput, indexing policy, start-up check.
+
+With ``create=true`` the store creates its container with :data:`INDEXING_POLICY` (only the paths
+its queries filter or sort on are indexed: writes then cost ~5–6 RU/KB instead of ~10+ with
+Cosmos' default "index every path") and the throughput asked for (``throughput=`` manual RU/s or
+``autoscale_max=`` autoscale maximum RU/s; neither: the account default, or the database's shared
+throughput). An existing container, created by the store or by a template
+(``docs/azure/cosmos.bicep``), is checked on first use by :func:`check_container`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import ConfigurationError
+
+__all__ = ["INDEXING_POLICY", "INDEXED_PATHS", "PARTITION_KEY_PATH", "check_container", "throughput_option"]
+
+PARTITION_KEY_PATH = "/pk"
+
+#: Every path the store's queries filter or sort on (``cosmos.py``, ``_cosmos_read.py``,
+#: ``_cosmos_list.py``): ``pk``/``_ts`` (query_partition, read_many, scan_partitions), ``id``
+#: (read_many, listings), ``at`` (a due bucket's entries, oldest first), ``_ix``/``b`` (the next
+#: non-empty bucket), ``workflow``/``status``/``created_at`` (list_execs, newest first).
+INDEXED_PATHS = (
+    "/pk/?",
+    "/id/?",
+    "/_ts/?",
+    "/at/?",
+    "/_ix/?",
+    "/b/?",
+    "/workflow/?",
+    "/status/?",
+    "/created_at/?",
+)
+
+#: The recommended indexing policy (also in docs/azure/indexing-policy.json and the Bicep template).
+INDEXING_POLICY: dict[str, Any] = {
+    "indexingMode": "consistent",
+    "automatic": True,
+    "includedPaths": [{"path": p} for p in INDEXED_PATHS],
+    "excludedPaths": [{"path": "/*"}, {"path": '/"_etag"/?'}],
+}
+
+
+def throughput_option(throughput: int | None, autoscale_max: int | None) -> Any:
+    """The ``offer_throughput`` argument of ``create_container`` (``None``: the default)."""
+    if throughput is not None and autoscale_max is not None:
+        raise ConfigurationError("cosmos store: give throughput= (manual RU/s) or autoscale_max=, not both")
+    if throughput is not None:
+        if isinstance(throughput, bool) or throughput < 400 or throughput % 100:
+            raise ConfigurationError(
+                f"cosmos throughput must be a multiple of 100 RU/s, at least 400; got {throughput}"
+            )
+        return throughput
+    if autoscale_max is not None:
+        if isinstance(autoscale_max, bool) or autoscale_max < 1000 or autoscale_max % 1000:
+            raise ConfigurationError(
+                f"cosmos autoscale_max must be a multiple of 1000 RU/s, at least 1000; got {autoscale_max}"
+            )
+        from azure.cosmos import ThroughputProperties  # noqa: PLC0415 - only when asked for
+
+        return ThroughputProperties(auto_scale_max_throughput=autoscale_max)
+    return None
+
+
+def _indexed(path: str, policy: dict[str, Any]) -> bool:
+    """Whether ``path`` (``/a/?``) is indexed under ``policy``: the most specific rule wins
+    (``/a/?`` over ``/a/*`` over ``/*``), as in Cosmos."""
+    included = {str(p.get("path")) for p in policy.get("includedPaths") or [] if isinstance(p, dict)}
+    excluded = {str(p.get("path")) for p in policy.get("excludedPaths") or [] if isinstance(p, dict)}
+    prefix = path[: -len("?")]
+    for rule in (path, prefix + "*", "/*"):
+        if rule in excluded:
+            return False
+        if rule in included:
+            return True
+    return not excluded and not included  # no rule at all: Cosmos indexes everything
+
+
+def check_container(props: dict[str, Any], container: str) -> None:
+    """Refuse a container the store cannot work on well, saying what to change."""
+    pk = props.get("partitionKey") or {}
+    paths = pk.get("paths") or []
+    if paths != [PARTITION_KEY_PATH]:
+        raise ConfigurationError(
+            f"cosmos container {container!r} is partitioned by {paths}, expected [{PARTITION_KEY_PATH!r}]"
+        )
+    if int(pk.get("version") or 1) < 2:
+        raise ConfigurationError(
+            f"cosmos container {container!r} has partition key version 1 (keys hashed on their first "
+            "100 bytes; execution ids can be longer): recreate it with version 2 (large partition keys)"
+        )
+    policy = props.get("indexingPolicy") or {}
+    if str(policy.get("indexingMode", "consistent")).lower() != "consistent" or policy.get("automatic") is False:
+        raise ConfigurationError(
+            f"cosmos container {container!r} must use consistent, automatic indexing "
+            f"(got indexingMode={policy.get('indexingMode')!r}, automatic={policy.get('automatic')!r})"
+        )
+    missing = [p for p in INDEXED_PATHS if not _indexed(p, policy)]
+    if missing:
+        raise ConfigurationError(
+            f"cosmos container {container!r} does not index {', '.join(missing)}, which the store queries: "
+            "use the recommended indexing policy (docs/azure/indexing-policy.json)"
+        )
