@@ -1,7 +1,9 @@
 """Observability: counters, structured log context and optional OpenTelemetry spans.
 
 * :class:`Counters` counts every engine event (``workflow_completed``, ``activity_failed``,
-  ``timer_fired``, ``recovery_resend``, ``drive_conflict`` …); ``durable.counters.snapshot()``
+  ``timer_fired``, ``recovery_resend``, ``drive_conflict``, ``stale_read_retry`` /
+  ``stale_read_drop`` (deliveries re-sent because a stale read may explain a refusal, and those
+  given up: :mod:`celery_durable.consistency`) …); ``durable.counters.snapshot()``
   returns a plain dict a Prometheus exporter can publish.
 * :func:`span` opens an OpenTelemetry span when the ``otel`` extra is installed
   (``pip install celery-durable[otel]``) and is a no-op otherwise.

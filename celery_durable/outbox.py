@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 from celery import Celery
 
 from .codecs import ValueCodec
+from .consistency import retry_stale, session_headers, use_session
 from .engine.outbox import (
     Admitted,
     Claim,
@@ -51,7 +52,7 @@ from .engine.outbox import (
     OutboxSettings,
     ScanReport,
 )
-from .engine.outbox.model import RETRY, TERMINAL, intent_id
+from .engine.outbox.model import RETRY, TERMINAL, intent_id, lane_pk
 from .engine.outbox.runtime import (
     EffectCancelled,
     EffectContext,
@@ -193,6 +194,9 @@ class CeleryEffectSender:
             options["countdown"] = countdown
         if definition is not None and definition.queue:
             options["queue"] = definition.queue
+        tokens = session_headers(self.app, lane_pk(ref.key))
+        if tokens:
+            options["headers"] = tokens
         name = definition.task_name if definition is not None else EFFECT_TASK_PREFIX + ref.type
         self.app.send_task(name, args=[ref.key, ref.effect_id], **options)
 
@@ -350,6 +354,7 @@ class Outbox:
     def deliver(self, task: Any, key: str, effect_id: str) -> str:
         """One delivery of a row's message: claim, run, settle; Celery retries a retryable failure."""
         core = self.core
+        use_session(core.store, task.request, lane_pk(key))
         try:
             result = core.claim(key, effect_id)
         except StoreUnavailable as exc:  # the lane stays due: retrying here only makes it faster
@@ -358,6 +363,8 @@ class Outbox:
         if claim is None:
             if result.reason == "early" and result.wait <= core.settings.fast_send_max:
                 raise task.retry(countdown=result.wait, max_retries=None)
+            if result.reason == "missing" and retry_stale(task, self._durable.engine.counters, "no such row"):
+                return "missing (retrying)"
             log.info("effect %s (key %s) not run: %s", effect_id, key, result.reason)
             return result.reason
         definition = self.effects.get(claim.type)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from celery import Celery
 
 from .activity import DURABLE_HEADER
+from .consistency import retry_stale, session_headers, use_session
 from .engine.dispatcher import ActivityRequest, ClockRequest
 from .engine.outbox.model import EffectRef, EffectSender
 from .errors import StoreUnavailable
@@ -67,7 +68,8 @@ class CeleryDispatcher:
             # the step's identity travels in a header: it survives Celery's retries and keeps
             # the user's kwargs (and Celery's argument checking) untouched
             "headers": {
-                DURABLE_HEADER: {"e": request.execution_id, "s": request.seq, "r": request.run, "w": request.workflow}
+                DURABLE_HEADER: {"e": request.execution_id, "s": request.seq, "r": request.run, "w": request.workflow},
+                **session_headers(self.app, request.execution_id),
             },
             # Flower shows this instead of the bare task name
             "shadow": f"{request.name} [{request.workflow} {request.execution_id} #{request.seq}]",
@@ -85,6 +87,7 @@ class CeleryDispatcher:
             DRIVE_TASK,
             args=[execution_id],
             countdown=countdown,
+            headers=session_headers(self.app, execution_id),
             shadow=f"drive [{execution_id}]",
             serializer="json",
             ignore_result=True,
@@ -100,6 +103,7 @@ class CeleryDispatcher:
             FIRE_CLOCK_TASK,
             args=[request.execution_id, request.seq, request.run],
             countdown=max(0.0, delay),
+            headers=session_headers(self.app, request.execution_id),
             shadow=f"timer [{request.execution_id} #{request.seq}]",
             serializer="json",
             ignore_result=True,
@@ -117,20 +121,29 @@ def register_tasks(app: Celery, durable: DurableLike) -> None:
 
     @app.task(name=DRIVE_TASK, bind=True, ignore_result=True, max_retries=None, acks_late=False, shared=False)
     def drive(self: Any, execution_id: str) -> str:
+        engine = durable.engine
+        use_session(engine.store, self.request, execution_id)
         try:
-            return durable.engine.drive(execution_id)
+            outcome = engine.drive(execution_id)
         except StoreUnavailable as exc:
             # the execution stays due; retrying here just makes recovery faster
             raise self.retry(exc=exc, countdown=min(30.0, 1.0 * 2 ** min(self.request.retries, 5))) from exc
+        if outcome == "missing" and retry_stale(self, engine.counters, "no such execution"):
+            return "missing (retrying)"
+        return outcome
 
     @app.task(name=FIRE_CLOCK_TASK, bind=True, ignore_result=True, max_retries=None, shared=False)
     def fire_clock(self: Any, execution_id: str, seq: int, run: int = 0) -> str:
+        engine = durable.engine
+        use_session(engine.store, self.request, execution_id)
         try:
-            outcome = durable.engine.fire_clock(execution_id, seq, run)
+            outcome = engine.fire_clock(execution_id, seq, run)
         except StoreUnavailable as exc:
             raise self.retry(exc=exc, countdown=1.0) from exc
         if outcome == "early":  # delivered before its time (clock skew): try again shortly
             raise self.retry(countdown=0.05, max_retries=100)
+        if outcome == "missing" and retry_stale(self, engine.counters, "no such timer step"):
+            return "missing (retrying)"
         return outcome
 
     @app.task(name=FIRE_DUE_CLOCKS_TASK, ignore_result=True, shared=False)

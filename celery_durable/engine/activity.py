@@ -27,7 +27,7 @@ from .model import DUE_ACTIVITY, EXEC_ID, TERMINAL, Attempt, error_info, lease_l
 if TYPE_CHECKING:
     from .parts import EngineParts
 
-__all__ = ["Attempt", "ActivityRunner", "run_awaitable", "sync_callable"]
+__all__ = ["Attempt", "ActivityRunner", "run_awaitable", "sync_callable", "may_be_stale"]
 
 log = logging.getLogger("celery_durable.activity")
 
@@ -82,6 +82,16 @@ def sync_callable(fn: Callable[..., Any]) -> Callable[..., Any]:
     return run_sync
 
 
+#: reasons of :meth:`ActivityRunner.begin` a read of a replica behind the sender could explain
+#: (the glue retries those deliveries shortly instead of dropping them)
+STALE_REASONS = ("no such execution", "no such activity step", "another attempt is running", "the run is not yet")
+
+
+def may_be_stale(why: str) -> bool:
+    """Whether a delivery refused for ``why`` might run if the store were read again."""
+    return why.startswith(STALE_REASONS)
+
+
 class ActivityRunner:
     def __init__(self, engine: EngineParts) -> None:
         self.engine = engine
@@ -104,8 +114,10 @@ class ActivityRunner:
                 return None, "no such execution"
             if ex.get("status") in TERMINAL:
                 return None, f"execution is {ex['status']}"
-            if int(ex.get("run") or 0) != run:
+            if int(ex.get("run") or 0) > run:
                 return None, "the execution continued as new"
+            if int(ex.get("run") or 0) < run:  # the message follows a run we do not see (yet)
+                return None, f"the run is not yet {run}"
             if result_id(seq, run) in docs:
                 return None, "duplicate: the result is already recorded"
             marker = docs.get(marker_id(seq, run))

@@ -11,10 +11,20 @@ passed as ``credential=``. The key is never logged nor put in an error message. 
 parameters / keyword options: ``verify`` (TLS verification, default true; ``false`` also silences
 urllib3's warning for that host), ``create`` (create database and container if missing, default
 true), ``discovery`` (endpoint discovery for multi-region accounts, default true),
-``consistency`` (e.g. ``Session``), ``timeout`` (connect timeout, s), ``retries`` (our retries of
-transient failures, default 3), ``throttle_retries`` / ``throttle_max_wait`` (the SDK's 429
-retries, honouring ``x-ms-retry-after-ms``; defaults 9 and 20 s), ``due_bucket`` (s, default 60;
-the same in every process).
+``consistency`` (e.g. ``Session``), ``deadline`` (s, default 10: the absolute time one store call
+may take, the SDK's and our retries included; keep it below a third of ``durable_lease_ttl``),
+``timeout`` / ``read_timeout`` (connect / socket read timeout of one HTTP attempt, s; both capped
+by what is left of the deadline), ``retries`` (our retries of transient failures, default 3),
+``throttle_retries`` / ``throttle_max_wait`` (the SDK's 429 retries, honouring
+``x-ms-retry-after-ms``; defaults 9 and 20 s, the wait capped by the deadline), ``due_bucket`` (s,
+default 60) and ``due_shards`` (default 4; both the same in every process), ``throughput`` /
+``autoscale_max`` (RU/s of a container the store creates; see ``_cosmos_provision.py``).
+
+**Provisioning.** ``create=true`` creates the container with the recommended indexing policy
+(:data:`~._cosmos_provision.INDEXING_POLICY`); in production create it with
+``docs/azure/cosmos.bicep`` and use ``create=false``. Either way the container is checked on first
+use (partition key ``/pk`` version 2, the indexes the store's queries need): a mismatch is a
+:class:`ConfigurationError` saying what to change.
 
 **Documents.** The partition key path is ``/pk`` (works on real Cosmos and on the test server;
 ``/_partitionKey`` is special-cased by both). Ids outside ``[A-Za-z0-9_.:@=+,;!$()*-]`` (Cosmos
@@ -31,26 +41,29 @@ replaces, deletes and batches only when the request provably did not run (connec
 503, 449). The SDK's connection retries are turned off so outages surface quickly.
 
 **Due index** (:meth:`CosmosStore.scan_due`). A cross-partition query over every document would
-cost in proportion to history, so due documents are indexed by small *entry* documents in
-per-kind time-bucket partitions ``_due:{kind}:{floor(at/60)}`` (``_due:{kind}:late`` when already
-overdue at write time). A write of a due document first upserts its entry, then writes the
-document recording the entry as ``_dx``; an etag replace may instead keep its predecessor's entry
-when that is of the same kind, no later than the new due time and still in the future
-(``DueIndex.trusted``), so heartbeats pushing a lease forward cost no extra write. A scan reads
-the ``late`` partition and the buckets from a per-kind low-water mark (doc ``_due:{kind}``/``lwm``,
-cached in-process) up to ``now``, point-reads the entries' documents (a few in parallel), reports
-the due ones, keeps entries a not-yet-due document still relies on and deletes the others with
-an etag condition (``DueIndex.verdict``: an entry is only garbage once its document was written
-after it, or after two minutes, so a writer's in-flight entry is never taken). Entries due but
-unhandled for ten minutes move to ``late`` so the mark can pass old buckets; the mark lags the
-clock by two minutes (clock skew, write latency). Runs of empty buckets (long downtime, a fresh
-scanner) are skipped with one cross-partition query over entries only. A scan thus costs a few
-single-partition queries plus one read per due or stale entry, whatever the history.
+cost in proportion to history, so due documents are indexed by small *entry* documents in per-kind
+time-bucket partitions ``_due:{kind}:{floor(at/60)}:{shard}`` (``_due:{kind}:late:{shard}`` when
+already overdue at write time; the shard is a hash of the document's partition key, so one busy
+minute is spread over ``due_shards`` logical partitions, each capped at 10,000 RU/s by Azure). A
+write of a due document first upserts its entry, then writes the document recording the entry as
+``_dx``; an etag replace may instead keep its predecessor's entry when that is of the same kind, no
+later than the new due time and still in the future (``DueIndex.trusted``), so heartbeats pushing a
+lease forward cost no extra write. A scan reads the ``late`` partition and the buckets (each with
+one query naming its shards) from a per-kind low-water mark (doc ``_due:{kind}``/``lwm``, cached
+in-process) up to ``now``, point-reads the entries' documents (a few in parallel), reports the due
+ones, keeps entries a not-yet-due document still relies on and deletes the others with an etag
+condition (``DueIndex.verdict``: an entry is only garbage once its document was written after it,
+or after two minutes, so a writer's in-flight entry is never taken). Entries due but unhandled for
+ten minutes move to ``late`` so the mark can pass old buckets; the mark lags the clock by two
+minutes (clock skew, write latency). Runs of empty buckets (long downtime, a fresh scanner) are
+skipped with one cross-partition query over entries only. A scan thus costs a few queries plus one
+read per due or stale entry, whatever the history.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import re
 import threading
 import time
@@ -70,36 +83,35 @@ from ..errors import (
     ConflictError,
     DocumentTooLarge,
     DurableError,
+    StoreUnavailable,
 )
-from ._cosmos_config import Secret, parse_url
+from ._cosmos_config import CallDeadline, DeadlineExceeded, Secret, parse_url
+from ._cosmos_due import CosmosDueScan
 from ._cosmos_errors import NOT_APPLIED, TRANSIENT, translate
 from ._cosmos_index import (
     DUE_REF,
-    ENTRY_KIND,
-    LATE,
     MAX_ID_LENGTH,
     ORIGINAL_ID,
     SYSTEM_KEYS,
     DueIndex,
-    bucket_pk,
     encode_id,
-    lwm_pk,
     make_etag,
     split_etag,
 )
 from ._cosmos_list import CosmosListing
+from ._cosmos_provision import INDEXING_POLICY, PARTITION_KEY_PATH, check_container, throughput_option
 from ._cosmos_read import CosmosReads
-from .base import Doc, DueRef, Op, PartitionRead, Store, check_doc, doc_size, due_fields
+from ._cosmos_session import CosmosSessions, SessionTokens
+from .base import Doc, Op, PartitionRead, Store, check_doc, doc_size, due_fields
 
 __all__ = ["CosmosStore", "from_url"]
 
 T = TypeVar("T")
 
-PARTITION_KEY_PATH = "/pk"
 _PAGE = 1000  # items per page when a query has to page
 
 
-class CosmosStore(CosmosReads, CosmosListing, Store):
+class CosmosStore(CosmosSessions, CosmosReads, CosmosListing, CosmosDueScan, Store):
     """The storage contract on one Cosmos DB container (see the module docstring)."""
 
     def __init__(
@@ -115,10 +127,15 @@ class CosmosStore(CosmosReads, CosmosListing, Store):
         discovery: bool = True,
         consistency: str | None = None,
         timeout: float = 10.0,
+        read_timeout: float | None = None,
+        deadline: float = 10.0,
         retries: int = 3,
         throttle_retries: int = 9,
         throttle_max_wait: int = 20,
         due_bucket: float = 60.0,
+        due_shards: int = 4,
+        throughput: int | None = None,
+        autoscale_max: int | None = None,
     ) -> None:
         if key is None and credential is None:
             raise ConfigurationError(
@@ -129,13 +146,21 @@ class CosmosStore(CosmosReads, CosmosListing, Store):
         self._credential = credential
         self._verify, self._create, self._discovery = verify, create, discovery
         self._consistency, self._timeout = consistency, timeout
-        self._retries, self._throttle = max(0, retries), (max(1, throttle_retries), max(1, throttle_max_wait))
-        self.index = DueIndex(bucket=due_bucket)
+        self.deadline = CallDeadline(deadline)
+        self._read_timeout = deadline if read_timeout is None else read_timeout
+        # the SDK sleeps between 429 retries: never longer in all than the deadline allows
+        wait = max(1, min(throttle_max_wait, math.ceil(deadline)))
+        self._retries, self._throttle = max(0, retries), (max(1, throttle_retries), wait)
+        self._offer = throughput_option(throughput, autoscale_max)
+        if isinstance(due_shards, bool) or not 1 <= due_shards <= 64:
+            raise ConfigurationError(f"cosmos due_shards must be from 1 to 64, got {due_shards!r}")
+        self.index = DueIndex(bucket=due_bucket, shards=due_shards)
         self._lock = threading.Lock()
         self._client: CosmosClient | None = None
         self._proxy: ContainerProxy | None = None
         self._pool: ThreadPoolExecutor | None = None  # parallel reads of scan_due
         self._lwm: dict[str, int] = {}
+        self._sessions = SessionTokens()  # newest session token per partition (_cosmos_session)
         if not verify:
             # the user asked for no verification of this host: do not warn on every request
             host = re.escape(urlsplit(endpoint).hostname or "")
@@ -165,6 +190,8 @@ class CosmosStore(CosmosReads, CosmosListing, Store):
             "retry_connect": 0,  # we retry connection failures ourselves, briefly
             "retry_read": 0,
             "connection_timeout": self._timeout,
+            "read_timeout": self._read_timeout,
+            "raw_request_hook": self.deadline.hook,  # caps every HTTP attempt by the call's deadline
             "user_agent_suffix": "celery-durable",
         }
         if self._consistency:
@@ -193,14 +220,13 @@ class CosmosStore(CosmosReads, CosmosListing, Store):
                 client.create_database(self.database)
             with contextlib.suppress(cx.CosmosResourceExistsError):
                 client.get_database_client(self.database).create_container(
-                    self.container, partition_key=PartitionKey(path=PARTITION_KEY_PATH)
+                    self.container,
+                    partition_key=PartitionKey(path=PARTITION_KEY_PATH, version=2),
+                    indexing_policy=INDEXING_POLICY,
+                    offer_throughput=self._offer,
                 )
             props = proxy.read()
-        paths = (props.get("partitionKey") or {}).get("paths") or []
-        if paths != [PARTITION_KEY_PATH]:
-            raise ConfigurationError(
-                f"cosmos container {self.container!r} is partitioned by {paths}, expected [{PARTITION_KEY_PATH!r}]"
-            )
+        check_container(props, self.container)
         return proxy
 
     @property
@@ -231,6 +257,11 @@ class CosmosStore(CosmosReads, CosmosListing, Store):
         return self._secret.scrub(text) if self._secret is not None else text
 
     def _call(self, what: str, fn: Callable[[], T], *, idempotent: bool, doc: Doc | None = None) -> T:
+        # connecting takes a few requests (account, container, maybe creating it), once per process
+        with self.deadline.running(self.deadline.seconds * 3 if what == "connect" else None):
+            return self._attempts(what, fn, idempotent=idempotent, doc=doc)
+
+    def _attempts(self, what: str, fn: Callable[[], T], *, idempotent: bool, doc: Doc | None) -> T:
         attempt = 0
         while True:
             try:
@@ -238,6 +269,12 @@ class CosmosStore(CosmosReads, CosmosListing, Store):
             except DurableError:
                 raise
             except Exception as exc:
+                left = self.deadline.left() or 0.0
+                if isinstance(exc, DeadlineExceeded) or left <= 0.01:
+                    raise StoreUnavailable(
+                        f"cosmos {what}: no answer within its deadline ({self.deadline.seconds:g} s a call)"
+                        f" ({type(exc).__name__})"
+                    ) from exc
                 status = getattr(exc, "status_code", None)
                 retry = (
                     status in NOT_APPLIED
@@ -246,7 +283,7 @@ class CosmosStore(CosmosReads, CosmosListing, Store):
                     or (status is None and idempotent and isinstance(exc, ServiceResponseError))
                 )
                 if retry and attempt < self._retries:
-                    time.sleep(min(2.0, 0.05 * 2**attempt))
+                    time.sleep(min(2.0, 0.05 * 2**attempt, left / 2))
                     attempt += 1
                     continue
                 raise self._translate(exc, what, doc) from exc
@@ -295,7 +332,7 @@ class CosmosStore(CosmosReads, CosmosListing, Store):
 
         def op() -> Doc | None:
             try:
-                return dict(c.read_item(cid, partition_key=pk))
+                return dict(c.read_item(cid, partition_key=pk, **self._session_read(pk)))
             except cx.CosmosResourceNotFoundError:
                 return None
 
@@ -312,6 +349,7 @@ class CosmosStore(CosmosReads, CosmosListing, Store):
         c = self._container()
         parameters = [{"name": n, "value": v} for n, v in params.items()]
         scope: dict[str, Any] = {"partition_key": pk} if pk is not None else {"enable_cross_partition_query": True}
+        scope.update(self._session_read(pk))
         pages = c.query_items(sql, parameters=parameters, max_item_count=size, **scope).by_page()
         end = object()
 
@@ -351,7 +389,7 @@ class CosmosStore(CosmosReads, CosmosListing, Store):
 
         def op() -> str | None:
             try:
-                raw = c.create_item(body)
+                raw = c.create_item(body, **self._session_write(doc["pk"]))
             except cx.CosmosResourceExistsError:
                 return None  # first writer wins
             return make_etag(raw["_etag"], raw.get(DUE_REF))
@@ -368,7 +406,7 @@ class CosmosStore(CosmosReads, CosmosListing, Store):
 
         def op() -> str:
             try:
-                raw = c.replace_item(cid, body, **conditional)
+                raw = c.replace_item(cid, body, **conditional, **self._session_write(doc["pk"]))
             except cx.CosmosResourceNotFoundError as exc:
                 raise ConflictError(f"cosmos {what}: the document does not exist") from exc
             except cx.CosmosAccessConditionFailedError as exc:
@@ -383,7 +421,7 @@ class CosmosStore(CosmosReads, CosmosListing, Store):
         c = self._container()
 
         def op() -> str:
-            raw = c.upsert_item(body)
+            raw = c.upsert_item(body, **self._session_write(doc["pk"]))
             return make_etag(raw["_etag"], raw.get(DUE_REF))
 
         return self._call(f"upsert {doc['pk']!r}/{doc['id']!r}", op, idempotent=True, doc=doc)
@@ -396,7 +434,7 @@ class CosmosStore(CosmosReads, CosmosListing, Store):
 
         def op() -> bool:
             try:
-                c.delete_item(cid, partition_key=pk, **conditional)
+                c.delete_item(cid, partition_key=pk, **conditional, **self._session_write(pk))
             except cx.CosmosResourceNotFoundError:
                 return False
             except cx.CosmosAccessConditionFailedError as exc:
@@ -443,7 +481,7 @@ class CosmosStore(CosmosReads, CosmosListing, Store):
 
         def run() -> list[str | None]:
             try:
-                results = c.execute_item_batch(calls, partition_key=pk)
+                results = c.execute_item_batch(calls, partition_key=pk, **self._session_write(pk))
             except cx.CosmosBatchOperationError as exc:
                 i = exc.error_index or 0
                 status = int(exc.status_code or 0)
@@ -463,128 +501,17 @@ class CosmosStore(CosmosReads, CosmosListing, Store):
 
         return self._call(what, run, idempotent=False)
 
-    # --- scans -------------------------------------------------------------------------------------
-
-    def scan_due(self, kind: str, now: float, limit: int = 100) -> list[DueRef]:
-        real = time.time()
-        found: dict[tuple[str, str], DueRef] = {}
-        targets: dict[tuple[str, str], Doc | None] = {}
-        self._scan_bucket(kind, LATE, now, real, limit, found, targets)
-        hi = self.index.bucket_of(now)
-        start = self._lwm.get(kind)
-        if start is None:
-            raw = self._read_raw(lwm_pk(kind), "lwm")
-            start = int(raw["b"]) if raw is not None else None
-        if start is None:  # fresh scanner and no mark: find the oldest bucket in one query
-            start = self._next_bucket(kind, None, hi)
-            start = hi + 1 if start is None else start
-        b, first_dirty = start, None
-        while b <= hi and len(found) < limit:
-            if hi - b > self.index.gap_skip:
-                nxt = self._next_bucket(kind, b, hi)
-                if nxt is None:
-                    b = hi + 1
-                    break
-                b = nxt
-            clean = self._scan_bucket(kind, b, now, real, limit, found, targets)
-            if not clean and first_dirty is None:
-                first_dirty = b
-            b += 1
-        mark = min(
-            first_dirty if first_dirty is not None else b, self.index.bucket_of(min(now, real) - self.index.lwm_lag)
-        )
-        known = self._lwm.get(kind)
-        if known is None or mark > known:
-            # several scanners may race here; any of their marks is a valid lower bound
-            self._lwm[kind] = mark
-            self._upsert_internal({"pk": lwm_pk(kind), "id": "lwm", "b": mark})
-        return sorted(found.values(), key=lambda r: (r.due_at, r.pk, r.id))[:limit]
-
-    def _scan_bucket(
-        self,
-        kind: str,
-        bucket: int | str,
-        now: float,
-        real: float,
-        limit: int,
-        found: dict[tuple[str, str], DueRef],
-        targets: dict[tuple[str, str], Doc | None],
-    ) -> bool:
-        """Process one bucket's entries with ``at <= now``; True if none is left behind."""
-        pk = bucket_pk(kind, bucket)
-        sql = "SELECT * FROM c WHERE c.pk = @pk AND c.at <= @now ORDER BY c.at"
-        clean = True
-        for page in self._pages(f"scan_due {pk!r}", sql, {"@pk": pk, "@now": now}, pk, size=max(20, limit)):
-            self._read_many([(str(e["tpk"]), str(e["tid"])) for e in page], targets)
-            for entry in page:
-                if len(found) >= limit:
-                    return False
-                clean = self._settle(kind, bucket, entry, targets, now, real, found) and clean
-        return clean
-
-    def _settle(
-        self,
-        kind: str,
-        bucket: int | str,
-        entry: Doc,
-        targets: dict[tuple[str, str], Doc | None],
-        now: float,
-        real: float,
-        found: dict[tuple[str, str], DueRef],
-    ) -> bool:
-        """Apply the verdict on one entry; True if the entry is gone from its bucket."""
-        ref = (str(entry["tpk"]), str(entry["tid"]))
-        verdict, due_at = self.index.verdict(entry, targets[ref], now, real)
-        if verdict == "delete":
-            return self._delete_entry(entry)
-        if verdict == "keep":
-            return False
-        found[ref] = DueRef(ref[0], ref[1], due_at)
-        if bucket == LATE or int(bucket) >= self.index.bucket_of(real) - self.index.stuck_buckets:
-            return False
-        # due but not handled for a while: move it to the always-scanned late partition so the
-        # low-water mark can pass its old bucket
-        moved = {k: v for k, v in entry.items() if not k.startswith("_") or k == ENTRY_KIND}
-        moved.update(pk=bucket_pk(kind, LATE), late=True)
-        moved.pop("b", None)
-        self._upsert_internal(moved)
-        return self._delete_entry(entry)
-
-    def _delete_entry(self, entry: Doc) -> bool:
-        """Delete unless a writer touched it since we read it; True if it is gone."""
-        c = self._container()
-
-        def op() -> bool:
-            try:
-                c.delete_item(
-                    entry["id"],
-                    partition_key=entry["pk"],
-                    etag=entry["_etag"],
-                    match_condition=MatchConditions.IfNotModified,
-                )
-            except cx.CosmosResourceNotFoundError:
-                return True
-            except cx.CosmosAccessConditionFailedError:
-                return False
-            return True
-
-        return self._call("index delete", op, idempotent=True)
-
-    def _next_bucket(self, kind: str, lo: int | None, hi: int) -> int | None:
-        """The oldest bucket in ``[lo, hi]`` holding an entry of ``kind`` (cross-partition, entries only)."""
-        sql = "SELECT TOP 1 VALUE c.b FROM c WHERE c._ix = @kind AND c.b <= @hi"
-        params: dict[str, Any] = {"@kind": kind, "@hi": hi}
-        if lo is not None:
-            sql += " AND c.b >= @lo"
-            params["@lo"] = lo
-        for value in self._query(f"scan_due {kind!r} buckets", sql + " ORDER BY c.b", params, None):
-            return int(cast(Any, value))
-        return None
+    # --- scans (scan_due: _cosmos_due.py) ------------------------------------------------------
 
     def scan_partitions(self, pk_prefix: str, limit: int = 1000) -> list[str]:
-        # cross-partition, acceptable for the CLI listing it serves
-        sql = f"SELECT TOP {int(limit)} VALUE c.pk FROM c WHERE c.id = 'exec' AND STARTSWITH(c.pk, @p) ORDER BY c.pk"
-        return [str(v) for v in self._query("scan_partitions", sql, {"@p": pk_prefix}, None)]
+        # cross-partition (operator tooling), in bounded pages up to the caller's limit
+        sql = "SELECT VALUE c.pk FROM c WHERE c.id = 'exec' AND STARTSWITH(c.pk, @p) ORDER BY c.pk"
+        out: list[str] = []
+        for page in self._pages("scan_partitions", sql, {"@p": pk_prefix}, None, size=min(int(limit), _PAGE)):
+            out += [str(v) for v in page][: int(limit) - len(out)]
+            if len(out) >= limit:
+                break
+        return out
 
 
 def from_url(url: str, **options: Any) -> CosmosStore:

@@ -69,6 +69,12 @@ class TracedStore(Store):
     def list_execs(self, flt: ExecFilter | None = None, limit: int = 100, cursor: str | None = None) -> ExecPage:
         return self._traced("list_execs", None, lambda: self.inner.list_execs(flt, limit, cursor))
 
+    def session_token(self, pk: str) -> str | None:
+        return self.inner.session_token(pk)
+
+    def use_session_token(self, pk: str, token: str | None) -> None:
+        self.inner.use_session_token(pk, token)
+
     def reopen(self) -> None:
         self.inner.reopen()
 

@@ -5,7 +5,7 @@
  * fault injection and outage control. Started by celery_durable/testing/cosmos_server.py.
  *
  *   node cosmos_server.js --package-dir DIR [--host 127.0.0.1] [--port 0] [--control-port 0]
- *                         [--parent-pid PID]
+ *                         [--parent-pid PID] [--replica-lag-ms 0]
  *
  * DIR holds node_modules/@vercel/cosmosdb-server. With --parent-pid the server exits when that
  * process is gone (no orphans when a test run is killed). When ready it prints one line
@@ -45,6 +45,10 @@
  *  8. Items larger than 2 MB are accepted.
  *     FIXED HERE: writes of items over 2 MiB answer 413, like Cosmos (the store checks first).
  *  9. The package's CLI closes every connection: we start the server ourselves with keep-alive.
+ * 10. No session tokens, every read sees the latest write.
+ *     ADDED HERE (cosmos_server_lag.js): writes answer x-ms-session-token; --replica-lag-ms L
+ *     (or POST /replica-lag) makes reads without a fresh enough token see the previous version
+ *     of a document for L ms after a write, like a lagging replica at Session consistency.
  *
  * Control API (plain HTTP on --control-port, 127.0.0.1 only):
  *   GET  /health            {"ok": true, "port": P, "paused": false}
@@ -60,6 +64,7 @@
  *   POST /pause, /resume    stop listening and cut every connection / listen again (same port,
  *                           data kept: an outage window)
  *   POST /outage            {"seconds": 1.5}: pause now, resume after `seconds`
+ *   POST /replica-lag       {"ms": 300}: the replica lag (0: off); GET /stats has "staleReads"
  */
 "use strict";
 
@@ -71,7 +76,7 @@ const crypto = require("crypto");
 const { Readable } = require("stream");
 
 function parseArgs(argv) {
-  const out = { host: "127.0.0.1", port: 0, controlPort: 0, packageDir: null, parentPid: 0 };
+  const out = { host: "127.0.0.1", port: 0, controlPort: 0, packageDir: null, parentPid: 0, replicaLagMs: 0 };
   for (let i = 0; i < argv.length; i += 1) {
     const a = argv[i];
     if (a === "--host") out.host = argv[(i += 1)];
@@ -79,6 +84,7 @@ function parseArgs(argv) {
     else if (a === "--control-port") out.controlPort = parseInt(argv[(i += 1)], 10);
     else if (a === "--package-dir") out.packageDir = argv[(i += 1)];
     else if (a === "--parent-pid") out.parentPid = parseInt(argv[(i += 1)], 10);
+    else if (a === "--replica-lag-ms") out.replicaLagMs = parseInt(argv[(i += 1)], 10);
     else throw new Error(`unknown argument ${a}`);
   }
   if (!out.packageDir) throw new Error("--package-dir is required");
@@ -115,6 +121,8 @@ const handlers = {
 };
 
 const MAX_ITEM_BYTES = 2 * 1024 * 1024;
+const { ReplicaLag, TOKEN_HEADER } = require(path.join(__dirname, "cosmos_server_lag.js"));
+const lag = new ReplicaLag(args.replicaLagMs);
 const MAX_BATCH_OPS = 100;
 
 // --- deviation 2: honour the partition key path as given --------------------------------
@@ -197,6 +205,12 @@ async function readDocument(account, req, res, params) {
   } catch (err) {
     res.statusCode = 400;
     return { code: "BadRequest", message: err.message };
+  }
+  if (header !== undefined && lag.active) {
+    // deviation 10: a lagging replica may serve an older version (or none)
+    const current = result.statusCode === 404 ? null : result.body;
+    const seen = lag.visible(`${params.dbId}/${params.collId}`, pkKey(header), params.docId, current, lag.requestLsn(req));
+    result = seen ? { statusCode: 200, body: seen } : { statusCode: 404 };
   }
   if (result.statusCode === 404) return notFound(res);
   res.statusCode = result.statusCode;
@@ -329,7 +343,8 @@ async function queryDocuments(account, req, res, params) {
     }
     const items = collection.documents;
     const keyPath = items._getPartitionKeyPath();
-    const data = [...items._data.values()].map((it) => it.read()).filter((d) => getValue(keyPath, d) === value);
+    const latest = [...items._data.values()].map((it) => it.read()).filter((d) => d && getValue(keyPath, d) === value);
+    const data = lag.visibleItems(`${params.dbId}/${params.collId}`, JSON.stringify(value), latest, lag.requestLsn(req));
     const props = collection.read();
     const compositeIndexes = (props.indexingPolicy ? props.indexingPolicy.compositeIndexes : null) || [];
     try {
@@ -382,6 +397,41 @@ function sweepTtl(account) {
         if (typeof ttl === "number" && ttl > 0 && d._ts + ttl <= now) items.delete(d.id, items._getPartition(d));
       }
     }
+  }
+}
+
+// --- deviation 10: session tokens and replica lag (cosmos_server_lag.js) ---------------------
+function pkKey(header) {
+  try {
+    return JSON.stringify(headerPartitionValue(header));
+  } catch (err) {
+    return undefined;
+  }
+}
+
+// The documents a write request may change, with their versions before it.
+function snapshotWrites(req, params, name) {
+  if (!["create", "upsert", "replace", "delete", "batch"].includes(name) || !account) return null;
+  const collection = account.database(params.dbId).collection(params.collId);
+  const header = getPartitionFromHeader(req);
+  if (header === undefined || !collection.read()) return null;
+  const body = req.parsedBody || {};
+  let ids;
+  if (name === "batch") ids = (Array.isArray(body) ? body : []).map((op) => op.id || (op.resourceBody || {}).id);
+  else ids = [name === "create" || name === "upsert" ? body.id : params.docId];
+  const read = (id) => collection.documents._item("/id", id, parsePartitionKey(header, id)).read() || null;
+  const docs = [...new Set(ids.filter((id) => typeof id === "string"))].map((id) => ({ id, before: read(id) }));
+  return { coll: `${params.dbId}/${params.collId}`, pk: pkKey(header), docs, read };
+}
+
+// Writes answer the token of their LSN; reads echo the token they were sent.
+function sessionToken(req, res, writes) {
+  if (writes) {
+    if (res.statusCode >= 300 || res.statusCode === 207) return; // 207: a failed batch
+    const changes = writes.docs.map((d) => ({ coll: writes.coll, pk: writes.pk, id: d.id, before: d.before, after: writes.read(d.id) }));
+    res.setHeader(TOKEN_HEADER, lag.token(lag.recordWrites(changes)));
+  } else if (req.headers[TOKEN_HEADER] && res.statusCode < 300) {
+    res.setHeader(TOKEN_HEADER, String(req.headers[TOKEN_HEADER]));
   }
 }
 
@@ -475,6 +525,7 @@ function handleRequest(req, res) {
         const [params, handler] = route;
         const name = opNames.get(handler) || "other";
         stats.ops[name] = (stats.ops[name] || 0) + 1;
+        const writes = snapshotWrites(r, params, name);
         try {
           body = await (overrides.get(handler) || handler)(account, r, res, params);
         } catch (err) {
@@ -482,6 +533,7 @@ function handleRequest(req, res) {
           body = { message: err.message };
           res.statusCode = 500;
         }
+        sessionToken(r, res, writes);
         if (name === "query" && body && typeof body._count === "number") stats.queryDocs += body._count;
         if (res.statusCode > 399 && body && !body.message) body.message = "";
       } else {
@@ -569,7 +621,7 @@ function controlHandler(req, res) {
     const route = `${req.method} ${req.url.split("?")[0]}`;
     switch (route) {
       case "GET /health":
-        return reply(200, { ok: true, port: dataPort, paused });
+        return reply(200, { ok: true, port: dataPort, paused, replicaLagMs: lag.lagMs });
       case "POST /faults":
         faults.push({
           status: body.status || 0,
@@ -584,13 +636,17 @@ function controlHandler(req, res) {
         faults = [];
         return reply(200, { ok: true });
       case "GET /stats":
-        return reply(200, stats);
+        return reply(200, { ...stats, staleReads: lag.staleReads });
       case "DELETE /stats":
         stats.total = 0;
         stats.ops = {};
         stats.queryDocs = 0;
         stats.faults = 0;
+        lag.staleReads = 0;
         return reply(200, { ok: true });
+      case "POST /replica-lag":
+        lag.setLag(body.ms);
+        return reply(200, { ok: true, ms: lag.lagMs });
       case "POST /pause":
         await pauseData();
         return reply(200, { ok: true });
@@ -623,6 +679,7 @@ async function main() {
   });
   setInterval(() => {
     if (account) sweepTtl(account);
+    lag.sweep();
   }, 1000).unref();
   process.stdout.write(`READY ${JSON.stringify({ port: dataPort, controlPort: control.address().port })}\n`);
   if (args.parentPid) {

@@ -11,6 +11,7 @@ alive. Needs ``node`` >= 20 and ``npm`` on ``PATH`` (or ``$CELERY_DURABLE_NODE``
         store = store_from_url(server.url_for("db", "c1"))
         server.inject_fault(429, count=3, retry_after_ms=50)   # next 3 document requests throttled
         server.restart(downtime=1.0)                            # outage window, data kept
+        server.set_replica_lag(300)     # tokenless reads may see the previous version for 300 ms
 
 ``python -m celery_durable.testing.cosmos_server`` starts one and prints a store URL until Ctrl-C.
 """
@@ -112,6 +113,7 @@ class CosmosTestServer:
         cache_dir: Path | None = None,
         key: str | None = None,
         startup_timeout: float = 60.0,
+        replica_lag_ms: int = 0,
     ) -> None:
         self.host = host
         self.port = port
@@ -121,6 +123,9 @@ class CosmosTestServer:
         #: check that it never leaks into logs or error messages.
         self.key = key or base64.b64encode(os.urandom(64)).decode("ascii")
         self.startup_timeout = startup_timeout
+        #: Replica-lag mode (0: off): a read without a session token at least as new as a
+        #: document's last write may see its previous version for this long (see the JS file).
+        self.replica_lag_ms = replica_lag_ms
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_path: Path | None = None
 
@@ -164,6 +169,8 @@ class CosmosTestServer:
             str(self.control_port),
             "--parent-pid",
             str(os.getpid()),
+            "--replica-lag-ms",
+            str(int(self.replica_lag_ms)),
         ]
         with open(self._log_path, "wb") as log:
             try:
@@ -258,13 +265,22 @@ class CosmosTestServer:
             },
         )
 
+    def set_replica_lag(self, ms: int) -> None:
+        """Replica-lag mode from now on: for ``ms`` milliseconds after a write, point reads and
+        single-partition queries without a session token at least as new as the write see the
+        document's previous version (or none); ``0`` turns it off."""
+        if isinstance(ms, bool) or not isinstance(ms, int) or ms < 0:
+            raise ValueError(f"replica lag must be a non-negative integer of milliseconds, got {ms!r}")
+        self._control("POST", "/replica-lag", {"ms": ms})
+        self.replica_lag_ms = ms
+
     def clear_faults(self) -> None:
         self._control("DELETE", "/faults")
 
     def stats(self) -> dict[str, Any]:
         """Since the last reset: ``{"total": n, "ops": {"read": n, "query": n, ...}, "queryDocs": n,
-        "faults": n}`` (requests, served requests by operation, documents returned by queries,
-        injected faults)."""
+        "faults": n, "staleReads": n}`` (requests, served requests by operation, documents returned
+        by queries, injected faults, reads served an older version by the replica-lag mode)."""
         stats: dict[str, Any] = self._control("GET", "/stats")
         return stats
 
@@ -334,8 +350,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--database", default="durable")
     parser.add_argument("--container", default="durable")
     parser.add_argument("--key", default=None, help="account key to put in the URL (any key works)")
+    parser.add_argument("--replica-lag-ms", type=int, default=0, help="replica-lag mode (0: off)")
     args = parser.parse_args(argv)
-    server = CosmosTestServer(port=args.port, key=args.key)
+    server = CosmosTestServer(port=args.port, key=args.key, replica_lag_ms=args.replica_lag_ms)
     try:
         server.start()
     except CosmosServerError as exc:

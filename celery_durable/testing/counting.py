@@ -95,6 +95,12 @@ class CountingStore(Store):
             self._count("batch")
         return self.inner.batch(pk, ops)
 
+    def session_token(self, pk: str) -> str | None:
+        return self.inner.session_token(pk)  # not a round trip: the token of the last write seen
+
+    def use_session_token(self, pk: str, token: str | None) -> None:
+        self.inner.use_session_token(pk, token)
+
     def scan_due(self, kind: str, now: float, limit: int = 100) -> list[DueRef]:
         self._count("scan_due")
         return self.inner.scan_due(kind, now, limit)

@@ -8,7 +8,11 @@ from pathlib import Path
 import pytest
 
 from tests.apps import basic
+from tests.plugins.postgres import _postgres_server, postgres_schema, postgres_url  # noqa: F401 - fixtures
 from tests.plugins.workers import WorkerFactory, broker_url
+
+#: replica lag of the ``cosmos-lag`` store variant (ms)
+COSMOS_LAG_MS = 300
 
 
 @dataclass
@@ -31,7 +35,16 @@ class Cluster:
 def _store_url(kind: str, tmp: Path, request: pytest.FixtureRequest) -> str:
     if kind == "sqlite":
         return f"sqlite:///{tmp / 'durable.db'}"
+    if kind == "postgres":
+        return str(request.getfixturevalue("postgres_url"))  # a fresh schema
     if kind == "cosmos":
+        return str(request.getfixturevalue("cosmos_url"))
+    if kind == "cosmos-lag":
+        # the Cosmos test server's replica-lag mode (issue 16): reads without a fresh enough
+        # session token see the previous version of a document for COSMOS_LAG_MS after a write
+        server = request.getfixturevalue("cosmos_server")
+        server.set_replica_lag(COSMOS_LAG_MS)
+        request.addfinalizer(lambda: server.running and server.set_replica_lag(0))
         return str(request.getfixturevalue("cosmos_url"))
     raise ValueError(kind)
 

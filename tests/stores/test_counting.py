@@ -153,6 +153,8 @@ def test_wrappers_delegate_every_store_method(wrapper: type[Store]) -> None:
     store.scan_due("clock", 0.0)
     store.scan_partitions("p")
     store.list_execs()
+    store.session_token("p")
+    store.use_session_token("p", None)
     store.reopen()
     store.close()
     assert sorted(called) == sorted(methods)
