@@ -14,7 +14,10 @@ limit), each ``@DBOS.step`` is a function call plus a SQLite write; no broker, n
 A second DBOS row enqueues the 200 workflows on a DBOS queue (``worker_concurrency`` 8, polled
 every 50 ms), DBOS's way of bounding concurrency.
 
-Rounds are interleaved (ours, DBOS start_workflow, DBOS queue, ours, ...) after a warm-up of
+A third row of ours runs the same workflow with *local* activities (``@durable_activity(local=True)``):
+each step runs inside the drive task and is committed with it, one drive message per workflow.
+
+Rounds are interleaved (ours, ours local, DBOS start_workflow, DBOS queue, ours, ...) after a warm-up of
 each; the Celery worker stays up but idle while DBOS runs. Both sides use the same 2 cores.
 
     python bench/throughput.py             # 200 workflows, 3 rounds
@@ -36,10 +39,14 @@ from _common import BenchEnv, bench_env, exit_on_sigterm, machine, mean, print_t
 
 
 class Ours:
-    def __init__(self, env: BenchEnv) -> None:
+    """``local``: the same workflow with *local* activities (``bench.three_local``): each step runs
+    in the drive's process and is committed with it, so a workflow is one drive message."""
+
+    def __init__(self, env: BenchEnv, local: bool = False) -> None:
         from apps import benchapp
 
         self.bench = benchapp
+        self.workflow = benchapp.three_local if local else benchapp.three
         benchapp.durable.configure(store=env.store_url)
         self.store = benchapp.durable.store
         self.start_phase: list[float] = []
@@ -51,7 +58,7 @@ class Ours:
 
     def run(self, n: int) -> float:
         t0 = time.perf_counter()
-        ids = [self.bench.three.start(i).id for i in range(n)]
+        ids = [self.workflow.start(i).id for i in range(n)]
         t_started = time.perf_counter()
         wait_all(self._status, ids, timeout=600)
         elapsed = time.perf_counter() - t0
@@ -67,6 +74,9 @@ class Ours:
 
     def close(self) -> None:
         self.bench.durable.shutdown()
+
+
+LOCAL = "celery_durable local steps (Redis + worker)"
 
 
 class RetryCounter(logging.Filter):
@@ -147,20 +157,24 @@ def run(args: argparse.Namespace) -> None:
         env.apply_to_process()
         worker = start_worker(env, concurrency=args.concurrency)
         ours: Ours | None = None
+        local: Ours | None = None
         dbos: Dbos | None = None
         try:
             ours = Ours(env)
+            local = Ours(env, local=True)
             dbos = Dbos()
             variants: list[tuple[str, Callable[[int], float]]] = [
                 ("celery_durable (Redis + worker)", ours.run),
+                (LOCAL, local.run),
                 ("DBOS start_workflow (in-process)", dbos.run_start),
             ]
             if not args.no_queue:
                 variants.append(("DBOS queue, concurrency 8", dbos.run_queue))
             for _, fn in variants:  # warm-up: imports, pool children, connections, schema
                 fn(args.warmup)
-            ours.start_phase.clear()
-            ours.server_side.clear()
+            for side in (ours, local):
+                side.start_phase.clear()
+                side.server_side.clear()
             for v in dbos.start_phase.values():
                 v.clear()
             dbos.retries.count = 0
@@ -175,9 +189,10 @@ def run(args: argparse.Namespace) -> None:
             if dbos is not None:
                 dbos.close()
 
-    assert ours is not None and dbos is not None
+    assert ours is not None and local is not None and dbos is not None
     starts = {
         "celery_durable (Redis + worker)": ours.start_phase,
+        LOCAL: local.start_phase,
         "DBOS start_workflow (in-process)": dbos.start_phase["start_workflow"],
         "DBOS queue, concurrency 8": dbos.start_phase["queue"],
     }
@@ -219,6 +234,10 @@ def run(args: argparse.Namespace) -> None:
     print(f"run time {time.perf_counter() - t_start:.1f} s; {machine()} at the end")
     # not below the 1.9x measured before the replay-core redesign
     print(verdict("throughput ratio celery_durable/best DBOS (best round)", ours_rate / dbos_best, 1.9, True))
+    local_rate = max(n / t for t in walls[LOCAL])
+    print(
+        verdict("throughput ratio celery_durable local steps/best DBOS (best round)", local_rate / dbos_best, 3.0, True)
+    )
 
 
 def main() -> None:

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import inspect
 import logging
+import typing
 from collections.abc import Callable, Coroutine
 from datetime import datetime
-from typing import Any, ParamSpec, Protocol, TypeVar, overload
+from typing import Any, Concatenate, Literal, ParamSpec, Protocol, TypeVar, overload
 
 from celery import Task, shared_task
 from celery._state import _get_active_apps, connect_on_app_finalize
@@ -22,10 +23,11 @@ from celery.exceptions import Retry
 from celery.local import PromiseProxy, Proxy
 
 from .codecs import codec_for
-from .engine.activity import run_awaitable, sync_callable
+from .consistency import retry_stale, use_session
+from .engine.activity import may_be_stale, run_awaitable, sync_callable
 from .engine.context import DurableFuture, current_context, require_context
 from .engine.registry import GLOBAL_ACTIVITIES, ActivityDef
-from .errors import NonRetryableError, StoreUnavailable
+from .errors import ConfigurationError, NonRetryableError, StoreUnavailable
 from .extension import durable_of
 from .observability import span
 from .retry import TaskRetry
@@ -100,11 +102,46 @@ def _successor_headers(request: Any, headers: dict[str, Any] | None, holder: str
     return out
 
 
-def _register(task_name: str, fn: Callable[..., Any]) -> ActivityDef:
+def _register(task_name: str, fn: Callable[..., Any], options: dict[str, Any] | None = None) -> ActivityDef:
     """Record the activity's definition (its codecs, from ``fn``'s hints) under its task name."""
-    definition = ActivityDef(task_name, fn, codec_for(fn))
+    definition = ActivityDef(task_name, fn, codec_for(fn), dict(options or {}))
     GLOBAL_ACTIVITIES[task_name] = definition
     return definition
+
+
+def _task_bound(fn: Callable[..., Any], task: Any) -> Callable[..., Any]:
+    """``fn`` (a ``bind=True`` task's function) seen without its first parameter, calling the
+    task's bound ``run``; its signature and resolved hints are ``fn``'s less ``self``."""
+    sig = inspect.signature(fn)
+    first, *rest = sig.parameters
+    try:
+        hints = typing.get_type_hints(fn, include_extras=True)
+    except Exception:  # unresolvable forward refs: the codec falls back to Any as for fn itself
+        hints = {}
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return task.run(*args, **kwargs)
+
+    call.__signature__ = sig.replace(parameters=[sig.parameters[p] for p in rest])  # type: ignore[attr-defined]
+    call.__annotations__ = {k: v for k, v in hints.items() if k != first}
+    call.__name__, call.__qualname__, call.__module__ = fn.__name__, fn.__qualname__, fn.__module__
+    call.__doc__ = fn.__doc__
+    return call
+
+
+def _local_retry(options: dict[str, Any]) -> TaskRetry:
+    """A local activity's retries from its Celery options, with Celery's defaults (what
+    :func:`task_retry` reads from a task, known before the task exists)."""
+    retry_kwargs = dict(options.get("retry_kwargs") or {})
+    countdown = retry_kwargs.get("countdown", options.get("default_retry_delay", Task.default_retry_delay))
+    return TaskRetry(
+        autoretry_for=tuple(options.get("autoretry_for", ()) or ()),
+        dont_autoretry_for=_with_non_retryable(options.get("dont_autoretry_for", ())),
+        max_retries=retry_kwargs.get("max_retries", options.get("max_retries", Task.max_retries)),
+        countdown=float(countdown),
+        retry_backoff=float(options.get("retry_backoff", False) or 0),
+        retry_backoff_max=float(options.get("retry_backoff_max", 600)),
+    )
 
 
 def _definition(task: Task) -> ActivityDef:
@@ -162,6 +199,7 @@ def _run_attempt(task: Task, meta: dict[str, Any], args: tuple[Any, ...], kwargs
     execution_id, seq, run = str(meta["e"]), int(meta["s"]), int(meta.get("r") or 0)
     outcome = meta.get("outcome")
     supersedes = meta.get("h")
+    use_session(engine.store, task.request, execution_id)
     try:
         attempt, why = runner.begin(execution_id, seq, run, supersedes=str(supersedes) if supersedes else None)
     except StoreUnavailable as exc:
@@ -171,6 +209,8 @@ def _run_attempt(task: Task, meta: dict[str, Any], args: tuple[Any, ...], kwargs
         log.warning("store unavailable recording %s step %d, will retry: %s", execution_id, seq, exc)
         raise _outage_retry(task, exc) from exc
     if attempt is None:
+        if may_be_stale(why) and retry_stale(task, engine.counters, why):
+            return None
         log.info("activity %s (%s step %d) not run: %s", task.name, execution_id, seq, why)
         return None
     if outcome is not None:
@@ -237,22 +277,43 @@ class ActivityDecorator(Protocol):
     def __call__(self, fn: Callable[P, R]) -> ActivityTask[P, R]: ...
 
 
+class BoundActivityDecorator(Protocol):
+    """What ``@durable_activity(bind=True, ...)`` returns: the task is the first parameter
+    (``self``, as Celery binds it), not an argument of the call."""
+
+    @overload
+    def __call__(self, fn: Callable[Concatenate[Any, P], Coroutine[Any, Any, R]]) -> ActivityTask[P, R]: ...
+    @overload
+    def __call__(self, fn: Callable[Concatenate[Any, P], R]) -> ActivityTask[P, R]: ...
+
+
 @overload
 def durable_activity(fn: Callable[P, Coroutine[Any, Any, R]]) -> ActivityTask[P, R]: ...
 @overload
 def durable_activity(fn: Callable[P, R]) -> ActivityTask[P, R]: ...
+@overload
+def durable_activity(*, name: str | None = None, bind: Literal[True], **options: Any) -> BoundActivityDecorator: ...
 @overload
 def durable_activity(*, name: str | None = None, **options: Any) -> ActivityDecorator: ...
 def durable_activity(fn: Any = None, *, name: str | None = None, **options: Any) -> Any:
     """Declare a durable activity.
 
     On a plain function it creates a Celery shared task (``options`` are Celery task
-    options). Stacked on ``@app.task`` or ``@shared_task`` it upgrades that task in place
-    (``@durable_activity`` goes on top). An ``async def`` function runs to completion with
-    ``asyncio.run`` wherever the task runs.
+    options). ``local=True`` makes it a *local* activity: inside a workflow the drive runs it in
+    its own process, without a broker round trip, and records its result with the drive's commit
+    (retried by the same options; see README "Local activities"). Stacked on ``@app.task`` or
+    ``@shared_task`` it upgrades that task in place (``@durable_activity`` goes on top). An
+    ``async def`` function runs to completion with ``asyncio.run`` wherever the task runs.
     """
 
+    local = bool(options.pop("local", False))
+
     def wrap(target: Any) -> Any:
+        if local and (issubclass(type(target), Proxy) or isinstance(target, Task)):
+            raise ConfigurationError(
+                "@durable_activity(local=True) goes on a plain function (its retry options with it), "
+                f"not on a Celery task: {target!r}"
+            )
         # type(), not isinstance(): a proxy claims its target's class, and asking evaluates it
         if issubclass(type(target), Proxy):
             return _upgrade_proxy(target)
@@ -260,10 +321,15 @@ def durable_activity(fn: Any = None, *, name: str | None = None, **options: Any)
             return _upgrade(target)
         task_name = name or f"{target.__module__}.{target.__qualname__}"
         run = sync_callable(target)
-        _register(task_name, run)
         if "dont_autoretry_for" in options:  # Celery takes the option over the class attribute
             options["dont_autoretry_for"] = _with_non_retryable(options["dont_autoretry_for"])
-        return shared_task(name=task_name, base=DurableActivityTask, **options)(run)
+        task = shared_task(name=task_name, base=DurableActivityTask, **options)(run)
+        # bind=True: Celery passes the task as the first parameter; the call's arguments (what
+        # the codec checks and a workflow passes) are the rest
+        # local: steps run in the drive's process (engine/local_steps.py), with these retries
+        local_options = {"local": _local_retry(options)} if local else None
+        _register(task_name, _task_bound(run, task) if options.get("bind") else run, local_options)
+        return task
 
     return wrap(fn) if fn is not None else wrap
 

@@ -21,7 +21,7 @@ import click
 from . import cli_render
 from .app import Durable
 from .cli_render import escape, print_table, ts
-from .engine.admin import ExecutionDetail, ExecutionSummary, PurgeReport, StepRecord
+from .engine.admin import ExecutionDetail, ExecutionSummary, OperationRefused, PurgeReport, StepRecord
 from .engine.links import declared_signals
 from .engine.schema import Status
 from .errors import DurableError, PayloadValidationError, UnknownWorkflowError
@@ -165,6 +165,7 @@ def show(ctx: click.Context, execution_id: str, as_json: bool) -> None:
             "signals": [dataclasses.asdict(sig) for sig in info.signals],
             "children": list(info.children),
             "corrupt": list(info.corrupt),
+            "custom_status": info.custom_status,
         }
         click.echo(json.dumps(_jsonable(data), indent=2))
         return
@@ -175,6 +176,8 @@ def show(ctx: click.Context, execution_id: str, as_json: bool) -> None:
     if s.parent:
         click.echo(f"parent     {_cell(s.parent)}")
     click.echo(f"payload    {_json(info.payload)}")
+    if info.custom_status is not None:
+        click.echo(f"custom     {_json(info.custom_status)}")
     if s.status == Status.COMPLETED:
         click.echo(f"result     {_json(info.result)}")
     if info.error:
@@ -206,6 +209,27 @@ def show(ctx: click.Context, execution_id: str, as_json: bool) -> None:
                 click.echo(f"  step {step.seq}: {_cell(step.corrupt or step.error)}")
     for sig in info.signals:
         click.echo(f"signal {_cell(repr(sig.name))}: {sig.state} at {ts(sig.at)}: {_json(sig.value)}")
+    for op in info.operations:
+        click.echo(f"{_cell(op.get('action'))} to step {op.get('step')} by {_cell(op.get('by'))} at {ts(op.get('at'))}")
+
+
+@durable.command()
+@click.argument("execution_id")
+@click.option("--step", type=int, required=True, help="the first step to run again")
+@click.option("--reason", default=None, help="recorded with the reset")
+@click.option("--yes", is_flag=True)
+@click.pass_context
+def reset(ctx: click.Context, execution_id: str, step: int, reason: str | None, yes: bool) -> None:
+    """Re-run a failed or cancelled execution from step STEP (earlier steps keep their outcomes)."""
+    d = _durable(ctx)
+    status = _describe(d, execution_id).summary.status
+    if not yes:
+        click.confirm(f"{execution_id} is {status}: forget its steps from {step} on and run them again?", abort=True)
+    try:
+        _reran(d.admin.reset(execution_id, step, reason=reason))
+    except OperationRefused as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"reset to step {step}")
 
 
 def _json(value: Any) -> str:
@@ -415,3 +439,20 @@ def outbox_retry(ctx: click.Context, effect_id: str, yes: bool) -> None:
     new_id = f"{effect_id}:retry{n}"
     d.outbox.enqueue(info.type, info.payload, key=info.key, effect_id=new_id)
     click.echo(f"enqueued {new_id}")
+
+
+@durable.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="address to bind (another host exposes the reads)")
+@click.option("--port", type=click.IntRange(1, 65535), default=8765, show_default=True)
+@click.option("--token", envvar="DURABLE_UI_TOKEN", default=None, help="token for actions (default: random, printed)")
+@click.pass_context
+def ui(ctx: click.Context, host: str, port: int, token: str | None) -> None:
+    """Serve the web timeline: executions, step timelines, outbox lanes and actions (the [ui] extra)."""
+    try:
+        from .ui import serve
+    except ImportError as exc:
+        raise click.ClickException(f"the web UI needs the ui extra: pip install 'celery-durable[ui]' ({exc})") from exc
+    try:
+        serve(_durable(ctx), host=host, port=port, token=token)
+    except ValueError as exc:  # a token too short
+        raise click.UsageError(str(exc)) from exc

@@ -27,10 +27,14 @@ __all__ = [
     "WorkflowCancelledError",
     "ActivityError",
     "ChildWorkflowError",
+    "ExternalSignalError",
     "NonRetryableError",
     "DurableTimeoutError",
     "IdempotencyConflict",
     "LaneFull",
+    "QueryFailedError",
+    "UnknownQueryError",
+    "HistoryUnavailableError",
 ]
 
 
@@ -159,6 +163,18 @@ class ChildWorkflowError(DurableError):
         self.message = message
 
 
+class ExternalSignalError(DurableError):
+    """``wf.signal_external`` could not deliver: the target does not exist, has ended, or does not
+    declare the signal. Raised inside the sending workflow at the call site."""
+
+    def __init__(self, signal: str, target: str, type_name: str, message: str) -> None:
+        super().__init__(f"signal {signal!r} to {target!r} failed: {type_name}: {message}")
+        self.signal = signal
+        self.target = target
+        self.type_name = type_name
+        self.message = message
+
+
 class NonRetryableError(DurableError):
     """Raise (or subclass) in an activity to fail at once, skipping Celery's autoretry."""
 
@@ -182,3 +198,40 @@ class IdempotencyConflict(DurableError):
 class LaneFull(DurableError):
     """A key has as many live effects as it may hold (``durable_outbox_max_lane_backlog``, or the
     size its lane's head document may reach in the store). Nothing was written."""
+
+
+# --- queries ---------------------------------------------------------------------------------
+
+
+class QueryFailedError(DurableError):
+    """A query (``handle.query(name, ...)``) could not be answered: its handler raised (``type_name``
+    and ``message`` say what, the original exception is chained), or the workflow could not be
+    replayed to answer it. Nothing was written or sent either way."""
+
+    def __init__(self, workflow_id: str, query: str, type_name: str, message: str) -> None:
+        super().__init__(f"query {query!r} of workflow {workflow_id!r} failed: {type_name}: {message}")
+        self.workflow_id = workflow_id
+        self.query = query
+        self.type_name = type_name
+        self.message = message
+
+
+class UnknownQueryError(QueryFailedError, LookupError):
+    """The workflow registered no query handler of that name (by the point its history reaches);
+    ``registered`` lists the names it did register."""
+
+    def __init__(self, workflow_id: str, query: str, registered: list[str]) -> None:
+        names = ", ".join(repr(n) for n in registered) or "none"
+        super().__init__(
+            workflow_id, query, "UnknownQueryError", f"no query handler named {query!r} (registered: {names})"
+        )
+        self.registered = registered
+
+
+class HistoryUnavailableError(QueryFailedError):
+    """The execution's history is no longer complete (pruned, or rewritten while it was read), so
+    it cannot be replayed to answer a query. Its status, result and custom status stay readable
+    with ``handle.poll()``."""
+
+    def __init__(self, workflow_id: str, query: str, message: str) -> None:
+        super().__init__(workflow_id, query, "HistoryUnavailableError", message)

@@ -5,12 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from .engine.admin import Admin
 from .engine.model import CANCELLED, COMPLETED, FAILED
+from .engine.queries import answer_query
 from .errors import WorkflowCancelledError, WorkflowFailedError
 
 if TYPE_CHECKING:
     from .engine.core import Engine
     from .engine.registry import WorkflowDef
+    from .engine.timeline import StepRecord
 
 __all__ = ["WorkflowHandle", "ExecutionInfo"]
 
@@ -31,6 +34,10 @@ class ExecutionInfo:
     cancel_requested: bool
     created_at: float
     updated_at: float
+    #: the JSON value the workflow last set with ``wf.set_status`` (None if never)
+    custom_status: Any = None
+    #: the parent execution's id, for a child workflow
+    parent_id: str | None = None
 
     @property
     def done(self) -> bool:
@@ -62,7 +69,18 @@ class WorkflowHandle(Generic[R]):
             cancel_requested=bool(doc.get("cancel_requested")),
             created_at=float(doc.get("created_at") or 0),
             updated_at=float(doc.get("updated_at") or 0),
+            custom_status=doc.get("custom_status"),
+            parent_id=str(parent["pk"]) if isinstance(parent := doc.get("parent"), dict) and parent.get("pk") else None,
         )
+
+    def query(self, name: str, *args: Any) -> Any:
+        """Answer query ``name(*args)`` from the handler the workflow registered
+        (``wf.set_query_handler``), on the state its history reaches. Read-only: the workflow is
+        replayed in this process (its module must be imported here), nothing is written or sent.
+        Raises :class:`UnknownQueryError` (naming the registered ones), :class:`QueryFailedError`
+        (the handler raised; chained), :class:`HistoryUnavailableError` (history pruned)."""
+        eng = self._engine
+        return answer_query(eng.store, eng.registry, eng.settings, eng.clock, self.id, name, args)
 
     def status(self) -> str:
         """``running``, ``completed``, ``failed`` or ``cancelled``."""
@@ -88,6 +106,12 @@ class WorkflowHandle(Generic[R]):
         """Send signal ``name``; validated against the declared type here and kept until a wait
         consumes it (each wait takes the next value). False when the execution has ended."""
         return self._engine.signal(self.id, name, value)
+
+    def reset(self, step: int, *, by: str | None = None, reason: str | None = None) -> list[StepRecord]:
+        """Operator: re-run this failed or cancelled execution from step ``step`` (steps before it
+        keep their outcomes); recorded as an action (``by``: who, default ``user@host``). Returns
+        the steps that run again. Raises :class:`OperationRefused` when it does not apply."""
+        return Admin(self._engine).reset(self.id, step, by=by, reason=reason)
 
     def cancel(self) -> bool:
         """Request cancellation; False if the execution had already ended."""

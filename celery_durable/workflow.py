@@ -11,9 +11,10 @@ import uuid as _uuid
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, overload
 
 from .codecs import ValueCodec
+from .engine import channels, versioning
 from .engine.context import ContinueAsNew, DurableFuture, in_workflow, require_context
 
 __all__ = [
@@ -25,12 +26,19 @@ __all__ = [
     "sleep_until",
     "start_timer",
     "wait_signal",
+    "wait_any",
+    "signal_external",
     "continue_as_new",
     "emit",
     "Saga",
     "in_workflow",
     "DurableFuture",
     "execution_id",
+    "set_query_handler",
+    "query",
+    "set_status",
+    "patched",
+    "deprecate_patch",
 ]
 
 T = TypeVar("T")
@@ -107,6 +115,33 @@ def wait_signal(name: str, type: Any = None, timeout: timedelta | float | None =
     return ctx.wait_signal(name, ValueCodec(declared), timeout_at).result()
 
 
+def wait_any(
+    *names: str, types: dict[str, Any] | None = None, timeout: timedelta | float | None = None
+) -> tuple[str, Any]:
+    """Wait for the first value sent on any of ``names``; return ``(name, value)``.
+
+    The oldest valid value across the names (arrival order) is consumed, recorded as one decision
+    (replay returns the same pair); values of the other names stay for later waits. Types come
+    from ``types`` or the workflow's declared ``signals``. With ``timeout``, raises
+    :class:`DurableTimeoutError` when its timer fires before any value was sent."""
+    ctx = require_context("durable.wait_any()")
+    given = types or {}
+    codecs = {n: ValueCodec(given.get(n, ctx.signal_types.get(n, Any))) for n in names}
+    timeout_at = None if timeout is None else ctx.now + _seconds(timeout)
+    return channels.wait_any(ctx, list(names), codecs, timeout_at)
+
+
+def signal_external(workflow_id: str, name: str, value: Any = None) -> None:
+    """Send signal ``name`` with ``value`` to execution ``workflow_id``, exactly once (a durable step).
+
+    Sent after this drive's commit with an id derived from this execution, run and step, so a
+    retried send is recorded once by the receiver. Returns once the receiver recorded it; raises
+    :class:`ExternalSignalError` if the target does not exist, has ended, or does not declare
+    ``name``."""
+    ctx = require_context("durable.signal_external()")
+    channels.signal_external(ctx, workflow_id, name, value).result()
+
+
 def continue_as_new(*args: Any, **kwargs: Any) -> None:
     """Restart this workflow with new arguments and an empty history (same workflow id)."""
     ctx = require_context("durable.continue_as_new()")
@@ -132,6 +167,67 @@ def emit(
     """
     ctx = require_context("durable.emit()")
     return ctx.emit(type, payload, key, effect_id, _seconds(delay))
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def set_query_handler(name: str, handler: Callable[..., Any]) -> None:
+    """Register ``handler`` to answer ``handle.query(name, *args)`` with this workflow's state.
+
+    Call it in the workflow body (again on every replay, as the code runs from the top); a query
+    replays the history read-only and calls the handler registered by then with the query's
+    arguments (checked against its type hints). A handler only reads: a durable call in it
+    raises. Its result goes through its return hint's codec, as any result does."""
+    ctx = require_context("durable.set_query_handler()")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"a query name must be a non-empty string, not {name!r}")
+    if not callable(handler):
+        raise TypeError(f"query handler {name!r} is not callable: {handler!r}")
+    ctx.refuse_in_query(f"wf.set_query_handler({name!r})")
+    ctx.query_handlers[name] = handler
+
+
+@overload
+def query(name: str) -> Callable[[F], F]: ...
+@overload
+def query(name: F) -> F: ...
+def query(name: Any) -> Any:
+    """Decorator form of :func:`set_query_handler` inside the workflow body: ``@wf.query("stage")``
+    (or bare ``@wf.query``: the function's name)."""
+    if callable(name):
+        set_query_handler(name.__name__, name)
+        return name
+
+    def register(fn: F) -> F:
+        set_query_handler(name, fn)
+        return fn
+
+    return register
+
+
+def set_status(value: Any) -> None:
+    """Set this execution's custom status (any JSON value), shown by ``handle.poll().custom_status``
+    and ``celery durable show``. Recorded with the drive's commit when it changed; a replay
+    recomputes it, so it always matches the history."""
+    ctx = require_context("durable.set_status()")
+    ctx.refuse_in_query("wf.set_status()")
+    ctx.custom_status = ValueCodec(Any).encode(value, "custom status")
+    ctx.status_set = True
+
+
+def patched(change_id: str) -> bool:
+    """Versioning: True where this execution runs the new code of ``change_id``, False when
+    replaying a history recorded before the change (take the old branch there). The first True
+    records a marker step, so later replays answer True too; a history without it keeps its step
+    numbers. See README "Versioning"."""
+    return versioning.patched(require_context("durable.patched()"), change_id)
+
+
+def deprecate_patch(change_id: str) -> None:
+    """Versioning: the old branch of ``change_id`` is gone; histories that recorded its marker
+    still replay (the marker is consumed here), new executions record nothing."""
+    versioning.deprecate_patch(require_context("durable.deprecate_patch()"), change_id)
 
 
 class Saga:

@@ -58,3 +58,15 @@ def sequential(n: int) -> int:
 def three(x: int) -> int:
     """Three trivial activities in a row (the throughput bench)."""
     return step(step(step(x)))
+
+
+@durable_activity(name="bench.local_step", local=True)
+def local_step(x: int) -> int:
+    """The same addition as a *local* activity: run by the drive itself, no broker round trip."""
+    return x + 1
+
+
+@durable.workflow(name="bench.three_local")
+def three_local(x: int) -> int:
+    """Three trivial local activities in a row (the throughput bench's ``local`` variant)."""
+    return local_step(local_step(local_step(x)))

@@ -1,4 +1,4 @@
-"""The operator's reads and operations: list, describe, retry, resume, purge.
+"""The operator's reads and operations: list, describe, retry, resume, reset, purge.
 
 Everything an operator (the ``durable`` CLI, a script, a future UI) does to executions goes
 through here, so the CLI is a thin layer; the engine's document shapes are decoded in one place,
@@ -21,6 +21,8 @@ from .cache import bump_generation
 from .dispatcher import ActivityRequest, ClockRequest
 from .model import lease_live
 from .outbox import DUE_ADMIT
+from .reset import plan_reset, reset_by
+from .salvage import salvage
 from .schema import (
     EXEC_ID,
     TERMINAL,
@@ -29,11 +31,6 @@ from .schema import (
     Status,
     StepKind,
     marker_id,
-    parse_step_id,
-    result_id,
-    signal_mark_id,
-    signal_value_id,
-    wait_decision_id,
 )
 from .timeline import (
     STATUSES,
@@ -69,8 +66,6 @@ __all__ = [
 
 #: how many reasons for kept executions a purge report carries (the latest)
 _KEPT_REASONS = 50
-#: the most steps (and signal values) a describe reads one by one around an undecodable document
-_SALVAGE_MAX = 5000
 
 
 class OperationRefused(DurableError):
@@ -93,6 +88,8 @@ class _Rewrite:
     forget: list[str] = field(default_factory=list)
     #: exec fields besides reopening it
     fields: dict[str, Any] = field(default_factory=dict)
+    #: documents created with the last batch (the record of a reset)
+    creates: list[Doc] = field(default_factory=list)
 
 
 def _settled_between(docs: dict[str, Doc], run: int, seq: int, taken: int) -> set[int]:
@@ -184,52 +181,7 @@ class Admin:
         return describe_docs(ex, docs)
 
     def _salvage(self, ex: Doc, failure: str) -> ExecutionDetail:
-        """:meth:`describe` of a partition holding an undecodable document (``failure`` says which):
-        the documents of the current run's steps and the signal values, read by id, the
-        undecodable ones flagged."""
-        summary = summary_of(ex)
-        run, steps, sent = summary.run, summary.steps, _int(ex.get("signal_seq"))
-        ids = [
-            f(seq, run)
-            for seq in range(1, min(steps, _SALVAGE_MAX) + 1)
-            for f in (marker_id, result_id, wait_decision_id)
-        ]
-        ids += [f(n) for n in range(1, min(sent, _SALVAGE_MAX) + 1) for f in (signal_value_id, signal_mark_id)]
-        docs, bad = self._read_tolerant(str(ex["pk"]), ids)
-        detail = describe_docs(ex, [ex, *docs])
-        broken: dict[int, str] = {}
-        for doc_id, why in bad.items():
-            try:
-                broken.setdefault(parse_step_id(doc_id)[1], why)
-            except ValueError:
-                pass  # a signal value: flagged below, no step of its own
-        shown = {s.seq for s in detail.steps}
-        timeline = [replace(s, state="corrupt", corrupt=broken[s.seq]) if s.seq in broken else s for s in detail.steps]
-        timeline += [
-            StepRecord(seq, "?", "?", "corrupt", corrupt=why) for seq, why in broken.items() if seq not in shown
-        ]
-        notes = list(bad.values()) or [failure]  # not among the ids read (another run's, say): as read
-        if max(steps, sent) > _SALVAGE_MAX:
-            notes.append(f"only the first {_SALVAGE_MAX} steps and signal values were read")
-        return replace(detail, steps=tuple(sorted(timeline, key=lambda s: s.seq)), corrupt=(*detail.corrupt, *notes))
-
-    def _read_tolerant(self, pk: str, ids: Sequence[str]) -> tuple[list[Doc], dict[str, str]]:
-        """The documents of ``ids`` that exist, and why each undecodable one is: chunks of
-        ``read_many``, split in halves around a failure (a few reads per undecodable document)."""
-        found: list[Doc] = []
-        bad: dict[str, str] = {}
-        pending = [list(ids[i : i + 500]) for i in range(0, len(ids), 500)]
-        while pending:
-            chunk = pending.pop()
-            try:
-                found += [d for d in self.engine.store.read_many(pk, chunk) if d is not None]
-            except CorruptDocument as exc:
-                if len(chunk) == 1:
-                    bad[chunk[0]] = str(exc)
-                else:
-                    half = len(chunk) // 2
-                    pending += [chunk[:half], chunk[half:]]
-        return found, dict(sorted(bad.items()))
+        return salvage(self.engine.store, ex, failure)
 
     # --- operations ----------------------------------------------------------------------------
 
@@ -266,6 +218,30 @@ class Admin:
             self.engine.links.wake(execution_id)
             return []
         return self._operate(execution_id, self._plan_resume)
+
+    def reset(self, execution_id: str, step: int, by: str | None = None, reason: str | None = None) -> list[StepRecord]:
+        """Re-run a failed or cancelled execution from step ``step`` (Temporal's reset, DBOS's resume
+        from a step); return the steps recorded from there on, which run again.
+
+        Everything the current run recorded from ``step`` on is forgotten (markers, outcomes, wait
+        decisions, the settlements of the signal values they consumed, finished children of those
+        steps; a running child or a running activity attempt refuses it), a cancellation recorded
+        before ``step`` is withdrawn, and the execution runs again from there. Steps before ``step``
+        keep their outcomes. Recorded as an operation document ``op:<n>`` (who, when, from which
+        step, the status it had) written in the batch that reopens it, with the exec's
+        ``generation`` bumped: the execution is terminal until that batch, so no drive runs on a
+        half-reset history. A running execution is refused: cancel it first. See engine/reset.py.
+        """
+        before = self.describe(execution_id)
+        who = reset_by() if by is None else by
+
+        def plan(ex: Doc, docs: dict[str, Doc]) -> _Rewrite:
+            rewrite = _Rewrite()
+            plan_reset(self, rewrite, OperationRefused, ex, docs, step, who, reason)
+            return rewrite
+
+        self._operate(execution_id, plan)
+        return [s for s in before.steps if s.seq >= step]
 
     def purge(
         self,
@@ -356,7 +332,7 @@ class Admin:
                 "due_at": now + eng.settings.drive_timeout,
             } | rewrite.fields
             try:
-                self._commit(ex, rewrite.deletes, rewrite.replaces, reopened)
+                self._commit(ex, rewrite.deletes, rewrite.replaces, reopened, rewrite.creates)
             except ConflictError:
                 continue  # the execution changed under us: plan again on a fresh read
             break
@@ -374,13 +350,16 @@ class Admin:
         doc = self.engine.store.read(execution_id, EXEC_ID)
         return None if doc is None else _str(doc.get("status"))
 
-    def _commit(self, ex: Doc, deletes: list[Doc], replaces: list[Doc], final: dict[str, Any]) -> None:
+    def _commit(
+        self, ex: Doc, deletes: list[Doc], replaces: list[Doc], final: dict[str, Any], creates: Sequence[Doc] = ()
+    ) -> None:
         """Deletes and replaces in batches of the partition, each with the exec document (etag
         chained, ``generation`` bumped) so nothing interleaves; ``final`` goes in the last one."""
         store = self.engine.store
         pk = ex["pk"]
         ops = [Op.delete(d["id"], d["_etag"]) for d in deletes]
         ops += [Op.replace(strip_reserved(d), d["_etag"]) for d in replaces]
+        ops += [Op.create(d) for d in creates]  # last: in the batch that reopens the execution
         room = store.max_batch_ops - 1
         chunks = [ops[i : i + room] for i in range(0, len(ops), room)] or [[]]
         body, etag = ex, ex["_etag"]
@@ -517,7 +496,12 @@ class Admin:
         now = eng.clock.now()
         kind, seq, run = marker.get("kind"), int(marker["seq"]), _int(ex.get("run"))
         updated = strip_reserved(marker) | {"lease": None, "last_error": None, "_etag": marker["_etag"]}
-        if kind == StepKind.ACTIVITY:
+        if kind == StepKind.ACTIVITY and marker.get("local"):
+            # run by the drive _operate sends (engine/local_steps.py): no message, no timer
+            updated.update(
+                attempts=0 if fresh else updated.get("attempts", 0), fire_at=None, due_kind=None, due_at=None
+            )
+        elif kind == StepKind.ACTIVITY:
             payload = marker.get("input") or {}
             if fresh:
                 updated.update(attempts=0, lost=0)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextvars
 import random as _random
 import uuid as _uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -25,6 +25,7 @@ from ..errors import (
     ChildWorkflowError,
     ConfigurationError,
     DurableTimeoutError,
+    ExternalSignalError,
     NonDeterminismError,
     PayloadValidationError,
     WorkflowCancelledError,
@@ -46,6 +47,7 @@ __all__ = [
     "ContinueAsNew",
     "WorkflowContext",
     "DurableFuture",
+    "LocalStep",
     "current_context",
     "in_workflow",
     "require_context",
@@ -117,6 +119,15 @@ def require_context(what: str) -> WorkflowContext:
     return ctx
 
 
+@dataclass(frozen=True)
+class LocalStep:
+    """A local activity step without an outcome: its marker as recorded or as just taken."""
+
+    seq: int
+    name: str
+    marker: Doc
+
+
 @dataclass
 class WorkflowContext:
     """State of one replay of one execution."""
@@ -137,6 +148,21 @@ class WorkflowContext:
     sends: list[Send] = field(default_factory=list)
     #: the cancel request has been raised at a suspension point (in this replay or before)
     cancel_delivered: bool = False
+    #: a query's replay: what it decides is discarded, nothing is written or sent (engine/queries.py)
+    read_only: bool = False
+    #: set while a query handler runs: durable calls are refused (a query only reads)
+    answering: str | None = None
+    #: query handlers registered by the workflow code (``wf.set_query_handler``) in this replay
+    query_handlers: dict[str, Callable[..., Any]] = field(default_factory=dict)
+    #: the JSON value of the last ``wf.set_status`` in this replay (``status_set``: it was called)
+    custom_status: Any = None
+    status_set: bool = False
+    #: ``wf.patched`` answers of this replay, by change id (asked again: the same answer)
+    patches: dict[str, bool] = field(default_factory=dict)
+    #: how many times an operator reset the execution (``Admin.reset``): ids of sends taken again change
+    resets: int = 0
+    #: local activity steps this replay waits for: the driver runs them in its process
+    local_steps: list[LocalStep] = field(default_factory=list)
     _rng: _random.Random | None = None
 
     # --- plumbing ---------------------------------------------------------------------
@@ -154,17 +180,26 @@ class WorkflowContext:
 
     def _step(self, kind: str, name: str) -> tuple[int, Doc | None]:
         """Advance to the next step and check it matches the history; return (seq, marker)."""
+        self.refuse_in_query(f"a durable call ({kind} {name!r})")
         self.seq += 1
         seq = self.seq
         marker = self.doc(marker_id(seq, self.run))
         if marker is not None and (marker.get("kind"), marker.get("name")) != (kind, name):
+            hint = ""
+            if marker.get("kind") == "patch":
+                hint = f" (keep wf.deprecate_patch({marker.get('name')!r}) here while executions that took it run)"
             raise Fatal(
                 NonDeterminismError(
                     f"workflow {self.workflow!r} ({self.execution_id}) step {seq}: the history has "
-                    f"{marker.get('kind')} {marker.get('name')!r} but the code now calls {kind} {name!r}"
+                    f"{marker.get('kind')} {marker.get('name')!r} but the code now calls {kind} {name!r}{hint}"
                 )
             )
         return seq, marker
+
+    def refuse_in_query(self, what: str) -> None:
+        """A query handler only reads: ``what`` (a durable call, a status change) is refused in one."""
+        if self.answering is not None:
+            raise RuntimeError(f"query handler {self.answering!r} cannot make {what}: queries only read")
 
     def _marker(self, seq: int, kind: str, name: str, **extra: Any) -> Doc:
         doc: Doc = {
@@ -264,9 +299,11 @@ class WorkflowContext:
             return codec.decode(doc.get("value"), f"{kind} {name!r}")
         err = doc.get("error") or {}
         type_name, message = str(err.get("type", "Error")), str(err.get("message", ""))
-        exc: ActivityError | ChildWorkflowError
+        exc: ActivityError | ChildWorkflowError | ExternalSignalError
         if kind == "child":
             exc = ChildWorkflowError(name, str(doc.get("child_id", "")), type_name, message)
+        elif kind == "signal_send":
+            exc = ExternalSignalError(name, str(doc.get("target", "")), type_name, message)
         else:
             exc = ActivityError(name, type_name, message, int(err.get("attempts", 1)))
         # if this very object ends the execution, the replay records which step failed it (retry
@@ -286,6 +323,16 @@ class WorkflowContext:
     ) -> DurableFuture[Any]:
         """Record (once) and schedule an activity; return its future."""
         seq, marker = self._step("activity", name)
+        local = (options or {}).get("local")
+        if local and marker is None:
+            # a local activity: the drive runs it in its own process and commits the marker with
+            # its result (engine/local_steps.py); nothing is sent
+            payload = codec.encode_args(args, kwargs)
+            marker = self._marker(seq, "activity", name, input=payload, attempts=0, local=True)
+        if marker is not None and marker.get("local"):
+            if self.doc(result_id(seq, self.run)) is None:
+                self.local_steps.append(LocalStep(seq, name, marker))
+            return DurableFuture(self, seq, name, codec.result)
         if marker is None:
             payload = codec.encode_args(args, kwargs)
             task_id = f"{self.execution_id}:{self.run}:{seq}" if self.run else f"{self.execution_id}:{seq}"
@@ -389,30 +436,36 @@ class WorkflowContext:
             self.sends.append(ClockRequest(self.execution_id, seq, timeout_at, self.run))
         return DurableFuture(self, seq, name, codec, kind="signal")
 
-    def _decide_signal(self, seq: int, marker: Doc, codec: ValueCodec) -> bool:
+    def _decide_signal(self, seq: int, marker: Doc, codec: ValueCodec | Mapping[str, ValueCodec]) -> bool:
         """Decide signal wait ``seq`` if the history allows; return whether it is decided.
 
-        Values sent for the name and not yet settled (by this wait or an earlier one) are tried
-        oldest first against the wait's type: an invalid one is recorded as rejected
-        (``signal_rejected``) and skipped, the first valid one is consumed; the others stay for
-        the next waits (or the next run). If the wait's timer fired (``r:<seq>``), only values
-        sent before it compete; none valid means the timeout wins, and values sent after it stay.
-        All of it is recorded with the drive's commit, so the decision is made once: later
-        replays find it (:func:`.schema.signal_outcome_id`).
+        Values sent for the wait's name (or, for ``wf.wait_any``, any of the ``names`` its marker
+        lists) and not yet settled (by this wait or an earlier one) are tried oldest first, in
+        arrival order across the names, against the type of their name: an invalid one is
+        recorded as rejected (``signal_rejected``) and skipped, the first valid one is consumed;
+        the others stay for the next waits (or the next run). If the wait's timer fired
+        (``r:<seq>``), only values sent before it compete; none valid means the timeout wins, and
+        values sent after it stay. All of it is recorded with the drive's commit, so the decision
+        is made once: later replays find it (:func:`.schema.signal_outcome_id`); the decision
+        names the channel it took its value from.
         """
-        name = str(marker["name"])
+        names = [str(n) for n in marker.get("names") or [marker["name"]]]
+        codecs = codec if isinstance(codec, Mapping) else {names[0]: codec}
         oid = signal_outcome_id(marker, self.run)
         if self.doc(oid) is not None:
             return True
         timer = self.doc(result_id(seq, self.run))
         horizon = int(timer.get("signals_seen") or 0) if timer is not None and timer.get("timeout") else None
-        pending = [v for v in pending_signal_values(self.history, name) if self.doc(self._settle_id(v)) is None]
+        pending = sorted(
+            (v for n in names for v in pending_signal_values(self.history, n) if self.doc(self._settle_id(v)) is None),
+            key=lambda v: int(v["n"]),
+        )
         chosen: Doc | None = None
         for value in pending:
             if horizon is not None and int(value["n"]) > horizon:
                 break
             try:
-                codec.decode(value.get("value"), f"signal {name!r}")
+                codecs[str(value["name"])].decode(value.get("value"), f"signal {value['name']!r}")
             except PayloadValidationError as exc:
                 error = {"type": type(exc).__name__, "message": str(exc)}
                 self._settle(value, seq, "signal_rejected", value=value.get("value"), error=error)
@@ -424,10 +477,10 @@ class WorkflowContext:
         decision: Doc = {"pk": self.execution_id, "id": oid, "type": "signal", "run": self.run, "seq": seq}
         if chosen is not None:
             self._settle(chosen, seq, "signal_consumed")
-            decision.update(name=name, ok=True, value=chosen.get("value"), value_id=chosen["id"])
+            decision.update(name=chosen["name"], ok=True, value=chosen.get("value"), value_id=chosen["id"])
             decision.update(sent_at=chosen.get("sent_at"), received_at=self.now)
         else:
-            decision.update(name=name, ok=False, timeout=True, fired_at=(timer or {}).get("fired_at"))
+            decision.update(name=marker["name"], ok=False, timeout=True, fired_at=(timer or {}).get("fired_at"))
         self.new_docs[oid] = decision
         return True
 
@@ -480,7 +533,11 @@ class WorkflowContext:
                 due_at=self.now + self.activity_queue_timeout,
             )
             self.sends.append(ChildRequest(self.execution_id, seq, definition.name, fresh(payload), cid, self.run))
-        return DurableFuture(self, seq, definition.name, definition.codec.result, kind="child")
+        else:
+            cid = str(marker["child_id"])
+        future: DurableFuture[Any] = DurableFuture(self, seq, definition.name, definition.codec.result, kind="child")
+        future._child_id = cid
+        return future
 
     def start_signature(self, sig: Any) -> DurableFuture[Any]:
         """Start an activity from a Celery-style signature (``task.s(...)``) or pass a future on."""
@@ -512,6 +569,14 @@ class DurableFuture(Generic[T]):
         self.name = name
         self.kind = kind
         self._codec = codec
+        self._child_id: str | None = None
+
+    @property
+    def workflow_id(self) -> str:
+        """The workflow id of the child this future waits for (``start_child``); only children have one."""
+        if self._child_id is None:
+            raise AttributeError(f"a {self.kind} step has no workflow id: only a child workflow's future has one")
+        return self._child_id
 
     def done(self) -> bool:
         """Whether the step has finished — a durable step itself, like ``durable.now()``.

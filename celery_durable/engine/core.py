@@ -28,7 +28,7 @@ from ..stores.offload import offloaded
 from .activity import ActivityRunner
 from .cache import PartitionCache
 from .checks import check_workflow_id
-from .dispatcher import ActivityRequest, AdmitRequest, ChildRequest, ClockRequest, Dispatcher, Send
+from .dispatcher import ActivityRequest, AdmitRequest, ChildRequest, ClockRequest, Dispatcher, Send, SignalRequest
 from .driver import Driver
 from .heartbeat import Heartbeat
 from .leases import LeaseKeeper
@@ -217,6 +217,8 @@ class Engine:
             self.links.start_child(send)
         elif isinstance(send, AdmitRequest):
             self._admit(send)
+        elif isinstance(send, SignalRequest):
+            self.links.send_signal(send)
         elif send.parent is not None:
             self.links.cancel_child(send.execution_id, send.parent)
         else:

@@ -20,6 +20,7 @@ __all__ = [
     "ChildRequest",
     "CancelRequest",
     "AdmitRequest",
+    "SignalRequest",
     "Send",
     "Dispatcher",
     "InlineDispatcher",
@@ -104,8 +105,26 @@ class AdmitRequest:
         return f"admit:{self.execution_id}:{self.doc_id}"
 
 
+@dataclass(frozen=True)
+class SignalRequest:
+    """Send signal ``name`` to ``target`` for step ``seq`` of ``execution_id`` (``wf.signal_external``);
+    ``signal_id`` lets the receiver record it once however often it is sent."""
+
+    execution_id: str
+    seq: int
+    run: int
+    target: str
+    name: str
+    value: Any
+    signal_id: str
+
+    @property
+    def key(self) -> str:
+        return f"signal:{self.signal_id}"
+
+
 #: what a committed drive asks the engine to carry out (docs/architecture.md §6)
-Send = ActivityRequest | ClockRequest | ChildRequest | CancelRequest | AdmitRequest
+Send = ActivityRequest | ClockRequest | ChildRequest | CancelRequest | AdmitRequest | SignalRequest
 
 
 class Dispatcher(Protocol):

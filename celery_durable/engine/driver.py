@@ -14,6 +14,8 @@ the exec so the next commit must re-read.
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -23,6 +25,7 @@ from ..observability import span
 from ..stores.base import Doc, Op, strip_reserved
 from .checks import check_partition
 from .dispatcher import CancelRequest, Send
+from .local_steps import LocalRun, LocalRunner
 from .model import (
     CANCELLED,
     COMPLETED,
@@ -46,6 +49,10 @@ __all__ = ["Driver", "Replay"]
 log = logging.getLogger("celery_durable.drive")
 
 MAX_ROUNDS = 500
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
 
 
 def _parent_link(ex: Doc) -> dict[str, Any] | None:
@@ -91,6 +98,7 @@ def _oversized(exc: DocumentTooLarge, carry: list[Doc]) -> list[Doc]:
 class Driver:
     def __init__(self, engine: EngineParts) -> None:
         self.engine = engine
+        self.locals = LocalRunner(engine)
 
     # --- replay -------------------------------------------------------------------------
 
@@ -125,6 +133,7 @@ class Driver:
         carry = list(carry)
         release = list(release)
         orphan_sends: dict[str, Send] = {}
+        local = LocalRun()  # local activity steps run by this drive (kept across its rounds)
         committed: tuple[Doc, Replay] | None = None
         #: why this drive fails the execution: a document it must write is too large to store
         oversize: dict[str, Any] | None = None
@@ -194,11 +203,18 @@ class Driver:
                 history = dict(docs)
                 for d in carry_new:
                     history[d["id"]] = d
+                history.update(local.history_for(docs))  # local steps an earlier round ran
                 try:
                     replay = self.replay(ex, history, now)
+                    if replay.local and oversize is None:  # run them here, then replay again
+                        again = functools.partial(self.replay, ex, history, now)
+                        replay = self.locals.drive_locals(ex, docs, history, replay, local, again)
                     if oversize is not None:  # what it decided does not fit the store: it fails
                         replay = Replay("failed", error=oversize, steps=replay.steps)
-                    ops = self._commit_ops(ex, docs, carry_new, release, replay, now)
+                    mine = [d for d in local.created.values() if d["id"] not in docs]
+                    ops = self._commit_ops(ex, docs, carry_new + mine, release + local.release, replay, now)
+                    if ops is not None and local.replaced:
+                        ops[-1:-1] = [Op.replace(strip_reserved(d), d["_etag"]) for d in local.replaced.values()]
                 except (KeyError, TypeError, ValueError, AttributeError) as exc:
                     # user code's errors are caught inside replay: what escapes is a document
                     # the engine cannot make sense of
@@ -334,6 +350,10 @@ class Driver:
         new_ex = strip_reserved(ex)
         steps = max(replay.steps, int(ex.get("steps") or 0))
         new_ex.update(lease=None, due_kind=None, due_at=None, last_error=None, steps=steps)
+        # wf.set_status: recorded with this commit, only when the value changed (type-exact: 1 != True)
+        status_changed = replay.status_set and _json(replay.custom_status) != _json(ex.get("custom_status"))
+        if status_changed:
+            new_ex["custom_status"] = replay.custom_status
         if replay.kind == "unknown":
             known = ", ".join(sorted(eng.registry.workflows)) or "none"
             new_ex.update(
@@ -364,7 +384,7 @@ class Driver:
             if ex.get("parent"):
                 # stays due until the parent has been told (recovery retries a lost notice)
                 new_ex.update(parent_notified=False, due_kind=DUE_EXEC, due_at=now + eng.settings.drive_timeout)
-        idle = replay.kind == "suspended" and not ops and not replay.sends
+        idle = replay.kind == "suspended" and not ops and not replay.sends and not status_changed
         if idle and not ex.get("lease") and not ex.get("due_kind") and not ex.get("last_error"):
             return None  # nothing new: a duplicate drive message
         new_ex["updated_at"] = now

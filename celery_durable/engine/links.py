@@ -27,7 +27,7 @@ from .checks import (
     check_partition,
     signal_value_id,
 )
-from .dispatcher import ChildRequest
+from .dispatcher import ChildRequest, SignalRequest
 from .kin import child_outcome, describe_holder, is_child_of, is_fence, joinable, joiners_of
 from .model import (
     CANCELLED,
@@ -43,7 +43,8 @@ from .model import (
     settled,
 )
 from .outbox.model import DUE_ADMIT
-from .schema import run_prefixes, signal_outcome_id
+from .schema import DocType, run_prefixes, signal_key_id, signal_outcome_id
+from .sends import send_signal, send_signal_again
 
 if TYPE_CHECKING:
     from .parts import EngineParts
@@ -90,6 +91,8 @@ class Links:
         if ex is None or marker is None:
             return "missing"
         kind = marker.get("kind")
+        if kind == "activity" and marker.get("local") and marker.get("fire_at") is not None:
+            return self._fire_local_retry(ex, marker, docs, seq, run)
         if kind not in ("sleep", "signal") or marker.get("fire_at") is None:
             return "missing"
         done = result_id(seq, run) in docs or (kind == "signal" and signal_outcome_id(marker, run) in docs)
@@ -108,6 +111,17 @@ class Links:
             doc.update(ok=True, value=None, fired_at=now)
         eng.emit("timer_fired", execution_id=execution_id, seq=seq, lateness=now - fire_at)
         eng.driver.drive(execution_id, carry=[doc], release=[seq])
+        return "fired"
+
+    def _fire_local_retry(self, ex: Doc | None, marker: Doc, docs: dict[str, Doc], seq: int, run: int) -> str:
+        """A local activity's retry timer (a backoff too long to wait in the drive): drive, and
+        the drive runs the next attempt in its process (``engine/local_steps.py``)."""
+        if ex is None or ex.get("status") in TERMINAL or result_id(seq, run) in docs or int(ex.get("run") or 0) != run:
+            self._clear_due(marker)
+            return "done"
+        if self.engine.clock.now() < float(marker["fire_at"]):
+            return "early"
+        self.engine.driver.drive(str(ex["pk"]))
         return "fired"
 
     def fire_due_clocks(self, limit: int = 500) -> int:
@@ -141,7 +155,14 @@ class Links:
 
     # --- signals --------------------------------------------------------------------------
 
-    def signal(self, execution_id: str, name: str, value: Any) -> bool:
+    def signal(
+        self,
+        execution_id: str,
+        name: str,
+        value: Any,
+        signal_id: str | None = None,
+        sender: dict[str, Any] | None = None,
+    ) -> bool:
         """Send signal ``name``; True when the value is recorded, False when it is ignored.
 
         Every value is kept, in arrival order, and each ``wait_signal(name)`` consumes the next
@@ -159,6 +180,11 @@ class Links:
         a run: one sent for a name the current run never waits for is carried over to the next
         run (continue-as-new), like Temporal's and DBOS's unconsumed signals. False means the
         execution has ended (the ``signal_ignored`` event fires).
+
+        ``signal_id`` (``wf.signal_external``: derived from the sending step) makes the send
+        idempotent: a key document ``sgk:<digest>`` is created in the same batch, and a send
+        that finds it recorded returns True and records nothing. Such a value is JSON already
+        (validated where it is consumed).
         """
         eng = self.engine
         for _ in range(100):
@@ -173,8 +199,11 @@ class Links:
                 raise PayloadValidationError(
                     f"workflow {ex['workflow']!r} declares no signal {name!r} (declared: {', '.join(names)})"
                 )
+            key = signal_key_id(signal_id) if signal_id is not None else None
+            if key is not None and key in docs:
+                return True  # this very send was recorded before (a retried send)
             declared = wf.signals.get(name, Any) if wf is not None and name in wf.signals else None
-            codec = ValueCodec(Any if declared is None else declared)
+            codec = ValueCodec(Any if declared is None or signal_id is not None else declared)
             data = codec.encode(value, f"signal {name!r}")
             if ex.get("status") in TERMINAL:
                 return self._ignored(execution_id, name, str(ex["status"]))
@@ -194,14 +223,24 @@ class Links:
             bumped = strip_reserved(ex) | {"signal_seq": n, "wakeups": int(ex.get("wakeups") or 0) + 1}
             if not ex.get("due_kind"):  # a lost drive message is recovered
                 bumped.update(due_kind=DUE_EXEC, due_at=now + eng.settings.drive_timeout)
+            ops = [Op.create(doc), Op.replace(bumped, if_match=ex["_etag"])]
+            if key is not None:
+                doc.update(signal_id=signal_id, sender=sender)
+                ops.insert(
+                    0, Op.create({"pk": execution_id, "id": key, "type": DocType.SIGNAL_KEY, "value_id": doc["id"]})
+                )
             try:
-                eng.store.batch(execution_id, [Op.create(doc), Op.replace(bumped, if_match=ex["_etag"])])
+                eng.store.batch(execution_id, ops)
             except ConflictError:
                 continue  # the execution moved on (a drive, continue-as-new, another sender): look again
             eng.emit("signal_received", execution_id=execution_id, name=name)
             eng.dispatcher.send_drive(execution_id)
             return True
         raise DurableError(f"could not record signal {name!r} for {execution_id!r}: too much contention")
+
+    def send_signal(self, req: SignalRequest) -> None:
+        """Carry out a committed ``wf.signal_external`` step (see :func:`.sends.send_signal`)."""
+        send_signal(self.engine, self.signal, req)
 
     def _ignored(self, execution_id: str, name: str, reason: str) -> bool:
         log.warning("signal %r to %s ignored: %s", name, execution_id, reason)
@@ -459,6 +498,9 @@ class Links:
         again later. A step the parent no longer waits for leaves the scan."""
         eng = self.engine
         check_doc(parent_id, marker)
+        if marker.get("kind") == "signal_send":
+            send_signal_again(eng, self.signal, parent_id, marker)
+            return
         child_id = str(marker["child_id"])
         run, seq = parse_step_id(marker["id"])
         req = ChildRequest(parent_id, seq, str(marker["name"]), dict(marker.get("input") or {}), child_id, run)

@@ -11,14 +11,14 @@ the history it was given is unchanged by the call (``tests/engine/test_replay_pu
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import CorruptDocument, PayloadValidationError, WorkflowCancelledError
 from ..settings import Settings
 from ..stores.base import Doc
-from .context import ContinueAsNew, Fatal, Suspend, WorkflowContext, failed_step
+from .context import ContinueAsNew, Fatal, LocalStep, Suspend, WorkflowContext, failed_step
 from .dispatcher import AdmitRequest, CancelRequest, Send
 from .model import DUE_ACTIVITY, DUE_CHILD, DUE_CLOCK, error_info
 from .registry import Registry, WorkflowDef
@@ -40,6 +40,14 @@ class Replay:
     steps: int = 0
     #: the new payload, for ``continued``
     payload: dict[str, Any] | None = None
+    #: ``wf.set_status`` was called (``custom_status``: the JSON value it last set)
+    status_set: bool = False
+    custom_status: Any = None
+    #: the query handlers the workflow registered, and (``read_only``) the context they answer in
+    queries: dict[str, Callable[..., Any]] = field(default_factory=dict)
+    #: local activity steps a suspended replay waits for (the driver runs them: engine/local_steps.py)
+    local: list[LocalStep] = field(default_factory=list)
+    context: WorkflowContext | None = field(default=None, repr=False, compare=False)
 
 
 #: due kinds of steps that only exist to produce an outcome for the running run
@@ -65,8 +73,13 @@ def replay(
     registry: Registry,
     now: float,
     settings: Settings,
+    read_only: bool = False,
 ) -> Replay:
-    """Replay execution ``ex`` of workflow ``wf`` over ``history`` at time ``now``; pure."""
+    """Replay execution ``ex`` of workflow ``wf`` over ``history`` at time ``now``; pure.
+
+    ``read_only``: a query's replay (engine/queries.py). It runs exactly as a drive's, but what it
+    decides is discarded by its caller, so it also returns its context for the query handlers.
+    """
     if wf is None:
         return Replay("unknown")
     ctx = WorkflowContext(
@@ -80,6 +93,8 @@ def replay(
         admit_grace=settings.outbox_admit_grace,
         run=int(ex.get("run") or 0),
         signal_types=wf.signals,
+        read_only=read_only,
+        resets=int(ex.get("resets") or 0),
     )
     try:
         args, kwargs = wf.codec.decode_args(ex.get("payload") or {})
@@ -124,4 +139,17 @@ def replay(
     new_docs, sends = list(ctx.new_docs.values()), ctx.sends
     if kind in ("failed", "continued"):
         new_docs, sends = _without_pending_work(new_docs, sends)
-    return Replay(kind, value=value, error=error, new_docs=new_docs, sends=sends, steps=ctx.seq, payload=payload)
+    return Replay(
+        kind,
+        value=value,
+        error=error,
+        new_docs=new_docs,
+        sends=sends,
+        steps=ctx.seq,
+        payload=payload,
+        status_set=ctx.status_set,
+        custom_status=ctx.custom_status,
+        queries=dict(ctx.query_handlers),
+        local=list(ctx.local_steps) if kind == "suspended" else [],
+        context=ctx if read_only else None,
+    )

@@ -7,7 +7,8 @@ documents, so stored data does not change. See ``docs/architecture.md`` for the 
 
 Partition = execution id. In it:
 
-* ``exec`` — the execution: workflow, payload, status, result/error, cancel flag, lease.
+* ``exec`` — the execution: workflow, payload, status, result/error, cancel flag, lease, and the
+  ``custom_status`` its code last set (``wf.set_status``), written by a drive when it changed.
 * ``s:000001`` — the *marker* of step 1 of run 0 (``s2:000001`` in run 2): what the step is.
 * ``r:000001`` — the step's *outcome*, create-only (first writer wins).
 * ``w:000004`` — the decision of the signal wait at step 4 (``w2:000004`` in run 2): the value it
@@ -15,10 +16,14 @@ Partition = execution id. In it:
   per run and name, ``sig:<name>`` (``sig2:<name>``); their markers carry no ``decision``.
 * ``sgv:000003`` — the 3rd signal value sent to the execution (any run), recorded atomically
   with an exec bump; ``sgx:000003`` — its settlement (consumed, rejected or ignored).
+* ``sgk:<digest>`` — the dedupe key of a value sent by another workflow (``wf.signal_external``),
+  created in the same batch as its ``sgv:``: a retried send finds it and records nothing.
+* ``op:000001`` — an operator's action on the execution (``reset``): who, when, from which step.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any
@@ -43,10 +48,17 @@ __all__ = [
     "signal_value_id",
     "signal_mark_id",
     "child_execution_id",
+    "SIGNAL_KEY_PREFIX",
+    "signal_key_id",
+    "external_signal_id",
+    "OPERATION_PREFIX",
+    "operation_id",
 ]
 
 SIGNAL_VALUE_PREFIX = "sgv:"
 SIGNAL_MARK_PREFIX = "sgx:"
+SIGNAL_KEY_PREFIX = "sgk:"
+OPERATION_PREFIX = "op:"
 
 #: id of the execution document in its partition
 EXEC_ID = "exec"
@@ -65,6 +77,10 @@ class DocType(StrEnum):
     #: settlements of a sent value that no wait consumed (``sgx:…``)
     SIGNAL_REJECTED = "signal_rejected"
     SIGNAL_IGNORED = "signal_ignored"
+    #: the dedupe key of a value sent by a workflow (``sgk:…``)
+    SIGNAL_KEY = "signal_key"
+    #: an operator's recorded action (``op:…``): a reset
+    OPERATION = "operation"
 
 
 class Status(StrEnum):
@@ -105,6 +121,12 @@ class StepKind(StrEnum):
     SEED = "seed"
     #: the recorded answer of ``DurableFuture.done()``
     DONE = "done"
+    #: ``wf.patched(change_id)`` answered True at this point (name: the change id). Taken only by
+    #: executions that reached the point on code with the patch: histories recorded before it have
+    #: no marker here, and their step numbers never shift (``engine/versioning.py``)
+    PATCH = "patch"
+    #: ``wf.signal_external``: a signal value sent to another execution (name: the signal)
+    SIGNAL_SEND = "signal_send"
 
 
 def _run(run: int) -> str:
@@ -173,3 +195,21 @@ def is_step_id(doc_id: str) -> bool:
     """Whether ``doc_id`` is a step marker (``s:…``/``sN:…``), not a signal or result."""
     head, sep, tail = doc_id.partition(":")
     return bool(sep) and head[:1] == "s" and (head == "s" or head[1:].isdigit()) and tail.isdigit()
+
+
+def external_signal_id(execution_id: str, run: int, seq: int, resets: int = 0) -> str:
+    """The deterministic id of the signal step ``seq`` of run ``run`` of ``execution_id`` sends:
+    every retry of the send carries the same one, so the receiver records it once. A step taken
+    again after an operator's reset (``resets``) sends anew."""
+    return f"{execution_id}:{run}:{seq}" + (f"~{resets}" if resets else "")
+
+
+def signal_key_id(signal_id: str) -> str:
+    """``sgk:<digest>``: where a receiver records that it accepted ``signal_id`` (any characters:
+    hashed, as store ids refuse some)."""
+    return SIGNAL_KEY_PREFIX + hashlib.sha256(signal_id.encode()).hexdigest()[:40]
+
+
+def operation_id(n: int) -> str:
+    """``op:000001``: the n-th operator action recorded on an execution."""
+    return f"{OPERATION_PREFIX}{n:06d}"

@@ -27,7 +27,7 @@ __all__ = [
 
 STATUSES = tuple(str(s) for s in Status)
 #: steps that produce their value while driving: recorded inline in their marker
-_INLINE = (StepKind.NOW, StepKind.UUID, StepKind.SEED, StepKind.DONE, "random")
+_INLINE = (StepKind.NOW, StepKind.UUID, StepKind.SEED, StepKind.DONE, StepKind.PATCH, "random")
 
 
 @dataclass(frozen=True)
@@ -98,6 +98,10 @@ class ExecutionDetail:
     children: tuple[str, ...] = ()
     #: documents of the partition that could not be decoded, with the reason
     corrupt: tuple[str, ...] = ()
+    #: what the workflow last set with ``wf.set_status`` (None if never)
+    custom_status: Any = None
+    #: operators' recorded actions on the execution (``op:`` documents: resets), oldest first
+    operations: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -185,8 +189,9 @@ def _step(marker: Doc, by_id: dict[str, Doc], run: int) -> StepRecord:
         name=name,
         state=state,
         attempts=_int(out.get("attempts", marker.get("attempts")), 0) or None,
-        task_id=_str(marker.get("task_id")),
-        child_id=_str(marker.get("child_id")) or _str(out.get("child_id")),
+        # a local activity runs in the drive (no task); a signal sent names its target
+        task_id="local" if marker.get("local") else _str(marker.get("task_id")),
+        child_id=_str(marker.get("child_id")) or _str(out.get("child_id")) or _str(marker.get("target")),
         scheduled_at=_num(marker.get("created_at")),
         started_at=_num(marker.get("started_at")),
         finished_at=_num(out.get("completed_at")) or _num(out.get("fired_at")) or _num(out.get("sent_at")),
@@ -250,5 +255,9 @@ def describe_docs(ex: Doc, docs: list[Doc]) -> ExecutionDetail:
         steps=tuple(steps),
         signals=tuple(signals),
         children=tuple(s.child_id for s in steps if s.kind == StepKind.CHILD and s.child_id),
+        custom_status=ex.get("custom_status"),
+        operations=tuple(
+            sorted((d for d in docs if d.get("type") == DocType.OPERATION), key=lambda d: str(d.get("id")))
+        ),
         corrupt=((summary.corrupt,) if summary.corrupt else ()) + tuple(corrupt),
     )

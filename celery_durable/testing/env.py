@@ -18,9 +18,11 @@ on the fake clock. ``async def`` activities run to completion as on a worker.
 
 from __future__ import annotations
 
+import copy
+import math
 import time
 import warnings
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..activity import task_retry
@@ -44,6 +46,18 @@ if TYPE_CHECKING:
 __all__ = ["FakeClock", "WorkflowEnvironment"]
 
 R = TypeVar("R")
+
+
+def _next_tick(every: Any, after: float) -> float:
+    """When a schedule (a ``timedelta`` aligned to the epoch, or a Celery ``crontab``) next fires after ``after``."""
+    if isinstance(every, timedelta):
+        period = every.total_seconds()
+        return (math.floor(after / period) + 1) * period
+    last = datetime.fromtimestamp(after, tz=UTC)
+    pinned = copy.copy(every)
+    pinned.nowfun = lambda: last  # the estimate counts from the fake clock, not the wall clock
+    nxt: float = (last + pinned.remaining_estimate(last)).timestamp()
+    return max(after + 0.001, nxt)
 
 
 class FakeClock:
@@ -105,6 +119,8 @@ class WorkflowEnvironment:
         self.dispatcher.handlers["activity"] = self._activity
         #: where activities' Celery tasks (and so their retry options) are looked up
         self._app: Celery | None = None if durable is None or isinstance(durable, Registry) else durable.app
+        #: its schedules tick as the clock advances
+        self._durable = None if isinstance(durable, Registry) else durable
         #: activity retries waiting for their delay: (due time, message), as Celery's countdown
         self.retries: list[tuple[float, ActivityRequest]] = []
         # library signals (celery_durable.signals) fire here as they do on workers
@@ -175,9 +191,34 @@ class WorkflowEnvironment:
         self.worker.run()
 
     def advance(self, delta: timedelta | float) -> None:
-        """Move the clock forward, fire what became due, and run."""
-        self.clock.advance(delta.total_seconds() if isinstance(delta, timedelta) else float(delta))
+        """Move the clock forward, fire what became due, and run.
+
+        The ticks of ``durable.schedule(...)`` that fall in the window start their executions at
+        their time, as beat would (ids ``<name>@<tick>``). Only ``advance`` fires ticks:
+        ``skip_to_next_timer`` and ``result`` jump over them."""
+        seconds = delta.total_seconds() if isinstance(delta, timedelta) else float(delta)
+        if seconds < 0:
+            raise ValueError("time only moves forward")
+        target = self.clock.t + seconds
+        for at, workflow, payload, wid in self._schedule_ticks(self.clock.t, target):
+            self.clock.t = max(self.clock.t, at)
+            self._scan()  # what was due before the tick fires first
+            self.engine.create_execution(workflow, payload, wid, None)
+        self.clock.t = target
         self._scan()
+
+    def _schedule_ticks(self, after: float, until: float) -> list[tuple[float, str, dict[str, Any], str]]:
+        """``(time, workflow, payload, id)`` of the schedule ticks in ``(after, until]``, in time order."""
+        from ..tasks import tick_id
+
+        ticks = []
+        for entry in getattr(self._durable, "_schedules", {}).values():  # what Durable.schedule() registered
+            name, workflow, payload, period = entry["args"]
+            at = _next_tick(entry["schedule"], after)
+            while at <= until:
+                ticks.append((at, workflow, payload, tick_id(name, period, at)))
+                at = _next_tick(entry["schedule"], at)
+        return sorted(ticks, key=lambda tick: tick[0])
 
     def skip_to_next_timer(self) -> bool:
         """Jump to the earliest pending timer (or activity retry) and fire it; False when there is none."""

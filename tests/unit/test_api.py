@@ -31,12 +31,16 @@ PUBLIC = {
     "WorkflowCancelledError",
     "ActivityError",
     "ChildWorkflowError",
+    "ExternalSignalError",
     "NonRetryableError",
     "DurableTimeoutError",
     "StoreError",
     "StoreUnavailable",
     "IdempotencyConflict",
     "LaneFull",
+    "QueryFailedError",
+    "UnknownQueryError",
+    "HistoryUnavailableError",
 }
 
 WORKFLOW_API = {
@@ -48,12 +52,19 @@ WORKFLOW_API = {
     "sleep_until",
     "start_timer",
     "wait_signal",
+    "wait_any",
+    "signal_external",
     "continue_as_new",
     "emit",
     "Saga",
     "in_workflow",
     "DurableFuture",
     "execution_id",
+    "set_query_handler",
+    "query",
+    "set_status",
+    "patched",
+    "deprecate_patch",
 }
 
 

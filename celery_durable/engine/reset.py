@@ -1,0 +1,99 @@
+"""Reset: re-run a failed or cancelled execution from a chosen step (``Admin.reset``).
+
+The plan reuses the admin's rewrite machinery (``Admin._operate``): what the current run recorded
+from the step on is deleted, a cancellation recorded before it is withdrawn (its interrupted
+steps are armed again, as ``resume`` does), and an ``op:<n>`` document records the action. The
+whole rewrite is written with the exec document, ``generation`` bumped, in batches of the
+partition; the exec stays terminal until the last batch reopens it, so a racing drive (of a
+terminal execution: it records nothing) never sees half of it, and caches read the partition
+afresh.
+"""
+
+from __future__ import annotations
+
+import getpass
+import socket
+from typing import Any, Protocol
+
+from ..stores.base import Doc
+from .schema import EXEC_ID, DocType, Status, marker_id, operation_id
+from .timeline import _int
+
+__all__ = ["plan_reset", "reset_by"]
+
+
+def reset_by() -> str:
+    """Who resets, when the caller does not say: ``user@host`` of this process."""
+    try:
+        user = getpass.getuser()
+    except Exception:  # no user name in this environment (a container): still recorded
+        user = "?"
+    return f"{user}@{socket.gethostname()}"
+
+
+class Rewrite(Protocol):
+    deletes: list[Doc]
+    creates: list[Doc]
+    fields: dict[str, Any]
+
+
+class Planner(Protocol):
+    """What a reset plan uses of ``Admin`` (typed here so this module does not import it)."""
+
+    @property
+    def engine(self) -> Any: ...
+
+    def _forget_after(self, ex: Doc, docs: dict[str, Doc], seq: int, rewrite: Any, keep: set[int]) -> None: ...
+
+    def _rearm(self, ex: Doc, marker: Doc, rewrite: Any, fresh: bool = False) -> None: ...
+
+
+def plan_reset(
+    admin: Planner,
+    rewrite: Rewrite,
+    refuse: type[Exception],
+    ex: Doc,
+    docs: dict[str, Doc],
+    step: int,
+    by: str,
+    reason: str | None,
+) -> None:
+    """Fill ``rewrite`` to reset ``ex`` to ``step``; raises ``refuse`` when it does not apply."""
+    OperationRefused = refuse  # noqa: N806 - the admin's exception class
+    pk, status = str(ex["pk"]), ex.get("status")
+    if status not in (Status.FAILED, Status.CANCELLED):
+        raise OperationRefused(f"{pk} is {status}: reset applies to failed or cancelled executions (cancel it first)")
+    if isinstance(step, bool) or not isinstance(step, int):
+        raise OperationRefused(f"step must be an integer, not {step!r}")
+    run, steps = _int(ex.get("run")), _int(ex.get("steps"))
+    if not 1 <= step <= steps + 1:
+        raise OperationRefused(f"{pk} has steps 1 to {steps} in its current run: cannot reset to step {step}")
+    admin._forget_after(ex, docs, step - 1, rewrite, keep=set())
+    gone = {d["id"] for d in rewrite.deletes}
+    for d in list(docs.values()):
+        # a cancel delivered before the step: its cancelled outcomes go, their steps run again
+        if d["id"] != EXEC_ID and d.get("cancelled") and _int(d.get("run")) == run and d["id"] not in gone:
+            rewrite.deletes.append(d)
+            marker = docs.get(marker_id(_int(d.get("seq")), run))
+            if marker is not None and marker["id"] not in gone:
+                admin._rearm(ex, marker, rewrite, fresh=True)
+    n = _int(ex.get("operations")) + 1
+    now = admin.engine.clock.now()
+    rewrite.creates.append(
+        {
+            "pk": pk,
+            "id": operation_id(n),
+            "type": DocType.OPERATION,
+            "action": "reset",
+            "by": by,
+            "at": now,
+            "step": step,
+            "run": run,
+            "status": status,
+            "error": ex.get("error"),
+            "reason": reason,
+            "forgotten": len(rewrite.deletes),
+        }
+    )
+    # ``resets`` makes the ids of what the re-run sends again new (wf.signal_external's signal id)
+    rewrite.fields.update(steps=step - 1, operations=n, resets=_int(ex.get("resets")) + 1, parent_notified=None)
