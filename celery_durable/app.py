@@ -11,7 +11,7 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 from celery import Celery
 
 from . import workflow as _wf
-from .bootsteps import DurableShutdownStep, DurableStep
+from .bootsteps import DurableMetricsStep, DurableShutdownStep, DurableStep
 from .engine.admin import Admin, ExecutionDetail, ExecutionPage, PurgeReport, StepRecord
 from .engine.checks import check_workflow_id
 from .engine.context import DurableFuture, current_context, require_context
@@ -143,6 +143,7 @@ class Durable:
         # the worker's own steps: once the pool drained (or at once on a cold shutdown) they stop
         # this process's heartbeat and give back its leases
         app.steps["worker"].add(DurableStep)
+        app.steps["worker"].add(DurableMetricsStep)  # durable_metrics_port: Prometheus /metrics
         app.steps["consumer"].add(DurableShutdownStep)
         #: the effect outbox (docs/architecture.md §9): ``durable.outbox.enqueue(...)``, ``@durable.effect``
         self.outbox = Outbox(self)

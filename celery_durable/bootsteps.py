@@ -35,10 +35,10 @@ import celery.app.utils as celery_app_utils
 from celery import bootsteps
 
 from .extension import DurableLike, durable_of
-from .pools import check_worker
+from .pools import check_worker, pool_name
 from .settings import censor_conf, redact_url
 
-__all__ = ["DurableStep", "DurableShutdownStep", "check_store", "install_censoring"]
+__all__ = ["DurableStep", "DurableShutdownStep", "DurableMetricsStep", "check_store", "install_censoring"]
 
 log = logging.getLogger("celery_durable.worker")
 
@@ -137,3 +137,39 @@ class DurableShutdownStep(bootsteps.StartStopStep):
 
     def shutdown(self, consumer: Any) -> None:
         self.durable.shutdown()
+
+
+class DurableMetricsStep(bootsteps.StartStopStep):
+    """Serves Prometheus ``/metrics`` from the worker's main process when ``durable_metrics_port``
+    is set (celery_durable/metrics.py). Prepared here, before the pool forks (children inherit
+    the listeners and prometheus_client's multiprocess directory); served once the pool runs, so
+    no child inherits the listening socket."""
+
+    label = "celery_durable.metrics"
+    requires = ("celery.worker.components:Pool",)
+
+    def __init__(self, worker: Any, **kwargs: Any) -> None:
+        super().__init__(worker, **kwargs)
+        self.exporter: Any = None
+        durable = durable_of(worker.app)
+        try:
+            port = durable.settings.metrics_port
+            if port is None:
+                return
+            from .metrics import WorkerExporter
+
+            self.exporter = WorkerExporter(durable, port, pool_name(getattr(worker, "pool_cls", None)))
+        except Exception as exc:  # bad port, prometheus_client missing, store unusable
+            message = _one_line("cannot export metrics", exc)
+            log.critical("%s", message)
+            raise SystemExit(message) from None
+
+    def start(self, worker: Any) -> None:
+        if self.exporter is not None:
+            self.exporter.start()
+
+    def stop(self, worker: Any) -> None:
+        if self.exporter is not None:
+            self.exporter.stop()
+
+    terminate = stop

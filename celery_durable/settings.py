@@ -36,6 +36,7 @@ setting                                default                     meaning
 ``durable_outbox_admit_grace``         10 s                        unadmitted intent → scan admits
 ``durable_outbox_max_lane_backlog``    10,000                      live rows per key
 ``durable_outbox_drain_max``           50                          rows of a key one delivery runs in a row
+``durable_metrics_port``              None                        worker serves Prometheus /metrics
 =====================================  ==========================  ===============================
 """
 
@@ -66,7 +67,9 @@ _MAY_BE_ZERO = frozenset(
 
 # key=..., password=..., AccountKey=..., the password of user:password@host
 _SECRET_PARAM = re.compile(r"(?i)((?:key|password|secret|token|accountkey|sig)=)[^&;]+")
-_USERINFO = re.compile(r"(//[^:/@]+:)[^@/]+@")
+#: the authority's userinfo: up to the *last* '@' before the path (URL parsers take the last one,
+#: so a password may hold a raw '@'), with or without a user name
+_USERINFO = re.compile(r"(//[^:/@?#]*:)[^/?#]*@")
 _SECRET_NAME = re.compile(r"(?i).*(key|password|secret|token|sig)")
 
 
@@ -144,6 +147,8 @@ class Settings:
     #: a delivery that settles a row runs the key's next row (same type, due now) itself, up to
     #: this many in a row, before it hands the key back to the queue (0: one row per message)
     outbox_drain_max: int = 50
+    #: a worker serves Prometheus metrics on this port (celery_durable.metrics; None: off)
+    metrics_port: int | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):

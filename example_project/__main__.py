@@ -1,14 +1,18 @@
-"""``python -m example_project``: start workers, fulfil a few orders durably, print a summary.
+"""``python -m example_project``: start workers and beat, fulfil a few orders durably, print a summary.
 
 Needs no server by default: workflow state goes to a SQLite file and Celery messages to a
 ``filesystem://`` broker, both in a fresh run directory. Set ``EXAMPLE_BROKER_URL`` and
-``DURABLE_STORE_URL`` to use Redis and Cosmos instead (see README.md). Exit status: 0 when
-every order ended as its scenario predicts, 1 otherwise, 130 on Ctrl-C.
+``DURABLE_STORE_URL`` to use Redis and Cosmos instead (see README.md). One order waits for its
+release date on a durable timer that beat fires; during another one a worker is killed
+(SIGKILL) and recovery finishes the order on another worker. ``--ui`` keeps running afterwards
+with the web timeline, Flower and the workers' Prometheus metrics. Exit status: 0 when every
+order ended as its scenario predicts, 1 otherwise, 130 on Ctrl-C (``--ui``: 0 after Ctrl-C).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import io
 import os
 import shutil
@@ -21,7 +25,7 @@ import traceback
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -44,6 +48,10 @@ class Scenario:
     address: str
     #: returns what is wrong with the outcome, or None when it is what the scenario predicts
     check: Callable[[Shipment], str | None]
+    #: a pre-order released this many seconds after it is placed (a durable timer fired by beat)
+    release_in: float = 0.0
+    #: the worker packing this order is killed (SIGKILL) once the other orders ended
+    crash: bool = False
 
 
 def _expect(
@@ -79,6 +87,8 @@ SCENARIOS = [
         "bad-address", "tok_visa", "Nowhere Island",
         _expect("cancelled", error="AddressRejected", undone=["refunded", "released"]),
     ),
+    Scenario("pre-order", "tok_visa", "6 Birch St, Springfield", _expect("shipped", attempts=1), release_in=3.0),
+    Scenario("worker-crash", "tok_visa", "7 Cedar St, Springfield", _expect("shipped", attempts=1), crash=True),
 ]
 
 CATALOGUE = [("MUG-01", "12.50"), ("TEE-M", "19.99"), ("CAP-02", "15.00"), ("BAG-07", "34.90")]
@@ -92,17 +102,19 @@ def make_order(i: int, scenario: Scenario) -> Order:
         LineItem(sku=sku, qty=1 + (i + k) % 2, unit_price=Decimal(price))
         for k, (sku, price) in enumerate(CATALOGUE[:n_items])
     ]
+    now = datetime.now(tz=UTC)
     return Order(
         id=f"SO-{1001 + i}",
         customer_email=f"customer{i + 1}@example.com",
         card_token=scenario.card_token,
         address=scenario.address,
         items=items,
-        placed_at=datetime.now(tz=UTC),
+        placed_at=now,
+        release_at=now + timedelta(seconds=scenario.release_in) if scenario.release_in else None,
     )
 
 
-# --- workers --------------------------------------------------------------------------------
+# --- workers, beat and the UIs: subprocesses -------------------------------------------------
 
 
 @dataclass
@@ -111,32 +123,73 @@ class WorkerProc:
     proc: subprocess.Popen[bytes]
     log: Path
     ready: Path
+    #: killed on purpose (the crash scenario): its exit status is no failure
+    killed: bool = False
+    metrics_port: int | None = None
 
     def tail(self, lines: int = 30) -> str:
         text = self.log.read_text(errors="replace") if self.log.exists() else ""
         return "\n".join(text.splitlines()[-lines:])
 
 
-def start_workers(count: int, concurrency: int, run_dir: Path, queue: str, tag: str) -> list[WorkerProc]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_PARENT), env.get("PYTHONPATH")]))
-    workers = []
-    for i in range(count):
-        name = f"worker{i + 1}"
-        ready, log = run_dir / f"{name}.ready", run_dir / f"{name}.log"
-        cmd = [
-            sys.executable, "-m", "celery", "-A", "example_project.app", "worker",
-            "-P", "prefork", "-c", str(concurrency), "-Q", queue, "-n", f"{name}@example-{tag}",
-            "--loglevel=INFO", "--without-gossip", "--without-mingle",
-        ]
-        with log.open("wb") as out:
-            proc = subprocess.Popen(
-                cmd, cwd=run_dir, env=env | {"EXAMPLE_READY_FILE": str(ready)},
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True,  # Ctrl-C reaches us only; we stop the workers ourselves
-            )
-        workers.append(WorkerProc(name, proc, log, ready))
-    return workers
+def _spawn(name: str, args: list[str], run_dir: Path, env: dict[str, str] | None = None) -> WorkerProc:
+    """``celery -A example_project.app <args>`` in its own session (Ctrl-C reaches us only; we
+    stop it ourselves), its output in ``run_dir/<name>.log``."""
+    full_env = dict(os.environ) | (env or {})
+    full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_PARENT), full_env.get("PYTHONPATH")]))
+    ready, log = run_dir / f"{name}.ready", run_dir / f"{name}.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "example_project.app", *args],
+            cwd=run_dir, env=full_env | {"EXAMPLE_READY_FILE": str(ready)},
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+    return WorkerProc(name, proc, log, ready)
+
+
+@dataclass
+class Fleet:
+    """The workers and beat of one run."""
+
+    run_dir: Path
+    queue: str
+    tag: str
+    concurrency: int
+    events: bool = False
+    #: first port of the workers' Prometheus metrics (--ui), one port per worker
+    metrics_from: int | None = None
+    workers: list[WorkerProc] = field(default_factory=list)
+    others: list[WorkerProc] = field(default_factory=list)
+
+    def start_worker(self) -> WorkerProc:
+        name = f"worker{len(self.workers) + 1}"
+        args = [
+            "worker", "-P", "prefork", "-c", str(self.concurrency), "-Q", self.queue,
+            "-n", f"{name}@example-{self.tag}", "--loglevel=INFO", "--without-gossip", "--without-mingle",
+        ] + (["-E"] if self.events else [])
+        env = {}
+        port = None if self.metrics_from is None else self.metrics_from + len(self.workers)
+        if port is not None:
+            env["EXAMPLE_METRICS_PORT"] = str(port)
+        worker = _spawn(name, args, self.run_dir, env)
+        worker.metrics_port = port
+        self.workers.append(worker)
+        return worker
+
+    def start_beat(self) -> WorkerProc:
+        """``celery beat``: fires due timers, re-sends what crashed workers lost (durable_install_beat)."""
+        beat = _spawn("beat", ["beat", "-s", str(self.run_dir / "beat-schedule"), "--loglevel=INFO"], self.run_dir)
+        self.others.append(beat)
+        return beat
+
+    def alive(self) -> list[WorkerProc]:
+        return [w for w in self.workers if w.proc.poll() is None]
+
+    def kill(self, worker: WorkerProc) -> None:
+        """SIGKILL the worker's main process and its pool children: no warm shutdown, no lease given back."""
+        worker.killed = True
+        os.killpg(worker.proc.pid, signal.SIGKILL)
+        worker.proc.wait()
 
 
 def wait_ready(workers: list[WorkerProc], timeout: float) -> None:
@@ -148,6 +201,16 @@ def wait_ready(workers: list[WorkerProc], timeout: float) -> None:
                 raise RuntimeError(f"{w.name} exited with {w.proc.returncode}:\n{w.tail()}")
         if time.monotonic() > deadline:
             raise RuntimeError(f"workers not ready after {timeout:.0f}s:\n" + "\n".join(w.tail(10) for w in workers))
+        time.sleep(0.05)
+
+
+def wait_logged(proc: WorkerProc, text: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in proc.tail(200):
+        if proc.proc.poll() is not None:
+            raise RuntimeError(f"{proc.name} exited with {proc.proc.returncode}:\n{proc.tail()}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{proc.name} not started after {timeout:.0f}s:\n{proc.tail(10)}")
         time.sleep(0.05)
 
 
@@ -167,7 +230,7 @@ def stop_workers(workers: list[WorkerProc], timeout: float = 15.0) -> list[str]:
             os.killpg(w.proc.pid, signal.SIGKILL)
             w.proc.wait()
             continue
-        if w.proc.returncode not in (0, -signal.SIGTERM):
+        if w.proc.returncode not in (0, -signal.SIGTERM) and not w.killed:
             problems.append(f"{w.name} exited with {w.proc.returncode}")
     return problems
 
@@ -222,9 +285,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--keep", action="store_true", help="keep the temporary run directory")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for all orders")
+    p.add_argument(
+        "--ui", action="store_true",
+        help="then keep running with the web timeline, Flower and the workers' metrics until Ctrl-C",
+    )
+    p.add_argument("--ui-port", type=int, default=8765, help="port of the web timeline (--ui)")
+    p.add_argument("--flower-port", type=int, default=5555, help="port of Flower (--ui)")
+    p.add_argument("--metrics-port", type=int, default=9100, help="first worker's Prometheus port (--ui)")
     args = p.parse_args(argv)
     if args.orders < 1 or args.workers < 1 or args.concurrency < 1:
         p.error("--orders, --workers and --concurrency must be >= 1")
+    for name in ("ui_port", "flower_port", "metrics_port"):
+        if not 0 < getattr(args, name) < 65536:
+            p.error(f"--{name.replace('_', '-')} must be a TCP port (1-65535)")
     return args
 
 
@@ -250,22 +323,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"  store    {STORE_URL.split('?')[0]}")
     print(f"  run dir  {run_dir}" + ("  (removed at exit; --keep keeps it)" if temporary and not args.keep else ""))
 
-    workers: list[WorkerProc] = []
+    metrics = args.ui and importlib.util.find_spec("prometheus_client") is not None
+    metrics_from = args.metrics_port if metrics else None
+    fleet = Fleet(run_dir, QUEUE, tag, args.concurrency, events=args.ui, metrics_from=metrics_from)
+    ui_procs: list[WorkerProc] = []
     failures: list[str] = []
     interrupted = False
     try:
-        workers = start_workers(args.workers, args.concurrency, run_dir, QUEUE, tag)
+        workers = [fleet.start_worker() for _ in range(args.workers)]
+        beat = fleet.start_beat()
         wait_ready(workers, timeout=60.0)
-        print(f"workers ready after {time.monotonic() - t0:.1f}s\n")
-        failures += run_orders(args, tag)
+        wait_logged(beat, "beat: Starting", timeout=30.0)
+        print(f"workers and beat ready after {time.monotonic() - t0:.1f}s\n")
+        failures += run_orders(args, tag, fleet)
+        if args.ui and not failures:
+            ui_procs = start_uis(args, run_dir, fleet)
+            print("\nrunning until Ctrl-C", flush=True)
+            while True:
+                time.sleep(0.5)
     except KeyboardInterrupt:
-        interrupted = True
-        print("\ninterrupted: stopping the workers", flush=True)
+        interrupted = not ui_procs  # --ui ends with Ctrl-C: that is no interruption
+        print("\nstopping the workers" + (" and the UIs" if ui_procs else ""), flush=True)
     except Exception as exc:
         traceback.print_exc()
         failures.append(f"{type(exc).__name__}: {exc}")
     finally:
-        failures += stop_workers(workers)
+        stop_workers(ui_procs)
+        failures += stop_workers(fleet.workers + fleet.others)
         if QUEUE == f"example-{tag}":  # our own queue on a shared broker: leave nothing behind
             with app.connection_for_write() as conn:
                 queue = app.amqp.queues[QUEUE].bind(conn.default_channel)
@@ -276,7 +360,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if failures and not interrupted:
         print("\nFAILED:\n  " + "\n  ".join(failures), file=sys.stderr)
-        for w in workers:
+        for w in fleet.workers + fleet.others:
             print(f"\n--- last lines of {w.log} ---\n{w.tail()}", file=sys.stderr)
     ok = not failures and not interrupted
     verdict = "all outcomes as expected" if ok else "interrupted" if interrupted else "FAILED"
@@ -288,7 +372,48 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 130 if interrupted else 0 if ok else 1
 
 
-def run_orders(args: argparse.Namespace, tag: str) -> list[str]:
+def start_uis(args: argparse.Namespace, run_dir: Path, fleet: Fleet) -> list[WorkerProc]:
+    """The web timeline (``celery durable ui``) and Flower, if installed; print where they are."""
+    procs: list[WorkerProc] = []
+    print()
+    if importlib.util.find_spec("celery_durable.ui") is not None:
+        ui = _spawn("ui", ["durable", "ui", "--port", str(args.ui_port)], run_dir)
+        procs.append(ui)
+        print(f"web timeline  http://127.0.0.1:{args.ui_port}/  (log: {ui.log}; the action token is printed there)")
+    else:
+        print("web timeline  not installed (this celery_durable has no celery_durable.ui)")
+    if importlib.util.find_spec("flower") is not None:
+        flower = _spawn("flower", ["flower", "--address=127.0.0.1", f"--port={args.flower_port}"], run_dir)
+        procs.append(flower)
+        print(f"Flower        http://127.0.0.1:{args.flower_port}/  (log: {flower.log})")
+    else:
+        print("Flower        not installed (pip install flower)")
+    for w in fleet.alive():
+        if w.metrics_port is not None:
+            print(f"metrics       http://127.0.0.1:{w.metrics_port}/metrics  ({w.name}, Prometheus)")
+    if fleet.metrics_from is None:
+        print("metrics       not installed (pip install 'celery-durable[prometheus]')")
+    time.sleep(1.0)  # a UI that cannot start (port taken, extra missing) says so at once
+    for p in procs:
+        if p.proc.poll() is not None:
+            print(f"{p.name} exited with {p.proc.returncode}:\n{p.tail(5)}")
+    return procs
+
+
+def crash_worker(t: Tracked, fleet: Fleet, elapsed: float) -> None:
+    """SIGKILL the worker that took ``t``'s crash request; start another if none is left."""
+    taken = fleet.run_dir / "crash" / f"{t.order.id}.taken"
+    name = taken.read_text().strip()
+    victim = next(w for w in fleet.workers if w.name == name)
+    fleet.kill(victim)
+    print(f"{elapsed:6.2f}s  {t.order.id}  {victim.name} killed (SIGKILL) while packing: its lease lapses, "
+          f"beat's recovery re-sends the step")
+    if not fleet.alive():
+        spare = fleet.start_worker()
+        print(f"{elapsed:6.2f}s  {t.order.id}  no worker left: {spare.name} started")
+
+
+def run_orders(args: argparse.Namespace, tag: str, fleet: Fleet) -> list[str]:
     """Start the orders, print status changes until all end, then the summary; return failures."""
     from .workflows import fulfil_order
 
@@ -297,14 +422,20 @@ def run_orders(args: argparse.Namespace, tag: str) -> list[str]:
     for i in range(args.orders):
         scenario = SCENARIOS[i % len(SCENARIOS)]
         order = make_order(i, scenario)
+        if scenario.crash:  # read by pack_item (activities._crash_here)
+            (fleet.run_dir / "crash").mkdir(exist_ok=True)
+            (fleet.run_dir / "crash" / order.id).touch()
         # idempotent by id: starting the same id again joins the running execution
         handle = fulfil_order.start(order, _workflow_id=f"{order.id}.{tag}")
         tracked.append(Tracked(order, scenario, handle))
+        extra = f", released in {scenario.release_in:.0f}s (a timer beat fires)" if scenario.release_in else ""
+        extra += ", its worker will be killed" if scenario.crash else ""
         print(f"{0.0:6.2f}s  {order.id}  started    {scenario.name}: {len(order.items)} item(s), "
-              f"{order.total} {order.currency}, workflow id {handle.id}")
+              f"{order.total} {order.currency}, workflow id {handle.id}{extra}")
 
     deadline = t0 + args.timeout
     pending = list(tracked)
+    crashes = [t for t in tracked if t.scenario.crash]
     while pending:
         for t in list(pending):
             info = t.info = t.handle.poll()
@@ -315,6 +446,12 @@ def run_orders(args: argparse.Namespace, tag: str) -> list[str]:
                 print(f"{time.monotonic() - t0:6.2f}s  {t.order.id}  {info.status:<9}  {info.steps} step(s){extra}")
             if info.done:
                 pending.remove(t)
+        # the crash waits for the other orders, so that it hits this order's step alone
+        if crashes and all(t.scenario.crash for t in pending):
+            for t in list(crashes):
+                if (fleet.run_dir / "crash" / f"{t.order.id}.taken").exists():
+                    crashes.remove(t)
+                    crash_worker(t, fleet, time.monotonic() - t0)
         if pending and time.monotonic() > deadline:
             return [f"{t.order.id} still {t.seen[0]} after {args.timeout:.0f}s" for t in pending]
         time.sleep(0.05)

@@ -7,13 +7,14 @@ when they are exhausted does the workflow see an :class:`~celery_durable.Activit
 The outside world is simulated, deterministically, so the demo shows every path each run:
 the card token ``tok_flaky`` makes the gateway time out once, ``tok_gateway_down`` on every
 attempt, ``tok_declined`` declines the card, and an address containing ``nowhere`` is rejected by
-the carrier.
+the carrier. An order with a crash request (see :func:`_crash_here`) takes its worker down.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import time
 import uuid
 from datetime import UTC, datetime
@@ -102,10 +103,29 @@ def refund(receipt: Receipt) -> str:
 @durable_activity
 def pack_item(order_id: str, item: LineItem) -> Parcel:
     """Pick and pack one line item (the workflow fans these out)."""
-    time.sleep(0.05 * item.qty)  # a little work, so the parallelism is real
     request = current_task.request if current_task else None
     worker = str(getattr(request, "hostname", None) or "local").split("@")[0]
+    _crash_here(order_id, worker)
+    time.sleep(0.05 * item.qty)  # a little work, so the parallelism is real
     return Parcel(sku=item.sku, qty=item.qty, weight_kg=Decimal("0.25") * item.qty, packed_by=worker)
+
+
+def _crash_here(order_id: str, worker: str) -> None:
+    """The demo's crash: when ``python -m example_project`` asked for one for this order
+    (``$EXAMPLE_RUN_DIR/crash/<order>``), the first packer to get here says so and hangs until the
+    demo SIGKILLs its whole worker. The step's lease lapses, beat's recovery re-sends it, and the
+    packer that runs it then finds the crash already taken and packs."""
+    request = RUN_DIR / "crash" / order_id
+    if not request.exists():
+        return
+    try:
+        fd = os.open(f"{request}.taken", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return  # the crash happened: this is the re-sent step
+    os.write(fd, worker.encode())
+    os.close(fd)
+    log.warning("%s: packing %s, waiting to be killed", worker, order_id)
+    time.sleep(120)
 
 
 @durable_activity(autoretry_for=(CarrierUnavailable,), **RETRY)

@@ -12,6 +12,7 @@ Configured from the environment, so the same module serves ``python -m example_p
 ``EXAMPLE_QUEUE``           queue name (default ``example``)
 ``DURABLE_STORE_URL``       workflow state; default ``sqlite:///$EXAMPLE_RUN_DIR/durable.db``
 ``EXAMPLE_READY_FILE``      a worker writes its pid here once it consumes (``worker_ready``)
+``EXAMPLE_METRICS_PORT``    a worker serves Prometheus metrics here (``durable_metrics_port``)
 ==========================  ===============================================================
 """
 
@@ -66,9 +67,21 @@ app.conf.update(
     worker_hijack_root_logger=False,
     worker_prefetch_multiplier=1,
     durable_store_url=STORE_URL,
-    # no `celery beat` in this demo: recovery of crashed workers is not exercised here
-    durable_install_beat=False,
+    # Demo timings, so that a crash is recovered in seconds (the defaults are for production: a
+    # 30 s lease, a 15 s recovery scan): a killed worker's activity lease lapses after 4 s, beat
+    # scans for lapsed leases every second and for due timers twice a second; an unstarted
+    # message (lost with a killed worker) is re-sent after 5 s; timers longer than 1 s are fired
+    # by beat's clock scan only (shorter ones also get a countdown message).
+    durable_lease_ttl=4,
+    durable_heartbeat_interval=1,
+    durable_recovery_interval=1,
+    durable_clock_interval=0.5,
+    durable_timer_fast_path_max=1,
+    durable_activity_queue_timeout=5,
+    durable_drive_timeout=5,
 )
+if os.environ.get("EXAMPLE_METRICS_PORT"):  # python -m example_project --ui: one port per worker
+    app.conf.durable_metrics_port = int(os.environ["EXAMPLE_METRICS_PORT"])
 if BROKER_URL.startswith("filesystem:"):
     # kombu's filesystem transport with atomic writes (see celery_durable/contrib/filesystem.py)
     app.conf.broker_transport = "celery_durable.contrib.filesystem:Transport"

@@ -34,6 +34,8 @@ class Order(BaseModel):
     items: list[LineItem] = Field(min_length=1)
     currency: str = "EUR"
     placed_at: datetime
+    #: a pre-order: packing waits for this release date on a durable timer
+    release_at: datetime | None = None
 
     @property
     def total(self) -> Decimal:

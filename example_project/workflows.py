@@ -1,4 +1,5 @@
-"""``fulfil_order``: reserve → charge → pack (in parallel) → ship → notify, as a saga.
+"""``fulfil_order``: reserve → charge → (pre-orders: wait for the release date) → pack (in
+parallel) → ship → notify, as a saga.
 
 The function is replayed from the top each time a step completes, so it must be
 deterministic: side effects live in activities, and time comes from ``wf.now()``. When a step
@@ -33,6 +34,11 @@ def fulfil_order(order: Order) -> Shipment:
 
         receipt = charge_card(order.id, order.card_token, order.total, order.currency)
         compensations.append(lambda: refund(receipt))
+
+        if order.release_at is not None:
+            # a pre-order: a durable timer, stored with the execution; no worker waits on it
+            # (one longer than durable_timer_fast_path_max is fired by beat's clock scan)
+            wf.sleep_until(order.release_at)
 
         # fan out / fan in: one task per line item, spread over the workers
         parcels: list[Parcel] = wf.gather(pack_item.s(order.id, item) for item in order.items)

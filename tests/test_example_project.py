@@ -57,6 +57,10 @@ def check_outcomes(proc: subprocess.CompletedProcess[str], orders: int) -> dict[
         "SO-1003": ("gateway-down", "cancelled", "PaymentGatewayError after 4 attempt(s); undone: released"),
         "SO-1004": ("card-declined", "cancelled", "charge_card: CardDeclined after 1 attempt(s); undone: released"),
         "SO-1005": ("bad-address", "cancelled", "ship: AddressRejected after 1 attempt(s); undone: refunded, released"),
+        # waited for its release date on a timer longer than durable_timer_fast_path_max: beat fired it
+        "SO-1006": ("pre-order", "shipped", "charged in 1 attempt(s)"),
+        # its worker was SIGKILLed mid-step: the lease lapsed and beat's recovery re-sent the step
+        "SO-1007": ("worker-crash", "shipped", "charged in 1 attempt(s)"),
     }
     for order, (scenario, status, result) in list(expected.items())[:orders]:
         got = rows[order]
@@ -67,10 +71,17 @@ def check_outcomes(proc: subprocess.CompletedProcess[str], orders: int) -> dict[
 
 
 def test_embedded_defaults(tmp_path: Path) -> None:
-    """SQLite + filesystem broker in a fresh temporary run dir, removed at exit."""
+    """SQLite + filesystem broker in a fresh temporary run dir, removed at exit; workers and beat."""
     before = set(os.listdir(REPO))
     proc = run_example(env={"TMPDIR": str(tmp_path)})
-    rows = check_outcomes(proc, orders=5)
+    rows = check_outcomes(proc, orders=7)
+    assert "workers and beat ready" in proc.stdout
+    assert float(rows["SO-1006"][4].rstrip("s")) >= 3.0, rows["SO-1006"]  # it slept until its release date
+    killed = re.findall(r"SO-1007  (worker\d) killed \(SIGKILL\) while packing", proc.stdout)
+    assert len(killed) == 1, proc.stdout
+    # the order completed after the kill, on the worker that was left
+    after_kill = proc.stdout.split("killed (SIGKILL)", 1)[1]
+    assert re.search(r"SO-1007  completed", after_kill), proc.stdout
     # shipped orders name the workers that packed them (both may or may not get a share)
     packers = {w for r in rows.values() if r[1] == "shipped" for w in re.findall(r"\((\S+)\)", r[2])[0].split("+")}
     assert packers and packers <= {"worker1", "worker2"}, rows
@@ -138,3 +149,48 @@ def test_redis_broker_cosmos_store(tmp_path: Path, cosmos_url: str) -> None:
     assert "store    cosmos://127.0.0.1" in proc.stdout
     assert "key=" not in proc.stdout + proc.stderr  # the account key is never printed
     assert not (tmp_path / "run" / "durable.db").exists()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_ui_keeps_running_with_its_urls_until_ctrl_c(tmp_path: Path) -> None:
+    """--ui: after the orders, the web timeline, Flower and the workers' metrics until Ctrl-C."""
+    import signal
+    import time
+    import urllib.request
+
+    ports = {name: _free_port() for name in ("ui", "flower", "metrics")}
+    base = {k: v for k, v in os.environ.items() if not k.startswith("EXAMPLE_") and k != "DURABLE_STORE_URL"}
+    args = ["--ui", "--orders", "1", "--workers", "1", "--run-dir", str(tmp_path / "run")]
+    args += ["--ui-port", str(ports["ui"]), "--flower-port", str(ports["flower"])]
+    args += ["--metrics-port", str(ports["metrics"])]
+    out = tmp_path / "out.txt"
+    with out.open("w") as fh:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "example_project", *args],
+            cwd=REPO, env=base, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while "running until Ctrl-C" not in out.read_text():
+            assert proc.poll() is None, out.read_text()
+            assert time.monotonic() < deadline, out.read_text()
+            time.sleep(0.1)
+        text = out.read_text()
+        assert f"metrics       http://127.0.0.1:{ports['metrics']}/metrics  (worker1" in text
+        assert f"Flower        http://127.0.0.1:{ports['flower']}/" in text
+        assert f"http://127.0.0.1:{ports['ui']}/" in text or "web timeline  not installed" in text
+        with urllib.request.urlopen(f"http://127.0.0.1:{ports['metrics']}/metrics", timeout=5) as resp:
+            metrics = resp.read().decode()
+        assert 'celery_durable_executions_total{status="completed",workflow="example.fulfil_order"} 1.0' in metrics
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 0, out.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "done in" in out.read_text() and "all outcomes as expected" in out.read_text()

@@ -28,13 +28,16 @@ LAYERS = {
     "bootsteps": 4,
     "activity": 4,
     "tasks": 4,
+    "consistency": 4,
     "outbox": 4,
     "pools": 4,
+    "metrics": 4,
     "signals": 4,
     "contrib": 4,
     "cli": 5,
     "cli_render": 5,
     "app": 5,
+    "ui": 5,  # the web UI: an app over the engine, imported (lazily) by the cli only
     "testing": 6,
     "": 7,  # the package's __init__: the public API
 }

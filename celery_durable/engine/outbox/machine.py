@@ -307,9 +307,10 @@ class OutboxEngine:
             head=head,
             claimed_at=now,
         )
-        self._emit(
-            "effect_claimed", effect_id=claim.effect_id, key=claim.key, attempt=claim.attempt, effect_type=claim.type
-        )
+        # backlog, waited (metrics): the lane's live rows; how long the row waited once claimable
+        backlog, waited = len((head or {}).get("live") or []), now - float(row.get("eligible_at") or now)
+        self._emit("effect_claimed", effect_id=claim.effect_id, key=claim.key, attempt=claim.attempt,
+                   effect_type=claim.type, backlog=backlog, waited=waited)  # fmt: skip
         return claim
 
     def renew(self, claim: Claim) -> str:
@@ -426,9 +427,8 @@ class OutboxEngine:
                         raise
                     etags = found
                 claim.lost = True  # settled: the lease is gone
-                self._emit(
-                    "effect_settled", effect_id=claim.effect_id, key=claim.key, outcome=outcome, attempt=claim.attempt
-                )
+                self._emit("effect_settled", effect_id=claim.effect_id, key=claim.key, outcome=outcome,
+                           attempt=claim.attempt, effect_type=claim.type, backlog=len(live))  # fmt: skip
                 if successor is not None:
                     next_row, next_head = successor
                     claim.successor = self._claim_of(

@@ -1,0 +1,304 @@
+"""The Starlette application: pages, the JSON the execution page polls, and the actions.
+
+Pages are rendered on the server by Jinja2 with autoescape on (every id, payload, error and
+signal value is text, never markup), under a Content-Security-Policy that allows no inline
+script at all. Reads go through the engine's read model (:class:`~..engine.admin.Admin`: the
+list is one store query per page, an execution one partition query); actions through the same
+engine calls as the ``durable`` CLI, behind :class:`.auth.Guard`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from ..cli_render import ts
+from ..engine.admin import Admin, ExecutionDetail, OperationRefused
+from ..engine.core import Engine
+from ..engine.links import declared_signals
+from ..engine.schema import Status
+from ..engine.timeline import STATUSES
+from ..errors import DurableError, PayloadValidationError, UnknownWorkflowError
+from ..stores.base import MAX_PAGE_SIZE
+from .auth import COOKIE, Guard, safe_next
+from .views import chart, detail_json, duration, exec_url, lanes_of, parse_age, pretty, read_lane
+
+__all__ = ["create_app", "ACTIONS"]
+
+HERE = Path(__file__).parent
+ACTIONS = ("signal", "cancel", "retry", "resume")
+#: which statuses each action applies to (the page shows its form only then)
+WHEN = {"signal": "running", "cancel": "running", "retry": "failed", "resume": "running failed cancelled"}
+#: the messages a redirect after an action may show (a code in the URL, never free text)
+MESSAGES = {
+    "signal-delivered": "signal delivered",
+    "signal-ignored": "signal ignored: the execution has ended",
+    "cancel-requested": "cancel requested",
+    "cancel-finished": "already finished: nothing to cancel",
+    "retry": "retrying from the failed step",
+    "resume": "resumed",
+}
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "object-src 'none'; base-uri 'none'; frame-ancestors 'none'; form-action 'self'"
+)
+DEFAULT_PAGE = 50
+
+
+def _templates() -> Environment:
+    env = Environment(
+        loader=FileSystemLoader(HERE / "templates"),
+        autoescape=select_autoescape(default=True, default_for_string=True),
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(ts=ts, duration=duration, pretty=pretty, exec_url=exec_url)
+    env.globals.update(statuses=STATUSES, when=WHEN)
+    return env
+
+
+class UI:
+    """The handlers, over one engine and one guard."""
+
+    def __init__(self, engine: Engine, guard: Guard) -> None:
+        self.engine = engine
+        self.admin = Admin(engine)
+        self.guard = guard
+        self.env = _templates()
+
+    # --- helpers ----------------------------------------------------------------------------
+
+    def page(self, request: Request, name: str, status: int = 200, **context: Any) -> HTMLResponse:
+        context.update(request=request, csrf=self.guard.csrf(request), path=request.url.path)
+        html = self.env.get_template(name).render(**context)
+        return HTMLResponse(html, status_code=status, headers=_headers())
+
+    def detail(self, execution_id: str) -> ExecutionDetail | None:
+        try:
+            return self.admin.describe(execution_id)
+        except UnknownWorkflowError:
+            return None
+
+    def live_context(self, request: Request, detail: ExecutionDetail) -> dict[str, Any]:
+        now = self.engine.clock.now()
+        signals: list[str] | None = None
+        if detail.summary.status == Status.RUNNING:
+            try:
+                ex = self.engine.store.read(detail.summary.id, "exec") or {}
+                wf = self.engine.registry.workflow(str(ex.get("workflow")))
+                signals = declared_signals(ex, wf)
+            except DurableError:
+                signals = None
+        return {
+            "d": detail,
+            "s": detail.summary,
+            "chart": chart(detail, now),
+            "lanes": lanes_of(self.engine, detail),
+            "signal_names": signals,
+            "csrf": self.guard.csrf(request),
+        }
+
+    # --- pages ------------------------------------------------------------------------------
+
+    async def index(self, request: Request) -> Response:
+        return RedirectResponse("/executions", status_code=303)
+
+    async def health(self, request: Request) -> Response:
+        return PlainTextResponse("ok")
+
+    def executions(self, request: Request) -> Response:
+        q = request.query_params
+        workflow = q.get("workflow") or None
+        status = q.get("status") or None
+        cursor = q.get("cursor") or None
+        problems: list[str] = []
+        if status is not None and status not in STATUSES:
+            problems.append(f"unknown status {status!r}")
+        try:
+            limit = int(q.get("limit") or DEFAULT_PAGE)
+            if not 1 <= limit <= MAX_PAGE_SIZE:
+                raise ValueError
+        except ValueError:
+            problems.append(f"limit must be a number from 1 to {MAX_PAGE_SIZE}")
+            limit = DEFAULT_PAGE
+        now = self.engine.clock.now()
+        bounds: dict[str, float | None] = {}
+        for name in ("newer_than", "older_than"):
+            text = q.get(name) or ""
+            try:
+                bounds[name] = now - parse_age(text) if text else None
+            except ValueError as exc:
+                problems.append(f"{name.replace('_', ' ')}: {exc}")
+        filters = {k: q.get(k) or "" for k in ("workflow", "status", "newer_than", "older_than")}
+        filters["limit"] = str(limit)
+        if problems:
+            return self.page(request, "list.html", 400, rows=[], filters=filters, problems=problems, next_url=None)
+        try:
+            page = self.admin.executions(
+                workflow, status, bounds.get("newer_than"), bounds.get("older_than"), limit, cursor
+            )
+        except (DurableError, ValueError) as exc:
+            # a cursor from another listing, say: said on the page, not a traceback
+            msg = f"{type(exc).__name__}: {exc}"
+            return self.page(request, "list.html", 400, rows=[], filters=filters, problems=[msg], next_url=None)
+        next_url = None
+        if page.cursor is not None:
+            kept = {k: v for k, v in filters.items() if v}
+            next_url = "/executions?" + urlencode(kept | {"cursor": page.cursor})
+        first_url = "/executions?" + urlencode({k: v for k, v in filters.items() if v}) if cursor else None
+        return self.page(
+            request,
+            "list.html",
+            rows=page.executions,
+            filters=filters,
+            problems=[],
+            next_url=next_url,
+            first_url=first_url,
+        )
+
+    def execution(self, request: Request) -> Response:
+        execution_id = request.path_params["execution_id"]
+        detail = self.detail(execution_id)
+        if detail is None:
+            return self.page(request, "missing.html", 404, what=f"no execution with id {execution_id!r}")
+        message = MESSAGES.get(request.query_params.get("msg", ""))
+        return self.page(request, "execution.html", message=message, **self.live_context(request, detail))
+
+    def execution_json(self, request: Request) -> Response:
+        execution_id = request.path_params["execution_id"]
+        detail = self.detail(execution_id)
+        if detail is None:
+            return JSONResponse({"error": f"no execution with id {execution_id!r}"}, 404, headers=_headers())
+        data = detail_json(detail)
+        data["html"] = self.env.get_template("live.html").render(**self.live_context(request, detail))
+        return JSONResponse(data, headers=_headers())
+
+    def lane(self, request: Request) -> Response:
+        key = request.query_params.get("key") or ""
+        if not key:
+            return self.page(request, "lane.html", lane=None, head=None, key="")
+        try:
+            head = self.engine.outbox.head(key)
+        except DurableError as exc:
+            head = {"error": str(exc)}
+        return self.page(request, "lane.html", lane=read_lane(self.engine, key), head=head, key=key)
+
+    # --- login and actions ------------------------------------------------------------------
+
+    async def login(self, request: Request) -> Response:
+        target = safe_next(request.query_params.get("next"))
+        if request.method == "GET":
+            return self.page(request, "login.html", target=target, problem=None)
+        form = await request.form()
+        target = safe_next(str(form.get("next") or "/"))
+        if not self.guard.token_ok(str(form.get("token") or "")):
+            return self.page(request, "login.html", 403, target=target, problem="wrong token")
+        resp = RedirectResponse(target, status_code=303, headers=_headers())
+        secure = request.url.scheme == "https"
+        resp.set_cookie(COOKIE, self.guard.new_session(), httponly=True, samesite="strict", secure=secure, path="/")
+        return resp
+
+    async def logout(self, request: Request) -> Response:
+        form = await request.form()
+        if self.guard.refusal(request, str(form.get("csrf") or "")) is not None:
+            return PlainTextResponse("refused", 403, headers=_headers())
+        resp = RedirectResponse("/executions", status_code=303, headers=_headers())
+        resp.delete_cookie(COOKIE, path="/")
+        return resp
+
+    async def action(self, request: Request) -> Response:
+        name = request.path_params["action"]
+        if name not in ACTIONS:
+            return PlainTextResponse(f"unknown action {name!r}", 404, headers=_headers())
+        form = await request.form()
+        refusal = self.guard.refusal(request, str(form.get("csrf") or "") or None)
+        if refusal is not None:
+            return _answer(request, 403, refusal)
+        execution_id = str(form.get("id") or "")
+        if not execution_id or self.detail(execution_id) is None:
+            return _answer(request, 404, f"no execution with id {execution_id!r}")
+        try:
+            code = self._act(name, execution_id, {k: str(v) for k, v in form.items()})
+        except (OperationRefused, PayloadValidationError, ValueError) as exc:
+            return _answer(request, 400, str(exc), execution_id)
+        except DurableError as exc:
+            return _answer(request, 409, f"{type(exc).__name__}: {exc}", execution_id)
+        if _wants_json(request):
+            return JSONResponse({"ok": True, "message": MESSAGES[code]}, headers=_headers())
+        return RedirectResponse(f"{exec_url(execution_id)}?msg={code}", status_code=303, headers=_headers())
+
+    def _act(self, name: str, execution_id: str, form: dict[str, str]) -> str:
+        """Run one action; the message code to show (the engine's calls, as the CLI makes them)."""
+        if name == "signal":
+            signal = form.get("name", "").strip()
+            if not signal:
+                raise ValueError("a signal needs a name")
+            try:
+                value = json.loads(form.get("value") or "null")
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"the value is not valid JSON: {exc}") from exc
+            return "signal-delivered" if self.engine.signal(execution_id, signal, value) else "signal-ignored"
+        if name == "cancel":
+            return "cancel-requested" if self.engine.cancel(execution_id) else "cancel-finished"
+        if name == "retry":
+            status = self.engine.read_exec(execution_id).get("status")
+            if status != Status.FAILED:
+                raise OperationRefused(f"{execution_id} is {status}, not failed")
+            self.admin.retry(execution_id)
+            return "retry"
+        status = self.engine.read_exec(execution_id).get("status")
+        if status == Status.COMPLETED:
+            raise OperationRefused(f"{execution_id} is completed; nothing to resume")
+        self.admin.resume(execution_id)
+        return "resume"
+
+
+def _headers() -> dict[str, str]:
+    return {
+        "Content-Security-Policy": CSP,
+        "X-Content-Type-Options": "nosniff",
+        "Referrer-Policy": "same-origin",
+        "Cache-Control": "no-store",
+    }
+
+
+def _wants_json(request: Request) -> bool:
+    return "authorization" in request.headers or "application/json" in request.headers.get("accept", "")
+
+
+def _answer(request: Request, status: int, message: str, execution_id: str | None = None) -> Response:
+    """A refused or failed action: JSON for scripts, a short page for a browser."""
+    if _wants_json(request):
+        return JSONResponse({"ok": False, "error": message}, status, headers=_headers())
+    ui: UI = request.app.state.ui
+    back = exec_url(execution_id) if execution_id else "/executions"
+    return ui.page(request, "refused.html", status, message=message, back=back)
+
+
+def create_app(engine: Engine, token: str) -> Starlette:
+    """The web UI over ``engine`` (its store, registry and dispatcher); actions need ``token``."""
+    ui = UI(engine, Guard(token))
+    routes = [
+        Route("/", ui.index),
+        Route("/healthz", ui.health),
+        Route("/executions", ui.executions),
+        Route("/executions/{execution_id:path}", ui.execution),
+        Route("/api/executions/{execution_id:path}", ui.execution_json),
+        Route("/lanes", ui.lane),
+        Route("/login", ui.login, methods=["GET", "POST"]),
+        Route("/logout", ui.logout, methods=["POST"]),
+        Route("/actions/{action}", ui.action, methods=["POST"]),
+        Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+    ]
+    app = Starlette(routes=routes)
+    app.state.ui = ui
+    return app

@@ -1,0 +1,49 @@
+// celery-durable UI: confirmations for actions, and the live refresh of an execution page.
+// No inline script anywhere (the CSP forbids it): this file is the only script.
+(function () {
+  "use strict";
+  document.querySelectorAll("form[data-confirm]").forEach(function (form) {
+    form.addEventListener("submit", function (event) {
+      if (!window.confirm(form.dataset.confirm)) event.preventDefault();
+    });
+  });
+  var live = document.getElementById("live");
+  if (!live) return;
+  var api = live.dataset.api;
+  var state = document.getElementById("live-state");
+  var ended = ["completed", "failed", "cancelled"];
+  var last = null;
+
+  function toggle(status) {
+    document.querySelectorAll("[data-when]").forEach(function (el) {
+      el.hidden = el.dataset.when.split(" ").indexOf(status) < 0;
+    });
+  }
+
+  function poll() {
+    var delay = 1000;
+    fetch(api, { headers: { Accept: "application/json" }, credentials: "same-origin", cache: "no-store" })
+      .then(function (r) {
+        if (!r.ok) throw new Error("HTTP " + r.status);
+        return r.json();
+      })
+      .then(function (data) {
+        // the fragment is rendered (and escaped) by the server: never built from values here
+        if (data.html !== last) {
+          live.innerHTML = data.html;
+          last = data.html;
+        }
+        live.dataset.status = data.status;
+        toggle(data.status);
+        if (ended.indexOf(data.status) >= 0) delay = 5000; // a retry or resume may reopen it
+        state.textContent = "live · checked " + new Date().toLocaleTimeString();
+      })
+      .catch(function (err) {
+        state.textContent = "not refreshed: " + err.message + " (trying again)";
+      })
+      .finally(function () {
+        window.setTimeout(poll, delay);
+      });
+  }
+  window.setTimeout(poll, 1000);
+})();

@@ -1,0 +1,266 @@
+"""What the pages show, computed from the engine's read model (no HTML here).
+
+:func:`chart` lays out the step timeline of an :class:`ExecutionDetail` as rows of bars on a
+time axis (the template draws them as inline SVG); :func:`lanes_of` finds the outbox lanes an
+execution emitted to; :func:`detail_json` is the JSON the page polls.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote
+
+from ..cli_render import ts
+from ..engine.admin import ExecutionDetail, StepRecord
+from ..engine.core import Engine
+from ..engine.schema import TERMINAL, StepKind, marker_id
+from ..errors import DurableError
+from ..outbox import EffectInfo
+
+__all__ = [
+    "Bar",
+    "Mark",
+    "Row",
+    "Chart",
+    "Lane",
+    "chart",
+    "lanes_of",
+    "detail_json",
+    "exec_url",
+    "duration",
+    "pretty",
+    "parse_age",
+]
+
+#: pixels: the label column, the plot, one row
+LABEL_W, PLOT_W, ROW_H = 260, 640, 22
+#: at most this many lanes are read for one execution page
+MAX_LANES = 20
+_AGE = re.compile(r"^(\d+(?:\.\d+)?)([smhdw]?)$")
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_age(text: str) -> float:
+    """``90s``, ``15m``, ``2h``, ``7d``, ``1w`` (or plain seconds) → seconds (as ``durable list``)."""
+    m = _AGE.match(text.strip())
+    if not m:
+        raise ValueError(f"{text!r} is not an age like 30s, 15m, 2h, 7d or 1w")
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+def exec_url(execution_id: str) -> str:
+    """The page of an execution (any id: ``/``, ``?`` and ``#`` are escaped)."""
+    return "/executions/" + quote(execution_id, safe="")
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None or not math.isfinite(seconds) or seconds < 0:
+        return "-"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds // 60:.0f} m {seconds % 60:.0f} s"
+    return f"{seconds / 3600:.1f} h"
+
+
+def pretty(value: Any, limit: int = 20_000) -> str:
+    """JSON for a ``<pre>`` (cut past ``limit`` characters: a page is no place for a 10 MB blob)."""
+    text = json.dumps(value, indent=2, default=str, ensure_ascii=False)
+    return text if len(text) <= limit else text[:limit] + f"\n… ({len(text) - limit} more characters)"
+
+
+def slug(state: str) -> str:
+    """A CSS class part for a state (``timed out`` → ``timed-out``)."""
+    return re.sub(r"[^a-z0-9]+", "-", state.lower()).strip("-") or "unknown"
+
+
+@dataclass(frozen=True)
+class Bar:
+    x: float
+    w: float
+    cls: str
+    title: str
+
+
+@dataclass(frozen=True)
+class Mark:
+    x: float
+    cls: str
+    title: str
+
+
+@dataclass(frozen=True)
+class Row:
+    label: str
+    note: str
+    href: str | None
+    bars: tuple[Bar, ...] = ()
+    marks: tuple[Mark, ...] = ()
+
+
+@dataclass(frozen=True)
+class Chart:
+    t0: float
+    t1: float
+    rows: tuple[Row, ...]
+    ticks: tuple[tuple[float, str, str], ...]  # x, label, title
+    label_w: int = LABEL_W
+    plot_w: int = PLOT_W
+    row_h: int = ROW_H
+
+    @property
+    def width(self) -> int:
+        return self.label_w + self.plot_w + 20
+
+    @property
+    def height(self) -> int:
+        return (len(self.rows) + 1) * self.row_h + 10
+
+
+def _finite(v: float | None) -> float | None:
+    return v if v is not None and math.isfinite(v) else None
+
+
+def _bounds(detail: ExecutionDetail, now: float) -> tuple[float, float]:
+    s = detail.summary
+    times = [
+        t
+        for step in detail.steps
+        for t in (step.scheduled_at, step.started_at, step.finished_at)
+        if _finite(t) is not None and t
+    ]
+    times += [sig.at for sig in detail.signals if sig.at]
+    start = _finite(s.created_at) or (min(times) if times else now)
+    running = s.status not in TERMINAL
+    end_candidates = [*times, start]
+    end_candidates.append(now if running else (_finite(s.completed_at) or _finite(s.updated_at) or start))
+    end = max(end_candidates)
+    return start, (end if end > start else start + 1.0)
+
+
+def _step_row(step: StepRecord, x: Any, now: float, running: bool) -> Row:
+    label = f"#{step.seq} {step.kind} {step.name}"
+    href = exec_url(step.child_id) if step.kind == StepKind.CHILD and step.child_id else None
+    note = step.state + (f" · {step.attempts} attempts" if (step.attempts or 0) > 1 else "")
+    start = _finite(step.scheduled_at)
+    if start is None:
+        return Row(label, note, href)
+    if step.kind == StepKind.EMIT:
+        # an emit is recorded when taken (its effect runs in the outbox: see the lanes)
+        return Row(label, "emitted", href, (), (Mark(x(start), "emit", f"{label}: emitted {ts(start)}"),))
+    began = _finite(step.started_at)
+    open_ended = step.finished_at is None and step.state in ("running", "pending", "waiting") and running
+    end = _finite(step.finished_at) or (now if open_ended else (began or start))
+    took = f"{ts(start)} → {ts(step.finished_at) if step.finished_at else 'now' if open_ended else '-'}"
+    title = f"{label}: {step.state}; {took} ({duration(end - start)})"
+    if (step.attempts or 0) > 1:
+        title += f"; {step.attempts} attempts (retried)"
+    if step.error:
+        title += f"; {step.error}"
+    bars: list[Bar] = []
+    if began is not None and began > start:
+        bars.append(
+            Bar(x(start), max(1.0, x(began) - x(start)), "queued", f"{label}: queued {duration(began - start)}")
+        )
+    first = began if began is not None and began > start else start
+    cls = f"state-{slug(step.state)}"
+    if step.kind == StepKind.SLEEP:
+        cls = "timer" if step.state == "waiting" else "timer-fired" if step.state == "ok" else cls
+    bars.append(Bar(x(first), max(2.0, x(end) - x(first)), cls, title))
+    marks: tuple[Mark, ...] = ()
+    if (step.attempts or 0) > 1 and began is not None:
+        marks = (Mark(x(began), "retry", f"attempt {step.attempts} started {ts(began)}"),)
+    return Row(label, note, href, tuple(bars), marks)
+
+
+def chart(detail: ExecutionDetail, now: float) -> Chart:
+    """The steps (one row each) and the signals (one row of marks) on one time axis."""
+    t0, t1 = _bounds(detail, now)
+    scale = PLOT_W / (t1 - t0)
+
+    def x(t: float) -> float:
+        return round(LABEL_W + (min(max(t, t0), t1) - t0) * scale, 1)
+
+    running = detail.summary.status not in TERMINAL
+    rows = [_step_row(step, x, now, running) for step in detail.steps]
+    if detail.signals:
+        marks = tuple(
+            Mark(
+                x(sig.at or t0),
+                f"sig-{slug(sig.state)}",
+                f"signal {sig.name!r} {sig.state} at {ts(sig.at)}: {pretty(sig.value, 200)}"
+                + (f" ({sig.error})" if sig.error else ""),
+            )
+            for sig in detail.signals
+        )
+        rows.append(Row("signals", f"{len(detail.signals)} received", None, (), marks))
+    ticks = tuple(
+        (x(t0 + (t1 - t0) * i / 4), "+" + duration((t1 - t0) * i / 4), ts(t0 + (t1 - t0) * i / 4)) for i in range(5)
+    )
+    return Chart(t0, t1, tuple(rows), ticks)
+
+
+@dataclass(frozen=True)
+class Lane:
+    key: str
+    rows: tuple[EffectInfo, ...] = ()
+    error: str | None = None
+    steps: tuple[int, ...] = field(default=())
+
+
+def _effect_keys(engine: Engine, detail: ExecutionDetail) -> dict[str, list[int]]:
+    """The lane key of each effect the current run emitted (read from the emit markers:
+    one batched read of the execution's partition), by key."""
+    emits = [s.seq for s in detail.steps if s.kind == StepKind.EMIT]
+    keys: dict[str, list[int]] = {}
+    if not emits:
+        return keys
+    run = detail.summary.run
+    docs = engine.store.read_many(detail.summary.id, [marker_id(seq, run) for seq in emits[:1000]])
+    for doc in docs:
+        effect = doc.get("effect") if doc is not None else None
+        if isinstance(effect, dict) and isinstance(effect.get("key"), str):
+            keys.setdefault(effect["key"], []).append(int(doc.get("seq") or 0))  # type: ignore[union-attr]
+    return keys
+
+
+def lanes_of(engine: Engine, detail: ExecutionDetail) -> list[Lane]:
+    """The outbox lanes the execution's effects went to, each with its rows (a lane that cannot
+    be read says why; it does not hide the page)."""
+    try:
+        keys = _effect_keys(engine, detail)
+    except DurableError as exc:
+        return [Lane(detail.summary.id, error=f"the emit steps cannot be read: {exc}")]
+    out: list[Lane] = []
+    for key, seqs in list(keys.items())[:MAX_LANES]:
+        out.append(read_lane(engine, key, tuple(seqs)))
+    return out
+
+
+def read_lane(engine: Engine, key: str, steps: tuple[int, ...] = ()) -> Lane:
+    try:
+        return Lane(key, tuple(EffectInfo.from_row(r) for r in engine.outbox.rows(key)), None, steps)
+    except (DurableError, KeyError, TypeError, ValueError) as exc:
+        return Lane(key, error=f"{type(exc).__name__}: {exc}", steps=steps)
+
+
+def detail_json(detail: ExecutionDetail) -> dict[str, Any]:
+    """The read model as JSON (what ``durable show --json`` prints, plus the summary fields)."""
+    data = dataclasses.asdict(detail.summary) | {
+        "payload": detail.payload,
+        "result": detail.result,
+        "error": detail.error,
+        "steps": [dataclasses.asdict(s) for s in detail.steps],
+        "signals": [dataclasses.asdict(s) for s in detail.signals],
+        "children": list(detail.children),
+        "corrupt": list(detail.corrupt),
+        "custom_status": getattr(detail, "custom_status", None),
+    }
+    return json.loads(json.dumps(data, default=str))  # type: ignore[no-any-return]
