@@ -74,6 +74,13 @@ def _scalar_problem(x: Any) -> str | None:
             f"the integer {x} is beyond ±(2^53−1), the range every store keeps exactly (Cosmos keeps "
             "numbers as doubles): pass it as a str or Decimal"
         )
+    if isinstance(x, float) and x.is_integer() and abs(x) > MAX_JSON_INT:
+        # JSON has one number type: Cosmos (JavaScript) writes 2.0**60 as 1152921504606847000,
+        # which comes back as a different int, and 1e16 as an int a codec then refuses
+        return (
+            f"the float {x!r} is a whole number beyond ±(2^53−1): a store may give it back as an "
+            "integer of another value; pass it as a str or Decimal"
+        )
     if isinstance(x, str) and not x.isascii():
         try:
             x.encode("utf-8")
@@ -83,8 +90,9 @@ def _scalar_problem(x: Any) -> str | None:
     return None
 
 
-#: 16+ digits in a row (maybe an integer beyond 2^53, or just a long fraction: checked exactly then)
-_LONG_DIGITS = re.compile(rb"\d{16}")
+#: 16+ digits in a row (maybe an integer beyond 2^53, or just a long fraction: checked exactly
+#: then), or an exponent (a float such as 1e16 may be a whole number beyond 2^53)
+_LONG_DIGITS = re.compile(rb"\d{16}|\d[eE]")
 
 
 def _suspicious(data: Any) -> bool:
@@ -398,3 +406,18 @@ def _cached(fn: Callable[..., Any]) -> CallCodec:
 def codec_for(fn: Callable[..., Any]) -> CallCodec:
     """The (cached) :class:`CallCodec` of ``fn``."""
     return _cached(fn)
+
+
+def same_json(a: Any, b: Any) -> bool:
+    """Whether two JSON values are the same value as JSON means it: ``True`` is not ``1`` (Python's
+    ``==`` says it is), while ``1`` and ``1.0`` are one number (JSON has one number type, and a
+    store such as Cosmos gives an integral float back as an int)."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return a == b
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_json(v, b[k]) for k, v in a.items())
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return len(a) == len(b) and all(same_json(x, y) for x, y in zip(a, b, strict=True))
+    return type(a) is type(b) and bool(a == b)

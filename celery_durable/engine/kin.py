@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..codecs import same_json
 from ..stores.base import Doc
 from .dispatcher import ChildRequest
 from .model import CANCELLED, COMPLETED, result_id
@@ -37,7 +38,7 @@ def joinable(child: Doc, req: ChildRequest) -> bool:
         and link.get("pk") == req.parent_id
         and not is_fence(child)
         and child.get("workflow") == req.workflow
-        and child.get("payload") == req.payload
+        and same_json(child.get("payload"), req.payload)
     )
 
 

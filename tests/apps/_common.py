@@ -37,7 +37,7 @@ def env_app(name: str, **conf: Any) -> Celery:
     return app
 
 
-@signals.worker_ready.connect
+@signals.worker_ready.connect  # type: ignore[untyped-decorator]
 def _ready(**_: object) -> None:
     ready = os.environ.get("TEST_READY_FILE")
     if ready:

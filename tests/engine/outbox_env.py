@@ -119,6 +119,13 @@ class Retry(Exception):
 
 
 class FakeTask:
+    """A handler task as ``Outbox.deliver`` sees it: a request without headers, and ``retry``."""
+
+    def __init__(self) -> None:
+        from types import SimpleNamespace
+
+        self.request = SimpleNamespace(headers=None, id="fake-task", retries=0, timelimit=None)
+
     def retry(self, countdown: float | None = None, max_retries: int | None = None, exc: Any = None) -> Retry:
         return Retry(countdown)
 

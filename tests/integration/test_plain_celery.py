@@ -1,8 +1,8 @@
 """Outside a workflow an activity is an ordinary Celery task (``.delay()``, direct call).
 
 Uses Celery's own pytest plugin (``celery.contrib.pytest``): its in-process ``celery_worker``.
-pytest-celery 1.3 replaces that fixture with a Docker-based one, which these machines cannot
-run, so the classic fixtures are imported here explicitly.
+Its fixtures are imported here explicitly (as a user would declare the plugin): pytest-celery,
+which would replace ``celery_worker`` with a Docker-based one, is not a dependency.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from celery.contrib.pytest import (  # noqa: F401 - fixtures
     celery_worker,
     celery_worker_parameters,
     celery_worker_pool,
+    use_celery_app_trap,
 )
 
 from tests.apps import basic

@@ -122,6 +122,9 @@ class Admission:
             # links the index to the row admitted under it: a prune deletes only its own row's index
             "token": uuid.uuid4().hex,
             "created_at": effect["created_at"],
+            # when this request wrote it: an intent admitted long after its effect was created
+            # (it waited for room) must not look abandoned the moment it takes its id
+            "touched_at": self.outbox.clock.now(),
         }
         for _ in range(MAX_ROUNDS):
             etag = self.store.create(index)
@@ -228,7 +231,10 @@ class Admission:
             try:
                 result = self._into_lane(effect, key, fresh, index, source)
             except (LaneFull, DocumentTooLarge):
-                if fresh:
+                # a caller told "not enqueued" frees the id; an intent (committed with its
+                # caller's documents, admitted once its lane has room) keeps it: that request
+                # stands, and its retries touch the index so it never looks abandoned
+                if fresh and source is None:
                     self._release_id(index)
                 raise
             if result is not None:

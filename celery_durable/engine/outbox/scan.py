@@ -183,6 +183,17 @@ class Scanner:
             return
         if float(row.get("due_at") or 0.0) > now:
             return
+        lease = row.get("lease") or {}
+        if float(lease.get("expires") or 0.0) > now:
+            # a cancelled row whose handler still runs (its heartbeat renews the lease): the row
+            # holds its key until the handler stops, so it stays until the lease is given back
+            # or expires (a retention shorter than a handler's run must not free the key)
+            later = _strip(row) | {"due_at": float(lease["expires"])}
+            try:
+                self.store.replace(later, if_match=row["_etag"])
+            except ConflictError:
+                pass  # renewed or released meanwhile: the next scan looks again
+            return
         # the index goes first, etag-guarded, and only if it is this row's (same token): an
         # enqueue reviving or taking over the id writes a new index before its row, so either
         # this delete fails (and the row stays) or that enqueue starts over
