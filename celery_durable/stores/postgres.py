@@ -42,7 +42,6 @@ opens its own.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -51,6 +50,10 @@ import psycopg
 
 from ..errors import ConfigurationError, ConflictError, CorruptDocument
 from ._postgres_conn import PgConfig, Pool, parse_url
+from ._sql import decode_row as _decode
+from ._sql import due_columns
+from ._sql import parse_etag as _parse_etag
+from ._sql import prefix_upper as _prefix_upper
 from .base import (
     CORRUPT_KEY,
     Doc,
@@ -65,7 +68,6 @@ from .base import (
     check_page_size,
     created_key,
     decode_keyset,
-    due_fields,
     encode_keyset,
     sent_size,
 )
@@ -87,10 +89,7 @@ Row = tuple[str, str | None, float | None, float | None, str | None, str | None]
 def _prepare(doc: Doc, limit: int) -> Row:
     """Validate a document; return its body and the columns scans and listings filter on."""
     body = check_doc(doc, limit)
-    try:
-        kind, at = due_fields(doc)
-    except (TypeError, ValueError) as exc:
-        raise ConfigurationError(f"document {doc['id']!r}: 'due_at' must be epoch seconds: {exc}") from exc
+    kind, at = due_columns(doc)
     if doc["id"] != "exec":
         return body, kind, at, None, None, None
     workflow, status = doc.get("workflow"), doc.get("status")
@@ -102,41 +101,6 @@ def _prepare(doc: Doc, limit: int) -> Row:
         workflow if isinstance(workflow, str) else None,  # list_execs compares with a string
         status if isinstance(status, str) else None,
     )
-
-
-def _decode(body: str, pk: str, doc_id: str, version: int) -> Doc:
-    try:
-        doc = json.loads(body)
-    except (ValueError, TypeError) as exc:
-        raise CorruptDocument(f"document {doc_id!r} in partition {pk!r} is not valid JSON: {exc}") from exc
-    if not isinstance(doc, dict):
-        raise CorruptDocument(f"document {doc_id!r} in partition {pk!r} is not a JSON object")
-    doc["pk"], doc["id"], doc["_etag"] = pk, doc_id, str(version)
-    return doc
-
-
-def _parse_etag(if_match: str | None) -> int | None:
-    """An etag as the version it stands for; one not of this store matches nothing (-1)."""
-    if if_match is None:
-        return None
-    try:
-        return int(if_match)
-    except (TypeError, ValueError):
-        return -1
-
-
-def _prefix_upper(prefix: str) -> str | None:
-    """The smallest string greater than every string starting with ``prefix`` (None: no bound)."""
-    chars = list(prefix)
-    while chars:
-        code = ord(chars[-1]) + 1
-        if 0xD800 <= code <= 0xDFFF:
-            code = 0xE000
-        if code <= 0x10FFFF:
-            chars[-1] = chr(code)
-            return "".join(chars)
-        chars.pop()
-    return None
 
 
 def _schema_sql(cfg: PgConfig) -> list[str]:

@@ -20,7 +20,6 @@ in the child, closing them included).
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import sqlite3
@@ -32,6 +31,10 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from ..errors import ConfigurationError, ConflictError, CorruptDocument, StoreUnavailable
+from ._sql import decode_row as _decode
+from ._sql import due_columns
+from ._sql import parse_etag as _parse_etag
+from ._sql import prefix_upper as _prefix_upper
 from ._sqlite_files import DEFAULT_FILE_MODE, check_file_mode, create_file
 from .base import (
     CORRUPT_KEY,
@@ -46,7 +49,6 @@ from .base import (
     check_ids,
     check_page_size,
     decode_keyset,
-    due_fields,
     encode_keyset,
     sent_size,
 )
@@ -96,19 +98,6 @@ def _unavailable(exc: sqlite3.Error, path: str) -> StoreUnavailable:
     return StoreUnavailable(f"sqlite store {path!r}: {exc}")
 
 
-def _decode(body: str, pk: str, doc_id: str, version: int) -> Doc:
-    try:
-        doc = json.loads(body)
-    except (ValueError, TypeError) as exc:
-        raise CorruptDocument(f"document {doc_id!r} in partition {pk!r} is not valid JSON: {exc}") from exc
-    if not isinstance(doc, dict):
-        raise CorruptDocument(f"document {doc_id!r} in partition {pk!r} is not a JSON object")
-    doc["pk"] = pk
-    doc["id"] = doc_id
-    doc["_etag"] = str(version)
-    return doc
-
-
 #: ``UPDATE … RETURNING`` (SQLite 3.35+) saves a statement per write transaction
 _RETURNING = sqlite3.sqlite_version_info >= (3, 35, 0)
 
@@ -116,35 +105,8 @@ _RETURNING = sqlite3.sqlite_version_info >= (3, 35, 0)
 def _prepare(doc: Doc, limit: int) -> tuple[str, str | None, float | None]:
     """Validate a document; return its JSON body and due columns."""
     body = check_doc(doc, limit)
-    try:
-        kind, at = due_fields(doc)
-    except (TypeError, ValueError) as exc:
-        raise ConfigurationError(f"document {doc['id']!r}: 'due_at' must be epoch seconds: {exc}") from exc
+    kind, at = due_columns(doc)
     return body, kind, at
-
-
-def _parse_etag(if_match: str | None) -> int | None:
-    """An etag as the integer version it stands for; unknown etags match nothing (-1)."""
-    if if_match is None:
-        return None
-    try:
-        return int(if_match)
-    except (TypeError, ValueError):
-        return -1
-
-
-def _prefix_upper(prefix: str) -> str | None:
-    """The smallest string greater than every string starting with ``prefix`` (None: no bound)."""
-    chars = list(prefix)
-    while chars:
-        code = ord(chars[-1]) + 1
-        if 0xD800 <= code <= 0xDFFF:
-            code = 0xE000
-        if code <= 0x10FFFF:
-            chars[-1] = chr(code)
-            return "".join(chars)
-        chars.pop()
-    return None
 
 
 class SqliteStore(Store):
