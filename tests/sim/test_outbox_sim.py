@@ -62,6 +62,9 @@ def test_the_workload_reaches_what_it_checks() -> None:
 #: and a fully pruned lane restarting its sequence (25/none, 622, 1337/all)
 FOUND = [(0, "none"), (25, "none"), (50, "none"), (18, "all"), (33, "all"), (82, "all"), (176, "all")]
 FOUND += [(282, "all"), (443, "all"), (485, "all"), (622, "all"), (645, "all"), (1337, "all")]
+# found by the adversarial review of stop 19: a late-admitted intent's id looked abandoned and
+# was taken over (701495); a cancel overlapping that take-over (500062)
+FOUND += [(701495, "before,after,preempt"), (500062, "all")]
 
 
 def test_seeds_that_found_bugs_hold() -> None:
