@@ -6,6 +6,7 @@ results equal to the fault-free run. Target: all completed, 0 lost, results equa
 
     python bench/chaos.py                      # 200 workflows x 5 activities, SQLite, Redis broker
     python bench/chaos.py --store cosmos --workflows 40
+    python bench/chaos.py --store cosmos --replica-lag-ms 300 --quick   # reads may be stale (Session)
 """
 
 from __future__ import annotations
@@ -38,7 +39,9 @@ def run(env: BenchEnv, args: argparse.Namespace) -> bool:
     from apps import chaosapp
 
     prefix = env.env["BENCH_COUNTER_PREFIX"]
-    workers = [start_worker(env, app="apps.chaosapp", concurrency=2) for _ in range(2)]
+    # at INFO with replica lag: each stale-read retry is a log line (counted below)
+    level = "INFO" if args.replica_lag_ms else "WARNING"
+    workers = [start_worker(env, app="apps.chaosapp", concurrency=2, loglevel=level) for _ in range(2)]
     beats = [start_beat(env)]
     kills = 0
     done = threading.Event()
@@ -54,7 +57,7 @@ def run(env: BenchEnv, args: argparse.Namespace) -> bool:
                 kills += 1
                 if done.is_set():
                     return
-                workers[idx] = start_worker(env, app="apps.chaosapp", concurrency=2)
+                workers[idx] = start_worker(env, app="apps.chaosapp", concurrency=2, loglevel=level)
 
     t0 = time.monotonic()
     handles = [
@@ -88,6 +91,9 @@ def run(env: BenchEnv, args: argparse.Namespace) -> bool:
     finally:
         for w in workers + beats:
             w.stop()
+    logs = "".join(p.read_text(errors="replace") for p in env.tmp.glob("*.log"))
+    stale_retries = logs.count("may be a stale read, retrying")
+    stale_left = logs.count("; left to recovery")
     total = args.workflows * args.steps
     duplicates = sum(max(0, r - 1) for r in runs)
     never = sum(1 for r in runs if r == 0)
@@ -96,7 +102,7 @@ def run(env: BenchEnv, args: argparse.Namespace) -> bool:
         ["measure", "value"],
         [
             ["workflows x activities", f"{args.workflows} x {args.steps}"],
-            ["store", args.store],
+            ["store", args.store + (f" (replica lag {args.replica_lag_ms} ms)" if args.replica_lag_ms else "")],
             ["workers SIGKILLed", kills],
             ["elapsed", f"{elapsed:.1f} s"],
             ["completed", f"{len(completed)}/{args.workflows}"],
@@ -105,6 +111,11 @@ def run(env: BenchEnv, args: argparse.Namespace) -> bool:
             ["duplicate activity executions", duplicates],
             ["steps never executed", never],
             ["results equal to a fault-free run", "yes" if results_equal and not lost else "NO"],
+            *(
+                [["deliveries re-sent after a maybe-stale read", stale_retries], ["left to recovery", stale_left]]
+                if args.replica_lag_ms
+                else []
+            ),
         ],
         title=f"chaos ({machine()})",
     )
@@ -125,6 +136,9 @@ def main() -> int:
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--store", choices=["sqlite", "cosmos"], default="sqlite")
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument(
+        "--replica-lag-ms", type=int, default=0, help="cosmos: reads without a fresh session token may be stale"
+    )
     p.add_argument("--quick", action="store_true", help="40 workflows")
     args = p.parse_args()
     if args.quick:
@@ -136,13 +150,16 @@ def main() -> int:
         if args.store == "cosmos":
             from celery_durable.testing.cosmos_server import CosmosTestServer
 
-            server = CosmosTestServer().start()
+            server = CosmosTestServer(replica_lag_ms=args.replica_lag_ms).start()
             env.env["DURABLE_STORE_URL"] = server.url_for("bench", f"chaos{int(time.time())}")
         env.apply_to_process()
         try:
             return 0 if run(env, args) else 1
         finally:
             if server is not None:
+                if args.replica_lag_ms:
+                    stale = server.stats().get("staleReads")
+                    print(f"replica lag {args.replica_lag_ms} ms: {stale} reads served stale by the test server")
                 server.stop()
 
 

@@ -81,6 +81,7 @@ def retry_stale(task: Any, counters: Any, why: str) -> bool:
     if done >= len(STALE_COUNTDOWNS) or getattr(request, "is_eager", False):
         if done:
             counters.incr("stale_read_drop")
+            log.warning("%s [%s]: %s after %d tries; left to recovery", task.name, request.id, why, done)
         return False
     headers = dict(getattr(request, "headers", None) or {})
     headers[STALE_HEADER] = done + 1
