@@ -4,9 +4,11 @@ as integer versions, the upper bound of an id-prefix range, the due columns of a
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
+from typing import Any
 
 from ..errors import ConfigurationError, CorruptDocument
-from .base import Doc, due_fields
+from .base import CORRUPT_KEY, Doc, ExecPage, due_fields, encode_keyset
 
 
 def decode_row(body: str, pk: str, doc_id: str, version: int) -> Doc:
@@ -52,3 +54,17 @@ def due_columns(doc: Doc) -> tuple[str | None, float | None]:
         return due_fields(doc)
     except (TypeError, ValueError) as exc:
         raise ConfigurationError(f"document {doc['id']!r}: 'due_at' must be epoch seconds: {exc}") from exc
+
+
+def exec_page(rows: Sequence[tuple[Any, ...]], limit: int) -> ExecPage:
+    """A page of executions from ``(pk, body, version, created)`` rows, ``limit + 1`` asked for
+    (the extra one says there is a next page); a row that is not a document is flagged
+    (``CORRUPT_KEY``), not raised, so one bad execution does not hide the others."""
+    docs: list[Doc] = []
+    for pk, body, version, _ in rows[:limit]:
+        try:
+            docs.append(decode_row(body, pk, "exec", version))
+        except CorruptDocument as exc:
+            docs.append({"pk": pk, "id": "exec", "_etag": str(version), CORRUPT_KEY: str(exc)})
+    last = rows[limit - 1] if len(rows) > limit else None
+    return ExecPage(docs=docs, cursor=encode_keyset(float(last[3]), str(last[0])) if last else None)

@@ -48,14 +48,13 @@ from typing import Any
 
 import psycopg
 
-from ..errors import ConfigurationError, ConflictError, CorruptDocument
+from ..errors import ConfigurationError, ConflictError
 from ._postgres_conn import PgConfig, Pool, parse_url
 from ._sql import decode_row as _decode
-from ._sql import due_columns
+from ._sql import due_columns, exec_page
 from ._sql import parse_etag as _parse_etag
 from ._sql import prefix_upper as _prefix_upper
 from .base import (
-    CORRUPT_KEY,
     Doc,
     DueRef,
     ExecFilter,
@@ -68,7 +67,6 @@ from .base import (
     check_page_size,
     created_key,
     decode_keyset,
-    encode_keyset,
     sent_size,
 )
 
@@ -369,15 +367,7 @@ class PostgresStore(Store):
         params.append(limit + 1)
         with self._conn() as conn:
             rows = conn.execute(sql, params).fetchall()
-        more = len(rows) > limit
-        docs: list[Doc] = []
-        for pk, body, version, _ in rows[:limit]:
-            try:
-                docs.append(_decode(body, pk, "exec", version))
-            except CorruptDocument as exc:
-                docs.append({"pk": pk, "id": "exec", "_etag": str(version), CORRUPT_KEY: str(exc)})
-        last = rows[limit - 1] if more else None
-        return ExecPage(docs=docs, cursor=encode_keyset(float(last[3]), str(last[0])) if last else None)
+        return exec_page(rows, limit)
 
 
 def from_url(url: str, **options: Any) -> PostgresStore:

@@ -30,14 +30,13 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from ..errors import ConfigurationError, ConflictError, CorruptDocument, StoreUnavailable
+from ..errors import ConfigurationError, ConflictError, StoreUnavailable
 from ._sql import decode_row as _decode
-from ._sql import due_columns
+from ._sql import due_columns, exec_page
 from ._sql import parse_etag as _parse_etag
 from ._sql import prefix_upper as _prefix_upper
 from ._sqlite_files import DEFAULT_FILE_MODE, check_file_mode, create_file
 from .base import (
-    CORRUPT_KEY,
     Doc,
     DueRef,
     ExecFilter,
@@ -49,7 +48,6 @@ from .base import (
     check_ids,
     check_page_size,
     decode_keyset,
-    encode_keyset,
     sent_size,
 )
 
@@ -507,15 +505,7 @@ class SqliteStore(Store):
         params.append(limit + 1)
         with self._conn() as conn:
             rows = conn.execute(sql, params).fetchall()
-        more = len(rows) > limit
-        docs: list[Doc] = []
-        for pk, body, version, _ in rows[:limit]:
-            try:
-                docs.append(_decode(body, pk, "exec", version))
-            except CorruptDocument as exc:
-                docs.append({"pk": pk, "id": "exec", "_etag": str(version), CORRUPT_KEY: str(exc)})
-        last = rows[limit - 1] if more else None
-        return ExecPage(docs=docs, cursor=encode_keyset(float(last[3]), str(last[0])) if last else None)
+        return exec_page(rows, limit)
 
 
 def from_url(url: str, **options: Any) -> SqliteStore:
