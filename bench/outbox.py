@@ -23,11 +23,12 @@ This file is also the workers' Celery app (``celery -A outbox worker``, ``bench/
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,19 @@ _log_file: Any = None
 
 #: store round trips of this process (every SqliteStore call is one)
 CALLS = [0]
+#: with ``--sites``: the same calls by ``module.function:op`` of the outbox code that made them
+SITES: Counter[str] = Counter()
+_SITES_ON = bool(os.environ.get("BENCH_SITES"))
+
+
+def _call_site(op: str) -> str:
+    frame = sys._getframe(2)
+    while frame is not None:
+        path = frame.f_code.co_filename.replace("\\", "/")
+        if "/celery_durable/" in path and "/stores/" not in path:
+            return f"{path.rsplit('/', 1)[-1].removesuffix('.py')}.{frame.f_code.co_name}:{op}"
+        frame = frame.f_back  # type: ignore[assignment]
+    return f"bench:{op}"
 
 
 def _counted(name: str) -> None:
@@ -63,6 +77,8 @@ def _counted(name: str) -> None:
 
     def call(self: SqliteStore, *args: Any, **kwargs: Any) -> Any:
         CALLS[0] += 1
+        if _SITES_ON:
+            SITES[_call_site(name)] += 1
         return original(self, *args, **kwargs)
 
     setattr(SqliteStore, name, call)
@@ -92,6 +108,22 @@ def handle(mode: str, key: str, seq: int, sent: float = 0.0) -> None:
         _log_file = (os.getpid(), (folder / f"runs-{os.getpid()}.log").open("a", buffering=1))
     # the process's store round trips so far go with each line (the bench takes differences)
     _log_file[1].write(f"{mode} {key} {seq} {start:.6f} {time.time():.6f} {sent:.6f} {os.getpid()} {CALLS[0]}\n")
+    if _SITES_ON:
+        tmp = folder_of_sites() / f".sites-{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(SITES))
+        os.replace(tmp, folder_of_sites() / f"sites-{os.getpid()}.json")
+
+
+def folder_of_sites() -> Path:
+    return Path(os.environ.get("BENCH_LOG_DIR", ".")).parent
+
+
+def _sites(folder: Path) -> Counter[str]:
+    """Every process's store calls by call site so far (``--sites``): the workers' files and ours."""
+    total: Counter[str] = Counter(SITES)
+    for path in folder.parent.glob("sites-*.json"):
+        total.update(json.loads(path.read_text()))
+    return total
 
 
 @durable.effect("bench.fx")
@@ -166,6 +198,7 @@ def _phase_outbox(
 
     n, keys, outbox = args.effects, args.keys, durable.outbox
     before_client = CALLS[0]
+    before_sites = _sites(logs)
 
     def eid(i: int) -> str:
         return f"{tag}{i:06d}"
@@ -194,6 +227,8 @@ def _phase_outbox(
     rows = [outbox.core.get(eid(i)) for i in range(n)]
     after_workers = _worker_calls(logs)
     worker_calls = sum(v - before_workers.get(pid, 0) for pid, v in after_workers.items())
+    sites = _sites(logs)
+    sites.subtract(before_sites)
     latencies = [x for r in rows if r is not None and (x := claim_latency(r)) is not None]
     statuses: dict[str, int] = defaultdict(int)
     for r in rows:
@@ -210,6 +245,7 @@ def _phase_outbox(
         "statuses": dict(statuses),
         "attempts": sum(int((r or {}).get("attempt") or 0) for r in rows),
         "workers_after": after_workers,
+        "sites": {site: count / n for site, count in sites.most_common() if count > 0},
     }
 
 
@@ -236,12 +272,16 @@ def run(args: argparse.Namespace) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from _common import bench_env, fmt_ms, machine, percentile, start_worker, verdict
 
+    global _SITES_ON
     n, keys = args.effects, args.keys
     print(f"{machine()} at the start", flush=True)
     with bench_env("outbox") as env:
         logs = env.tmp / "runs"
         logs.mkdir()
         env.env["BENCH_LOG_DIR"] = str(logs)
+        if args.sites:
+            env.env["BENCH_SITES"] = "1"
+            _SITES_ON = True
         env.apply_to_process()
         app.conf.update(broker_url=env.env["BENCH_BROKER_URL"], task_default_queue=env.queue)
         durable.configure(store=env.store_url)
@@ -336,6 +376,14 @@ def run(args: argparse.Namespace) -> None:
             f"outbox rows ({label}): {r['statuses']}; attempts {r['attempts']} for {n} effects; "
             f"run span {r['span']:.1f}/s"
         )
+    if args.sites:
+        for label, r in (("one by one", one), ("enqueue_many", many)):
+            print(
+                f"store round trips an effect by call site ({label}; the workers' settles after their last handler "
+                "line are not counted):"
+            )
+            for site, per in r["sites"].items():
+                print(f"  {per:6.3f}  {site}")
     print(f"{machine()} at the end")
     print(verdict("outbox per-key order violations", one["viol"] + many["viol"], 0, higher_is_better=False))
     print(
@@ -378,6 +426,7 @@ def main() -> None:
     parser.add_argument("--enqueuers", type=int, default=4, help="client threads enqueueing (disjoint keys)")
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--paced", type=int, default=1000, help="effects of the steady-load latency phase")
+    parser.add_argument("--sites", action="store_true", help="attribute the round trips to their call sites")
     parser.add_argument("--paced-rate", type=float, default=100.0, help="their enqueue rate per second")
     args = parser.parse_args()
     if args.quick:

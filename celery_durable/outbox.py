@@ -43,16 +43,17 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 from celery import Celery
 
 from .codecs import ValueCodec
-from .consistency import retry_stale, session_headers, use_session
+from .consistency import header, retry_stale, session_headers, use_session
 from .engine.outbox import (
     Admitted,
     Claim,
+    ClaimUnknown,
     EffectRef,
     OutboxEngine,
     OutboxSettings,
     ScanReport,
 )
-from .engine.outbox.model import RETRY, TERMINAL, intent_id, lane_pk
+from .engine.outbox.model import RETRY, TERMINAL, adopt_of, intent_id, lane_pk
 from .engine.outbox.runtime import (
     EffectCancelled,
     EffectContext,
@@ -99,8 +100,14 @@ log = logging.getLogger("celery_durable.outbox")
 
 OUTBOX_SCAN_TASK = "celery_durable.outbox_scan"
 EFFECT_TASK_PREFIX = "celery_durable.effect."
+#: a message header: the ids of the rows enqueued right after the message's row (a read hint)
+AFTER_HEADER = "durable_fx_after"
+#: a retry's header: [[owners], attempt] of its claim whose outcome is unknown (``ClaimUnknown.owners``)
+ADOPT_HEADER = "durable_fx_adopt"
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -194,9 +201,11 @@ class CeleryEffectSender:
             options["countdown"] = countdown
         if definition is not None and definition.queue:
             options["queue"] = definition.queue
-        tokens = session_headers(self.app, lane_pk(ref.key))
-        if tokens:
-            options["headers"] = tokens
+        headers: dict[str, Any] = session_headers(self.app, lane_pk(ref.key))
+        if ref.after:  # a hint (a worker without it ignores the header): see EffectRef.after
+            headers[AFTER_HEADER] = list(ref.after)
+        if headers:
+            options["headers"] = headers
         name = definition.task_name if definition is not None else EFFECT_TASK_PREFIX + ref.type
         self.app.send_task(name, args=[ref.key, ref.effect_id], **options)
 
@@ -355,8 +364,16 @@ class Outbox:
         """One delivery of a row's message: claim, run, settle; Celery retries a retryable failure."""
         core = self.core
         use_session(core.store, task.request, lane_pk(key))
+        after = header(task.request, AFTER_HEADER)
+        after = [str(i) for i in after] if isinstance(after, list) else []
+        adopted = adopt_of(header(task.request, ADOPT_HEADER))
         try:
-            result = core.claim(key, effect_id)
+            result = core.claim(key, effect_id, after=after, adopt=adopted)
+        except ClaimUnknown as exc:
+            # the claim may have applied: the retry takes it over if so (and runs the handler once)
+            adopt = {ADOPT_HEADER: [list(exc.owners), exc.attempt]}
+            headers = dict(getattr(task.request, "headers", None) or {}) | adopt
+            raise task.retry(exc=exc, countdown=1.0, max_retries=None, headers=headers) from exc
         except StoreUnavailable as exc:  # the lane stays due: retrying here only makes it faster
             raise task.retry(exc=exc, countdown=1.0, max_retries=None) from exc
         claim = result.claim

@@ -51,6 +51,7 @@ from ..engine.outbox import (
     RETRY,
     SUCCEEDED,
     Claim,
+    ClaimUnknown,
     LaneFull,
     lane_pk,
     row_id,
@@ -309,7 +310,7 @@ class OutboxSim:
                 return
             if rng.random() < self.faults.dup:
                 self.count("duplicated")
-                self.pool.append(Message(m.ref, self.now + rng.uniform(0.0, 20.0)))
+                self.pool.append(Message(m.ref, self.now + rng.uniform(0.0, 20.0), m.adopt))
         self.count("delivered")
         w = rng.choice(self.workers)
         self.run_as(w, "delivery", self._handle, w, m)
@@ -319,7 +320,12 @@ class OutboxSim:
         w.claims += 1
         owner = f"{w.name}/{w.claims}"
         try:
-            result = w.engine.claim(m.ref.key, m.ref.effect_id, owner=owner)
+            result = w.engine.claim(m.ref.key, m.ref.effect_id, owner=owner, after=m.ref.after, adopt=m.adopt)
+        except ClaimUnknown as exc:  # as Outbox.deliver: the retry adopts the claim if it applied
+            self.count("claims_unknown")
+            if w.alive:
+                self.pool.append(Message(m.ref, self.now + 1.0, (exc.owners, exc.attempt)))
+            return
         except StoreUnavailable:
             self._send(w, m, 1.0)
             return
@@ -356,7 +362,7 @@ class OutboxSim:
 
     def _send(self, w: Actor, m: Message, countdown: float) -> None:
         if w.alive:
-            self.pool.append(Message(m.ref, self.now + countdown))
+            self.pool.append(Message(m.ref, self.now + countdown, m.adopt))
 
     def _beat(self, h: Handler) -> None:
         """One beat of the keeper for this handler: renew; cancelled or lost stops it."""

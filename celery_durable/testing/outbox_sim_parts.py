@@ -166,6 +166,8 @@ def replay_command(seed: int, faults: Faults, bugs: Sequence[str] = ()) -> str:
 class Message:
     ref: EffectRef
     at: float
+    #: a retry after ``ClaimUnknown``: the (owner, attempt) of the claim it may take over
+    adopt: tuple[tuple[str, ...], int] | None = None
 
 
 class SimLike(Protocol):

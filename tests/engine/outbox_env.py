@@ -126,7 +126,10 @@ class FakeTask:
 
         self.request = SimpleNamespace(headers=None, id="fake-task", retries=0, timelimit=None)
 
-    def retry(self, countdown: float | None = None, max_retries: int | None = None, exc: Any = None) -> Retry:
+    def retry(
+        self, countdown: float | None = None, max_retries: int | None = None, exc: Any = None, **options: Any
+    ) -> Retry:
+        self.retried_with = options  # Celery's retry takes message options (headers=...) as well
         return Retry(countdown)
 
 

@@ -45,6 +45,7 @@ from .model import (
     row_id,
 )
 from .model import strip as _strip
+from .reads import READ_AHEAD
 
 __all__ = ["Admission", "MAX_ROUNDS"]
 
@@ -54,6 +55,9 @@ MAX_ROUNDS = 100
 #: a full lane keeps a slot for a waiting intent this many admit graces at most
 RESERVATION_TTL_GRACES = 5
 HEAD_CACHE_SIZE = 256
+#: after a remembered head had moved, this many admissions of that lane read the head first
+#: (a worker draining the key moves it between two calls: a stale try costs a round trip more)
+STALE_SKIPS = 3
 
 
 def new_row(effect: Doc, source: Doc | None, fingerprint: str | None = None) -> Doc:
@@ -93,11 +97,24 @@ class Admission:
         # on the head it wrote last instead of reading it again (a stale one costs the same as
         # the read it saves: the batch fails on its etag and the head is read)
         self._heads: OrderedDict[str, Doc] = OrderedDict()
+        #: lanes whose remembered head was stale last time: admissions left to read first
+        self._skips: OrderedDict[str, int] = OrderedDict()
         self._heads_lock = threading.Lock()
 
     def _cached_head(self, lane: str) -> Doc | None:
         with self._heads_lock:
-            return self._heads.pop(lane, None)
+            head = self._heads.pop(lane, None)
+            skip = self._skips.pop(lane, 0)
+            if skip > 1:
+                self._skips[lane] = skip - 1
+            return None if skip else head
+
+    def _stale(self, lane: str) -> None:
+        """The head remembered for ``lane`` had moved: read it first the next few times."""
+        with self._heads_lock:
+            self._skips[lane] = STALE_SKIPS
+            while len(self._skips) > HEAD_CACHE_SIZE:
+                self._skips.popitem(last=False)
 
     def _remember(self, lane: str, head: Doc, etag: str | None) -> None:
         if etag is None:
@@ -410,21 +427,31 @@ class Admission:
     def _many_into_lane(self, key: str, part: Sequence[tuple[Doc, Doc | None]]) -> bool:
         """One batch: the rows and the head; False if a row existed or the head kept moving."""
         lane = lane_pk(key)
-        cached = self._cached_head(lane)
+        head = self._cached_head(lane)
+        # known: the head to try is at hand (the one this process wrote last, or the one read
+        # with the rows after a failed batch); from_cache: it may be stale
+        known = from_cache = head is not None
         for _ in range(3):
-            from_cache = cached is not None
-            head, cached = (cached, None) if cached is not None else (self.store.read(lane, HEAD_ID), None)
+            if not known:
+                head = self.store.read(lane, HEAD_ID)
             try:
                 done = self._try_many(lane, key, head, part)
             except LaneFull:
                 if from_cache:
+                    known = from_cache = False
                     continue  # the head this process wrote last may be stale: look
                 raise
-            if done is not None:
+            if isinstance(done, bool):
                 return done
+            if from_cache:
+                self._stale(lane)
+            (head,), known, from_cache = done, True, False
         return False
 
-    def _try_many(self, lane: str, key: str, head: Doc | None, part: Sequence[tuple[Doc, Doc | None]]) -> bool | None:
+    def _try_many(
+        self, lane: str, key: str, head: Doc | None, part: Sequence[tuple[Doc, Doc | None]]
+    ) -> bool | tuple[Doc | None]:
+        """True: written; False: a row exists (the careful path); else the head as it is now."""
         live = [list(e) for e in (head or {}).get("live") or []]
         seq = int((head or {}).get("next_seq") or 1)
         rows: list[Doc] = []
@@ -443,14 +470,21 @@ class Admission:
         try:
             etags = self.store.batch(lane, [*(Op.create(r) for r in rows), head_op])
         except ConflictError:
-            # the head moved (try again with a fresh one) or a row exists (the careful path)
-            if self.store.read_many(lane, [row_id(str(r["effect_id"])) for r in rows]) != [None] * len(rows):
+            # the head moved (try again with the one read now) or a row exists (the careful path)
+            now, *found = self.store.read_many(lane, [HEAD_ID, *(row_id(str(r["effect_id"])) for r in rows)])
+            if found != [None] * len(rows):
                 return False
-            return None
+            return (now,)
         self._remember(lane, new_head, etags[-1])
         for r in rows:
             self.outbox._emit("effect_enqueued", effect_id=r["effect_id"], key=key, effect_type=r["effect_type"])
         if send_in is not None:
-            first = rows[0]
-            self.outbox.send(EffectRef(key, first["effect_id"], first["effect_type"]), send_in or None)
+            # the message names the rows after the first (of its type) too: the claim reads them
+            # with the head, and the first settles of its drain need no read of their own
+            first, after = rows[0], []
+            for r in rows[1:READ_AHEAD]:
+                if r["effect_type"] != first["effect_type"]:
+                    break
+                after.append(str(r["effect_id"]))
+            self.outbox.send(EffectRef(key, first["effect_id"], first["effect_type"], tuple(after)), send_in or None)
         return True

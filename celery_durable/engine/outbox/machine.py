@@ -36,6 +36,7 @@ from .model import (
     Admitted,
     Claim,
     ClaimResult,
+    ClaimUnknown,
     EffectRef,
     EffectSender,
     OutboxSettings,
@@ -47,19 +48,18 @@ from .model import (
     row_id,
 )
 from .model import strip as _strip
+from .reads import LEASE_LOST, READ_AFTER_STALE, READ_AHEAD, SettleReads
 from .scan import Scanner
 
 __all__ = ["OutboxEngine", "MAX_ROUNDS", "LEASE_LOST"]
 
 log = logging.getLogger("celery_durable.outbox")
 
-LEASE_LOST = "lease-lost"
-
 #: effect ids and keys become document ids and partition keys (``fxid:<id>``, ``fxq:<key>``)
 MAX_ID_LENGTH = 200
 
 
-class OutboxEngine:
+class OutboxEngine(SettleReads):
     """Enqueue, admit, claim, renew, settle, cancel, scan — all against :class:`Store`."""
 
     def __init__(
@@ -220,17 +220,49 @@ class OutboxEngine:
 
     # --- claim ------------------------------------------------------------------------------
 
-    def claim(self, key: str, effect_id: str, owner: str | None = None) -> ClaimResult:
-        """Claim the row if it is the first live row of its key, nothing runs and it is available."""
+    def claim(
+        self,
+        key: str,
+        effect_id: str,
+        owner: str | None = None,
+        after: Sequence[str] = (),
+        adopt: tuple[str | Sequence[str], int] | None = None,
+    ) -> ClaimResult:
+        """Claim the row if it is the first live row of its key, nothing runs and it is available.
+
+        ``after`` (the message's hint: rows enqueued right after this one) are read in the same
+        call and kept in ``claim.ahead`` for the settles of the drain. ``adopt`` (owner, attempt)
+        of an earlier claim whose outcome is unknown (:class:`ClaimUnknown`): if it applied, the
+        row is taken over and returned as claimed (its handler never started). Its owner may be
+        several (``ClaimUnknown.owners``: a take-over whose outcome was unknown too)."""
         store, lane = self.store, lane_pk(key)
         owner = owner or self.new_owner()
+        adopted = () if adopt is None else (adopt[0],) if isinstance(adopt[0], str) else tuple(adopt[0])
+        ahead = [str(i) for i in after if i != effect_id][: READ_AHEAD - 1]
         for _ in range(MAX_ROUNDS):
-            head, row = store.read_many(lane, [HEAD_ID, row_id(effect_id)])
+            head, row, *rows = store.read_many(lane, [HEAD_ID, row_id(effect_id), *map(row_id, ahead)])
             if row is None:
                 return ClaimResult(None, "missing")
             status = row.get("status")
             if status == RUNNING:
-                return ClaimResult(None, "duplicate")
+                lease = row.get("lease") or {}
+                if adopt is None or head is None or lease.get("owner") not in adopted or row.get("attempt") != adopt[1]:
+                    return ClaimResult(None, "duplicate")
+                if head.get("running") != effect_id:
+                    return ClaimResult(None, "duplicate")
+                now = self.clock.now()
+                taken = _strip(row) | {"lease": {"owner": owner, "expires": now + self.settings.lease_ttl}}
+                try:
+                    etag = store.replace(taken, if_match=row["_etag"])
+                except ConflictError:
+                    continue  # changed meanwhile (a duplicate of this delivery took it): look again
+                except StoreError as exc:
+                    # unknown again: the lease names the claim's owner(s) or ours; the next retry takes either
+                    raise ClaimUnknown(str(exc), owner, int(row.get("attempt") or 0), adopted) from exc
+                log.info("effect %s: an earlier claim applied though its answer was lost: taken over", effect_id)
+                claim = self._claim_of(taken, etag, head, owner, now)
+                claim.ahead = {i: r for i, r in zip(ahead, rows, strict=True) if r is not None}
+                return ClaimResult(claim, "claimed")
             if status != PENDING:
                 return ClaimResult(None, "settled")
             if head is None:
@@ -247,14 +279,19 @@ class OutboxEngine:
                 etags = store.batch(lane, [Op.replace(new_row, row["_etag"]), Op.replace(new_head, head["_etag"])])
             except ConflictError:
                 continue
-            except StoreError:
+            except StoreError as exc:
                 # the answer was lost: if the claim applied, the row is ours and must run now
                 # (otherwise nobody runs it and a process-bound effect is failed "after it started")
-                applied = self._claimed_anyway(lane, effect_id, owner, int(new_row["attempt"]))
+                try:
+                    applied = self._claimed_anyway(lane, effect_id, owner, int(new_row["attempt"]))
+                except StoreError:
+                    # unknown: never run blind; the next delivery adopts the claim if it applied
+                    raise ClaimUnknown(str(exc), owner, int(new_row["attempt"])) from exc
                 if applied is None:
                     raise
                 new_row, new_head, etags = applied
             claim = self._claim_of(new_row, str(etags[0]), new_head | {"_etag": etags[1]}, owner, now)
+            claim.ahead = {i: r for i, r in zip(ahead, rows, strict=True) if r is not None}
             return ClaimResult(claim, "claimed")
         return ClaimResult(None, "blocked")
 
@@ -262,10 +299,7 @@ class OutboxEngine:
         self, lane: str, effect_id: str, owner: str, attempt: int
     ) -> tuple[Doc, Doc, list[str | None]] | None:
         """After a claim batch raised a store error: the row and head as stored, if it applied."""
-        try:
-            head, row = self.store.read_many(lane, [HEAD_ID, row_id(effect_id)])
-        except StoreError:
-            return None
+        head, row = self.store.read_many(lane, [HEAD_ID, row_id(effect_id)])
         lease = (row or {}).get("lease") or {}
         if row is None or head is None or row.get("status") != RUNNING or lease.get("owner") != owner:
             return None
@@ -371,14 +405,19 @@ class OutboxEngine:
                 return self._release_cancelled(claim)
             if claim.lost:
                 return LEASE_LOST
-            # the head as the claim left it, tried without a read, unless a successor is likely:
-            # then the head and that row are read together (the batch needs the row anyway, and
-            # a busy lane's head has usually moved: enqueues append to it)
+            # the head as the claim left it, tried without a read, unless a successor is likely
+            # and was not read ahead: then the head, that row and the few after it are read in
+            # one call (the next settles of the drain use those rows and the head they wrote; a
+            # stale one fails the batch on its etag and is read again)
             head: Doc | None = claim.head
             guess = self._successor_guess(claim, head, outcome, claim_next)
             prefetched: Doc | None = None
-            if head is None or guess is not None:
-                head, prefetched = self._settle_read(lane, claim, guess)
+            blind = guess is None or (guess in claim.ahead and claim.read_first == 0)
+            if head is None or not blind:
+                blind = False
+                head, prefetched = self._settle_read(lane, claim, guess, claim_next)
+            elif guess is not None:
+                prefetched = claim.ahead[guess]
             for _ in range(MAX_ROUNDS):
                 now = self.clock.now()
                 new_row = dict(claim.row) | {"lease": None}
@@ -414,8 +453,10 @@ class OutboxEngine:
                 try:
                     etags = store.batch(lane, ops)
                 except ConflictError:
+                    if blind and guess is not None:
+                        claim.read_first, blind = READ_AFTER_STALE, False
                     guess = self._successor_guess(claim, head, outcome, claim_next)
-                    verdict, head, prefetched = self._still_mine(claim, guess)
+                    verdict, head, prefetched = self._still_mine(claim, guess, claim_next, head)
                     if verdict is not None:
                         return self._release_cancelled(claim) if verdict == CANCELLED else verdict
                     continue
@@ -431,54 +472,15 @@ class OutboxEngine:
                            attempt=claim.attempt, effect_type=claim.type, backlog=len(live))  # fmt: skip
                 if successor is not None:
                     next_row, next_head = successor
-                    claim.successor = self._claim_of(
+                    nxt = claim.successor = self._claim_of(
                         next_row, str(etags[1]), next_head | {"_etag": etags[2]}, claim.owner, now
                     )
+                    nxt.ahead = {k: v for k, v in claim.ahead.items() if k != nxt.effect_id}
+                    nxt.read_first = max(0, claim.read_first - 1)
                 elif outcome != RETRY and new_head is not None:
                     self._wake_first(new_head)
                 return outcome
         raise StoreError(f"could not settle effect {claim.effect_id!r}: key {claim.key!r} too contended")
-
-    @staticmethod
-    def _successor_guess(claim: Claim, head: Doc | None, outcome: str, claim_next: Collection[str]) -> str | None:
-        """The row a settle of ``claim`` would claim next, by the head known (None: none likely)."""
-        if outcome == RETRY or not claim_next or head is None:
-            return None
-        after = [e for e in head.get("live") or [] if e[1] != claim.effect_id]
-        return str(after[0][1]) if after and after[0][2] in claim_next else None
-
-    def _settle_read(self, lane: str, claim: Claim, guess: str | None) -> tuple[Doc | None, Doc | None]:
-        """The head, and the guessed successor row, in one read."""
-        if guess is None:
-            return self.store.read(lane, HEAD_ID), None
-        head, row = self.store.read_many(lane, [HEAD_ID, row_id(guess)])
-        return head, row
-
-    def _settled_anyway(
-        self, lane: str, claim: Claim, new_row: Doc, successor: tuple[Doc, Doc] | None
-    ) -> list[str | None] | None:
-        """After a settle batch raised a store error: the etags as stored, if it applied."""
-        ids = [HEAD_ID, row_id(claim.effect_id)] + ([row_id(str(successor[0]["effect_id"]))] if successor else [])
-        try:
-            docs = self.store.read_many(lane, ids)
-        except StoreError:
-            return None
-        head, row = docs[0], docs[1]
-        if head is None or row is None or row.get("_etag") == claim.etag:
-            return None
-        same = ("status", "attempt", "available_at", "completed_at", "lease")
-        if any(row.get(f) != new_row.get(f) for f in same):
-            return None
-        if successor is None:
-            return [row["_etag"], head["_etag"]]
-        nxt = docs[2]
-        lease = (nxt or {}).get("lease") or {}
-        if nxt is None or nxt.get("status") != RUNNING or lease.get("owner") != claim.owner:
-            return None
-        successor[0].update(_strip(nxt))
-        successor[1].clear()
-        successor[1].update(_strip(head))
-        return [row["_etag"], nxt["_etag"], head["_etag"]]
 
     def _next_claimable(
         self, lane: str, head: Doc, owner: str, now: float, prefetched: Doc | None = None
@@ -523,25 +525,6 @@ class OutboxEngine:
             break
         claim.lost = True
         return CANCELLED
-
-    def _still_mine(self, claim: Claim, guess: str | None) -> tuple[str | None, Doc | None, Doc | None]:
-        """After a failed settle: (None to try again, or why the row is not ours any more) with
-        the head and the ``guess``ed successor row read in the same call."""
-        ids = [HEAD_ID, row_id(claim.effect_id)] + ([row_id(guess)] if guess is not None else [])
-        docs = self.store.read_many(lane_pk(claim.key), ids)
-        head, row = docs[0], docs[1]
-        prefetched = docs[2] if guess is not None else None
-        lease = (row or {}).get("lease") or {}
-        if row is not None and row.get("status") == CANCELLED and lease.get("owner") == claim.owner:
-            claim.cancelled = True
-            return CANCELLED, head, prefetched
-        if row is None or row.get("status") != RUNNING or lease.get("owner") != claim.owner:
-            claim.lost = True
-            log.warning("effect %s: lease lost before settle (now %s)", claim.effect_id, (row or {}).get("status"))
-            self._emit("effect_lease_lost", effect_id=claim.effect_id, key=claim.key)
-            return LEASE_LOST, head, prefetched
-        claim.row, claim.etag = _strip(row), str(row["_etag"])
-        return None, head, prefetched
 
     def _head_due(self, head: Doc, now: float) -> None:
         if head.get("running") is not None:

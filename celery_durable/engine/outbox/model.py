@@ -49,7 +49,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ...errors import LaneFull
+from ...errors import LaneFull, StoreUnavailable
 from ...settings import Settings
 from ...stores.base import Doc, Store, strip_reserved
 from ..model import Clock
@@ -78,6 +78,8 @@ __all__ = [
     "ScanReport",
     "Admitted",
     "LaneFull",
+    "ClaimUnknown",
+    "adopt_of",
     "lane_pk",
     "row_id",
     "index_pk",
@@ -168,6 +170,10 @@ class EffectRef:
     key: str
     effect_id: str
     type: str
+    #: the ids of the key's rows enqueued right after this one, if the sender knew them (a hint,
+    #: not part of the identity: the claim reads them with the head, so the first settles of its
+    #: drain need no read of their own)
+    after: tuple[str, ...] = field(default=(), compare=False)
 
 
 class EffectSender(Protocol):
@@ -236,10 +242,41 @@ class Claim:
     lost: bool = False
     #: the next row of the key, claimed for this worker in the same batch as this one's settle
     successor: Claim | None = field(default=None, repr=False)
+    #: rows after this one, read ahead with a head (by effect id, with their etags): the settles
+    #: of a drain claim them without reading first (the batch's etags guard a stale one)
+    ahead: dict[str, Doc] = field(default_factory=dict, repr=False)
+    #: settles of this drain still to read the head first (a blind one found it moved)
+    read_first: int = 0
 
     @property
     def ref(self) -> EffectRef:
         return EffectRef(self.key, self.effect_id, self.type)
+
+
+class ClaimUnknown(StoreUnavailable):
+    """A claim's batch raised a store error and reading it back failed too: the row may be
+    claimed by ``owner`` (attempt ``attempt``), a handler that never started. Whoever delivers the
+    row again passes them as ``claim(adopt=...)``: a claim that applied is then taken over (one
+    etag-guarded write: a duplicate of that delivery cannot take it as well) and run, instead of
+    waiting for its lease to expire (after which a process-bound effect would be failed unrun).
+    ``owners``: ``owner`` and, when the unknown write was itself a take-over, the owners it took
+    over from (the lease names one of them): the retry passes them all as ``adopt=(owners, attempt)``."""
+
+    def __init__(self, message: str, owner: str, attempt: int, earlier: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.owner = owner
+        self.attempt = attempt
+        self.owners: tuple[str, ...] = (owner, *earlier)
+
+
+def adopt_of(value: Any) -> tuple[tuple[str, ...], int] | None:
+    """An adopt header, ``[owner or [owners], attempt]``, as ``claim(adopt=...)`` takes it (None if malformed)."""
+    if not isinstance(value, list) or len(value) != 2 or not isinstance(value[1], int):
+        return None
+    owners = [value[0]] if isinstance(value[0], str) else value[0]
+    if not isinstance(owners, list) or not all(isinstance(o, str) for o in owners):
+        return None
+    return tuple(owners[:16]), value[1]
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,89 @@
+"""A claim whose answer was lost and whose read-back failed too (the store down for both): the
+delivery must not run the handler blind, and the retry of that delivery takes the claim over if
+it applied -- a process-bound effect runs once instead of being failed unrun when the lease
+expires; a duplicate of the retry cannot take it over as well."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from celery_durable.engine.outbox import RUNNING, SUCCEEDED, ClaimUnknown
+from celery_durable.errors import StoreUnavailable
+from celery_durable.outbox import ADOPT_HEADER
+from celery_durable.stores.memory import MemoryStore
+
+from .outbox_env import Glue, Retry
+
+
+def lose_claim_and_read_back(store: MemoryStore, apply: bool) -> None:
+    """The next claim batch applies (or not), then its answer is lost, and the read that follows
+    fails too."""
+    batch, read_many = store.batch, store.read_many
+    state = {"batch": False, "read": False}
+
+    def lost_batch(pk: str, ops: Any) -> Any:
+        if not state["batch"] and any((op.doc or {}).get("status") == RUNNING for op in ops):
+            state["batch"] = True
+            if apply:
+                batch(pk, ops)
+            raise StoreUnavailable("injected: the claim's answer was lost")
+        return batch(pk, ops)
+
+    def failing_read(pk: str, ids: Any) -> Any:
+        if state["batch"] and not state["read"]:
+            state["read"] = True
+            raise StoreUnavailable("injected: the read-back failed")
+        return read_many(pk, ids)
+
+    store.batch = lost_batch  # type: ignore[method-assign]
+    store.read_many = failing_read  # type: ignore[method-assign]
+
+
+@pytest.fixture
+def glue() -> Iterator[Glue]:
+    g = Glue()
+    yield g
+    g.close()
+
+
+@pytest.mark.parametrize("replay_safe", [False, True])
+@pytest.mark.parametrize("applied", [True, False])
+def test_the_retry_of_a_claim_with_an_unknown_outcome_runs_the_effect_once(
+    glue: Glue, replay_safe: bool, applied: bool
+) -> None:
+    ran: list[Any] = []
+    glue.durable.effect("lost.charge", replay_safe=replay_safe)(ran.append)
+    glue.outbox.enqueue("lost.charge", {"n": 1}, key="k", effect_id="c1")
+    (ref,) = glue.sender.take()
+    lose_claim_and_read_back(glue.store, apply=applied)
+    with pytest.raises(Retry):
+        glue.outbox.deliver(glue.task, ref.key, ref.effect_id)
+    assert ran == []  # never run blind
+    headers = dict(glue.task.retried_with.get("headers") or {})
+    glue.task.request.headers = headers
+    # the retry, and a duplicate of it (the broker may deliver a message twice)
+    assert glue.outbox.deliver(glue.task, ref.key, ref.effect_id) == SUCCEEDED
+    assert glue.outbox.deliver(glue.task, ref.key, ref.effect_id) == "settled"
+    info = glue.outbox.get("c1")
+    assert info is not None and (info.status, info.attempt, ran) == (SUCCEEDED, 1, [{"n": 1}])
+    assert headers[ADOPT_HEADER][1] == 1  # [owner, attempt] of the claim that may have applied
+
+
+def test_a_duplicate_of_the_retry_cannot_take_the_claim_over_while_the_first_runs(glue: Glue) -> None:
+    glue.durable.effect("lost.slow", replay_safe=False)(lambda payload: None)
+    glue.outbox.enqueue("lost.slow", None, key="k", effect_id="s1")
+    glue.sender.take()
+    core = glue.core
+    lose_claim_and_read_back(glue.store, apply=True)
+    with pytest.raises(ClaimUnknown) as caught:
+        core.claim("k", "s1")
+    adopt = (caught.value.owner, caught.value.attempt)
+    first = core.claim("k", "s1", adopt=adopt)
+    second = core.claim("k", "s1", adopt=adopt)
+    assert first.claim is not None and first.reason == "claimed"
+    assert second.claim is None and second.reason == "duplicate"
+    row = core.get("s1")
+    assert row is not None and row["lease"]["owner"] == first.claim.owner != adopt[0]
