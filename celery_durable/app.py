@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import threading
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from celery import Celery
@@ -16,7 +16,9 @@ from .engine.admin import Admin, ExecutionDetail, ExecutionPage, PurgeReport, St
 from .engine.checks import check_workflow_id
 from .engine.context import DurableFuture, current_context, require_context
 from .engine.core import Engine
+from .engine.model import TERMINAL
 from .engine.registry import Registry, WorkflowDef
+from .engine.search import start_fields
 from .errors import ConfigurationError
 from .extension import EXTENSION_ATTR, durable_of
 from .handle import WorkflowHandle
@@ -25,6 +27,8 @@ from .outbox import OUTBOX_SCAN_TASK, CeleryEffectSender, Outbox
 from .settings import Settings
 from .signals.receivers import forward_event, install
 from .stores import Store, store_from_url
+from .stores.notifiers import build_notifier
+from .stores.push import REDIS_SCHEMES
 from .tasks import FIRE_DUE_CLOCKS_TASK, RECOVER_TASK, START_SCHEDULED_TASK, CeleryDispatcher, register_tasks
 
 __all__ = ["Durable", "Workflow", "WorkflowOptions"]
@@ -75,20 +79,44 @@ class Workflow(Generic[P, R]):
     @overload
     def start(self, *args: P.args, **kwargs: P.kwargs) -> WorkflowHandle[R]: ...
     @overload
-    def start(self, *args: Any, _workflow_id: str | None, **kwargs: Any) -> WorkflowHandle[R]: ...
+    def start(
+        self, *args: Any, _workflow_id: str | None, _search: Any = None, _memo: Any = None, **kwargs: Any
+    ) -> WorkflowHandle[R]: ...
     def start(self, *args: Any, **kwargs: Any) -> WorkflowHandle[R]:
-        """Start (or join, when ``_workflow_id`` exists) an execution; validate in the caller."""
+        """Start (or join, when ``_workflow_id`` exists) an execution; validate in the caller.
+        ``_search``/``_memo``: its search attributes and memo (README "Search attributes and memo");
+        a joined execution keeps its own."""
         workflow_id = kwargs.pop("_workflow_id", None)
-        eid, _ = self._durable.engine.start(self.definition, args, kwargs, workflow_id=workflow_id)
+        search, memo = kwargs.pop("_search", None), kwargs.pop("_memo", None)
+        eid, _ = self._durable.engine.start(
+            self.definition, args, kwargs, workflow_id=workflow_id, search=search, memo=memo
+        )
         return WorkflowHandle(self._durable.engine, eid, self.definition)
 
-    def options(self, *, workflow_id: str | None = None) -> WorkflowOptions[P, R]:
+    def options(
+        self, *, workflow_id: str | None = None, search: dict[str, Any] | None = None, memo: Any = None
+    ) -> WorkflowOptions[P, R]:
         """This workflow with start options, its arguments type-checked:
-        ``fulfil.options(workflow_id=f"order-{o.id}").start(o)`` (same as ``_workflow_id=``)."""
-        return WorkflowOptions(self, None if workflow_id is None else check_workflow_id(workflow_id))
+        ``fulfil.options(workflow_id=f"order-{o.id}", search={"customer": o.customer}).start(o)``
+        (same as ``_workflow_id=``, ``_search=``, ``_memo=``). Checked here, before anything is stored."""
+        start_fields(search, memo)
+        return WorkflowOptions(
+            self, None if workflow_id is None else check_workflow_id(workflow_id), search=search, memo=memo
+        )
 
     def handle(self, workflow_id: str) -> WorkflowHandle[R]:
         return WorkflowHandle(self._durable.engine, workflow_id, self.definition)
+
+
+def _redis_url(app: Celery) -> str | None:
+    """The Celery result backend's URL, else the broker's, if it is Redis (result push)."""
+    for url in (app.conf.result_backend, app.conf.broker_url):
+        first = url[0] if isinstance(url, list | tuple) and url else url
+        if isinstance(first, str):
+            first = first.split(";", 1)[0].strip()  # a failover list: the first
+            if first.startswith(REDIS_SCHEMES):
+                return first
+    return None
 
 
 def _refuse_non_plain(fn: Callable[..., Any]) -> None:
@@ -107,17 +135,33 @@ def _refuse_non_plain(fn: Callable[..., Any]) -> None:
         )
 
 
+def _epoch(when: datetime | float | None) -> float | None:
+    """Epoch seconds of a datetime (naive means UTC) or a number."""
+    if isinstance(when, datetime):
+        return (when if when.tzinfo is not None else when.replace(tzinfo=UTC)).timestamp()
+    return None if when is None else float(when)
+
+
 class WorkflowOptions(Generic[P, R]):
     """A workflow with start options (``Workflow.options(...)``); ``start``/``start_child`` as there."""
 
-    def __init__(self, workflow: Workflow[P, R], workflow_id: str | None) -> None:
+    def __init__(
+        self, workflow: Workflow[P, R], workflow_id: str | None, search: dict[str, Any] | None = None, memo: Any = None
+    ) -> None:
         self.workflow = workflow
         self.workflow_id = workflow_id
+        self.search = search
+        self.memo = memo
 
     def start(self, *args: P.args, **kwargs: P.kwargs) -> WorkflowHandle[R]:
-        return self.workflow.start(*args, _workflow_id=self.workflow_id, **kwargs)
+        return self.workflow.start(*args, _workflow_id=self.workflow_id, _search=self.search, _memo=self.memo, **kwargs)
 
     def start_child(self, *args: P.args, **kwargs: P.kwargs) -> DurableFuture[R]:
+        if self.search or self.memo is not None:
+            raise ConfigurationError(
+                "search attributes and a memo are given at start to top-level executions only: "
+                "a child sets its own with wf.upsert_search"
+            )
         return self.workflow.start_child(*args, _workflow_id=self.workflow_id, **kwargs)
 
 
@@ -180,7 +224,9 @@ class Durable:
                     dispatcher = CeleryDispatcher(
                         self.app, float(settings.timer_fast_path_max), CeleryEffectSender(self.app, self.outbox.effects)
                     )
-                    engine = Engine(store, dispatcher, self.registry, settings)
+                    # handle.result() is woken by a push (stores/push.py): the store's own, else Redis
+                    notifier = build_notifier(settings.result_push, store, _redis_url(self.app), TERMINAL)
+                    engine = Engine(store, dispatcher, self.registry, settings, notifier=notifier)
                     engine.subscribe(forward_event)
                     self._engine = engine
                 engine = self._engine
@@ -327,9 +373,29 @@ class Durable:
         cursor: str | None = None,
         created_after: float | None = None,
         created_before: float | None = None,
+        search: dict[str, Any] | None = None,
     ) -> ExecutionPage:
         """One page of executions, newest first; pass ``page.cursor`` back for the next one."""
-        return self.admin.executions(workflow, status, created_after, created_before, limit, cursor)
+        return self.admin.executions(workflow, status, created_after, created_before, limit, cursor, search)
+
+    def list_executions(
+        self,
+        *,
+        workflow: str | None = None,
+        status: str | None = None,
+        started_after: datetime | float | None = None,
+        started_before: datetime | float | None = None,
+        search: dict[str, Any] | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> ExecutionPage:
+        """One page of executions, newest first, by workflow, status, start time (``started_after``
+        inclusive, ``started_before`` exclusive; a datetime or epoch seconds) and search attributes
+        (``{attr: value}``, AND-ed; README "Search attributes and memo"). Pass ``page.cursor`` back
+        for the next page; its cost grows with what matches, not with the store."""
+        return self.admin.executions(
+            workflow, status, _epoch(started_after), _epoch(started_before), limit, cursor, search
+        )
 
     def describe(self, workflow_id: str) -> ExecutionDetail:
         """An execution with its step timeline (malformed documents flagged, not raised)."""

@@ -25,6 +25,7 @@ from ..errors import (
 from ..observability import Counters, tracing_configured
 from ..stores.base import Doc, Store, strip_reserved
 from ..stores.offload import offloaded
+from ..stores.push import READY_TIMEOUT, NoPush, Notifier
 from .activity import ActivityRunner
 from .cache import PartitionCache
 from .checks import check_workflow_id
@@ -38,12 +39,16 @@ from .outbox import DUE_ADMIT, OutboxEngine, OutboxSettings
 from .outbox.runtime import EffectKeeper
 from .recovery import Recovery
 from .registry import Registry, WorkflowDef
+from .search import start_fields
 
 __all__ = ["Engine"]
 
 log = logging.getLogger("celery_durable.engine")
 
 Listener = Callable[..., None]
+
+#: the events of an execution's terminal commit: waiters are told (Notifier.publish)
+_ENDED = frozenset({"workflow_completed", "workflow_failed", "workflow_cancelled"})
 
 
 class Engine:
@@ -54,8 +59,11 @@ class Engine:
         registry: Registry | None = None,
         settings: Settings | None = None,
         clock: Clock | None = None,
+        notifier: Notifier | None = None,
     ) -> None:
         self.settings = settings or Settings()
+        #: wakes handle.result() when an execution ends (stores/push.py); polling without one
+        self.notifier: Notifier = notifier or NoPush()
         # documents past the item limit go to chunk documents, up to durable_max_payload
         store = offloaded(store, self.settings.max_payload)
         if tracing_configured():  # every store call becomes a span (with Cosmos' request charge)
@@ -85,6 +93,7 @@ class Engine:
         self._listeners: list[Listener] = []
         self.counters = Counters()
         self._listeners.append(self.counters.on_event)
+        self._listeners.append(self._publish_end)
         #: who this engine is when it holds an exec lease (per process; the simulation gives
         #: each simulated worker its own)
         self.identity: Callable[[], str] = worker_identity
@@ -93,6 +102,11 @@ class Engine:
 
     def subscribe(self, listener: Listener) -> None:
         self._listeners.append(listener)
+
+    def _publish_end(self, event: str, **kwargs: Any) -> None:
+        # emitted after the commit that ended the execution (driver: _after_commit, fail_corrupt)
+        if event in _ENDED:
+            self.notifier.publish(str(kwargs["execution_id"]))
 
     def emit(self, event: str, **kwargs: Any) -> None:
         for listener in self._listeners:
@@ -110,16 +124,21 @@ class Engine:
         kwargs: dict[str, Any],
         workflow_id: str | None = None,
         parent: dict[str, Any] | None = None,
+        search: dict[str, Any] | None = None,
+        memo: Any = None,
     ) -> tuple[str, bool]:
         """Create the execution (idempotent by id) and send its first drive.
 
         The id and the payload are validated here, in the caller, before anything is stored or
         sent (:class:`InvalidWorkflowId`, see :func:`check_workflow_id`); ``None`` draws a random id.
         Returns ``(execution_id, created)``; ``created`` is False when the id existed (joined).
+        ``search`` (indexed attributes) and ``memo`` (any JSON) are checked here too
+        (:class:`InvalidSearchAttribute`; engine/search.py) and stored in the exec document.
         """
         eid = uuid.uuid4().hex if workflow_id is None else check_workflow_id(workflow_id)
+        extra = start_fields(search, memo)
         payload = workflow.codec.encode_args(args, kwargs)
-        if not self.create_execution(workflow.name, payload, eid, parent):
+        if not self.create_execution(workflow.name, payload, eid, parent, **extra):
             existing = self.store.read(eid, EXEC_ID)
             if existing is not None and existing.get("workflow") != workflow.name:
                 raise ConfigurationError(
@@ -128,8 +147,11 @@ class Engine:
             return eid, False
         return eid, True
 
-    def create_execution(self, workflow: str, payload: dict[str, Any], eid: str, parent: dict[str, Any] | None) -> bool:
-        """Create-only: False when ``eid`` exists. Sends the first drive when created."""
+    def create_execution(
+        self, workflow: str, payload: dict[str, Any], eid: str, parent: dict[str, Any] | None, **fields: Any
+    ) -> bool:
+        """Create-only: False when ``eid`` exists. Sends the first drive when created. ``fields``
+        join the exec document (``search``, ``memo``)."""
         now = self.clock.now()
         definition = self.registry.workflow(workflow)
         # if the first drive message is lost, recovery drives it after drive_timeout
@@ -142,6 +164,7 @@ class Engine:
             now,
             due_kind=DUE_EXEC,
             due_at=now + self.settings.drive_timeout,
+            **fields,
         )
         if self.store.create(doc) is None:
             return False
@@ -155,22 +178,37 @@ class Engine:
             raise UnknownWorkflowError(f"no execution with id {execution_id!r}")
         return doc
 
-    def wait(self, execution_id: str, timeout: float | None = None, max_poll: float = 0.05) -> Doc:
+    def wait(self, execution_id: str, timeout: float | None = None, max_poll: float | None = None) -> Doc:
         """Block until the execution ends; return its exec document.
 
-        Polls with a point read every 5% of the time waited so far (1 ms to ``max_poll``):
-        a short workflow is seen finished within a few ms, a long one costs ~20 reads/s at most.
+        Subscribed to the notifier *before* the first read, so an end committed after any read
+        wakes the next wait (no lost wake-up); a notification is only a hint: the store is read
+        again each time. With a live push the store is re-read every ``result_push_recheck`` s
+        at least; without one (or once it failed) it is polled every 5% of the time waited so
+        far (1 ms to ``max_poll``, default ``result_poll_max``): a short workflow is seen
+        finished within a few ms, a long one costs ~20 reads/s at most.
         """
+        poll_max = self.settings.result_poll_max if max_poll is None else max_poll
         started = time.monotonic()
         deadline = None if timeout is None else started + timeout
-        while True:
-            doc = self.read_exec(execution_id)
-            if doc.get("status") in TERMINAL:
-                return doc
-            if deadline is not None and time.monotonic() >= deadline:
-                raise DurableTimeoutError(f"execution {execution_id!r} still {doc.get('status')} after {timeout}s")
-            delay = min(max_poll, max(0.001, 0.05 * (time.monotonic() - started)))
-            time.sleep(delay if deadline is None else max(0.0, min(delay, deadline - time.monotonic())))
+        # a listener that is starting is waited for no longer than the caller's own timeout
+        ready = READY_TIMEOUT if timeout is None else min(READY_TIMEOUT, timeout)
+        waiter = self.notifier.subscribe(execution_id, ready)
+        try:
+            while True:
+                doc = self.read_exec(execution_id)
+                if doc.get("status") in TERMINAL:
+                    return doc
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    raise DurableTimeoutError(f"execution {execution_id!r} still {doc.get('status')} after {timeout}s")
+                if waiter.live:
+                    delay = self.settings.result_push_recheck
+                else:
+                    delay = min(poll_max, max(0.001, 0.05 * (now - started)))
+                waiter.wait(delay if deadline is None else max(0.0, min(delay, deadline - now)))
+        finally:
+            waiter.close()
 
     def cancel(self, execution_id: str) -> bool:
         """Persist a cancel request (never downgraded) and wake the execution.
@@ -194,8 +232,10 @@ class Engine:
         raise DurableError(f"could not record the cancel request of {execution_id!r}: too much contention")
 
     def shutdown(self, release: bool = True) -> None:
-        """Stop the heartbeat; with ``release`` give back the activity leases this process holds."""
+        """Stop the heartbeat (and the result push listener); with ``release`` give back the
+        activity leases this process holds."""
         self.leases.stop(release=release)
+        self.notifier.close()
 
     def drive(self, execution_id: str) -> str:
         return self.driver.drive(execution_id)

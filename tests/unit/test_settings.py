@@ -26,6 +26,8 @@ def _changed(f_name: str, value: object) -> object:
         return value * 2 if f_name != "heartbeat_interval" else value / 2
     if isinstance(value, dict):
         return {"x": 1}
+    if f_name == "result_push":
+        return "off"
     return "memory://"
 
 

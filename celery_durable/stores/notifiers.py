@@ -1,0 +1,46 @@
+"""Which result push a process uses (``durable_result_push``; the seam is :mod:`.push`)."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from .base import Store
+from .push import REDIS_SCHEMES, NoPush, Notifier
+
+__all__ = ["build_notifier"]
+
+
+def _find(store: Store, attr: str) -> object | None:
+    """The store (or the store a wrapper holds, ``.inner``) that has ``attr``."""
+    found: object | None = store
+    for _ in range(5):
+        if found is None:
+            return None
+        if hasattr(found, attr):
+            return found
+        found = getattr(found, "inner", None)
+    return None
+
+
+def build_notifier(mode: str, store: Store, redis_url: str | None, statuses: Collection[str]) -> Notifier:
+    """The notifier ``durable_result_push`` asks for (see Settings).
+
+    ``auto``: a PostgreSQL store's LISTEN/NOTIFY (the NOTIFY rides in the commit's transaction),
+    else Redis pub/sub at ``redis_url`` (the Celery broker or result backend, if Redis), else
+    polling. ``off``: polling. A ``redis://`` URL: Redis pub/sub there. ``statuses``: the exec
+    statuses whose write notifies (the terminal ones).
+    """
+    if mode == "off":
+        return NoPush()
+    if mode.startswith(REDIS_SCHEMES):
+        redis_url = mode
+    else:
+        pg = _find(store, "enable_push")
+        if pg is not None:
+            notifier: Notifier = pg.enable_push(frozenset(statuses))  # type: ignore[attr-defined]
+            return notifier
+    if redis_url:
+        from ._redis_push import RedisNotifier
+
+        return RedisNotifier(redis_url)
+    return NoPush()
