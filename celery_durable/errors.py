@@ -22,6 +22,7 @@ __all__ = [
     "PayloadValidationError",
     "UnknownWorkflowError",
     "InvalidWorkflowId",
+    "InvalidSearchAttribute",
     "NonDeterminismError",
     "WorkflowFailedError",
     "WorkflowCancelledError",
@@ -106,6 +107,13 @@ class PayloadValidationError(DurableError, ValueError):
 
     Raised in the caller (``start()``, ``signal()``, ``enqueue()``) before anything is stored.
     """
+
+
+class InvalidSearchAttribute(DurableError, ValueError):
+    """A search attribute (``start(..., _search=)``, ``wf.upsert_search``, a listing filter) or a
+    memo cannot be used: a key that is not an identifier of at most 64 characters, a value that is
+    not a string (at most 256 characters), a safe integer, a finite float, a bool or a list of
+    strings, or a memo over its size limit. Raised in the caller before anything is stored."""
 
 
 class InvalidWorkflowId(DurableError, ValueError):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from .engine.admin import Admin
@@ -38,6 +38,9 @@ class ExecutionInfo:
     custom_status: Any = None
     #: the parent execution's id, for a child workflow
     parent_id: str | None = None
+    #: its search attributes (``_search=`` at start, ``wf.upsert_search``) and memo (``_memo=``)
+    search: dict[str, Any] = field(default_factory=dict)
+    memo: Any = None
 
     @property
     def done(self) -> bool:
@@ -71,6 +74,8 @@ class WorkflowHandle(Generic[R]):
             updated_at=float(doc.get("updated_at") or 0),
             custom_status=doc.get("custom_status"),
             parent_id=str(parent["pk"]) if isinstance(parent := doc.get("parent"), dict) and parent.get("pk") else None,
+            search=dict(search) if isinstance(search := doc.get("search"), dict) else {},
+            memo=doc.get("memo"),
         )
 
     def query(self, name: str, *args: Any) -> Any:

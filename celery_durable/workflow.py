@@ -14,7 +14,7 @@ from types import TracebackType
 from typing import Any, Literal, TypeVar, overload
 
 from .codecs import ValueCodec
-from .engine import channels, versioning
+from .engine import channels, search, versioning
 from .engine.context import ContinueAsNew, DurableFuture, in_workflow, require_context
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "set_query_handler",
     "query",
     "set_status",
+    "upsert_search",
     "patched",
     "deprecate_patch",
 ]
@@ -214,6 +215,15 @@ def set_status(value: Any) -> None:
     ctx.refuse_in_query("wf.set_status()")
     ctx.custom_status = ValueCodec(Any).encode(value, "custom status")
     ctx.status_set = True
+
+
+def upsert_search(**attrs: Any) -> None:
+    """Set (or, with ``None``, remove) this execution's search attributes, listed by
+    ``durable.list_executions(search=...)`` and ``celery durable list --search``. Values: str,
+    int, float, bool or a list of str (README "Search attributes and memo"); a bad one raises
+    :class:`InvalidSearchAttribute` here. Recorded with the drive's commit when they change; a
+    replay recomputes them, so they always match the history."""
+    search.upsert(require_context("durable.upsert_search()"), attrs)
 
 
 def patched(change_id: str) -> bool:

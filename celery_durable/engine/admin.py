@@ -11,12 +11,13 @@ partition cache notices and reads the partition afresh (see :func:`.cache.bump_g
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConflictError, CorruptDocument, DurableError, UnknownWorkflowError
 from ..stores.base import Doc, ExecFilter, Op, strip_reserved
+from ..stores.search import check_filter
 from .cache import bump_generation
 from .dispatcher import ActivityRequest, ClockRequest
 from .model import lease_live
@@ -140,11 +141,14 @@ class Admin:
         created_before: float | None = None,
         limit: int = 100,
         cursor: str | None = None,
+        search: Mapping[str, Any] | None = None,
     ) -> ExecutionPage:
-        """One page of executions, newest first (one store query per page)."""
+        """One page of executions, newest first (one store query per page). ``search``:
+        ``{attr: value}`` AND-ed, a keyword list matching when it holds the value; its cost grows
+        with the executions holding the first attribute's value (stores/search.py)."""
         if status is not None and status not in STATUSES:
             raise OperationRefused(f"unknown status {status!r} (one of {', '.join(STATUSES)})")
-        flt = ExecFilter(workflow, status, created_after, created_before)
+        flt = ExecFilter(workflow, status, created_after, created_before, check_filter(search) or None)
         page = self.engine.store.list_execs(flt, limit, cursor)
         return ExecutionPage(tuple(summary_of(d) for d in page.docs), page.cursor)
 

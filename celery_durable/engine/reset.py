@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from ..stores.base import Doc
 from .schema import EXEC_ID, DocType, Status, marker_id, operation_id
+from .search import run_start as search_run_start
 from .timeline import _int
 
 __all__ = ["plan_reset", "reset_by"]
@@ -97,3 +98,6 @@ def plan_reset(
     )
     # ``resets`` makes the ids of what the re-run sends again new (wf.signal_external's signal id)
     rewrite.fields.update(steps=step - 1, operations=n, resets=_int(ex.get("resets")) + 1, parent_notified=None)
+    started_with = search_run_start(ex)  # the re-run's replay upserts again from what the run started with
+    if started_with is not None:
+        rewrite.fields["search"] = started_with

@@ -8,7 +8,9 @@ documents, so stored data does not change. See ``docs/architecture.md`` for the 
 Partition = execution id. In it:
 
 * ``exec`` — the execution: workflow, payload, status, result/error, cancel flag, lease, and the
-  ``custom_status`` its code last set (``wf.set_status``), written by a drive when it changed.
+  ``custom_status`` its code last set (``wf.set_status``), written by a drive when it changed;
+  ``search`` (indexed attributes: start, ``wf.upsert_search``; ``search_run``: what the run started
+  with, for a reset) and ``memo`` (engine/search.py).
 * ``s:000001`` — the *marker* of step 1 of run 0 (``s2:000001`` in run 2): what the step is.
 * ``r:000001`` — the step's *outcome*, create-only (first writer wins).
 * ``w:000004`` — the decision of the signal wait at step 4 (``w2:000004`` in run 2): the value it

@@ -46,6 +46,9 @@ class ExecutionSummary:
     last_error: str | None = None
     parent: str | None = None
     corrupt: str | None = None
+    #: its search attributes (``start(..., _search=)``, ``wf.upsert_search``) and memo (``_memo=``)
+    search: dict[str, Any] | None = None
+    memo: Any = None
 
 
 @dataclass(frozen=True)
@@ -162,6 +165,8 @@ def summary_of(doc: Doc) -> ExecutionSummary:
         last_error=_err_text(doc.get("last_error")),
         parent=_str(parent.get("pk")) if isinstance(parent, dict) else None,
         corrupt="; ".join(problems) or None,
+        search=dict(search) if isinstance(search := doc.get("search"), dict) and search else None,
+        memo=doc.get("memo"),
     )
 
 

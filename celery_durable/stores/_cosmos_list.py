@@ -44,10 +44,14 @@ class CosmosListing:
         def _call(self, what: str, fn: Callable[[], T], *, idempotent: bool, doc: Doc | None = None) -> T: ...
         @staticmethod
         def _out(raw: Doc) -> Doc: ...
+        def _list_by_search(self, flt: ExecFilter, limit: int, cursor: str | None) -> ExecPage: ...
 
     def list_execs(self, flt: ExecFilter | None = None, limit: int = 100, cursor: str | None = None) -> ExecPage:
         check_page_size(limit)
-        sql, params = exec_query(flt or ExecFilter())
+        flt = flt or ExecFilter()
+        if flt.search:  # the search index (_cosmos_search.py): cost grows with the value's executions
+            return self._list_by_search(flt, limit, cursor)
+        sql, params = exec_query(flt)
         c = self._container()
 
         def fetch() -> tuple[list[Doc], str | None]:

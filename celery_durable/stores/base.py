@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..errors import ConfigurationError, DocumentTooLarge
+from .search import search_matches
 
 __all__ = [
     "Doc",
@@ -145,13 +146,16 @@ class PartitionRead:
 class ExecFilter:
     """What :meth:`Store.list_execs` selects; every field ``None`` means "any".
 
-    ``created_after`` is inclusive, ``created_before`` exclusive (epoch seconds).
+    ``created_after`` is inclusive, ``created_before`` exclusive (epoch seconds). ``search``:
+    ``{attr: value}`` on the exec document's ``search`` attributes, AND-ed (rules and matching:
+    :mod:`.search`).
     """
 
     workflow: str | None = None
     status: str | None = None
     created_after: float | None = None
     created_before: float | None = None
+    search: dict[str, Any] | None = None
 
 
 @dataclass
@@ -181,6 +185,7 @@ def exec_matches(doc: Doc, flt: ExecFilter) -> bool:
         and (flt.status is None or doc.get("status") == flt.status)
         and (flt.created_after is None or when >= flt.created_after)
         and (flt.created_before is None or when < flt.created_before)
+        and search_matches(doc.get("search"), flt.search)
     )
 
 
@@ -348,6 +353,11 @@ class Store(ABC):
         ``created_at``; Cosmos: a cross-partition query with a continuation token), never one read
         per execution. ``limit`` is 1..:data:`MAX_PAGE_SIZE`; a page may hold fewer documents than
         ``limit`` and still have a ``cursor``. Documents written while paging may or may not show.
+
+        With ``flt.search`` the cost grows with the executions holding the first filter attribute's
+        value, never with the others: every backend indexes the exec documents' ``search`` (SQLite:
+        an index table written in the exec's transaction; PostgreSQL: a GIN-indexed column; Cosmos:
+        an index partition per attribute value, verified against the exec on read).
         """
         raise NotImplementedError
 

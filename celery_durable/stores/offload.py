@@ -63,7 +63,9 @@ CHUNK_PREFIX = "~chunk~"
 MANIFEST_KEY = "~offload"
 _ETAG_MARK = "~c:"
 #: fields that always stay on the main document: the backends' scans and listings filter on them
-_PINNED = frozenset({"pk", "id", "type", "status", "workflow", "created_at", "due_kind", "due_at", MANIFEST_KEY})
+_PINNED = frozenset(
+    {"pk", "id", "type", "status", "workflow", "created_at", "due_kind", "due_at", "search", MANIFEST_KEY}
+)
 #: what the main document of an offloaded one keeps at most (its small fields)
 _SLIM_BYTES = 64 * 1024
 #: chunk reads retried after a concurrent replace deleted the chunks of the version read

@@ -10,7 +10,8 @@ collation (byte order, as every other backend sorts). The body is ``TEXT``, not 
 keeps the compact JSON exactly as written and measured by the 2 MB item limit (JSONB reorders
 keys, drops duplicate ones and refuses ``\\u0000`` in strings, which JSON and the other backends
 allow), and nothing queries inside the body: the fields scans and listings filter on are columns
-(``due_kind``/``due_at``; for exec documents ``created``/``workflow``/``status``), each behind a
+(``due_kind``/``due_at``; for exec documents ``created``/``workflow``/``status``, and ``search``,
+a JSONB ``{attr: [values]}`` behind a GIN index for ``list_execs(search=...)``), each behind a
 partial index so :meth:`PostgresStore.scan_due` and :meth:`PostgresStore.list_execs` cost what
 they return, not what is stored.
 
@@ -42,6 +43,7 @@ opens its own.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -50,6 +52,7 @@ import psycopg
 
 from ..errors import ConfigurationError, ConflictError
 from ._postgres_conn import PgConfig, Pool, parse_url
+from ._postgres_push import PgNotifier, channel_of
 from ._sql import decode_row as _decode
 from ._sql import due_columns, exec_page
 from ._sql import parse_etag as _parse_etag
@@ -69,6 +72,8 @@ from .base import (
     decode_keyset,
     sent_size,
 )
+from .push import payload_of
+from .search import search_terms, term_of
 
 __all__ = ["PostgresStore", "from_url"]
 
@@ -77,11 +82,11 @@ _SLOTS = 128
 #: the current transaction's first version (assigns it an id if it has none yet)
 _XV = f"(pg_current_xact_id()::text::bigint * {_SLOTS})"
 #: columns written from a document, after pk and id
-_COLS = "body, version, due_kind, due_at, created, workflow, status"
-_SET = "body = %s, version = {v}, due_kind = %s, due_at = %s, created = %s, workflow = %s, status = %s"
+_COLS = "body, version, due_kind, due_at, created, workflow, status, search"
+_SET = "body = %s, version = {v}, due_kind = %s, due_at = %s, created = %s, workflow = %s, status = %s, search = %s"
 _EXCLUDED = ", ".join(f"{c} = excluded.{c}" for c in _COLS.split(", "))
 
-Row = tuple[str, str | None, float | None, float | None, str | None, str | None]
+Row = tuple[str, str | None, float | None, float | None, str | None, str | None, str | None]
 
 
 def _prepare(doc: Doc, limit: int) -> Row:
@@ -89,7 +94,7 @@ def _prepare(doc: Doc, limit: int) -> Row:
     body = check_doc(doc, limit)
     kind, at = due_columns(doc)
     if doc["id"] != "exec":
-        return body, kind, at, None, None, None
+        return body, kind, at, None, None, None, None
     workflow, status = doc.get("workflow"), doc.get("status")
     return (
         body,
@@ -98,7 +103,18 @@ def _prepare(doc: Doc, limit: int) -> Row:
         created_key(doc),
         workflow if isinstance(workflow, str) else None,  # list_execs compares with a string
         status if isinstance(status, str) else None,
+        _search_column(doc.get("search")),
     )
+
+
+def _search_column(search: Any) -> str | None:
+    """The ``search`` column of an exec row: ``{attr: [values]}`` as JSON (numbers as floats), the
+    GIN index answering ``search @> '{"attr": [value]}'`` (stores/search.py)."""
+    values: dict[str, list[Any]] = {}
+    for attr, _, value in search_terms(search):
+        if not (isinstance(value, str) and "\x00" in value):  # JSONB refuses NUL; never valid anyway
+            values.setdefault(attr, []).append(term_of(value)[1])
+    return json.dumps(values, separators=(",", ":")) if values else None
 
 
 def _schema_sql(cfg: PgConfig) -> list[str]:
@@ -115,8 +131,13 @@ def _schema_sql(cfg: PgConfig) -> list[str]:
             created double precision,
             workflow text COLLATE "C",
             status text COLLATE "C",
+            search jsonb,
             PRIMARY KEY (pk, id)
         )""",
+        f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS search jsonb",  # tables of before search attributes
+        # list_execs(search=...): the exec rows holding a value, whatever the history
+        f'CREATE INDEX IF NOT EXISTS "{cfg.table}_search" ON {t} USING gin (search jsonb_path_ops)'
+        " WHERE id = 'exec' AND search IS NOT NULL",
         # scan_due reads only due rows, in order, from the index
         f'CREATE INDEX IF NOT EXISTS "{cfg.table}_due" ON {t} (due_kind, due_at, pk, id) WHERE due_kind IS NOT NULL',
         # exec rows only, in listing order: list_execs reads one page of the index
@@ -133,12 +154,34 @@ class PostgresStore(Store):
         self._schema_ready = False
         self._t = t = f'"{cfg.table}"' if cfg.schema is None else f'"{cfg.schema}"."{cfg.table}"'
         self._sql_read = f"SELECT body, version FROM {t} WHERE pk = %s AND id = %s"
-        self._sql_insert = f"INSERT INTO {t} (pk, id, {_COLS}) VALUES (%s, %s, %s, {{v}}, %s, %s, %s, %s, %s)"
+        self._sql_insert = f"INSERT INTO {t} (pk, id, {_COLS}) VALUES (%s, %s, %s, {{v}}, %s, %s, %s, %s, %s, %s)"
         self._sql_upsert = self._sql_insert + f" ON CONFLICT (pk, id) DO UPDATE SET {_EXCLUDED}"
         self._sql_update = f"UPDATE {t} SET {_SET} WHERE pk = %s AND id = %s"
+        #: exec statuses whose write sends NOTIFY in its transaction (enable_push; _postgres_push.py)
+        self._push: frozenset[str] = frozenset()
+        self._notifier: PgNotifier | None = None
 
     def __repr__(self) -> str:
         return f"PostgresStore({self.cfg.display!r})"
+
+    def enable_push(self, statuses: frozenset[str]) -> PgNotifier:
+        """Send NOTIFY with every write of an exec in ``statuses``; the LISTEN side (stores/push.py)."""
+        self._push = statuses
+        if self._notifier is None:
+            self._notifier = PgNotifier(self.cfg)
+        return self._notifier
+
+    def _notifies(self, doc: Doc | None) -> bool:
+        return bool(self._push) and doc is not None and doc["id"] == "exec" and doc.get("status") in self._push
+
+    def _with_notify(self, doc: Doc, sql: str, params: tuple[Any, ...]) -> tuple[str, tuple[Any, ...]]:
+        """``sql`` (``… RETURNING version``), NOTIFYing in its transaction if it writes a row."""
+        if not self._notifies(doc):
+            return sql, params
+        return f"WITH w AS ({sql}) SELECT version, pg_notify(%s, %s) FROM w", (*params, *self._note(doc["pk"]))
+
+    def _note(self, pk: str) -> tuple[str, str]:
+        return channel_of(self.cfg), payload_of(pk)
 
     # connections ------------------------------------------------------------------------
 
@@ -152,11 +195,12 @@ class PostgresStore(Store):
     def _init_schema(self, conn: psycopg.Connection[Any]) -> None:
         cfg = self.cfg
         names = [
-            f"{cfg.schema}.{n}" if cfg.schema else n for n in (cfg.table, f"{cfg.table}_due", f"{cfg.table}_execs")
+            f"{cfg.schema}.{n}" if cfg.schema else n
+            for n in (cfg.table, f"{cfg.table}_due", f"{cfg.table}_execs", f"{cfg.table}_search")
         ]
         # the objects may exist already, created by someone allowed to (CREATE … IF NOT EXISTS
         # checks the right to create before it looks)
-        row = conn.execute("SELECT to_regclass(%s), to_regclass(%s), to_regclass(%s)", names).fetchone()
+        row = conn.execute(f"SELECT {', '.join(['to_regclass(%s)'] * len(names))}", names).fetchone()
         if row is None or any(r is None for r in row):
             with conn.transaction():
                 # CREATE … IF NOT EXISTS is not safe against a concurrent identical CREATE
@@ -193,7 +237,7 @@ class PostgresStore(Store):
         body, *cols = _prepare(doc, self.max_doc_bytes)
         sql = self._sql_insert.format(v=_XV) + " ON CONFLICT (pk, id) DO NOTHING RETURNING version"
         with self._conn() as conn:
-            row = conn.execute(sql, (doc["pk"], doc["id"], body, *cols)).fetchone()
+            row = conn.execute(*self._with_notify(doc, sql, (doc["pk"], doc["id"], body, *cols))).fetchone()
         return None if row is None else str(row[0])  # None: the first writer won
 
     def replace(self, doc: Doc, if_match: str | None) -> str:
@@ -203,7 +247,7 @@ class PostgresStore(Store):
         params = (body, *cols, doc["pk"], doc["id"], *(() if expected is None else (expected,)))
         with self._conn() as conn:
             # the etag check and the write in one statement: of racing replaces one matches
-            row = conn.execute(sql, params).fetchone()
+            row = conn.execute(*self._with_notify(doc, sql, params)).fetchone()
             if row is None:
                 exists = conn.execute(self._sql_read, (doc["pk"], doc["id"])).fetchone() is not None
         if row is None:
@@ -213,9 +257,8 @@ class PostgresStore(Store):
     def upsert(self, doc: Doc) -> str:
         body, *cols = _prepare(doc, self.max_doc_bytes)
         with self._conn() as conn:
-            row = conn.execute(
-                self._sql_upsert.format(v=_XV) + " RETURNING version", (doc["pk"], doc["id"], body, *cols)
-            ).fetchone()
+            sql = self._sql_upsert.format(v=_XV) + " RETURNING version"
+            row = conn.execute(*self._with_notify(doc, sql, (doc["pk"], doc["id"], body, *cols))).fetchone()
         assert row is not None
         return str(row[0])
 
@@ -305,6 +348,8 @@ class PostgresStore(Store):
                     conn.execute(self._sql_upsert.format(v="%s"), (pk, op.doc_id, body, base + i, *cols))
                 else:
                     conn.execute(self._sql_update.format(v="%s"), (body, base + i, *cols, pk, op.doc_id))
+            if any(self._notifies(op.doc) for op in ops):  # delivered at COMMIT, never before the data
+                conn.execute("SELECT pg_notify(%s, %s)", self._note(pk))
             conn.execute("COMMIT")
         return [None if op.kind == "delete" else str(base + i) for i, op in enumerate(ops)]
 
@@ -347,7 +392,12 @@ class PostgresStore(Store):
 
     def list_execs(self, flt: ExecFilter | None = None, limit: int = 100, cursor: str | None = None) -> ExecPage:
         check_page_size(limit)
-        flt = flt or ExecFilter()
+        sql, params = self._list_sql(flt or ExecFilter(), limit, cursor)
+        with self._conn() as conn:
+            rows = conn.execute(sql, params).fetchall()
+        return exec_page(rows, limit)
+
+    def _list_sql(self, flt: ExecFilter, limit: int, cursor: str | None) -> tuple[str, list[Any]]:
         sql = f"SELECT pk, body, version, created FROM {self._t} WHERE id = 'exec'"
         params: list[Any] = []
         for column, value in (("workflow", flt.workflow), ("status", flt.status)):
@@ -360,14 +410,17 @@ class PostgresStore(Store):
         if flt.created_before is not None:
             sql += " AND created < %s"
             params.append(float(flt.created_before))
+        for attr, value in (flt.search or {}).items():
+            sql += " AND search IS NOT NULL AND search @> %s::jsonb"
+            params.append(json.dumps({attr: [term_of(value)[1]]}, separators=(",", ":")))
         if cursor is not None:
             sql += " AND (created, pk) < (%s, %s)"
             params += list(decode_keyset(cursor))
-        sql += " ORDER BY created DESC, pk DESC LIMIT %s"
+        # with a search filter, order by expressions the listing index cannot serve: the planner then
+        # reads the GIN index (the value's executions) rather than walk every execution in order
+        sql += " ORDER BY created + 0 DESC, pk || '' DESC" if flt.search else " ORDER BY created DESC, pk DESC"
         params.append(limit + 1)
-        with self._conn() as conn:
-            rows = conn.execute(sql, params).fetchall()
-        return exec_page(rows, limit)
+        return sql + " LIMIT %s", params
 
 
 def from_url(url: str, **options: Any) -> PostgresStore:

@@ -36,6 +36,7 @@ from ._sql import due_columns, exec_page
 from ._sql import parse_etag as _parse_etag
 from ._sql import prefix_upper as _prefix_upper
 from ._sqlite_files import DEFAULT_FILE_MODE, check_file_mode, create_file
+from ._sqlite_search import SEARCH_SCHEMA, index_search, search_query
 from .base import (
     Doc,
     DueRef,
@@ -62,7 +63,7 @@ WAIT_FIRST = 100e-6
 WAIT_MAX = 2e-3
 #: ids per ``IN (...)`` of read_many (SQLite before 3.32 allows 999 parameters a statement)
 _IN_CHUNK = 500
-SCHEMA_VERSION = 2  # 2: the docs_execs index (list_execs); a version-1 file is upgraded on open
+SCHEMA_VERSION = 3  # 2: the docs_execs index (list_execs); 3: search_idx; older files are upgraded on open
 
 #: An exec row's listing key: its numeric created_at, else 0. Guarded by json_valid so a corrupt
 #: body is listed (and flagged) rather than failing the whole query; must match docs_execs exactly.
@@ -86,6 +87,8 @@ _SCHEMA = (
         WHERE due_kind IS NOT NULL""",
     # exec rows only, in listing order: list_execs reads one page of the index, whatever the history
     f"CREATE INDEX IF NOT EXISTS docs_execs ON docs ({_CREATED}, pk) WHERE id = 'exec'",
+    # the exec documents' search attributes (stores/_sqlite_search.py), written with the exec
+    *SEARCH_SCHEMA,
     "CREATE TABLE IF NOT EXISTS meta (k INTEGER PRIMARY KEY CHECK (k = 0), seq INTEGER NOT NULL)",
     "INSERT OR IGNORE INTO meta (k, seq) VALUES (0, 0)",
     f"PRAGMA user_version = {SCHEMA_VERSION}",
@@ -341,6 +344,7 @@ class SqliteStore(Store):
             if cur.rowcount == 0:
                 return None  # first writer won; the empty transaction just commits
             version = self._allocate(conn)
+            index_search(conn, doc)
         return str(version)
 
     def replace(self, doc: Doc, if_match: str | None) -> str:
@@ -357,6 +361,7 @@ class SqliteStore(Store):
             if cur.rowcount != 1:
                 exists = self._version(conn, doc["pk"], doc["id"]) is not None
                 raise ConflictError(f"{doc['id']!r} " + ("changed since it was read" if exists else "does not exist"))
+            index_search(conn, doc)
         return str(version)
 
     def upsert(self, doc: Doc) -> str:
@@ -369,6 +374,7 @@ class SqliteStore(Store):
                 " due_kind = excluded.due_kind, due_at = excluded.due_at",
                 (doc["pk"], doc["id"], body, version, kind, at),
             )
+            index_search(conn, doc)
         return str(version)
 
     def delete(self, pk: str, doc_id: str, if_match: str | None = None) -> bool:
@@ -380,6 +386,8 @@ class SqliteStore(Store):
             if expected is not None and current != expected:
                 raise ConflictError(f"{doc_id!r} changed since it was read")
             conn.execute("DELETE FROM docs WHERE pk = ? AND id = ?", (pk, doc_id))
+            if doc_id == "exec":
+                conn.execute("DELETE FROM search_idx WHERE pk = ?", (pk,))
         return True
 
     @staticmethod
@@ -445,6 +453,8 @@ class SqliteStore(Store):
             for op, prep in zip(ops, prepared, strict=True):
                 if op.kind == "delete":
                     conn.execute("DELETE FROM docs WHERE pk = ? AND id = ?", (pk, op.doc_id))
+                    if op.doc_id == "exec":
+                        conn.execute("DELETE FROM search_idx WHERE pk = ?", (pk,))
                     out.append(None)
                     continue
                 assert op.doc is not None and prep is not None
@@ -455,6 +465,7 @@ class SqliteStore(Store):
                     " due_kind = excluded.due_kind, due_at = excluded.due_at",
                     (pk, op.doc_id, body, version, kind, at),
                 )
+                index_search(conn, op.doc)
                 out.append(str(version))
                 version += 1
         return out
@@ -486,6 +497,8 @@ class SqliteStore(Store):
     def list_execs(self, flt: ExecFilter | None = None, limit: int = 100, cursor: str | None = None) -> ExecPage:
         check_page_size(limit)
         flt = flt or ExecFilter()
+        if flt.search:
+            return self._list_by_search(flt, limit, cursor)
         sql = f"SELECT pk, body, version, {_CREATED} FROM docs INDEXED BY docs_execs WHERE id = 'exec'"
         params: list[Any] = []
         for field_name, value in (("workflow", flt.workflow), ("status", flt.status)):
@@ -503,6 +516,12 @@ class SqliteStore(Store):
             params += list(decode_keyset(cursor))
         sql += f" ORDER BY {_CREATED} DESC, pk DESC LIMIT ?"
         params.append(limit + 1)
+        with self._conn() as conn:
+            rows = conn.execute(sql, params).fetchall()
+        return exec_page(rows, limit)
+
+    def _list_by_search(self, flt: ExecFilter, limit: int, cursor: str | None) -> ExecPage:
+        sql, params = search_query(flt, limit, cursor)
         with self._conn() as conn:
             rows = conn.execute(sql, params).fetchall()
         return exec_page(rows, limit)

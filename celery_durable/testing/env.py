@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..activity import task_retry
 from ..engine.activity import run_awaitable
+from ..engine.admin import Admin, ExecutionPage
 from ..engine.core import Engine
 from ..engine.dispatcher import ActivityRequest, InlineDispatcher
 from ..engine.local import LocalWorker
@@ -244,11 +245,26 @@ class WorkflowEnvironment:
     # --- client side -----------------------------------------------------------------------
 
     def start(
-        self, workflow: Workflow[Any, R], *args: Any, _workflow_id: str | None = None, **kwargs: Any
+        self,
+        workflow: Workflow[Any, R],
+        *args: Any,
+        _workflow_id: str | None = None,
+        _search: dict[str, Any] | None = None,
+        _memo: Any = None,
+        **kwargs: Any,
     ) -> WorkflowHandle[R]:
-        eid, _ = self.engine.start(workflow.definition, args, kwargs, workflow_id=_workflow_id)
+        eid, _ = self.engine.start(
+            workflow.definition, args, kwargs, workflow_id=_workflow_id, search=_search, memo=_memo
+        )
         self.run_until_idle()
         return WorkflowHandle(self.engine, eid, workflow.definition)
+
+    def list_executions(self, **filters: Any) -> ExecutionPage:
+        """``durable.list_executions(...)`` on this environment's store (same keywords)."""
+        created = {k: filters.pop(k) for k in ("started_after", "started_before") if k in filters}
+        return Admin(self.engine).executions(
+            created_after=created.get("started_after"), created_before=created.get("started_before"), **filters
+        )
 
     def handle(self, workflow_id: str) -> WorkflowHandle[Any]:
         """A handle to an execution of this environment."""

@@ -10,6 +10,7 @@ engine calls as the ``durable`` CLI, behind :class:`.auth.Guard`.
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -29,6 +30,7 @@ from ..engine.schema import Status
 from ..engine.timeline import STATUSES
 from ..errors import DurableError, PayloadValidationError, UnknownWorkflowError
 from ..stores.base import MAX_PAGE_SIZE
+from ..stores.search import parse_pairs
 from .auth import COOKIE, Guard, safe_next
 from .views import chart, detail_json, duration, exec_url, lanes_of, parse_age, pretty, read_lane
 
@@ -138,13 +140,18 @@ class UI:
                 bounds[name] = now - parse_age(text) if text else None
             except ValueError as exc:
                 problems.append(f"{name.replace('_', ' ')}: {exc}")
-        filters = {k: q.get(k) or "" for k in ("workflow", "status", "newer_than", "older_than")}
+        search: dict[str, Any] = {}
+        try:  # "customer=c-42 priority=3" (quotes for spaces), as `durable list --search`
+            search = parse_pairs(shlex.split(q.get("search") or ""))
+        except (DurableError, ValueError) as exc:
+            problems.append(f"search: {exc}")
+        filters = {k: q.get(k) or "" for k in ("workflow", "status", "newer_than", "older_than", "search")}
         filters["limit"] = str(limit)
         if problems:
             return self.page(request, "list.html", 400, rows=[], filters=filters, problems=problems, next_url=None)
         try:
             page = self.admin.executions(
-                workflow, status, bounds.get("newer_than"), bounds.get("older_than"), limit, cursor
+                workflow, status, bounds.get("newer_than"), bounds.get("older_than"), limit, cursor, search or None
             )
         except (DurableError, ValueError) as exc:
             # a cursor from another listing, say: said on the page, not a traceback

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 from celery.bin.celery import celery as celery_cli
@@ -206,3 +207,36 @@ def test_ids_with_newlines_keep_the_table_aligned(sqlite_store) -> None:  # type
     assert out.exit_code == 0, out.output
     lines = out.output.splitlines()
     assert any(line.startswith("evil\\nid ") for line in lines) and len(lines) == 2 + 4
+
+
+def test_search_attributes_and_memo_on_real_workers(cluster) -> None:  # type: ignore[no-untyped-def]
+    """Issue 13 item 5: attributes at start, upserted by the workflow on a worker, listed from
+    Python and the CLI; the memo shown by poll() and `durable show`, never searched."""
+    cluster.start_worker()
+    a = basic.tagged.options(search={"customer": "c-42", "priority": 3}, memo={"by": "ana"}).start("a")
+    b = basic.tagged.start("b", _search={"customer": "c-7", "priority": 3})
+    for h in (a, b):  # the first drive ran on the worker: its upsert is recorded
+        for _ in range(300):
+            if h.poll().search.get("stage") == "waiting":
+                break
+            time.sleep(0.1)
+    assert a.poll().search == {"customer": "c-42", "priority": 3, "stage": "waiting"}
+    assert a.poll().memo == {"by": "ana"}
+    basic.durable.signal(a.id, "go", "express")
+    assert a.result(timeout=60) == "express"
+    assert a.poll().search["tags"] == ["done", "a"]
+
+    page = basic.durable.list_executions(search={"priority": 3}, workflow="tagged")
+    assert [e.id for e in page.executions] == [b.id, a.id]
+    assert [e.id for e in basic.durable.list_executions(search={"tags": "done"}).executions] == [a.id]
+    assert basic.durable.list_executions(search={"by": "ana"}).executions == ()  # the memo is not indexed
+
+    out = _cli("list", "--search", "customer=c-42", "--search", "stage=express", "--json")
+    assert out.exit_code == 0, out.output
+    assert [json.loads(line)["id"] for line in out.output.splitlines()] == [a.id]
+    table = _cli("list", "--search", "priority=3", "--status", "running", "--since", "1h")
+    assert table.exit_code == 0 and b.id in table.output and a.id not in table.output and "SEARCH" in table.output
+    bad = _cli("list", "--search", "not a pair")
+    assert bad.exit_code != 0 and "attr=value" in bad.output
+    shown = _cli("show", a.id)
+    assert 'memo       {"by": "ana"}' in shown.output and '"customer": "c-42"' in shown.output

@@ -223,3 +223,17 @@ def test_serve_prints_a_random_token_once_and_it_unlocks_actions(
     out = io.StringIO()
     serve(SimpleNamespace(engine=env.engine), host="0.0.0.0", token=TOKEN, out=out)  # type: ignore[arg-type]
     assert TOKEN not in out.getvalue() and "anyone who reaches it can read" in out.getvalue()
+
+
+def test_list_filters_by_search_attributes(env: WorkflowEnvironment, client: TestClient) -> None:
+    """Issue 13 item 5: the executions list takes ``attr=value`` pairs, as `durable list --search`."""
+    env.start(flows.echo, "a", _workflow_id="s-a", _search={"customer": "c-42", "priority": 3})
+    env.start(flows.echo, "b", _workflow_id="s-b", _search={"customer": "c 7", "priority": 3})
+    env.start(flows.echo, "c", _workflow_id="s-c")
+    assert _ids(client.get("/executions", params={"search": "customer=c-42"}).text) == ["s-a"]
+    assert sorted(_ids(client.get("/executions", params={"search": "priority=3"}).text)) == ["s-a", "s-b"]
+    assert _ids(client.get("/executions", params={"search": "customer='c 7' priority=3"}).text) == ["s-b"]
+    page = client.get("/executions", params={"search": "priority=3", "limit": "1"}).text
+    assert "search=priority%3D3" in page  # the next page keeps the filter
+    bad = client.get("/executions", params={"search": "no pair"})
+    assert bad.status_code == 400 and "search:" in bad.text and "attr=value" in bad.text

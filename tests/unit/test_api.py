@@ -25,6 +25,7 @@ PUBLIC = {
     "PayloadValidationError",
     "PayloadTooLarge",
     "InvalidWorkflowId",
+    "InvalidSearchAttribute",
     "UnknownWorkflowError",
     "NonDeterminismError",
     "WorkflowFailedError",
@@ -63,6 +64,7 @@ WORKFLOW_API = {
     "set_query_handler",
     "query",
     "set_status",
+    "upsert_search",
     "patched",
     "deprecate_patch",
 }
@@ -121,7 +123,17 @@ def test_operator_api_is_pinned() -> None:
     from celery_durable import Durable
 
     expected = {
-        "executions": ["self", "workflow", "status", "limit", "cursor", "created_after", "created_before"],
+        "executions": ["self", "workflow", "status", "limit", "cursor", "created_after", "created_before", "search"],
+        "list_executions": [
+            "self",
+            "workflow",
+            "status",
+            "started_after",
+            "started_before",
+            "search",
+            "limit",
+            "cursor",
+        ],
         "describe": ["self", "workflow_id"],
         "retry": ["self", "workflow_id"],
         "resume": ["self", "workflow_id"],
