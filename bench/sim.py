@@ -3,7 +3,8 @@
 Each seed runs the workload (sequential activities, gather, timers, signals with timeouts,
 children, cancel with Saga compensation, continue-as-new) on 3 simulated workers sharing one
 in-memory store, with store faults, worker crashes, lost/duplicated/delayed/reordered messages,
-skewed clocks and preemption inside store calls, then heals and checks the invariants
+skewed clocks, preemption inside store calls, and live workflow instances (engine/sticky.py)
+evicted or left behind by a move to another thread, then heals and checks the invariants
 (``celery_durable.testing.sim``). Target: 0 violations.
 
     python bench/sim.py --seeds 10000
@@ -38,6 +39,8 @@ ROWS = (
     ("messages duplicated", "duplicated"),
     ("messages delayed", "delayed"),
     ("preemptions inside a store call", "preempt"),
+    ("live workflow instances evicted", "sticky_evict"),
+    ("workers moved to another pool thread", "sticky_thread"),
     ("messages delivered", "delivered"),
     ("activity bodies run", "bodies"),
     ("client calls retried", "client_retry"),

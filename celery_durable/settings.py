@@ -28,6 +28,7 @@ setting                                default                     meaning
                                                                    offloaded in chunks past 2 MB
 ``durable_optimistic_attempts``        2                           drive conflicts → take the lease
 ``durable_trust_cache_for``            2 s                         inline drive reuses a fresh read
+``durable_sticky_cache_size``          256                         live workflow instances per thread
 ``durable_outbox_scan_interval``       5 s                         beat: lost effects, due retries
 ``durable_outbox_retention``           7 days                      settled rows then deleted
 ``durable_outbox_queue_timeout``       60 s                        unclaimed row re-sent after this
@@ -37,6 +38,12 @@ setting                                default                     meaning
 ``durable_outbox_max_lane_backlog``    10,000                      live rows per key
 ``durable_outbox_drain_max``           50                          rows of a key one delivery runs in a row
 ``durable_metrics_port``              None                        worker serves Prometheus /metrics
+``durable_result_push``                ``"auto"``                  wake ``handle.result()`` by a push:
+                                                                   PostgreSQL LISTEN/NOTIFY, else Redis
+                                                                   pub/sub (broker/backend), else poll;
+                                                                   ``"off"``, or a ``redis://`` URL
+``durable_result_poll_max``            0.05 s                      longest poll interval without push
+``durable_result_push_recheck``        2 s                         with push: re-read at least this often
 =====================================  ==========================  ===============================
 """
 
@@ -62,7 +69,14 @@ PREFIX = "durable_"
 
 #: fields that may be 0 (others that are numbers must be > 0)
 _MAY_BE_ZERO = frozenset(
-    {"timer_fast_path_max", "outbox_fast_send_max", "outbox_admit_grace", "trust_cache_for", "outbox_drain_max"}
+    {
+        "timer_fast_path_max",
+        "outbox_fast_send_max",
+        "outbox_admit_grace",
+        "trust_cache_for",
+        "outbox_drain_max",
+        "sticky_cache_size",
+    }
 )
 
 # key=..., password=..., AccountKey=..., the password of user:password@host
@@ -91,8 +105,9 @@ def redact_url(url: str) -> str:
     return _USERINFO.sub(r"\1***@", _SECRET_PARAM.sub(r"\1***", url))
 
 
-#: ``durable_store_url`` under any namespace (``CELERY_DURABLE_STORE_URL``), any case
-_STORE_URL_KEY = re.compile(r"(?i)(?:^|_)durable_store_url$")
+#: ``durable_store_url`` (and ``durable_result_push``, a ``redis://`` URL may hold a password) under
+#: any namespace (``CELERY_DURABLE_STORE_URL``), any case
+_STORE_URL_KEY = re.compile(r"(?i)(?:^|_)durable_(?:store_url|result_push)$")
 
 
 def censor_conf(table: Mapping[Any, Any]) -> dict[Any, Any]:
@@ -137,6 +152,9 @@ class Settings:
     optimistic_attempts: int = 2
     #: an activity's inline drive reuses the partition read at its start if younger than this
     trust_cache_for: float = 2.0
+    #: suspended workflow instances kept alive per worker thread, resumed instead of replayed
+    #: from the top when their history is unchanged (engine/sticky.py; 0: always replay)
+    sticky_cache_size: int = 256
     outbox_scan_interval: float = 5.0
     outbox_retention: float = 7 * 24 * 3600.0
     outbox_queue_timeout: float = 60.0
@@ -149,6 +167,13 @@ class Settings:
     outbox_drain_max: int = 50
     #: a worker serves Prometheus metrics on this port (celery_durable.metrics; None: off)
     metrics_port: int | None = None
+    #: how handle.result() learns an execution ended: "auto" (PostgreSQL LISTEN/NOTIFY, else Redis
+    #: pub/sub on the broker or result backend, else polling), "off" (polling), or a redis:// URL
+    result_push: str = field(default="auto", repr=False)  # a URL may hold a password
+    #: the longest interval between the store reads of a waiter that polls (no push)
+    result_poll_max: float = 0.05
+    #: a waiter that gets pushes still re-reads the store this often (a lost notification)
+    result_push_recheck: float = 2.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -163,6 +188,10 @@ class Settings:
                 raise ConfigurationError(f"{PREFIX}{f.name} must be true or false, got {value!r}")
             if f.type in ("float", "int") and (value < 0 or (value == 0 and f.name not in _MAY_BE_ZERO)):
                 raise ConfigurationError(f"{PREFIX}{f.name} must be > 0, got {value!r}")
+        push = self.result_push
+        if not isinstance(push, str) or not (push in ("auto", "off") or push.startswith(("redis://", "rediss://"))):
+            shown = redact_url(push) if isinstance(push, str) else push
+            raise ConfigurationError(f'{PREFIX}result_push must be "auto", "off" or a redis:// URL, got {shown!r}')
         if not isinstance(self.store_url, str) or not self.store_url:
             raise ConfigurationError(f"{PREFIX}store_url must be a non-empty string")
         if self.heartbeat_interval >= self.lease_ttl:

@@ -32,6 +32,7 @@ from ..errors import (
 )
 from ..stores.base import Doc
 from .checks import check_workflow_id, pending_signal_values, signal_mark_id
+from .decoded import decoded
 from .dispatcher import ActivityRequest, AdmitRequest, CancelRequest, ChildRequest, ClockRequest, Send
 from .model import DUE_ACTIVITY, DUE_CHILD, DUE_CLOCK, marker_id, result_id
 from .outbox.model import DUE_ADMIT
@@ -157,12 +158,14 @@ class WorkflowContext:
     #: the JSON value of the last ``wf.set_status`` in this replay (``status_set``: it was called)
     custom_status: Any = None
     status_set: bool = False
+    search_updates: dict[str, Any] = field(default_factory=dict)  # wf.upsert_search's (engine/search.py)
     #: ``wf.patched`` answers of this replay, by change id (asked again: the same answer)
     patches: dict[str, bool] = field(default_factory=dict)
     #: how many times an operator reset the execution (``Admin.reset``): ids of sends taken again change
     resets: int = 0
     #: local activity steps this replay waits for: the driver runs them in its process
     local_steps: list[LocalStep] = field(default_factory=list)
+    park: Callable[[], None] | None = None  # a live instance parks here, not unwound (engine/sticky.py)
     _rng: _random.Random | None = None
 
     # --- plumbing ---------------------------------------------------------------------
@@ -252,7 +255,9 @@ class WorkflowContext:
                     }
             self.cancel_delivered = True
             raise WorkflowCancelledError(f"workflow {self.execution_id!r} was cancelled")
-        raise Suspend()
+        if self.park is None:
+            raise Suspend()
+        self.park()  # a live instance waits here; resumed with a newer history, the caller looks again
 
     def settled(self, seq: int) -> bool:
         """Whether step ``seq`` has an outcome in the history *as read by this replay*.
@@ -286,17 +291,15 @@ class WorkflowContext:
 
     def outcome(self, seq: int, name: str, codec: ValueCodec, kind: str = "activity") -> Any:
         """Return step ``seq``'s recorded value or raise its recorded error; suspend if none."""
-        doc = self.doc(self._outcome_id(seq))
-        if doc is None:
+        while (doc := self.doc(self._outcome_id(seq))) is None:
             self.suspend([seq])
-            raise AssertionError("unreachable")  # pragma: no cover
         if doc.get("cancelled"):
             self.cancel_delivered = True
             raise WorkflowCancelledError(f"workflow {self.execution_id!r} was cancelled")
         if doc.get("timeout"):
             raise DurableTimeoutError(f"timed out waiting for {kind} {name!r}")
         if doc.get("ok", True):
-            return codec.decode(doc.get("value"), f"{kind} {name!r}")
+            return decoded(self.execution_id, self.run, seq, doc, codec, f"{kind} {name!r}")
         err = doc.get("error") or {}
         type_name, message = str(err.get("type", "Error")), str(err.get("message", ""))
         exc: ActivityError | ChildWorkflowError | ExternalSignalError
@@ -554,8 +557,7 @@ class WorkflowContext:
     def gather(self, items: Iterable[Any]) -> list[Any]:
         """Start all, wait for all; then return results in order or raise the first failure."""
         futures = [self.start_signature(item) for item in items]
-        pending = [f.seq for f in futures if not self.settled(f.seq)]
-        if pending:
+        while pending := [f.seq for f in futures if not self.settled(f.seq)]:
             self.suspend(pending)
         return [f.result() for f in futures]
 

@@ -40,6 +40,8 @@ from .model import (
     settled,
 )
 from .replay import Replay, replay
+from .search import apply_updates as apply_search_updates
+from .sticky import StickyCache
 
 if TYPE_CHECKING:
     from .parts import EngineParts
@@ -99,6 +101,8 @@ class Driver:
     def __init__(self, engine: EngineParts) -> None:
         self.engine = engine
         self.locals = LocalRunner(engine)
+        #: live suspended instances of the executions this driver drove (engine/sticky.py)
+        self.sticky = StickyCache(engine.settings.sticky_cache_size)
 
     # --- replay -------------------------------------------------------------------------
 
@@ -106,7 +110,7 @@ class Driver:
         """Replay the execution over ``history`` (pure: see :func:`.replay.replay`)."""
         eng = self.engine
         workflow = eng.registry.workflow(str(ex.get("workflow")))
-        return replay(ex, history, workflow, eng.registry, now, eng.settings)
+        return replay(ex, history, workflow, eng.registry, now, eng.settings, sticky=self.sticky)
 
     # --- drive --------------------------------------------------------------------------
 
@@ -226,7 +230,9 @@ class Driver:
                 try:
                     with span("commit", execution_id=execution_id, ops=len(ops), outcome=replay.kind):
                         self._apply(execution_id, ops, replay, orphan_sends)
+                    self.sticky.committed(execution_id, replay)
                 except ConflictError:
+                    self.sticky.drop(execution_id)  # it assumed a commit that did not happen
                     eng.cache.suspect(execution_id)
                     conflicts += 1
                     eng.counters.incr("drive_conflict")
@@ -354,6 +360,7 @@ class Driver:
         status_changed = replay.status_set and _json(replay.custom_status) != _json(ex.get("custom_status"))
         if status_changed:
             new_ex["custom_status"] = replay.custom_status
+        status_changed = apply_search_updates(new_ex, ex, replay.search_updates) or status_changed
         if replay.kind == "unknown":
             known = ", ".join(sorted(eng.registry.workflows)) or "none"
             new_ex.update(

@@ -22,6 +22,7 @@ from .context import ContinueAsNew, Fatal, LocalStep, Suspend, WorkflowContext, 
 from .dispatcher import AdmitRequest, CancelRequest, Send
 from .model import DUE_ACTIVITY, DUE_CHILD, DUE_CLOCK, error_info
 from .registry import Registry, WorkflowDef
+from .sticky import Outcome, StickyCache
 
 __all__ = ["Replay", "replay"]
 
@@ -43,6 +44,8 @@ class Replay:
     #: ``wf.set_status`` was called (``custom_status``: the JSON value it last set)
     status_set: bool = False
     custom_status: Any = None
+    #: ``wf.upsert_search`` updates of this replay (engine/search.py)
+    search_updates: dict[str, Any] = field(default_factory=dict)
     #: the query handlers the workflow registered, and (``read_only``) the context they answer in
     queries: dict[str, Callable[..., Any]] = field(default_factory=dict)
     #: local activity steps a suspended replay waits for (the driver runs them: engine/local_steps.py)
@@ -74,14 +77,24 @@ def replay(
     now: float,
     settings: Settings,
     read_only: bool = False,
+    sticky: StickyCache | None = None,
 ) -> Replay:
     """Replay execution ``ex`` of workflow ``wf`` over ``history`` at time ``now``; pure.
 
     ``read_only``: a query's replay (engine/queries.py). It runs exactly as a drive's, but what it
     decides is discarded by its caller, so it also returns its context for the query handlers.
+    ``sticky``: resume the live instance of this execution the cache holds if what it saw is
+    unchanged, else replay in a new one it keeps if it suspends (engine/sticky.py); what is
+    decided is the same. Never for a read-only replay.
     """
     if wf is None:
         return Replay("unknown")
+    if sticky is not None and (read_only or not sticky.enabled):
+        sticky = None
+    if sticky is not None:
+        resumed = sticky.resume(ex, history, wf, now)
+        if resumed is not None:
+            return _settled(sticky, ex, _decide(ex, wf, *resumed, read_only))
     ctx = WorkflowContext(
         execution_id=ex["pk"],
         workflow=wf.name,
@@ -101,37 +114,54 @@ def replay(
     except (PayloadValidationError, TypeError, AttributeError) as exc:
         err = CorruptDocument(f"stored payload of {ex['pk']!r} cannot be decoded: {exc}")
         return Replay("failed", error=error_info(err))
-    kind, value, error, payload = "completed", None, None, None
+    if sticky is not None:
+        return _settled(sticky, ex, _decide(ex, wf, ctx, sticky.run(ctx, wf.fn, args, kwargs), read_only))
     with ctx:
         try:
-            result = wf.fn(*args, **kwargs)
-        except Suspend:
+            outcome: Outcome = None, wf.fn(*args, **kwargs)
+        except (Suspend, ContinueAsNew, Fatal, Exception) as exc:
+            outcome = exc, None
+    return _decide(ex, wf, ctx, outcome, read_only)
+
+
+def _settled(sticky: StickyCache, ex: Doc, decided: Replay) -> Replay:
+    sticky.settle(ex, decided)
+    return decided
+
+
+def _decide(ex: Doc, wf: WorkflowDef, ctx: WorkflowContext, outcome: Outcome, read_only: bool) -> Replay:
+    """What a replay decided, from how the workflow function ended (or suspended) in ``ctx``."""
+    kind, value, error, payload = "completed", None, None, None
+    raised, result = outcome
+    if raised is not None:
+        if isinstance(raised, Suspend):
             kind = "suspended"
-        except ContinueAsNew as cont:
-            kind, payload = "continued", cont.payload
-        except Fatal as fatal:
-            kind, error = "failed", error_info(fatal.error)
-        except WorkflowCancelledError as exc:
-            kind, error = ("cancelled" if ctx.cancel_requested else "failed"), error_info(exc)
-        except Exception as exc:  # the workflow's own failure is its outcome
-            kind, error = "failed", error_info(exc)
-            cause = failed_step(exc)  # a step's failure ended it: retry re-runs that step
+        elif isinstance(raised, ContinueAsNew):
+            kind, payload = "continued", raised.payload
+        elif isinstance(raised, Fatal):
+            kind, error = "failed", error_info(raised.error)
+        elif isinstance(raised, WorkflowCancelledError):
+            kind, error = ("cancelled" if ctx.cancel_requested else "failed"), error_info(raised)
+        else:  # the workflow's own failure is its outcome
+            assert isinstance(raised, Exception)
+            kind, error = "failed", error_info(raised)
+            cause = failed_step(raised)  # a step's failure ended it: retry re-runs that step
             if cause is not None:
                 error["step"], error["taken"] = cause
+    else:
+        recorded = int(ex.get("steps") or 0)
+        if recorded > ctx.seq:
+            kind = "failed"
+            error = {
+                "type": "NonDeterminismError",
+                "message": f"workflow {wf.name!r} returned after {ctx.seq} steps but the history "
+                f"has {recorded}: the code changed under a running execution",
+            }
         else:
-            recorded = int(ex.get("steps") or 0)
-            if recorded > ctx.seq:
-                kind = "failed"
-                error = {
-                    "type": "NonDeterminismError",
-                    "message": f"workflow {wf.name!r} returned after {ctx.seq} steps but the history "
-                    f"has {recorded}: the code changed under a running execution",
-                }
-            else:
-                try:
-                    value = wf.codec.encode_result(result)
-                except PayloadValidationError as exc:
-                    kind, error = "failed", error_info(exc)
+            try:
+                value = wf.codec.encode_result(result)
+            except PayloadValidationError as exc:
+                kind, error = "failed", error_info(exc)
     if kind == "failed" and error is not None:
         # "step" present (None: the workflow code, not a step, failed) tells retry not to guess
         error.setdefault("step", None)
@@ -149,6 +179,7 @@ def replay(
         payload=payload,
         status_set=ctx.status_set,
         custom_status=ctx.custom_status,
+        search_updates=dict(ctx.search_updates),
         queries=dict(ctx.query_handlers),
         local=list(ctx.local_steps) if kind == "suspended" else [],
         context=ctx if read_only else None,

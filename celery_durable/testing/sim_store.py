@@ -16,6 +16,7 @@ from ..engine.model import EXEC_ID, RUNNING, TERMINAL, Settings
 from ..errors import StoreUnavailable
 from ..stores.base import Doc, DueRef, Op, PartitionRead, Store
 from .sim_faults import FaultSpec
+from .sim_sticky import StickyFaults
 
 if TYPE_CHECKING:
     import random
@@ -39,7 +40,7 @@ __all__ = [
     "Sim",
 ]
 
-FAULT_KINDS = ("before", "after", "crash", "lose", "dup", "delay", "preempt")
+FAULT_KINDS = ("before", "after", "crash", "lose", "dup", "delay", "preempt", "evict", "thread")
 
 INVARIANTS = {
     0: "no unexpected exception escapes a worker's handler",
@@ -108,6 +109,8 @@ class Faults(FaultSpec):
     dup: float = 0.05  # a delivered message is also delivered again later
     delay: float = 0.05  # a message is held back 1..60 s
     preempt: float = 0.20  # another action runs in the middle of a store call
+    evict: float = 0.05  # the calling worker's sticky cache evicts a live workflow instance (sim_sticky.py)
+    thread: float = 0.03  # the calling worker moves to its other pool thread (other live instances)
 
 
 NO_FAULTS = Faults.parse("none")
@@ -211,6 +214,7 @@ class FaultyStore(Store):
         self._live_results: dict[tuple[str, str], bool] = {}
         self._execs: dict[str, Doc] = {}
         self._leases: dict[tuple[str, str], dict[str, Any]] = {}
+        self._sticky = StickyFaults(sim.seed)
 
     # --- the fault point ----------------------------------------------------------------
 
@@ -225,6 +229,10 @@ class FaultyStore(Store):
         sim = self.sim
         actor = sim.actor()
         sim.maybe_preempt(pk)
+        if sim.faults_on:
+            shaken = self._sticky.shake(actor, sim.faults)
+            if shaken is not None:
+                sim.count(shaken)
         if actor is not None and not actor.alive:
             raise WorkerCrash(actor.name)
         crash_after = False
@@ -395,6 +403,7 @@ class Sim(Protocol):
     """What the store, the actors and the checks use of the scheduler (``sim.Sim``): typed here so
     that ``sim`` imports these modules and never the other way round."""
 
+    seed: int
     rng: random.Random
     faults: Faults
     faults_on: bool

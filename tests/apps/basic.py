@@ -21,6 +21,7 @@ app = env_app(
     durable_timer_fast_path_max=env_float("TEST_FAST_TIMER_MAX", "60"),
     durable_activity_queue_timeout=env_float("TEST_QUEUE_TIMEOUT", "300"),
     durable_drive_timeout=env_float("TEST_DRIVE_TIMEOUT", "30"),
+    durable_sticky_cache_size=int(os.environ.get("TEST_STICKY_CACHE_SIZE", "256")),
 )
 durable = Durable(app)
 
@@ -251,3 +252,12 @@ def big_payloads(key: str, data: str, n: int) -> dict[str, int]:
     """Issue 12: a big input, a big activity result and a big workflow result (offloaded)."""
     out = blob(key, n)
     return {"input": len(data), "activity": len(out), "echo": len(data + out)}
+
+
+@durable.workflow(name="tagged", signals={"go": str})
+def tagged(key: str) -> str:
+    """Issue 13 item 5: search attributes updated from the workflow on a real worker."""
+    wf.upsert_search(stage="waiting")
+    how = wf.wait_signal("go")
+    wf.upsert_search(stage=how, tags=["done", key])
+    return how

@@ -129,7 +129,9 @@ def test_thousand_step_workflow(cluster) -> None:  # type: ignore[no-untyped-def
 def test_nondeterminism_fails_with_both_steps_named(cluster) -> None:  # type: ignore[no-untyped-def]
     from celery_durable import WorkflowFailedError
 
-    cluster.start_worker()
+    # replays from the top, as a restarted worker running changed code does (a live instance
+    # kept by the sticky cache has already taken the branch: it would never re-run it)
+    cluster.start_worker(env={"TEST_STICKY_CACHE_SIZE": "0"})
     flag = cluster.workers.tmp / "flag"
     gate_file = cluster.workers.tmp / "gate-nd"
     h = basic.shifty.start(str(flag), str(gate_file))

@@ -13,6 +13,7 @@ import pytest
 
 from celery_durable.engine.core import Engine
 from celery_durable.engine.model import TERMINAL
+from celery_durable.engine.sticky import StickyCache
 from celery_durable.stores.base import Doc, Op, strip_reserved
 from celery_durable.stores.memory import MemoryStore
 from celery_durable.testing.sim import KNOWN_BUGS, Faults, SimResult, run_seed
@@ -71,6 +72,18 @@ def test_an_unconditional_cancel_is_caught(monkeypatch: pytest.MonkeyPatch) -> N
     found = first_caught(broken)
     assert found is not None, f"no violation in {SEEDS} seeds"
     assert any(v.invariant == 3 for v in found[1].violations), found[1].violations
+
+
+def test_a_broken_sticky_cache_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Live workflow instances resumed without checking their history (engine/sticky.py)."""
+
+    def broken(seed: int) -> SimResult:
+        with monkeypatch.context() as m:
+            m.setattr(StickyCache, "check_history", False)
+            return run_seed(seed, Faults(), ())
+
+    found = first_caught(broken)
+    assert found is not None, f"no violation in {SEEDS} seeds"
 
 
 def test_known_bug_names_are_documented() -> None:
