@@ -6,14 +6,18 @@ results equal to the fault-free run. Target: all completed, 0 lost, results equa
 
     python bench/chaos.py                      # 200 workflows x 5 activities, SQLite, Redis broker
     python bench/chaos.py --store cosmos --workflows 40
+    python bench/chaos.py --store postgres     # a fresh schema in $BENCH_POSTGRES_URL, dropped at the end
     python bench/chaos.py --store cosmos --replica-lag-ms 300 --quick   # reads may be stale (Session)
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
+import re
+import shutil
 import signal
 import sys
 import threading
@@ -39,8 +43,9 @@ def run(env: BenchEnv, args: argparse.Namespace) -> bool:
     from apps import chaosapp
 
     prefix = env.env["BENCH_COUNTER_PREFIX"]
-    # at INFO with replica lag: each stale-read retry is a log line (counted below)
-    level = "INFO" if args.replica_lag_ms else "WARNING"
+    # at INFO on Cosmos (with or without replica lag, so the two compare): each stale-read retry
+    # and each recovery scan's re-sends are log lines (counted below)
+    level = "INFO" if args.store == "cosmos" else "WARNING"
     workers = [start_worker(env, app="apps.chaosapp", concurrency=2, loglevel=level) for _ in range(2)]
     beats = [start_beat(env)]
     kills = 0
@@ -92,8 +97,17 @@ def run(env: BenchEnv, args: argparse.Namespace) -> bool:
         for w in workers + beats:
             w.stop()
     logs = "".join(p.read_text(errors="replace") for p in env.tmp.glob("*.log"))
+    if args.keep_logs:
+        keep = Path(args.keep_logs)
+        keep.mkdir(parents=True, exist_ok=True)
+        for log in env.tmp.glob("*.log"):
+            shutil.copy(log, keep / log.name)
     stale_retries = logs.count("may be a stale read, retrying")
     stale_left = logs.count("; left to recovery")
+    resent = sum(
+        int(n) for n in re.findall(r"celery_durable\.recover\[[^]]*\] succeeded in [^{]*\{[^}]*'resent': (\d+)", logs)
+    )
+    found_done = len(re.findall(r"not run: (?:duplicate|execution is completed)", logs))
     total = args.workflows * args.steps
     duplicates = sum(max(0, r - 1) for r in runs)
     never = sum(1 for r in runs if r == 0)
@@ -102,7 +116,13 @@ def run(env: BenchEnv, args: argparse.Namespace) -> bool:
         ["measure", "value"],
         [
             ["workflows x activities", f"{args.workflows} x {args.steps}"],
-            ["store", args.store + (f" (replica lag {args.replica_lag_ms} ms)" if args.replica_lag_ms else "")],
+            [
+                "store",
+                args.store
+                + (f" (replica lag {args.replica_lag_ms} ms)" if args.replica_lag_ms else "")
+                + (" (account)" if args.cosmos_url else ""),
+            ],
+            ["activity queue timeout", f"{args.queue_timeout:g} s"],
             ["workers SIGKILLed", kills],
             ["elapsed", f"{elapsed:.1f} s"],
             ["completed", f"{len(completed)}/{args.workflows}"],
@@ -112,8 +132,13 @@ def run(env: BenchEnv, args: argparse.Namespace) -> bool:
             ["steps never executed", never],
             ["results equal to a fault-free run", "yes" if results_equal and not lost else "NO"],
             *(
-                [["deliveries re-sent after a maybe-stale read", stale_retries], ["left to recovery", stale_left]]
-                if args.replica_lag_ms
+                [
+                    ["deliveries re-sent after a maybe-stale read", stale_retries],
+                    ["  of which left to recovery", stale_left],
+                    ["activities re-sent by the recovery scan", resent],
+                    ["deliveries that found their step done", found_done],
+                ]
+                if args.store == "cosmos"
                 else []
             ),
         ],
@@ -134,20 +159,49 @@ def main() -> int:
     p.add_argument("--ms", type=float, default=20.0, help="duration of each activity")
     p.add_argument("--kill-every", type=float, default=2.0)
     p.add_argument("--timeout", type=float, default=600.0)
-    p.add_argument("--store", choices=["sqlite", "cosmos"], default="sqlite")
+    p.add_argument("--store", choices=["sqlite", "postgres", "cosmos"], default="sqlite")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument(
         "--replica-lag-ms", type=int, default=0, help="cosmos: reads without a fresh session token may be stale"
     )
     p.add_argument("--quick", action="store_true", help="40 workflows")
+    p.add_argument("--keep-logs", metavar="DIR", help="copy the worker and beat logs into DIR")
+    p.add_argument(
+        "--queue-timeout",
+        type=float,
+        default=None,
+        help="durable_activity_queue_timeout: an activity not started this long after its send is re-sent "
+        "(default 5 s; 60 s on Cosmos, whose test server serves ~4 steps/s on 2 cores, so 200 queued "
+        "workflows wait ~50 s: a shorter timeout re-sends every waiting activity)",
+    )
+    p.add_argument(
+        "--cosmos-url",
+        default=os.environ.get("DURABLE_TEST_COSMOS_URL"),
+        help="cosmos: a real account or the official emulator instead of the test server (default: "
+        "$DURABLE_TEST_COSMOS_URL; put the key in $DURABLE_COSMOS_KEY, not on the command line); "
+        "a fresh container, deleted at the end",
+    )
     args = p.parse_args()
     if args.quick:
         args.workflows = min(args.workflows, 40)
+    if args.store != "cosmos":
+        args.cosmos_url = None
+    if args.cosmos_url and args.replica_lag_ms:
+        p.error("--replica-lag-ms is a mode of the test server: not with --cosmos-url")
     exit_on_sigterm()
-    with bench_env("chaos") as env:
+    with bench_env("chaos", store="postgres" if args.store == "postgres" else "sqlite") as env:
         env.env["BENCH_COUNTER_PREFIX"] = f"chaos-{env.queue}"
+        if args.queue_timeout is None:
+            args.queue_timeout = 60.0 if args.store == "cosmos" else 5.0
+        env.env["BENCH_QUEUE_TIMEOUT"] = str(args.queue_timeout)
         server = None
-        if args.store == "cosmos":
+        account = contextlib.ExitStack()
+        if args.cosmos_url:
+            from celery_durable.testing.cosmos_account import describe, fresh_container
+
+            env.env["DURABLE_STORE_URL"] = account.enter_context(fresh_container(args.cosmos_url, prefix="chaos"))
+            print(f"on {describe(env.env['DURABLE_STORE_URL'])} (deleted at the end)")
+        elif args.store == "cosmos":
             from celery_durable.testing.cosmos_server import CosmosTestServer
 
             server = CosmosTestServer(replica_lag_ms=args.replica_lag_ms).start()
@@ -156,6 +210,7 @@ def main() -> int:
         try:
             return 0 if run(env, args) else 1
         finally:
+            account.close()
             if server is not None:
                 if args.replica_lag_ms:
                     stale = server.stats().get("staleReads")

@@ -24,8 +24,9 @@ from .cli_render import escape, print_table, ts
 from .engine.admin import ExecutionDetail, ExecutionSummary, OperationRefused, PurgeReport, StepRecord
 from .engine.links import declared_signals
 from .engine.schema import Status
-from .errors import DurableError, PayloadValidationError, UnknownWorkflowError
+from .errors import DurableError, InvalidSearchAttribute, PayloadValidationError, UnknownWorkflowError
 from .stores.base import MAX_PAGE_SIZE
+from .stores.search import parse_pairs
 
 __all__ = ["durable", "parse_age"]
 
@@ -85,6 +86,14 @@ def _describe(d: Durable, execution_id: str) -> ExecutionDetail:
         raise click.ClickException(f"unknown execution id {execution_id!r}") from exc
 
 
+def _search_option(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, Any] | None:
+    """``attr=value`` pairs (:func:`parse_pairs`)."""
+    try:
+        return parse_pairs(values) or None
+    except InvalidSearchAttribute as exc:
+        raise click.BadParameter(str(exc)) from exc
+
+
 def _summary(s: ExecutionSummary) -> dict[str, Any]:
     return _jsonable(dataclasses.asdict(s))  # type: ignore[no-any-return]
 
@@ -99,7 +108,14 @@ def durable(ctx: click.Context) -> None:
 @click.option("--status", type=click.Choice(_STATUSES), default=None)
 @click.option("--workflow", default=None, help="only executions of this workflow name")
 @click.option("--older-than", callback=_age_option, help="created before this age ago (e.g. 2h)")
-@click.option("--newer-than", callback=_age_option, help="created within this age (e.g. 15m)")
+@click.option("--newer-than", "--since", callback=_age_option, help="created within this age (e.g. 15m)")
+@click.option(
+    "--search",
+    "search",
+    multiple=True,
+    callback=_search_option,
+    help="attr=value (repeat to AND); 3, 1.5, true, false are typed, quote a string: 'n=\"3\"'",
+)
 @click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True, help="at most this many")
 @click.option("--cursor", default=None, help="continue a previous listing (printed when more remain)")
 @click.option("--json", "as_json", is_flag=True, help="JSON lines for scripts")
@@ -110,18 +126,20 @@ def list_(
     workflow: str | None,
     older_than: float | None,
     newer_than: float | None,
+    search: dict[str, Any] | None,
     limit: int,
     cursor: str | None,
     as_json: bool,
 ) -> None:
-    """List executions, newest first (read page by page, never one read per execution)."""
+    """List executions, newest first (read page by page, never one read per execution); with
+    --search, by search attributes (the cost grows with the matches, not with the store)."""
     d = _durable(ctx)
     now = d.engine.clock.now()
     before = None if older_than is None else now - older_than
     after = None if newer_than is None else now - newer_than
     rows: list[ExecutionSummary] = []
     while len(rows) < limit:
-        page = d.executions(workflow, status, min(limit - len(rows), MAX_PAGE_SIZE), cursor, after, before)
+        page = d.executions(workflow, status, min(limit - len(rows), MAX_PAGE_SIZE), cursor, after, before, search)
         rows += page.executions
         cursor = page.cursor
         if cursor is None:
@@ -134,9 +152,11 @@ def list_(
     else:
         table = [
             [r.id, r.workflow, "CORRUPT" if r.corrupt else r.status, r.steps, ts(r.created_at), ts(r.updated_at)]
+            + ([_json(r.search or {})] if search else [])
             for r in rows
         ]
-        print_table(["ID", "WORKFLOW", "STATUS", "STEPS", "CREATED", "UPDATED"], table, right=[3])
+        headers = ["ID", "WORKFLOW", "STATUS", "STEPS", "CREATED", "UPDATED"] + (["SEARCH"] if search else [])
+        print_table(headers, table, right=[3])
         for r in rows:
             if r.corrupt:
                 click.echo(f"  {_cell(r.id)}: unreadable exec document: {r.corrupt}")
@@ -178,6 +198,10 @@ def show(ctx: click.Context, execution_id: str, as_json: bool) -> None:
     click.echo(f"payload    {_json(info.payload)}")
     if info.custom_status is not None:
         click.echo(f"custom     {_json(info.custom_status)}")
+    if s.search:
+        click.echo(f"search     {_json(s.search)}")
+    if s.memo is not None:
+        click.echo(f"memo       {_json(s.memo)}")
     if s.status == Status.COMPLETED:
         click.echo(f"result     {_json(info.result)}")
     if info.error:
@@ -456,3 +480,8 @@ def ui(ctx: click.Context, host: str, port: int, token: str | None) -> None:
         serve(_durable(ctx), host=host, port=port, token=token)
     except ValueError as exc:  # a token too short
         raise click.UsageError(str(exc)) from exc
+
+
+from .cli_cosmos import cosmos as _cosmos  # noqa: E402 - the `durable cosmos …` subgroup
+
+durable.add_command(_cosmos)

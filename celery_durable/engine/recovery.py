@@ -42,6 +42,9 @@ __all__ = ["Recovery", "ScanReport"]
 
 log = logging.getLogger("celery_durable.recovery")
 
+#: consecutive re-sends of a step no attempt started are at most this many queue timeouts apart
+MAX_RESEND_SPACING = 8
+
 
 @dataclass
 class ScanReport:
@@ -151,10 +154,22 @@ class Recovery:
             eng.driver.drive(pk, carry=[result], release=[seq])
             report.failed += 1
             return
+        # Re-sent while no attempt started since the last re-send: the message is more likely
+        # queued behind a backlog than lost, and each copy lengthens that backlog. Space such
+        # re-sends out (1, 2, 4, then 8 queue timeouts); after a started attempt, one timeout.
+        # "Nothing since" is the due time this scan set still being there (``resent_due``):
+        # whoever else rewrites it (an attempt's start, a retry, a reset/resume sending afresh)
+        # breaks the chain. Never by clocks: started_at is a worker's, resent_at a beat's.
+        chained = marker.get("resent_due") is not None and marker.get("resent_due") == marker.get("due_at")
+        queued = int(marker.get("resends") or 0) + 1 if chained else 1
+        due_at = now + eng.settings.activity_queue_timeout * min(2 ** (queued - 1), MAX_RESEND_SPACING)
         pushed = strip_reserved(marker) | {
             "lease": None,
             "lost": lost,
-            "due_at": now + eng.settings.activity_queue_timeout,
+            "resends": queued,
+            "resent_at": now,
+            "resent_due": due_at,
+            "due_at": due_at,
         }
         try:
             eng.store.replace(pushed, if_match=marker["_etag"])

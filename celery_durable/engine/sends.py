@@ -14,9 +14,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConflictError, InvalidWorkflowId, PayloadValidationError, UnknownWorkflowError
-from ..stores.base import Doc, strip_reserved
+from ..stores.base import Doc, Store, strip_reserved
 from .dispatcher import SignalRequest
-from .model import EXEC_ID, TERMINAL, error_info, result_id, settled
+from .model import EXEC_ID, TERMINAL, error_info, marker_id, result_id, settled
 from .schema import external_signal_id
 
 if TYPE_CHECKING:
@@ -28,6 +28,35 @@ Signal = Callable[..., bool]
 __all__ = ["send_signal", "send_signal_again"]
 
 log = logging.getLogger("celery_durable.links")
+
+
+#: a target not found by a store whose reads may lag (Cosmos at Session consistency) is looked
+#: for again this much later (by recovery) before the step fails as "no such execution"
+UNSEEN_TARGET_GRACE = 5.0
+
+
+def _reads_may_lag(store: Any) -> bool:
+    """Whether ``store`` (under its wrappers) may serve a read that misses another process's
+    write: a backend with session tokens (docs/architecture.md §4)."""
+    while getattr(store, "inner", None) is not None:
+        store = store.inner
+    return type(store).session_token is not Store.session_token
+
+
+def _look_again(eng: EngineParts, marker: Doc | None) -> bool:
+    """The target was not found. On a store whose reads may lag, the first time, it may exist
+    and be unseen by this replica (started by another process a moment ago): the step stays due
+    (``target_unseen``), recovery sends again after :data:`UNSEEN_TARGET_GRACE`; the next miss
+    is final. ``False``: record "no such execution" now."""
+    if marker is None or marker.get("target_unseen") or not _reads_may_lag(eng.store):
+        return False
+    now = eng.clock.now()
+    pushed = strip_reserved(marker) | {"target_unseen": now, "due_at": now + UNSEEN_TARGET_GRACE}
+    try:
+        eng.store.replace(pushed, if_match=marker["_etag"])
+    except ConflictError:
+        pass  # changed meanwhile: still due, recovery sends again
+    return True
 
 
 def send_signal(eng: EngineParts, signal: Signal, req: SignalRequest) -> None:
@@ -45,7 +74,11 @@ def send_signal(eng: EngineParts, signal: Signal, req: SignalRequest) -> None:
     try:
         if not signal(req.target, req.name, req.value, signal_id=req.signal_id, sender=sender):
             error = {"type": "WorkflowEnded", "message": f"execution {req.target!r} has ended"}
-    except (UnknownWorkflowError, PayloadValidationError, InvalidWorkflowId) as exc:
+    except UnknownWorkflowError as exc:
+        if _look_again(eng, docs.get(marker_id(req.seq, req.run))):
+            return
+        error = error_info(exc)
+    except (PayloadValidationError, InvalidWorkflowId) as exc:
         error = error_info(exc)
     if error is not None:
         log.warning("signal %r from %s to %s failed: %s", req.name, req.execution_id, req.target, error["message"])

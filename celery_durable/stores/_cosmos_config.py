@@ -170,7 +170,10 @@ class CallDeadline:
 
 
 # The SDK logs every request and response at INFO (with the key redacted): far too chatty for a
-# worker at ``--loglevel=INFO``. Quiet unless the application chose a level for it.
-_http_log = logging.getLogger("azure.core.pipeline.policies.http_logging_policy")
-if _http_log.level == logging.NOTSET:
-    _http_log.setLevel(logging.WARNING)
+# worker at ``--loglevel=INFO`` (~30 lines a request; in the chaos run it cost enough CPU to push
+# queue waits past the activity queue timeout). azure-cosmos logs through its own policy's logger,
+# azure-core through its own. Quiet unless the application chose a level for them.
+for _name in ("azure.core.pipeline.policies.http_logging_policy", "azure.cosmos._cosmos_http_logging_policy"):
+    _http_log = logging.getLogger(_name)
+    if _http_log.level == logging.NOTSET:
+        _http_log.setLevel(logging.WARNING)

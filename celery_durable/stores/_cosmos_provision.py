@@ -10,11 +10,20 @@ throughput). An existing container, created by the store or by a template
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from ..errors import ConfigurationError
 
-__all__ = ["INDEXING_POLICY", "INDEXED_PATHS", "PARTITION_KEY_PATH", "check_container", "throughput_option"]
+__all__ = [
+    "INDEXING_POLICY",
+    "INDEXED_PATHS",
+    "PARTITION_KEY_PATH",
+    "check_container",
+    "container_problems",
+    "indexes_payloads",
+    "throughput_option",
+]
 
 PARTITION_KEY_PATH = "/pk"
 
@@ -78,28 +87,68 @@ def _indexed(path: str, policy: dict[str, Any]) -> bool:
     return not excluded and not included  # no rule at all: Cosmos indexes everything
 
 
-def check_container(props: dict[str, Any], container: str) -> None:
-    """Refuse a container the store cannot work on well, saying what to change."""
+#: what to run to replace a container's indexing policy in place (cli_cosmos.py)
+APPLY_POLICY = "celery -A <proj> durable cosmos apply-policy"
+#: where the partition key migration is described
+PK_MIGRATION = "docs/azure/README.md#moving-to-a-new-container"
+
+log = logging.getLogger("celery_durable.stores.cosmos")
+
+
+def indexes_payloads(policy: dict[str, Any]) -> bool:
+    """Whether ``policy`` indexes paths the store never queries (Cosmos' default "every path",
+    as 0.1 created containers): it works, but every write costs more RU."""
+    return _indexed("/input/?", policy) or _indexed("/result/?", policy)
+
+
+def container_problems(props: dict[str, Any], container: str) -> list[str]:
+    """What keeps the store from working on this container, each saying what to do."""
+    problems: list[str] = []
     pk = props.get("partitionKey") or {}
     paths = pk.get("paths") or []
+    new_container = (
+        "the partition key of a container cannot be changed: create a new container (create=true with "
+        "another container= name, or docs/azure/cosmos.bicep) and move the data to it, see " + PK_MIGRATION
+    )
     if paths != [PARTITION_KEY_PATH]:
-        raise ConfigurationError(
-            f"cosmos container {container!r} is partitioned by {paths}, expected [{PARTITION_KEY_PATH!r}]"
+        problems.append(
+            f"cosmos container {container!r} is partitioned by {paths}, expected [{PARTITION_KEY_PATH!r}]; "
+            + new_container
         )
-    if int(pk.get("version") or 1) < 2:
-        raise ConfigurationError(
+    elif int(pk.get("version") or 1) < 2:
+        problems.append(
             f"cosmos container {container!r} has partition key version 1 (keys hashed on their first "
-            "100 bytes; execution ids can be longer): recreate it with version 2 (large partition keys)"
+            "100 bytes; execution ids can be longer): it needs version 2 (large partition keys); " + new_container
         )
     policy = props.get("indexingPolicy") or {}
     if str(policy.get("indexingMode", "consistent")).lower() != "consistent" or policy.get("automatic") is False:
-        raise ConfigurationError(
+        problems.append(
             f"cosmos container {container!r} must use consistent, automatic indexing "
-            f"(got indexingMode={policy.get('indexingMode')!r}, automatic={policy.get('automatic')!r})"
+            f"(got indexingMode={policy.get('indexingMode')!r}, automatic={policy.get('automatic')!r}): run "
+            f"`{APPLY_POLICY}` (replaces the indexing policy in place, online) or apply "
+            "docs/azure/indexing-policy.json"
         )
-    missing = [p for p in INDEXED_PATHS if not _indexed(p, policy)]
-    if missing:
-        raise ConfigurationError(
-            f"cosmos container {container!r} does not index {', '.join(missing)}, which the store queries: "
-            "use the recommended indexing policy (docs/azure/indexing-policy.json)"
+    else:
+        missing = [p for p in INDEXED_PATHS if not _indexed(p, policy)]
+        if missing:
+            problems.append(
+                f"cosmos container {container!r} does not index {', '.join(missing)}, which the store queries: "
+                f"run `{APPLY_POLICY}` (replaces the indexing policy in place, online) or apply "
+                "docs/azure/indexing-policy.json"
+            )
+    return problems
+
+
+def check_container(props: dict[str, Any], container: str) -> None:
+    """Refuse a container the store cannot work on well, saying what to change; warn about one
+    that works but costs more than it should."""
+    problems = container_problems(props, container)
+    if problems:
+        raise ConfigurationError("; and ".join(problems))
+    if indexes_payloads(props.get("indexingPolicy") or {}):
+        log.warning(
+            "cosmos container %r indexes every path (Cosmos' default; containers created by 0.1 have it): "
+            "writes cost about twice the RU of the recommended policy. Run `%s` to replace it in place",
+            container,
+            APPLY_POLICY,
         )

@@ -101,6 +101,7 @@ from ._cosmos_index import (
 from ._cosmos_list import CosmosListing
 from ._cosmos_provision import INDEXING_POLICY, PARTITION_KEY_PATH, check_container, throughput_option
 from ._cosmos_read import CosmosReads
+from ._cosmos_search import CosmosSearch
 from ._cosmos_session import CosmosSessions, SessionTokens
 from .base import Doc, Op, PartitionRead, Store, check_doc, doc_size, due_fields
 
@@ -111,7 +112,7 @@ T = TypeVar("T")
 _PAGE = 1000  # items per page when a query has to page
 
 
-class CosmosStore(CosmosSessions, CosmosReads, CosmosListing, CosmosDueScan, Store):
+class CosmosStore(CosmosSessions, CosmosReads, CosmosListing, CosmosSearch, CosmosDueScan, Store):
     """The storage contract on one Cosmos DB container (see the module docstring)."""
 
     def __init__(
@@ -181,6 +182,17 @@ class CosmosStore(CosmosSessions, CosmosReads, CosmosListing, CosmosDueScan, Sto
             return self._proxy
 
     def _connect(self) -> ContainerProxy:
+        client = self._new_client()
+        try:
+            proxy = self._open_container(client)
+        except BaseException:
+            client.close()
+            raise
+        self._client = client
+        return proxy
+
+    def _new_client(self) -> CosmosClient:
+        """A client of the account as configured (the container is neither opened nor checked)."""
         throttle_retries, throttle_wait = self._throttle
         kwargs: dict[str, Any] = {
             "connection_verify": self._verify,
@@ -197,14 +209,7 @@ class CosmosStore(CosmosSessions, CosmosReads, CosmosListing, CosmosDueScan, Sto
         if self._consistency:
             kwargs["consistency_level"] = self._consistency
         credential = self._secret.get() if self._secret is not None else self._credential
-        client = CosmosClient(self.endpoint, credential=credential, **kwargs)
-        try:
-            proxy = self._open_container(client)
-        except BaseException:
-            client.close()
-            raise
-        self._client = client
-        return proxy
+        return CosmosClient(self.endpoint, credential=credential, **kwargs)
 
     def _open_container(self, client: CosmosClient) -> ContainerProxy:
         proxy = client.get_database_client(self.database).get_container_client(self.container)
@@ -301,7 +306,11 @@ class CosmosStore(CosmosSessions, CosmosReads, CosmosListing, CosmosDueScan, Sto
         return cid
 
     def _prepare(self, doc: Doc, base_etag: str | None) -> tuple[Doc, list[Doc]]:
-        """The body to send for ``doc`` and the index entries to upsert first."""
+        """The body to send for ``doc`` and the index entries (due, search) to upsert first."""
+        body, entries = self._prepare_due(doc, base_etag)
+        return body, entries + self._search_entries(doc, base_etag)
+
+    def _prepare_due(self, doc: Doc, base_etag: str | None) -> tuple[Doc, list[Doc]]:
         check_doc(doc, self.max_doc_bytes)
         body = {k: v for k, v in doc.items() if k not in SYSTEM_KEYS}
         cid = self._cosmos_id(doc["id"])
@@ -394,7 +403,9 @@ class CosmosStore(CosmosSessions, CosmosReads, CosmosListing, CosmosDueScan, Sto
                 return None  # first writer wins
             return make_etag(raw["_etag"], raw.get(DUE_REF))
 
-        return self._call(f"create {doc['pk']!r}/{doc['id']!r}", op, idempotent=False, doc=doc)
+        return self._search_written(
+            doc, self._call(f"create {doc['pk']!r}/{doc['id']!r}", op, idempotent=False, doc=doc)
+        )
 
     def replace(self, doc: Doc, if_match: str | None) -> str:
         body, entries = self._prepare(doc, if_match)
@@ -413,7 +424,7 @@ class CosmosStore(CosmosSessions, CosmosReads, CosmosListing, CosmosDueScan, Sto
                 raise ConflictError(f"cosmos {what}: the document changed since it was read") from exc
             return make_etag(raw["_etag"], raw.get(DUE_REF))
 
-        return self._call(what, op, idempotent=if_match is None, doc=doc)
+        return self._search_written(doc, self._call(what, op, idempotent=if_match is None, doc=doc))
 
     def upsert(self, doc: Doc) -> str:
         body, entries = self._prepare(doc, None)
@@ -424,7 +435,9 @@ class CosmosStore(CosmosSessions, CosmosReads, CosmosListing, CosmosDueScan, Sto
             raw = c.upsert_item(body, **self._session_write(doc["pk"]))
             return make_etag(raw["_etag"], raw.get(DUE_REF))
 
-        return self._call(f"upsert {doc['pk']!r}/{doc['id']!r}", op, idempotent=True, doc=doc)
+        return self._search_written(
+            doc, self._call(f"upsert {doc['pk']!r}/{doc['id']!r}", op, idempotent=True, doc=doc)
+        )
 
     def delete(self, pk: str, doc_id: str, if_match: str | None = None) -> bool:
         c, cid, what = self._container(), self._cosmos_id(doc_id), f"delete {pk!r}/{doc_id!r}"
@@ -499,7 +512,10 @@ class CosmosStore(CosmosSessions, CosmosReads, CosmosListing, CosmosDueScan, Sto
                 out.append(None if op.kind == "delete" or etag is None else make_etag(etag, body.get(DUE_REF)))
             return out
 
-        return self._call(what, run, idempotent=False)
+        out = self._call(what, run, idempotent=False)
+        for op, etag in zip(ops, out, strict=True):
+            self._search_written(op.doc if op.doc is not None else {"pk": pk, "id": op.doc_id}, etag)
+        return out
 
     # --- scans (scan_due: _cosmos_due.py) ------------------------------------------------------
 

@@ -8,7 +8,8 @@ is selected, so ``-m "not cosmos"`` runs without the Cosmos test server.
 
 ``DURABLE_TEST_COSMOS_URL`` (a ``cosmos://`` store URL of a real account or the official emulator;
 the key may come from ``DURABLE_COSMOS_KEY``) replaces the test server: every test gets a fresh
-container named ``t<random>`` in that URL's database (dropped afterwards), e.g.::
+container named ``t<random>`` in that URL's database, or in a fresh database when the URL names
+none (dropped afterwards: ``celery_durable.testing.cosmos_account``), e.g.::
 
     DURABLE_TEST_COSMOS_URL='cosmos://acct.documents.azure.com/?database=durable_tests&container=x' \
         pytest tests/stores -m cosmos
@@ -17,14 +18,13 @@ container named ``t<random>`` in that URL's database (dropped afterwards), e.g.:
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import pytest
 
 from celery_durable.stores import Store, store_from_url
+from celery_durable.testing import cosmos_account
 from tests.plugins.postgres import (  # noqa: F401 - fixtures
     _postgres_server,
     postgres_proxied_url,
@@ -44,29 +44,14 @@ SHARED_BACKENDS = [p for p in BACKENDS if p.values[0] != "memory"]
 
 
 #: A real Cosmos DB account (or the official emulator) to run the ``cosmos`` parameter against
-COSMOS_URL_ENV = "DURABLE_TEST_COSMOS_URL"
+COSMOS_URL_ENV = cosmos_account.COSMOS_URL_ENV
 
 
 def _real_cosmos_url(request: pytest.FixtureRequest) -> str:
     """The env URL with a fresh container (deleted when the test ends)."""
-    parts = urlsplit(os.environ[COSMOS_URL_ENV])
-    query = dict(parse_qsl(parts.query, keep_blank_values=True))
-    query["container"] = f"t{uuid.uuid4().hex[:16]}"
-    query.setdefault("database", "durable_tests")
-    url = urlunsplit(parts._replace(query=urlencode(query)))
-
-    def drop() -> None:
-        store = store_from_url(url)
-        try:
-            store._container()  # type: ignore[attr-defined]  # connects (a CosmosStore)
-            client = store._client  # type: ignore[attr-defined]
-            client.get_database_client(query["database"]).delete_container(query["container"])
-        except Exception:  # noqa: BLE001 - best effort: a leftover test container costs little
-            pass
-        finally:
-            store.close()
-
-    request.addfinalizer(drop)
+    fresh = cosmos_account.fresh_container(os.environ[COSMOS_URL_ENV])
+    url = fresh.__enter__()
+    request.addfinalizer(lambda: fresh.__exit__(None, None, None))
     return url
 
 

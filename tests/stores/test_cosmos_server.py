@@ -382,7 +382,9 @@ def test_key_never_in_logs_errors_or_repr(
     key = cosmos_server.key
     forms = {key, quote(key, safe=""), quote_plus(key)}
     texts: list[str] = []
-    for name in (None, "azure", "azure.cosmos", "azure.core", "urllib3"):  # restored by caplog
+    # the SDK's request loggers are quiet by default (WARNING): turn them on, they print headers
+    http_logs = ("azure.cosmos._cosmos_http_logging_policy", "azure.core.pipeline.policies.http_logging_policy")
+    for name in (None, "azure", "azure.cosmos", "azure.core", "urllib3", *http_logs):  # restored by caplog
         caplog.set_level(logging.DEBUG, logger=name)
     store = store_from_url(cosmos_url + "&throttle_retries=1&retries=1")
     texts += [repr(store), str(store), repr(vars(store))]
