@@ -26,17 +26,20 @@ from typing import TextIO
 
 __all__ = [
     "BENCH_DIR",
+    "POSTGRES_URL",
     "REDIS_DB",
     "REDIS_URL",
     "BenchEnv",
     "Worker",
     "bench_env",
     "cleanup_redis",
+    "drop_postgres_schema",
     "exit_on_sigterm",
     "fmt_ms",
     "machine",
     "mean",
     "percentile",
+    "postgres_url",
     "print_table",
     "start_worker",
     "verdict",
@@ -49,6 +52,8 @@ REPO = BENCH_DIR.parent
 #: a Redis database used by nothing else (the tests use 15)
 REDIS_DB = int(os.environ.get("BENCH_REDIS_DB", "11"))
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", f"redis://127.0.0.1:6379/{REDIS_DB}")
+#: the PostgreSQL the ``--store postgres`` runs use: a fresh schema in it per run, dropped at the end
+POSTGRES_URL = os.environ.get("BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 
 
 def wait_until(predicate: Callable[[], object], timeout: float, interval: float = 0.02, what: str = "") -> object:
@@ -76,11 +81,32 @@ class BenchEnv:
         os.environ.update(self.env)
 
 
+def postgres_url(schema: str, base: str = POSTGRES_URL) -> str:
+    """``base`` with ``schema=`` added (our store creates the schema on first use)."""
+    return f"{base}{'&' if '?' in base else '?'}schema={schema}"
+
+
+def drop_postgres_schema(schema: str, base: str = POSTGRES_URL) -> None:
+    """Drop a schema a bench created (``DROP SCHEMA … CASCADE``); never raises."""
+    try:
+        import psycopg
+
+        with psycopg.connect(base, autocommit=True, connect_timeout=10) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    except Exception as exc:  # noqa: BLE001 - cleanup: report, do not mask the bench's own error
+        print(f"could not drop PostgreSQL schema {schema}: {exc}", file=sys.stderr)
+
+
 @contextmanager
-def bench_env(prefix: str) -> Iterator[BenchEnv]:
+def bench_env(prefix: str, store: str = "sqlite") -> Iterator[BenchEnv]:
+    """``store``: ``sqlite`` (a file in the temp dir) or ``postgres`` (a fresh schema in
+    ``$BENCH_POSTGRES_URL``, dropped on exit)."""
+    if store not in ("sqlite", "postgres"):
+        raise SystemExit(f"unknown store {store!r} (sqlite, postgres)")
     tmp = Path(tempfile.mkdtemp(prefix=f"celery-durable-{prefix}-"))
     queue = f"bench-{prefix}-{uuid.uuid4().hex[:8]}"
-    store_url = f"sqlite:///{tmp / 'durable.db'}"
+    schema = f"bench_{prefix}_{uuid.uuid4().hex[:8]}" if store == "postgres" else None
+    store_url = f"sqlite:///{tmp / 'durable.db'}" if schema is None else postgres_url(schema)
     env = {
         "BENCH_BROKER_URL": REDIS_URL,
         "BENCH_RESULT_URL": REDIS_URL,
@@ -92,6 +118,8 @@ def bench_env(prefix: str) -> Iterator[BenchEnv]:
     finally:
         cleanup_redis(queue)
         shutil.rmtree(tmp, ignore_errors=True)
+        if schema is not None:
+            drop_postgres_schema(schema)
 
 
 def cleanup_redis(queue: str, result_ids: Sequence[str] = ()) -> None:

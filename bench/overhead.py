@@ -9,8 +9,9 @@ What is timed, per run, from just before the start call to the moment the caller
 
 * ``celery chain``: ``chain(step.s(0), step.s(), ...).apply_async().get()`` — the result backend
   pushes the result (Redis pub/sub), so the caller learns it at once.
-* ``durable handle.result()``: ``sequential.start(10).result()`` — the public API, which polls the
-  exec document with a growing interval (10 ms x 1.5 up to 250 ms).
+* ``durable handle.result()``: ``sequential.start(10).result()`` — the public API, woken by the
+  worker's push (Redis pub/sub on the result backend, ``durable_result_push``), polling the exec
+  document only as a fallback (``bench/result_latency.py`` compares the two).
 * ``durable tight poll``: the same workflow, the caller reads the exec document every 1 ms: the
   latency of the engine itself, without the client's polling granularity.
 * ``durable stored``: ``completed_at - created_at`` of the exec document (worker-side clock).
@@ -24,8 +25,13 @@ A second table starts ``--parallel`` runs of each side at once and reports runs/
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from _common import (
@@ -141,10 +147,58 @@ class Sides:
         return elapsed
 
 
+STORE_LABEL = {"sqlite": "SQLite", "postgres": "PostgreSQL"}
+RESULT = "durable (handle.result)"
+CHAIN = "celery chain (result.get)"
+
+
 def run(args: argparse.Namespace) -> None:
+    stores = args.store.split(",")
+    unknown = set(stores) - set(STORE_LABEL)
+    if unknown:
+        raise SystemExit(f"unknown --store {', '.join(sorted(unknown))} (sqlite, postgres, or both comma-separated)")
+    if len(stores) == 1:
+        run_one(args, stores[0])
+        return
+    # several stores: each in its own process (one client app per process), one after the other
     t_start = time.perf_counter()
-    print(f"{machine()} at the start", flush=True)
-    with bench_env("overhead") as env:
+    results = []
+    with tempfile.TemporaryDirectory(prefix="celery-durable-overhead-") as tmp:
+        for store in stores:
+            out = Path(tmp) / f"{store}.json"
+            cmd = [
+                sys.executable, __file__, "--store", store, "--result-file", str(out), "--runs", str(args.runs),
+                "--warmup", str(args.warmup), "--steps", str(args.steps), "--concurrency", str(args.concurrency),
+                "--parallel", str(args.parallel), "--parallel-rounds", str(args.parallel_rounds),
+            ]  # fmt: skip
+            subprocess.run(cmd, check=True)
+            results.append(json.loads(out.read_text()))
+    labels = [STORE_LABEL[r["store"]] for r in results]
+    headers = ["variant"]
+    for label in labels:
+        headers += [f"{label} p50 ms", f"{label} p50/chain"]
+    rows = []
+    for name in results[0]["times"]:
+        row: list[object] = [name]
+        for r in results:
+            ts, chain_t = r["times"][name], r["times"][CHAIN]
+            row += [fmt_ms(percentile(ts, 50)), f"{percentile(ts, 50) / percentile(chain_t, 50):.2f}"]
+        rows.append(row)
+    print_table(headers, rows, title="\nSide by side (each store measured in turn, same run)")
+    for r in results:
+        print(f"{STORE_LABEL[r['store']]}: {r['load_start']} at the start, {r['load_end']} at the end")
+    print(f"run time {time.perf_counter() - t_start:.1f} s")
+    for r in sorted(results, key=lambda r: r["store"] == "postgres"):  # PostgreSQL's verdict last
+        ratio = percentile(r["times"][RESULT], 50) / percentile(r["times"][CHAIN], 50)
+        label = STORE_LABEL[r["store"]]
+        print(verdict(f"latency ratio durable(handle.result)/chain p50, {label}", ratio, 1.2, False, goal=1.1))
+
+
+def run_one(args: argparse.Namespace, store: str) -> None:
+    t_start = time.perf_counter()
+    load_start = machine()
+    print(f"{load_start} at the start ({STORE_LABEL[store]})", flush=True)
+    with bench_env("overhead", store=store) as env:
         env.apply_to_process()
         worker = start_worker(env, concurrency=args.concurrency)
         sides: Sides | None = None
@@ -184,7 +238,7 @@ def run(args: argparse.Namespace) -> None:
     chain_t = times["celery chain (result.get)"]
     print(
         f"\noverhead: {args.steps} sequential trivial tasks; 1 worker, prefork -c {args.concurrency}; "
-        f"Redis broker db {env.env['BENCH_BROKER_URL'].rsplit('/', 1)[1]}; durable store SQLite; "
+        f"Redis broker db {env.env['BENCH_BROKER_URL'].rsplit('/', 1)[1]}; durable store {STORE_LABEL[store]}; "
         f"{args.runs} interleaved runs each after {args.warmup} warm-up rounds"
     )
     rows = []
@@ -240,6 +294,10 @@ def run(args: argparse.Namespace) -> None:
     tight = percentile(times["durable (tight 1 ms poll)"], 50) / percentile(chain_t, 50)
     print(f"\n(engine only, tight poll: durable/chain p50 = {tight:.2f})")
     print(f"run time {time.perf_counter() - t_start:.1f} s; {machine()} at the end")
+    if args.result_file:
+        Path(args.result_file).write_text(
+            json.dumps({"store": store, "times": times, "load_start": load_start, "load_end": machine()})
+        )
     # issue "replay core v2": <= 1.2x a chain; issue "long workflows": goal 1.1x
     print(verdict("latency ratio durable(handle.result)/chain p50", ratio, 1.2, higher_is_better=False, goal=1.1))
 
@@ -253,6 +311,13 @@ def main() -> None:
     parser.add_argument("--parallel", type=int, default=20, help="runs started at once in the throughput variant")
     parser.add_argument("--parallel-rounds", type=int, default=3, help="rounds of the throughput variant")
     parser.add_argument("--quick", action="store_true", help="10 runs, 2 warm-ups, 1 parallel round of 10")
+    parser.add_argument(
+        "--store",
+        default="sqlite",
+        help="sqlite, postgres (a fresh schema in $BENCH_POSTGRES_URL, default 127.0.0.1:5432/test), or "
+        "sqlite,postgres: each in turn, then side by side",
+    )
+    parser.add_argument("--result-file", help=argparse.SUPPRESS)
     args = parser.parse_args()
     exit_on_sigterm()
     if args.quick:

@@ -27,15 +27,31 @@ each; the Celery worker stays up but idle while DBOS runs. Both sides use the sa
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from _common import BenchEnv, bench_env, exit_on_sigterm, machine, mean, print_table, start_worker, verdict, wait_all
+from _common import (
+    POSTGRES_URL,
+    BenchEnv,
+    bench_env,
+    drop_postgres_schema,
+    exit_on_sigterm,
+    machine,
+    mean,
+    print_table,
+    start_worker,
+    verdict,
+    wait_all,
+)
 
 
 class Ours:
@@ -94,9 +110,10 @@ class RetryCounter(logging.Filter):
 
 
 class Dbos:
-    """DBOS launched in this process with its SQLite system database in a temp dir."""
+    """DBOS launched in this process with its system database: SQLite in a temp dir, or a fresh
+    schema (``dbos_system_schema``) in the PostgreSQL our store uses, dropped on close."""
 
-    def __init__(self) -> None:
+    def __init__(self, store: str = "sqlite") -> None:
         from dbos import DBOS
 
         self.retries = RetryCounter()
@@ -104,13 +121,14 @@ class Dbos:
 
         self.DBOS = DBOS
         self.tmp = Path(tempfile.mkdtemp(prefix="celery-durable-dbos-"))
-        DBOS(
-            config={
-                "name": "bench_throughput",
-                "system_database_url": f"sqlite:///{self.tmp / 'dbos.sqlite'}",
-                "log_level": "WARNING",
-            }
-        )
+        self.schema: str | None = None
+        config: dict[str, Any] = {"name": "bench_throughput", "log_level": "WARNING"}
+        if store == "postgres":
+            self.schema = f"bench_dbos_{uuid.uuid4().hex[:8]}"
+            config |= {"system_database_url": POSTGRES_URL, "dbos_system_schema": self.schema}
+        else:
+            config["system_database_url"] = f"sqlite:///{self.tmp / 'dbos.sqlite'}"
+        DBOS(config=config)  # type: ignore[arg-type]
 
         @DBOS.step()
         def step(x: int) -> int:
@@ -146,14 +164,22 @@ class Dbos:
             self.DBOS.destroy(destroy_registry=True)
         finally:
             shutil.rmtree(self.tmp, ignore_errors=True)
+            if self.schema is not None:
+                drop_postgres_schema(self.schema)
 
 
-def run(args: argparse.Namespace) -> None:
+OURS = "celery_durable (Redis + worker)"
+STORE_LABEL = {"sqlite": "SQLite", "postgres": "PostgreSQL"}
+
+
+def measure(args: argparse.Namespace, store: str) -> dict[str, Any]:
+    """One store: our worker and DBOS on the same kind of database, rounds interleaved."""
     t_start = time.perf_counter()
-    print(f"{machine()} at the start", flush=True)
+    load_start = machine()
+    print(f"{load_start} at the start ({STORE_LABEL[store]})", flush=True)
     n = args.workflows
     walls: dict[str, list[float]] = {}
-    with bench_env("throughput") as env:
+    with bench_env("throughput", store=store) as env:
         env.apply_to_process()
         worker = start_worker(env, concurrency=args.concurrency)
         ours: Ours | None = None
@@ -162,9 +188,9 @@ def run(args: argparse.Namespace) -> None:
         try:
             ours = Ours(env)
             local = Ours(env, local=True)
-            dbos = Dbos()
+            dbos = Dbos(store)
             variants: list[tuple[str, Callable[[int], float]]] = [
-                ("celery_durable (Redis + worker)", ours.run),
+                (OURS, ours.run),
                 (LOCAL, local.run),
                 ("DBOS start_workflow (in-process)", dbos.run_start),
             ]
@@ -191,17 +217,40 @@ def run(args: argparse.Namespace) -> None:
 
     assert ours is not None and local is not None and dbos is not None
     starts = {
-        "celery_durable (Redis + worker)": ours.start_phase,
+        OURS: ours.start_phase,
         LOCAL: local.start_phase,
         "DBOS start_workflow (in-process)": dbos.start_phase["start_workflow"],
         "DBOS queue, concurrency 8": dbos.start_phase["queue"],
     }
+    return {
+        "store": store,
+        "n": n,
+        "walls": walls,
+        "starts": {name: starts[name] for name in walls},
+        "server_side": ours.server_side,
+        "retries": dbos.retries.count,
+        "seconds": time.perf_counter() - t_start,
+        "load_start": load_start,
+        "load_end": machine(),
+    }
+
+
+def best_rate(r: dict[str, Any], name: str) -> float:
+    return float(max(r["n"] / t for t in r["walls"][name]))
+
+
+def dbos_best(r: dict[str, Any]) -> float:
+    return max(best_rate(r, name) for name in r["walls"] if name.startswith("DBOS"))
+
+
+def report(r: dict[str, Any], args: argparse.Namespace) -> None:
+    n, walls, label = r["n"], r["walls"], STORE_LABEL[r["store"]]
     print(
         f"\nthroughput: {n} workflows of 3 trivial steps started at once, {args.rounds} round(s) after a "
         f"warm-up of {args.warmup}; celery_durable: 1 worker prefork -c {args.concurrency}, Redis broker, "
-        "SQLite store; DBOS 3.4: in-process, SQLite system database"
+        f"{label} store; DBOS 3.4: in-process, {label} system database"
     )
-    ours_rate = max(n / t for t in walls["celery_durable (Redis + worker)"])
+    ours_rate = best_rate(r, OURS)
     rows = []
     for name, ts in walls.items():
         rates = [n / t for t in ts]
@@ -211,7 +260,7 @@ def run(args: argparse.Namespace) -> None:
                 len(ts),
                 f"{min(ts):.2f}",
                 f"{mean(ts):.2f}",
-                f"{mean(starts[name]):.2f}",
+                f"{mean(r['starts'][name]):.2f}",
                 f"{max(rates):.1f}",
                 f"{mean(rates):.1f}",
                 f"{ours_rate / max(rates):.2f}",
@@ -220,24 +269,92 @@ def run(args: argparse.Namespace) -> None:
     print_table(
         ["variant", "rounds", "best wall s", "mean wall s", "start phase s", "best wf/s", "mean wf/s", "ours/this"],
         rows,
-        title="Workflows per second (first start -> all results seen by the caller)",
+        title=f"Workflows per second on {label} (first start -> all results seen by the caller)",
     )
     print(
         "celery_durable worker-side span (last completed_at - first created_at): "
-        + ", ".join(f"{s:.2f} s ({n / s:.1f} wf/s)" for s in ours.server_side)
+        + ", ".join(f"{s:.2f} s ({n / s:.1f} wf/s)" for s in r["server_side"])
     )
+    what = "'database is locked'" if r["store"] == "sqlite" else "a connection error"
+    print(f"DBOS system-database retries after {what} (DBOS sleeps ~1 s, doubling per attempt): {r['retries']}")
+    print(f"{label}: run time {r['seconds']:.1f} s; {r['load_end']} at the end")
+
+
+def verdicts(r: dict[str, Any]) -> None:
+    ours_rate, dbos_rate, local_rate = best_rate(r, OURS), dbos_best(r), best_rate(r, LOCAL)
+    if r["store"] == "sqlite":
+        # not below the 1.9x measured before the replay-core redesign
+        print(verdict("throughput ratio celery_durable/best DBOS (best round)", ours_rate / dbos_rate, 1.9, True))
+        print(
+            verdict(
+                "throughput ratio celery_durable local steps/best DBOS (best round)", local_rate / dbos_rate, 3.0, True
+            )
+        )
+        return
+    label = STORE_LABEL[r["store"]]
     print(
-        f"DBOS system-database retries after 'database is locked' (DBOS sleeps ~1 s, doubling per attempt): "
-        f"{dbos.retries.count}"
+        f"throughput ratio celery_durable local steps/best DBOS on {label} (best round) = {local_rate / dbos_rate:.2f}"
     )
-    dbos_best = max(max(n / t for t in ts) for name, ts in walls.items() if name.startswith("DBOS"))
-    print(f"run time {time.perf_counter() - t_start:.1f} s; {machine()} at the end")
-    # not below the 1.9x measured before the replay-core redesign
-    print(verdict("throughput ratio celery_durable/best DBOS (best round)", ours_rate / dbos_best, 1.9, True))
-    local_rate = max(n / t for t in walls[LOCAL])
+    # issue 14: ours on PostgreSQL at least as fast as DBOS on the same PostgreSQL
     print(
-        verdict("throughput ratio celery_durable local steps/best DBOS (best round)", local_rate / dbos_best, 3.0, True)
+        verdict(
+            f"throughput ratio celery_durable/best DBOS, both on {label} (best round)", ours_rate / dbos_rate, 1.0, True
+        )
     )
+
+
+def side_by_side(results: list[dict[str, Any]]) -> None:
+    """One row per variant, one column group per store, and each store's rate over SQLite's."""
+    results = sorted(results, key=lambda r: r["store"] != "sqlite")  # SQLite first: the base
+    labels = [STORE_LABEL[r["store"]] for r in results]
+    headers = ["variant"]
+    for label in labels:
+        headers += [f"{label} best wf/s", f"{label} mean wf/s", f"ours/this {label}"]
+    headers += [f"{label}/{labels[0]}" for label in labels[1:]]
+    rows = []
+    for name in results[0]["walls"]:
+        row: list[object] = [name]
+        for r in results:
+            rates = [r["n"] / t for t in r["walls"][name]]
+            row += [f"{max(rates):.1f}", f"{mean(rates):.1f}", f"{best_rate(r, OURS) / max(rates):.2f}"]
+        row += [f"{best_rate(r, name) / best_rate(results[0], name):.2f}" for r in results[1:]]
+        rows.append(row)
+    print_table(headers, rows, title="Side by side (best round per variant; each store measured in turn, same run)")
+    for r in results:
+        print(f"{STORE_LABEL[r['store']]}: {r['load_start']} at the start, {r['load_end']} at the end")
+
+
+def run(args: argparse.Namespace) -> None:
+    t_start = time.perf_counter()
+    stores = args.store.split(",")
+    unknown = set(stores) - set(STORE_LABEL)
+    if unknown:
+        raise SystemExit(f"unknown --store {', '.join(sorted(unknown))} (sqlite, postgres, or both comma-separated)")
+    if len(stores) == 1:
+        r = measure(args, stores[0])
+        if args.result_file:
+            Path(args.result_file).write_text(json.dumps(r))
+        report(r, args)
+        verdicts(r)
+        return
+    # several stores: each in its own process (one Celery client app and one DBOS per process),
+    # one after the other; the tables of each are printed as they finish, then side by side
+    results = []
+    with tempfile.TemporaryDirectory(prefix="celery-durable-throughput-") as tmp:
+        for store in stores:
+            out = Path(tmp) / f"{store}.json"
+            cmd = [
+                sys.executable, __file__, "--store", store, "--result-file", str(out),
+                "--workflows", str(args.workflows), "--rounds", str(args.rounds), "--warmup", str(args.warmup),
+                "--concurrency", str(args.concurrency), *(["--no-queue"] if args.no_queue else []),
+            ]  # fmt: skip
+            subprocess.run(cmd, check=True)
+            results.append(json.loads(out.read_text()))
+    print()
+    side_by_side(results)
+    print(f"run time {time.perf_counter() - t_start:.1f} s")
+    for r in sorted(results, key=lambda r: r["store"] == "postgres"):  # PostgreSQL's verdict last
+        verdicts(r)
 
 
 def main() -> None:
@@ -247,6 +364,13 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=20, help="workflows per side in the warm-up (default 20)")
     parser.add_argument("--concurrency", type=int, default=2, help="worker prefork concurrency (default 2)")
     parser.add_argument("--no-queue", action="store_true", help="skip the DBOS queue variant")
+    parser.add_argument(
+        "--store",
+        default="sqlite",
+        help="sqlite, postgres (a fresh schema in $BENCH_POSTGRES_URL, default 127.0.0.1:5432/test, for us and "
+        "for DBOS), or sqlite,postgres: each in turn, then side by side",
+    )
+    parser.add_argument("--result-file", help=argparse.SUPPRESS)
     parser.add_argument("--quick", action="store_true", help="50 workflows, 1 round, warm-up 10")
     args = parser.parse_args()
     exit_on_sigterm()
