@@ -307,6 +307,12 @@ def durable_activity(fn: Any = None, *, name: str | None = None, **options: Any)
     """
 
     local = bool(options.pop("local", False))
+    limits = [o for o in ("time_limit", "soft_time_limit") if local and options.get(o) is not None]
+    if limits:
+        raise ConfigurationError(
+            f"@durable_activity(local=True) cannot take {', '.join(limits)}: a local activity runs inside the "
+            "drive, where no Celery time limit stops it; use a normal activity for work that needs one"
+        )
 
     def wrap(target: Any) -> Any:
         if local and (issubclass(type(target), Proxy) or isinstance(target, Task)):

@@ -63,7 +63,11 @@ def answer_query(
         )
     result = replay(ex, docs, definition, registry, clock.now(), settings, read_only=True)
     recorded = int(ex.get("steps") or 0)
-    if (ex.get("status") in TERMINAL and result.kind == "suspended") or result.steps < recorded:
+    # an ended run's full history decides every step it takes: a replay that records anything
+    # (a cancel delivered afresh, a step taken anew; patch markers of newer code aside) lacks part of it
+    invented = result.context is not None and any(d.get("kind") != "patch" for d in result.context.new_docs.values())
+    ended = ex.get("status") in TERMINAL
+    if (ended and (result.kind == "suspended" or (recorded and invented))) or result.steps < recorded:
         raise HistoryUnavailableError(
             execution_id,
             name,

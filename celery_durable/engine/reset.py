@@ -16,7 +16,7 @@ import socket
 from typing import Any, Protocol
 
 from ..stores.base import Doc
-from .schema import EXEC_ID, DocType, Status, marker_id, operation_id
+from .schema import EXEC_ID, DocType, Status, marker_id, operation_id, result_id
 from .search import run_start as search_run_start
 from .timeline import _int
 
@@ -49,6 +49,20 @@ class Planner(Protocol):
     def _rearm(self, ex: Doc, marker: Doc, rewrite: Any, fresh: bool = False) -> None: ...
 
 
+def _refuse_told_child(admin: Planner, refuse: type[Exception], ex: Doc) -> None:
+    """A child whose parent recorded its outcome is not reset alone: its re-run's outcome would
+    reach nobody (the parent's step is decided, create-only), leaving the two disagreeing."""
+    parent = ex.get("parent")
+    if not isinstance(parent, dict) or not parent.get("pk"):
+        return
+    ppk, seq, run = str(parent["pk"]), _int(parent.get("seq")), _int(parent.get("run"))
+    if ex.get("parent_notified") or admin.engine.store.read(ppk, result_id(seq, run)) is not None:
+        raise refuse(
+            f"{ex['pk']} is a child of {ppk} (step {seq}), which has recorded its outcome: reset "
+            f"(or retry) the parent from step {seq} instead (it runs the child afresh)"
+        )
+
+
 def plan_reset(
     admin: Planner,
     rewrite: Rewrite,
@@ -69,6 +83,7 @@ def plan_reset(
     run, steps = _int(ex.get("run")), _int(ex.get("steps"))
     if not 1 <= step <= steps + 1:
         raise OperationRefused(f"{pk} has steps 1 to {steps} in its current run: cannot reset to step {step}")
+    _refuse_told_child(admin, refuse, ex)
     admin._forget_after(ex, docs, step - 1, rewrite, keep=set())
     gone = {d["id"] for d in rewrite.deletes}
     for d in list(docs.values()):
