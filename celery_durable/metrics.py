@@ -231,7 +231,11 @@ def instrument(durable: DurableLike | Any) -> Engine:
     with one); builds the engine if needed. Idempotent."""
     if not hasattr(durable, "engine"):
         durable = durable_of(durable)
-    engine: Engine = durable.engine
+    return instrument_engine(durable.engine)
+
+
+def instrument_engine(engine: Engine) -> Engine:
+    """Export the events and store calls of ``engine`` (the web UI's, say). Idempotent."""
     m = metrics()
     with _lock:
         if engine not in _engines:
@@ -277,6 +281,12 @@ def _registry() -> CollectorRegistry:
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry, path)  # type: ignore[no-untyped-call]
     return registry
+
+
+def exposition() -> tuple[bytes, str]:
+    """What ``/metrics`` answers (body, content type): every process's metrics sharing
+    ``PROMETHEUS_MULTIPROC_DIR`` when it is set, else this process's."""
+    return prometheus_client.generate_latest(_registry()), prometheus_client.CONTENT_TYPE_LATEST
 
 
 def serve(port: int, addr: str = "0.0.0.0", app: Any = None) -> MetricsServer:

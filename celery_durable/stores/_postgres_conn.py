@@ -94,6 +94,8 @@ def parse_url(url: str, options: dict[str, Any]) -> PgConfig:
         raise ConfigurationError(f"postgresql store: connect_timeout must be > 0 seconds, got {timeout}")
     schema = ours.get("schema")
     conninfo = urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(libpq), ""))
+    if not parts.netloc:  # postgresql:///db (socket, or host= in the query): urlunsplit drops the "//"
+        conninfo = conninfo.replace(":", "://", 1)
     try:  # libpq's own parser: a malformed URL or an unknown parameter fails here, not at first use
         params = conninfo_to_dict(conninfo)
     except psycopg.Error as exc:
@@ -190,6 +192,11 @@ class Pool:
             yield conn
         except psycopg.Error as exc:
             raise translate(exc, self.cfg, "failed") from exc
+        except UnicodeEncodeError as exc:  # psycopg's adapter, before anything is sent
+            raise ConfigurationError(
+                f"postgresql store {self.cfg.display}: an id or value holds a lone surrogate"
+                f" ({exc.object[exc.start : exc.end]!r}), which PostgreSQL text cannot store"
+            ) from exc
         finally:
             if conn is not None:
                 self._checkin(conn, pid)

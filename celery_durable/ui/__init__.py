@@ -37,6 +37,13 @@ def serve(durable: Durable, host: str = "127.0.0.1", port: int = 8765, token: st
     token = token or new_token()
     Guard(token)  # a token too short is refused before the store is opened
     app = create_app(durable.engine, token)
+    if _loopback(host):
+        # reads need no token because only this machine reaches a loopback address; refusing other
+        # Host names keeps a web page whose DNS name was re-pointed at 127.0.0.1 (rebinding) out
+        from starlette.middleware.trustedhost import TrustedHostMiddleware
+
+        names = {"127.0.0.1", "localhost", "[::1]", f"[{host}]" if ":" in host else host}
+        app.add_middleware(TrustedHostMiddleware, allowed_hosts=sorted(names))
     print(f"celery-durable UI on http://{host}:{port}/", file=out)
     if given:
         print("actions: use the token given by --token / DURABLE_UI_TOKEN", file=out)

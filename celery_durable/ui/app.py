@@ -76,6 +76,7 @@ class UI:
         self.admin = Admin(engine)
         self.guard = guard
         self.env = _templates()
+        self.exports_metrics = _instrument(engine)
 
     # --- helpers ----------------------------------------------------------------------------
 
@@ -113,6 +114,16 @@ class UI:
 
     async def index(self, request: Request) -> Response:
         return RedirectResponse("/executions", status_code=303)
+
+    def metrics(self, request: Request) -> Response:
+        """Prometheus text (the prometheus extra): this UI process's store calls and actions, or
+        every process's sharing ``PROMETHEUS_MULTIPROC_DIR`` (workers of this machine) if set."""
+        if not self.exports_metrics:
+            return PlainTextResponse("metrics need the prometheus extra: pip install 'celery-durable[prometheus]'", 404)
+        from ..metrics import exposition
+
+        body, content_type = exposition()
+        return Response(body, headers={"Content-Type": content_type})
 
     async def health(self, request: Request) -> Response:
         return PlainTextResponse("ok")
@@ -253,6 +264,8 @@ class UI:
                 value = json.loads(form.get("value") or "null")
             except json.JSONDecodeError as exc:
                 raise ValueError(f"the value is not valid JSON: {exc}") from exc
+            except RecursionError as exc:
+                raise ValueError("the value is nested too deeply") from exc
             return "signal-delivered" if self.engine.signal(execution_id, signal, value) else "signal-ignored"
         if name == "cancel":
             return "cancel-requested" if self.engine.cancel(execution_id) else "cancel-finished"
@@ -267,6 +280,16 @@ class UI:
             raise OperationRefused(f"{execution_id} is completed; nothing to resume")
         self.admin.resume(execution_id)
         return "resume"
+
+
+def _instrument(engine: Engine) -> bool:
+    """Count this UI's store calls and actions in Prometheus metrics, if prometheus_client is here."""
+    try:
+        from ..metrics import instrument_engine
+    except ImportError:
+        return False
+    instrument_engine(engine)
+    return True
 
 
 def _headers() -> dict[str, str]:
@@ -297,6 +320,7 @@ def create_app(engine: Engine, token: str) -> Starlette:
     routes = [
         Route("/", ui.index),
         Route("/healthz", ui.health),
+        Route("/metrics", ui.metrics),
         Route("/executions", ui.executions),
         Route("/executions/{execution_id:path}", ui.execution),
         Route("/api/executions/{execution_id:path}", ui.execution_json),

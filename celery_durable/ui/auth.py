@@ -1,6 +1,7 @@
 """Who may act: the start-up token, browser sessions and their CSRF tokens.
 
-Reading pages needs nothing (the server binds 127.0.0.1 unless told otherwise); every action
+Reading pages needs nothing (the server binds 127.0.0.1 unless told otherwise, and there answers
+only loopback Host names: :func:`..ui.serve`, against DNS rebinding); every action
 (signal, cancel, retry, resume) is a POST that must carry one of:
 
 * ``Authorization: Bearer <token>`` — for scripts. A browser never adds that header to a

@@ -218,7 +218,8 @@ def test_serve_prints_a_random_token_once_and_it_unlocks_actions(
     assert served["host"] == "127.0.0.1" and served["port"] == 8765
     token = out.getvalue().split("actions token (shown once): ", 1)[1].split()[0]
     assert len(token) >= 32 and out.getvalue().count(token) == 1
-    with TestClient(served["app"], follow_redirects=False) as c:
+    # addressed as a browser on this machine does (on loopback other Host names are refused)
+    with TestClient(served["app"], base_url="http://127.0.0.1:8765", follow_redirects=False) as c:
         assert c.post("/login", data={"token": token}).status_code == 303
     out = io.StringIO()
     serve(SimpleNamespace(engine=env.engine), host="0.0.0.0", token=TOKEN, out=out)  # type: ignore[arg-type]
@@ -237,3 +238,18 @@ def test_list_filters_by_search_attributes(env: WorkflowEnvironment, client: Tes
     assert "search=priority%3D3" in page  # the next page keeps the filter
     bad = client.get("/executions", params={"search": "no pair"})
     assert bad.status_code == 400 and "search:" in bad.text and "attr=value" in bad.text
+
+
+def test_the_ui_serves_prometheus_metrics_of_its_store_calls(env: WorkflowEnvironment, client: TestClient) -> None:
+    # issue 14: metrics "servable from the worker or the UI process"
+    env.start(flows.echo, "m", _workflow_id="metrics-1")
+
+    def reads() -> float:
+        r = client.get("/metrics")
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+        found = re.findall(r'^celery_durable_store_call_seconds_count\{[^}]*\} ([0-9.e+]+)$', r.text, re.M)
+        return sum(float(v) for v in found)
+
+    before = reads()
+    assert client.get("/executions/metrics-1").status_code == 200  # the page reads the store
+    assert reads() > before
