@@ -44,6 +44,7 @@ opens its own.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -86,12 +87,14 @@ _COLS = "body, version, due_kind, due_at, created, workflow, status, search"
 _SET = "body = %s, version = {v}, due_kind = %s, due_at = %s, created = %s, workflow = %s, status = %s, search = %s"
 _EXCLUDED = ", ".join(f"{c} = excluded.{c}" for c in _COLS.split(", "))
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
 Row = tuple[str, str | None, float | None, float | None, str | None, str | None, str | None]
 
 
 def _prepare(doc: Doc, limit: int) -> Row:
     """Validate a document; return its body and the columns scans and listings filter on."""
-    body = check_doc(doc, limit)
+    body = _utf8(check_doc(doc, limit))
     kind, at = due_columns(doc)
     if doc["id"] != "exec":
         return body, kind, at, None, None, None, None
@@ -105,6 +108,18 @@ def _prepare(doc: Doc, limit: int) -> Row:
         status if isinstance(status, str) else None,
         _search_column(doc.get("search")),
     )
+
+
+def _utf8(body: str) -> str:
+    """``body`` as TEXT can hold it: a lone surrogate (``"\\ud800"``, valid in a JSON string) is
+    written as its ``\\uXXXX`` escape, which reads back as the same string."""
+    if body.isascii():
+        return body
+    try:
+        body.encode("utf-8")
+    except UnicodeEncodeError:
+        return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", body)
+    return body
 
 
 def _search_column(search: Any) -> str | None:
@@ -142,6 +157,8 @@ def _schema_sql(cfg: PgConfig) -> list[str]:
         f'CREATE INDEX IF NOT EXISTS "{cfg.table}_due" ON {t} (due_kind, due_at, pk, id) WHERE due_kind IS NOT NULL',
         # exec rows only, in listing order: list_execs reads one page of the index
         f"CREATE INDEX IF NOT EXISTS \"{cfg.table}_execs\" ON {t} (created DESC, pk DESC) WHERE id = 'exec'",
+        # a delta read (query_partition since a cursor) reads only what changed, whatever the history
+        f'CREATE INDEX IF NOT EXISTS "{cfg.table}_changes" ON {t} (pk, version)',
     ]
 
 
@@ -195,8 +212,9 @@ class PostgresStore(Store):
     def _init_schema(self, conn: psycopg.Connection[Any]) -> None:
         cfg = self.cfg
         names = [
-            f"{cfg.schema}.{n}" if cfg.schema else n
-            for n in (cfg.table, f"{cfg.table}_due", f"{cfg.table}_execs", f"{cfg.table}_search")
+            # quoted as created: to_regclass folds an unquoted "MixedCase" name to lower case
+            f'"{cfg.schema}"."{n}"' if cfg.schema else f'"{n}"'
+            for n in (cfg.table, *(f"{cfg.table}_{i}" for i in ("due", "execs", "search", "changes")))
         ]
         # the objects may exist already, created by someone allowed to (CREATE … IF NOT EXISTS
         # checks the right to create before it looks)

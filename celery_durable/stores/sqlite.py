@@ -10,7 +10,8 @@ a global sequence (``meta.seq``) and the ``due_kind``/``due_at`` columns. Becaus
 assigned inside the serialised write transaction they grow in commit order, so a version is at
 once the etag and a change cursor for :meth:`SqliteStore.query_partition`. A partial index over
 ``(due_kind, due_at)`` restricted to ``due_kind IS NOT NULL`` makes :meth:`SqliteStore.scan_due`
-cost what is due, not what is stored.
+cost what is due, not what is stored; an index over ``(pk, version)`` makes a delta read
+(``query_partition(pk, since=cursor)``) cost what changed, not the partition's history.
 
 Connections come from a small per-process pool (one connection is used by one thread at a
 time). After ``fork()`` the pool is dropped, either by :meth:`SqliteStore.reopen` or when a
@@ -63,7 +64,8 @@ WAIT_FIRST = 100e-6
 WAIT_MAX = 2e-3
 #: ids per ``IN (...)`` of read_many (SQLite before 3.32 allows 999 parameters a statement)
 _IN_CHUNK = 500
-SCHEMA_VERSION = 3  # 2: the docs_execs index (list_execs); 3: search_idx; older files are upgraded on open
+#: 2: the docs_execs index (list_execs); 3: search_idx; 4: docs_changes; older files are upgraded on open
+SCHEMA_VERSION = 4
 
 #: An exec row's listing key: its numeric created_at, else 0. Guarded by json_valid so a corrupt
 #: body is listed (and flagged) rather than failing the whole query; must match docs_execs exactly.
@@ -87,6 +89,8 @@ _SCHEMA = (
         WHERE due_kind IS NOT NULL""",
     # exec rows only, in listing order: list_execs reads one page of the index, whatever the history
     f"CREATE INDEX IF NOT EXISTS docs_execs ON docs ({_CREATED}, pk) WHERE id = 'exec'",
+    # a delta read (query_partition since a cursor) reads only what changed, whatever the history
+    "CREATE INDEX IF NOT EXISTS docs_changes ON docs (pk, version)",
     # the exec documents' search attributes (stores/_sqlite_search.py), written with the exec
     *SEARCH_SCHEMA,
     "CREATE TABLE IF NOT EXISTS meta (k INTEGER PRIMARY KEY CHECK (k = 0), seq INTEGER NOT NULL)",
@@ -416,9 +420,14 @@ class SqliteStore(Store):
             # commit in version order (BEGIN IMMEDIATE), so every document at or below the cursor
             # is seen now, and one newer than it is read again next time (merged by id).
             (cursor,) = conn.execute("SELECT seq FROM meta WHERE k = 0").fetchone()
-            rows = conn.execute(
-                "SELECT id, body, version FROM docs WHERE pk = ? AND version > ? ORDER BY id", (pk, after)
-            ).fetchall()
+            if after:  # what changed since: docs_changes reads only that, not the whole partition
+                rows = conn.execute(
+                    "SELECT id, body, version FROM docs INDEXED BY docs_changes WHERE pk = ? AND version > ?"
+                    " ORDER BY id",
+                    (pk, after),
+                ).fetchall()
+            else:  # all of it, in id order from the primary key
+                rows = conn.execute("SELECT id, body, version FROM docs WHERE pk = ? ORDER BY id", (pk,)).fetchall()
         return PartitionRead(docs=[_decode(body, pk, doc_id, version) for doc_id, body, version in rows], cursor=cursor)
 
     def batch(self, pk: str, ops: Sequence[Op]) -> list[str | None]:

@@ -1204,6 +1204,6 @@ def test_sqlite_list_execs_uses_its_index_and_upgrades_an_old_file(tmp_path: Pat
     store = store_from_url(sqlite_url(path))
     assert [d["pk"] for d in store.list_execs().docs] == ["e"]
     with sqlite3.connect(path) as raw:
-        assert raw.execute("PRAGMA user_version").fetchone()[0] == 3  # 3: search_idx (issue 13 item 5)
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == 4  # 3: search_idx (issue 13 item 5); 4: docs_changes
         assert raw.execute("SELECT name FROM sqlite_master WHERE name = 'docs_execs'").fetchone() is not None
         assert raw.execute("SELECT name FROM sqlite_master WHERE name = 'search_idx'").fetchone() is not None
