@@ -11,15 +11,17 @@ the copy suspect (the execution may be gone).
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterable
 from typing import Any
 
 from ..stores.base import Doc, Store, strip_reserved
 from .model import EXEC_ID
 
-__all__ = ["PartitionCache", "bump_generation", "lineage"]
+__all__ = ["Partition", "PartitionCache", "bump_generation", "lineage"]
 
 
 def lineage(exec_doc: Doc | None) -> tuple[Any, Any] | None:
@@ -38,16 +40,50 @@ def bump_generation(exec_doc: Doc) -> Doc:
     return strip_reserved(exec_doc) | {"generation": int(exec_doc.get("generation") or 0) + 1}
 
 
+#: serials of partition snapshots: process-wide, never reused (unlike ``id()``)
+_serials = itertools.count(1)
+#: how many ancestors a snapshot remembers its changes since (a chain of loads and puts no
+#: check saw in between longer than this means a full check; it never means a missed one)
+ANCESTRY = 8
+
+
+class Partition(dict[str, Doc]):
+    """A snapshot of a partition handed out by :class:`PartitionCache`: a plain dict of its
+    documents (never changed once handed out: a newer snapshot is a new object) that also knows
+    which ids changed since each of its last few ancestors (``changed_since``), so a check
+    (``checks.check_partition``) looks at what changed since the snapshot it last checked, not at
+    the whole history."""
+
+    __slots__ = ("serial", "ancestry")
+
+    def __init__(self, docs: dict[str, Doc], base: Partition | None = None, changed: Iterable[str] = ()) -> None:
+        super().__init__(docs)
+        self.serial = next(_serials)
+        #: ancestor serial -> the ids changed (added or replaced) since it, newest ancestor first
+        self.ancestry: dict[int, frozenset[str]] = {}
+        if base is not None:
+            ids = frozenset(changed)
+            self.ancestry[base.serial] = ids
+            for serial, since in itertools.islice(base.ancestry.items(), ANCESTRY - 1):
+                self.ancestry[serial] = since | ids
+
+    def changed_since(self, serial: int) -> frozenset[str] | None:
+        """The ids added or replaced since snapshot ``serial``; ``None`` if it is not a known ancestor."""
+        if serial == self.serial:
+            return frozenset()
+        return self.ancestry.get(serial)
+
+
 class PartitionCache:
     def __init__(self, store: Store, max_entries: int = 512) -> None:
         self._store = store
         self._max = max_entries
         self._lock = threading.Lock()
         # pk -> (cursor, docs, monotonic time of the read)
-        self._entries: OrderedDict[str, tuple[Any, dict[str, Doc], float]] = OrderedDict()
+        self._entries: OrderedDict[str, tuple[Any, Partition, float]] = OrderedDict()
         self._suspect: set[str] = set()
 
-    def load(self, pk: str) -> dict[str, Doc]:
+    def load(self, pk: str) -> Partition:
         """Every document of the partition, current as of this call (copy-on-write dict).
 
         A delta read cannot show deletions, so whoever deletes recorded documents bumps the
@@ -58,7 +94,7 @@ class PartitionCache:
             entry = self._entries.get(pk)
             suspect = pk in self._suspect
             self._suspect.discard(pk)
-        docs: dict[str, Doc] | None = None
+        docs: Partition | None = None
         if entry is not None:
             cursor, cached, _ = entry
             read = self._store.query_partition(pk, since=cursor)
@@ -67,11 +103,11 @@ class PartitionCache:
             same_life = ex is not None and lineage(ex) == lineage(cached.get(EXEC_ID))
             # after a conflict, an exec document the delta does not show may be gone
             if same_life and not (suspect and EXEC_ID not in fresh):
-                docs = dict(cached)
+                docs = Partition(cached, cached, fresh)  # what a delta repeats counts as changed
                 docs.update(fresh)
         if docs is None:
             read = self._store.query_partition(pk)
-            docs = {d["id"]: d for d in read.docs}
+            docs = Partition({d["id"]: d for d in read.docs})
         with self._lock:
             self._entries[pk] = (read.cursor, docs, time.monotonic())
             self._entries.move_to_end(pk)
@@ -86,7 +122,7 @@ class PartitionCache:
             if pk in self._entries:
                 self._suspect.add(pk)
 
-    def peek(self, pk: str, max_age: float) -> dict[str, Doc] | None:
+    def peek(self, pk: str, max_age: float) -> Partition | None:
         """The cached partition if it was read less than ``max_age`` seconds ago, without a read.
 
         Safe for a drive: its commit is conditional on the exec etag, and every write a drive
@@ -105,7 +141,7 @@ class PartitionCache:
         with self._lock:
             entry = self._entries.get(pk)
             if entry is not None:
-                docs = dict(entry[1])
+                docs = Partition(entry[1], entry[1], (doc["id"],))
                 docs[doc["id"]] = doc
                 self._entries[pk] = (entry[0], docs, entry[2])
 

@@ -21,6 +21,7 @@ from typing import Any
 from ..errors import CorruptDocument, InvalidWorkflowId
 from ..stores._cosmos_index import lwm_pk
 from ..stores.base import Doc
+from .cache import Partition
 from .outbox.model import index_pk, lane_pk
 from .schema import (
     EXEC_ID,
@@ -251,10 +252,11 @@ def check_exec(pk: str, doc: Doc | None) -> Doc | None:
     return None if doc is None else check_doc(pk, doc)
 
 
-#: pk -> {doc id: the document object last found well-formed}. Partition caches hand out the
-#: same objects until a document changes, so a drive checks only what is new (an identity test
-#: per document, not a re-check of a long history); holding the objects rules out id() reuse.
-_checked: OrderedDict[str, dict[str, Doc]] = OrderedDict()
+#: pk -> the serial of the last partition snapshot (``cache.Partition``) found well-formed. A
+#: snapshot knows which ids changed since each of its last few ancestors, so a drive checks only
+#: the documents changed since the last check: work bounded by the changes, not the history.
+#: Serials are never reused; a snapshot never changes once handed out (a newer one is a new object).
+_checked: OrderedDict[str, int] = OrderedDict()
 _checked_lock = threading.Lock()
 _CHECKED_PARTITIONS = 256
 
@@ -263,20 +265,30 @@ def check_partition(pk: str, docs: Mapping[str, Doc]) -> None:
     """Check every engine document of a partition a drive or a scan is about to use.
 
     A finished execution's step documents are never read again, so only its exec is checked.
+    Of a :class:`~.cache.Partition` descending from the last one checked, only the documents
+    changed since are checked; any other mapping is checked whole.
     """
     ex = docs.get(EXEC_ID)
     if ex is not None:
         check_doc(pk, ex)
         if ex.get("status") in TERMINAL:
             return
-    with _checked_lock:
-        seen = _checked.pop(pk, None) or {}
-    fresh: dict[str, Doc] = {}
-    for doc_id, doc in docs.items():
-        if seen.get(doc_id) is not doc:
+    if not isinstance(docs, Partition):
+        for doc in docs.values():
             check_doc(pk, doc)
-        fresh[doc_id] = doc
+        return
     with _checked_lock:
-        _checked[pk] = fresh
+        last = _checked.get(pk)
+    changed = None if last is None else docs.changed_since(last)
+    if changed is None:
+        for doc in docs.values():
+            check_doc(pk, doc)
+    else:
+        for doc_id in changed:
+            if (changed_doc := docs.get(doc_id)) is not None:
+                check_doc(pk, changed_doc)
+    with _checked_lock:
+        _checked[pk] = docs.serial
+        _checked.move_to_end(pk)
         while len(_checked) > _CHECKED_PARTITIONS:
             _checked.popitem(last=False)
