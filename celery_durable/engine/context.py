@@ -166,6 +166,7 @@ class WorkflowContext:
     #: local activity steps this replay waits for: the driver runs them in its process
     local_steps: list[LocalStep] = field(default_factory=list)
     park: Callable[[], None] | None = None  # a live instance parks here, not unwound (engine/sticky.py)
+    unwinding: bool = False  # it raised Suspend: it decides nothing more (refuse_in_query)
     _rng: _random.Random | None = None
 
     # --- plumbing ---------------------------------------------------------------------
@@ -203,6 +204,8 @@ class WorkflowContext:
         """A query handler only reads: ``what`` (a durable call, a status change) is refused in one."""
         if self.answering is not None:
             raise RuntimeError(f"query handler {self.answering!r} cannot make {what}: queries only read")
+        if self.unwinding and not self.read_only:  # past a suspension (finally, a swallowed Suspend): a
+            raise Suspend()  # parked instance (engine/sticky.py) never runs this, a full replay decides alike
 
     def _marker(self, seq: int, kind: str, name: str, **extra: Any) -> Doc:
         doc: Doc = {
@@ -227,12 +230,9 @@ class WorkflowContext:
         return result_id(seq, self.run)
 
     def suspend(self, pending: Iterable[int]) -> None:
-        """Wait for the given steps. If a cancel was requested, deliver it here instead.
-
-        The cancellation is recorded as the *outcome* of every pending step (create-only), so a
-        replay raises it at exactly the same point even if a real result lands later. Pending
-        children are cancelled too.
-        """
+        """Wait for the given steps. If a cancel was requested, deliver it here instead: recorded as
+        the *outcome* of every pending step (create-only), so a replay raises it at exactly the same
+        point even if a real result lands later; pending children are cancelled too."""
         pending = list(pending)
         if self.cancel_requested and not self.cancel_delivered and pending:
             self._cancel_children()
@@ -256,6 +256,7 @@ class WorkflowContext:
             self.cancel_delivered = True
             raise WorkflowCancelledError(f"workflow {self.execution_id!r} was cancelled")
         if self.park is None:
+            self.unwinding = True
             raise Suspend()
         self.park()  # a live instance waits here; resumed with a newer history, the caller looks again
 

@@ -30,7 +30,7 @@ _IMMUTABLE = (type(None), bool, int, float, complex, str, bytes)
 
 
 def _immutable(value: Any) -> bool:
-    if isinstance(value, _IMMUTABLE):
+    if type(value) in _IMMUTABLE:  # exactly: an instance of a subclass (of str, int...) takes attributes
         return True
     if type(value) in (tuple, frozenset):
         return all(_immutable(v) for v in value)

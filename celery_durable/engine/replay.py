@@ -133,6 +133,8 @@ def _decide(ex: Doc, wf: WorkflowDef, ctx: WorkflowContext, outcome: Outcome, re
     """What a replay decided, from how the workflow function ended (or suspended) in ``ctx``."""
     kind, value, error, payload = "completed", None, None, None
     raised, result = outcome
+    if ctx.unwinding:  # user code swallowed its Suspend and went on: it suspended (as a parked instance)
+        raised = Suspend()
     if raised is not None:
         if isinstance(raised, Suspend):
             kind = "suspended"

@@ -299,7 +299,7 @@ def _parker(glet: greenlet, ctx: WorkflowContext) -> Callable[[], None]:
         except BaseException:
             # unwound (Suspend thrown at eviction, GreenletExit when collected): as at a full
             # replay's suspension, a durable call in a ``finally`` below raises Suspend
-            ctx.park = None
+            ctx.park, ctx.unwinding = None, True
             raise
 
     return park
@@ -307,7 +307,8 @@ def _parker(glet: greenlet, ctx: WorkflowContext) -> Callable[[], None]:
 
 def _unwind(held: Held) -> None:
     """Unwind a parked instance as a full replay's suspension would (its ``finally`` blocks run)."""
-    held.ctx.park = None  # a durable call while unwinding raises Suspend, as in a full replay
+    # a durable call while unwinding raises Suspend, as in a full replay (even past a swallowed one)
+    held.ctx.park, held.ctx.unwinding = None, True
     glet = held.glet
     if glet.dead or not glet:
         return
@@ -316,5 +317,7 @@ def _unwind(held: Held) -> None:
         glet.throw(Suspend())
     except ValueError:  # another thread's greenlet: it is killed (GreenletExit) when collected there
         return
+    except (KeyboardInterrupt, SystemExit):  # an interrupt or a shutdown is not the workflow's: it goes on
+        raise
     except BaseException:  # what user code raised while unwinding: a full replay would have started over
         log.debug("unwinding the instance of %s raised", held.ctx.execution_id, exc_info=True)
