@@ -94,8 +94,19 @@ def fresh_container(url: str, prefix: str = "t") -> Iterator[str]:
     params = {"container": f"{prefix}{name}", "create": "true"}
     if own_database:
         params["database"] = f"durable_tests_{name}"
+    from celery_durable.stores._cosmos_config import KEY_ENV  # noqa: PLC0415 - as drop_container
+
+    # _keyless may move the key into the environment: put it back as it was on exit, so a key
+    # given for this account never leaks into stores built later in the process
+    before = os.environ.get(KEY_ENV)
     fresh = _with(_keyless(url), **params)
     try:
         yield fresh
     finally:
-        drop_container(fresh, database_too=own_database)
+        try:
+            drop_container(fresh, database_too=own_database)
+        finally:
+            if before is None:
+                os.environ.pop(KEY_ENV, None)
+            else:
+                os.environ[KEY_ENV] = before

@@ -79,3 +79,16 @@ def test_a_fresh_container_in_a_named_database_is_dropped_and_the_database_kept(
         assert cosmos_server.key not in describe(fresh) and "kept_db/" in describe(fresh)
     assert name not in _containers(cosmos_server, "kept_db")
     assert "kept_db" in _databases(cosmos_server)
+
+
+def test_a_key_given_in_the_account_url_does_not_outlive_the_fresh_container(
+    cosmos_server: CosmosTestServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # it used to stay in $DURABLE_COSMOS_KEY, where it won over the key of every store built later
+    from celery_durable.stores._cosmos_config import KEY_ENV
+
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    url = f"cosmos://{cosmos_server.host}:{cosmos_server.port}/?verify=false&key=" + quote(cosmos_server.key, safe="")
+    with fresh_container(url) as fresh:
+        assert "key=" not in fresh and os.environ.get(KEY_ENV)  # used while the container lives
+    assert KEY_ENV not in os.environ
