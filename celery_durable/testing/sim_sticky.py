@@ -42,6 +42,8 @@ class StickyFaults:
 
     def shake(self, actor: _Actor | None, faults: _Faults) -> str | None:
         """Maybe evict a live instance of ``actor`` or move it to its other thread; what was done."""
+        if faults.evict <= 0 and faults.thread <= 0:
+            return None
         if actor is None or actor.worker is None or not actor.alive:
             return None
         sticky = actor.engine.driver.sticky

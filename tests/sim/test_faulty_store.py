@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from types import SimpleNamespace
 from typing import Any
@@ -18,7 +19,9 @@ class FakeSim:
 
     def __init__(self, faults: Faults) -> None:
         self.rng = random.Random(0)
-        self.faults = faults
+        self.seed = 0
+        # these tests are about read faults: no sticky-cache faults (FakeSim has no engines)
+        self.faults = dataclasses.replace(faults, evict=0.0, thread=0.0)
         self.faults_on = True
         self.client_faults = False
         self.worker = SimpleNamespace(name="w0", worker=0, alive=True)
