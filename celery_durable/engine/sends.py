@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConflictError, InvalidWorkflowId, PayloadValidationError, UnknownWorkflowError
-from ..stores.base import Doc, Store, strip_reserved
+from ..stores.base import Doc, reads_may_lag, strip_reserved
 from .dispatcher import SignalRequest
 from .model import EXEC_ID, TERMINAL, error_info, marker_id, result_id, settled
 from .schema import external_signal_id
@@ -35,20 +35,12 @@ log = logging.getLogger("celery_durable.links")
 UNSEEN_TARGET_GRACE = 5.0
 
 
-def _reads_may_lag(store: Any) -> bool:
-    """Whether ``store`` (under its wrappers) may serve a read that misses another process's
-    write: a backend with session tokens (docs/architecture.md §4)."""
-    while getattr(store, "inner", None) is not None:
-        store = store.inner
-    return type(store).session_token is not Store.session_token
-
-
 def _look_again(eng: EngineParts, marker: Doc | None) -> bool:
     """The target was not found. On a store whose reads may lag, the first time, it may exist
     and be unseen by this replica (started by another process a moment ago): the step stays due
     (``target_unseen``), recovery sends again after :data:`UNSEEN_TARGET_GRACE`; the next miss
     is final. ``False``: record "no such execution" now."""
-    if marker is None or marker.get("target_unseen") or not _reads_may_lag(eng.store):
+    if marker is None or marker.get("target_unseen") or not reads_may_lag(eng.store):
         return False
     now = eng.clock.now()
     pushed = strip_reserved(marker) | {"target_unseen": now, "due_at": now + UNSEEN_TARGET_GRACE}

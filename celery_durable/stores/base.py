@@ -421,3 +421,11 @@ def due_fields(doc: Doc) -> tuple[str | None, float | None]:
 
 def strip_reserved(doc: Doc) -> Doc:
     return {k: v for k, v in doc.items() if k not in RESERVED}
+
+
+def reads_may_lag(store: Store) -> bool:
+    """Whether ``store`` (under its wrappers) may serve a read that misses another process's
+    write: a backend with session tokens (Cosmos at Session consistency, docs/architecture.md §4)."""
+    while getattr(store, "inner", None) is not None:
+        store = store.inner  # type: ignore[attr-defined]
+    return type(store).session_token is not Store.session_token

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -26,7 +27,7 @@ from ...errors import (
     PayloadTooLarge,
     StoreError,
 )
-from ...stores.base import Doc, Op, check_doc
+from ...stores.base import Doc, Op, check_doc, reads_may_lag
 from .model import (
     DUE_LANE,
     DUE_PRUNE,
@@ -100,6 +101,16 @@ class Admission:
         #: lanes whose remembered head was stale last time: admissions left to read first
         self._skips: OrderedDict[str, int] = OrderedDict()
         self._heads_lock = threading.Lock()
+        self._lagging = reads_may_lag(self.store)
+
+    def _after_conflict(self, rounds: int) -> None:
+        """A conditional write lost, or a read missed what a create just found. On a store whose
+        reads may lag (Cosmos at Session consistency) the next read may serve the same stale
+        version for as long as the replica lags (another process's write: no token of ours covers
+        it), so wait a little before reading again (10 ms doubling to 0.5 s, about 10 s over the
+        first 25 rounds) instead of spending every round at once on one stale version."""
+        if self._lagging:
+            time.sleep(min(0.5, 0.01 * 2 ** min(rounds, 6)))
 
     def _cached_head(self, lane: str) -> Doc | None:
         with self._heads_lock:
@@ -143,13 +154,14 @@ class Admission:
             # (it waited for room) must not look abandoned the moment it takes its id
             "touched_at": self.outbox.clock.now(),
         }
-        for _ in range(MAX_ROUNDS):
+        for rounds in range(MAX_ROUNDS):
             etag = self.store.create(index)
             if etag is not None:
                 return key, True, index | {"_etag": etag}
             existing = self.store.read(index_pk(eid), INDEX_ID)
             if existing is None:
-                continue  # pruned in between: try again
+                self._after_conflict(rounds)
+                continue  # pruned in between (or a lagging read): try again
             if existing.get("digest") == fp or (existing.get("digest") is None and existing.get("key") == key):
                 return key, False, existing
             # another request holds the id: a conflict, unless that request is over (its row
@@ -270,7 +282,7 @@ class Admission:
         # usually moved it, and a stale one costs a failed batch (measured: 7 round trips an
         # effect on idle lanes with it, 6 without); admit_many uses it between its chunks
         head: Doc | None
-        for _ in range(MAX_ROUNDS):
+        for rounds in range(MAX_ROUNDS):
             if known is None:
                 head = store.read(lane, HEAD_ID)
             else:
@@ -312,6 +324,7 @@ class Admission:
             except ConflictError:
                 if known is None:
                     known = {}  # look at the row next round (someone may have created it)
+                self._after_conflict(rounds)
                 continue
             self.outbox._emit("effect_enqueued", effect_id=eid, key=key, effect_type=row["effect_type"])
             if send_in is not None:
