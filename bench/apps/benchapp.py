@@ -28,6 +28,8 @@ app.conf.update(
     task_default_queue=os.environ.get("BENCH_QUEUE", "bench"),
     # the recovery scan is not part of what we measure (no beat runs in the benches)
     durable_install_beat=False,
+    # BENCH_STICKY_CACHE_SIZE=0: every drive replays from the top (to compare with the cache)
+    durable_sticky_cache_size=int(os.environ.get("BENCH_STICKY_CACHE_SIZE", "256")),
 )
 durable = Durable(app)
 
