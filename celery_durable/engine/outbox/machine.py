@@ -48,7 +48,7 @@ from .model import (
     row_id,
 )
 from .model import strip as _strip
-from .reads import LEASE_LOST, READ_AFTER_STALE, READ_AHEAD, SettleReads
+from .reads import LEASE_LOST, READ_AFTER_STALE, READ_AHEAD, SettleReads, rows_found
 from .scan import Scanner
 
 __all__ = ["OutboxEngine", "MAX_ROUNDS", "LEASE_LOST"]
@@ -245,11 +245,9 @@ class OutboxEngine(SettleReads):
                 return ClaimResult(None, "missing")
             status = row.get("status")
             if status == RUNNING:
-                lease = row.get("lease") or {}
-                if adopt is None or head is None or lease.get("owner") not in adopted or row.get("attempt") != adopt[1]:
+                if adopt is None or not _held_by(row, head, effect_id, adopted, adopt[1]):
                     return ClaimResult(None, "duplicate")
-                if head.get("running") != effect_id:
-                    return ClaimResult(None, "duplicate")
+                assert head is not None  # _held_by checked it
                 now = self.clock.now()
                 taken = _strip(row) | {"lease": {"owner": owner, "expires": now + self.settings.lease_ttl}}
                 try:
@@ -261,7 +259,7 @@ class OutboxEngine(SettleReads):
                     raise ClaimUnknown(str(exc), owner, int(row.get("attempt") or 0), adopted) from exc
                 log.info("effect %s: an earlier claim applied though its answer was lost: taken over", effect_id)
                 claim = self._claim_of(taken, etag, head, owner, now)
-                claim.ahead = {i: r for i, r in zip(ahead, rows, strict=True) if r is not None}
+                claim.ahead = rows_found(ahead, rows)
                 return ClaimResult(claim, "claimed")
             if status != PENDING:
                 return ClaimResult(None, "settled")
@@ -291,7 +289,7 @@ class OutboxEngine(SettleReads):
                     raise
                 new_row, new_head, etags = applied
             claim = self._claim_of(new_row, str(etags[0]), new_head | {"_etag": etags[1]}, owner, now)
-            claim.ahead = {i: r for i, r in zip(ahead, rows, strict=True) if r is not None}
+            claim.ahead = rows_found(ahead, rows)
             return ClaimResult(claim, "claimed")
         return ClaimResult(None, "blocked")
 
@@ -300,11 +298,9 @@ class OutboxEngine(SettleReads):
     ) -> tuple[Doc, Doc, list[str | None]] | None:
         """After a claim batch raised a store error: the row and head as stored, if it applied."""
         head, row = self.store.read_many(lane, [HEAD_ID, row_id(effect_id)])
-        lease = (row or {}).get("lease") or {}
-        if row is None or head is None or row.get("status") != RUNNING or lease.get("owner") != owner:
+        if not _held_by(row, head, effect_id, (owner,), attempt):
             return None
-        if int(row.get("attempt") or 0) != attempt or head.get("running") != effect_id:
-            return None
+        assert row is not None and head is not None  # _held_by checked them
         log.info("effect %s: the claim applied though its answer was lost", effect_id)
         return _strip(row), _strip(head), [row["_etag"], head["_etag"]]
 
@@ -575,3 +571,12 @@ class OutboxEngine(SettleReads):
     def scan(self, limit: int = 500) -> ScanReport:
         """Admit stray intents, resend lost messages and due retries, settle expired leases, prune."""
         return Scanner(self).scan(limit)
+
+
+def _held_by(row: Doc | None, head: Doc | None, effect_id: str, owners: Collection[str], attempt: int) -> bool:
+    """Whether ``row`` runs its ``attempt`` under a lease of one of ``owners`` and holds its key:
+    a claim whose answer was lost applied (``_claimed_anyway``), or may be adopted (``claim``)."""
+    if row is None or head is None or row.get("status") != RUNNING:
+        return False
+    lease = row.get("lease") or {}
+    return lease.get("owner") in owners and int(row.get("attempt") or 0) == attempt and head.get("running") == effect_id

@@ -12,7 +12,7 @@ from ...stores.base import Doc, Store
 from .model import CANCELLED, HEAD_ID, RETRY, RUNNING, Claim, lane_pk, row_id
 from .model import strip as _strip
 
-__all__ = ["SettleReads", "READ_AHEAD", "READ_AFTER_STALE", "LEASE_LOST"]
+__all__ = ["SettleReads", "READ_AHEAD", "READ_AFTER_STALE", "LEASE_LOST", "rows_found"]
 
 log = logging.getLogger("celery_durable.outbox")
 
@@ -22,6 +22,11 @@ LEASE_LOST = "lease-lost"
 READ_AHEAD = 8
 #: a settle whose blind try found the head moved sets this; the drain's next (this - 1) settles read first
 READ_AFTER_STALE = 4
+
+
+def rows_found(ids: Collection[str], rows: Collection[Doc | None]) -> dict[str, Doc]:
+    """The rows read ahead (``ids``, as ``read_many`` answered them) that exist, by effect id."""
+    return {i: r for i, r in zip(ids, rows, strict=True) if r is not None}
 
 
 class SettleReads:
@@ -59,7 +64,7 @@ class SettleReads:
             return self.store.read(lane, HEAD_ID), None
         ids = self._ahead_ids(claim.head, guess, claim_next)
         head, *rows = self.store.read_many(lane, [HEAD_ID, *(row_id(i) for i in ids)])
-        claim.ahead = {i: r for i, r in zip(ids, rows, strict=True) if r is not None}
+        claim.ahead = rows_found(ids, rows)
         return head, claim.ahead.get(guess)
 
     def _settled_anyway(
@@ -97,7 +102,7 @@ class SettleReads:
         docs = self.store.read_many(lane_pk(claim.key), [HEAD_ID, row_id(claim.effect_id), *map(row_id, ahead)])
         head, row = docs[0], docs[1]
         if guess is not None:
-            claim.ahead = {i: r for i, r in zip(ahead, docs[2:], strict=True) if r is not None}
+            claim.ahead = rows_found(ahead, docs[2:])
         prefetched = claim.ahead.get(guess) if guess is not None else None
         lease = (row or {}).get("lease") or {}
         if row is not None and row.get("status") == CANCELLED and lease.get("owner") == claim.owner:
