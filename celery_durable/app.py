@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import threading
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from celery import Celery
@@ -133,13 +133,6 @@ def _refuse_non_plain(fn: Callable[..., Any]) -> None:
             f"workflows must be plain functions; async activities are supported "
             f"({getattr(fn, '__qualname__', fn)!r} is {kind}: call async code from a @durable_activity)"
         )
-
-
-def _epoch(when: datetime | float | None) -> float | None:
-    """Epoch seconds of a datetime (naive means UTC) or a number."""
-    if isinstance(when, datetime):
-        return (when if when.tzinfo is not None else when.replace(tzinfo=UTC)).timestamp()
-    return None if when is None else float(when)
 
 
 class WorkflowOptions(Generic[P, R]):
@@ -393,9 +386,7 @@ class Durable:
         inclusive, ``started_before`` exclusive; a datetime or epoch seconds) and search attributes
         (``{attr: value}``, AND-ed; README "Search attributes and memo"). Pass ``page.cursor`` back
         for the next page; its cost grows with what matches, not with the store."""
-        return self.admin.executions(
-            workflow, status, _epoch(started_after), _epoch(started_before), limit, cursor, search
-        )
+        return self.admin.executions(workflow, status, started_after, started_before, limit, cursor, search)
 
     def describe(self, workflow_id: str) -> ExecutionDetail:
         """An execution with its step timeline (malformed documents flagged, not raised)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConflictError, CorruptDocument, DurableError, UnknownWorkflowError
@@ -137,8 +138,8 @@ class Admin:
         self,
         workflow: str | None = None,
         status: str | None = None,
-        created_after: float | None = None,
-        created_before: float | None = None,
+        created_after: datetime | float | None = None,
+        created_before: datetime | float | None = None,
         limit: int = 100,
         cursor: str | None = None,
         search: Mapping[str, Any] | None = None,
@@ -148,7 +149,7 @@ class Admin:
         with the executions holding the first attribute's value (stores/search.py)."""
         if status is not None and status not in STATUSES:
             raise OperationRefused(f"unknown status {status!r} (one of {', '.join(STATUSES)})")
-        flt = ExecFilter(workflow, status, created_after, created_before, check_filter(search) or None)
+        flt = ExecFilter(workflow, status, _epoch(created_after), _epoch(created_before), check_filter(search) or None)
         page = self.engine.store.list_execs(flt, limit, cursor)
         return ExecutionPage(tuple(summary_of(d) for d in page.docs), page.cursor)
 
@@ -583,3 +584,10 @@ class Admin:
         finally:
             self.engine.cache.invalidate(execution_id)
         return len(docs)
+
+
+def _epoch(when: datetime | float | None) -> float | None:
+    """Epoch seconds of a datetime (naive means UTC) or a number."""
+    if isinstance(when, datetime):
+        return (when if when.tzinfo is not None else when.replace(tzinfo=UTC)).timestamp()
+    return None if when is None else float(when)
