@@ -61,6 +61,10 @@ from urllib.parse import unquote
 
 from .errors import ConfigurationError
 
+#: values of ``durable_result_push`` besides a ``redis://`` / ``rediss://`` URL (stores/push.py)
+PUSH_MODES = ("auto", "off")
+REDIS_SCHEMES = ("redis://", "rediss://")
+
 __all__ = ["Settings", "DurableSettings", "DEFAULT_STORE_URL", "redact_url", "censor_conf"]
 
 DEFAULT_STORE_URL = "sqlite:///celery_durable.db"
@@ -189,7 +193,7 @@ class Settings:
             if f.type in ("float", "int") and (value < 0 or (value == 0 and f.name not in _MAY_BE_ZERO)):
                 raise ConfigurationError(f"{PREFIX}{f.name} must be > 0, got {value!r}")
         push = self.result_push
-        if not isinstance(push, str) or not (push in ("auto", "off") or push.startswith(("redis://", "rediss://"))):
+        if not isinstance(push, str) or not (push in PUSH_MODES or push.startswith(REDIS_SCHEMES)):
             shown = redact_url(push) if isinstance(push, str) else push
             raise ConfigurationError(f'{PREFIX}result_push must be "auto", "off" or a redis:// URL, got {shown!r}')
         if not isinstance(self.store_url, str) or not self.store_url:

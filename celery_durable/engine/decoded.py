@@ -18,7 +18,7 @@ from typing import Any
 from ..codecs import ValueCodec, fresh
 from ..stores.base import Doc
 
-__all__ = ["decoded", "clear"]
+__all__ = ["decoded"]
 
 #: entries kept (one per recorded result of any execution this process replayed)
 MAX_ENTRIES = 50_000
@@ -60,8 +60,3 @@ def decoded(pk: str, run: int, seq: int, doc: Doc, codec: ValueCodec, what: str)
             if len(_cache) > MAX_ENTRIES:
                 _cache.popitem(last=False)
     return value
-
-
-def clear() -> None:
-    with _lock:
-        _cache.clear()

@@ -22,7 +22,7 @@ from .context import ContinueAsNew, Fatal, LocalStep, Suspend, WorkflowContext, 
 from .dispatcher import AdmitRequest, CancelRequest, Send
 from .model import DUE_ACTIVITY, DUE_CHILD, DUE_CLOCK, error_info
 from .registry import Registry, WorkflowDef
-from .sticky import Outcome, StickyCache
+from .sticky import Outcome, StickyCache, call
 
 __all__ = ["Replay", "replay"]
 
@@ -116,12 +116,7 @@ def replay(
         return Replay("failed", error=error_info(err))
     if sticky is not None:
         return _settled(sticky, ex, _decide(ex, wf, ctx, sticky.run(ctx, wf.fn, args, kwargs), read_only))
-    with ctx:
-        try:
-            outcome: Outcome = None, wf.fn(*args, **kwargs)
-        except (Suspend, ContinueAsNew, Fatal, Exception) as exc:
-            outcome = exc, None
-    return _decide(ex, wf, ctx, outcome, read_only)
+    return _decide(ex, wf, ctx, call(ctx, wf.fn, args, kwargs), read_only)
 
 
 def _settled(sticky: StickyCache, ex: Doc, decided: Replay) -> Replay:

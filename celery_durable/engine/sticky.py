@@ -34,6 +34,7 @@ would hand control to the hub from inside a drive.
 from __future__ import annotations
 
 import contextvars
+import functools
 import logging
 import sys
 import threading
@@ -53,7 +54,7 @@ from .model import EXEC_ID, marker_id
 if TYPE_CHECKING:
     from .registry import WorkflowDef
 
-__all__ = ["StickyCache", "Outcome", "VOLATILE", "green_pool"]
+__all__ = ["StickyCache", "Outcome", "VOLATILE", "call", "green_pool"]
 
 log = logging.getLogger("celery_durable.sticky")
 
@@ -140,9 +141,6 @@ class StickyCache:
             lru = self._local.lru = OrderedDict()
         return lru
 
-    def __len__(self) -> int:
-        return len(self._lru())
-
     def held(self) -> list[str]:
         """The execution ids of this thread's live instances, least recently used first."""
         return list(self._lru())
@@ -154,17 +152,7 @@ class StickyCache:
     ) -> Outcome:
         """Run ``fn`` from the top in a new greenlet; a suspension parks it (see :meth:`settle`)."""
         self.drop(ctx.execution_id)
-
-        def body() -> Outcome:
-            with ctx:
-                try:
-                    return None, fn(*args, **kwargs)
-                except Exception as exc:  # the workflow's failure (replay classifies it)
-                    return exc, None
-                except (Suspend, ContinueAsNew, Fatal) as exc:  # engine control flow
-                    return exc, None
-
-        glet = greenlet(body)
+        glet = greenlet(functools.partial(call, ctx, fn, args, kwargs))
         glet.gr_context = contextvars.copy_context()
         ctx.park = _parker(glet, ctx)
         held = Held(glet, ctx, fn, ())
@@ -289,6 +277,16 @@ class StickyCache:
         while lru:
             _, held = lru.popitem(last=False)
             _unwind(held)
+
+
+def call(ctx: WorkflowContext, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Outcome:
+    """Run the workflow function ``fn`` in ``ctx`` to its end or its suspension (a full replay's,
+    or in a live instance's greenlet): how it ended, for ``replay`` to classify."""
+    with ctx:
+        try:
+            return None, fn(*args, **kwargs)
+        except (Suspend, ContinueAsNew, Fatal, Exception) as exc:  # its failure, or engine control flow
+            return exc, None
 
 
 def _parker(glet: greenlet, ctx: WorkflowContext) -> Callable[[], None]:

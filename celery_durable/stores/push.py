@@ -35,13 +35,12 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+from ..settings import PUSH_MODES, REDIS_SCHEMES
+
 __all__ = ["Notifier", "Waiter", "NoPush", "Hub", "payload_of", "PUSH_MODES", "REDIS_SCHEMES"]
 
 log = logging.getLogger("celery_durable.push")
 
-#: values of ``durable_result_push`` besides a ``redis://`` / ``rediss://`` URL
-PUSH_MODES = ("auto", "off")
-REDIS_SCHEMES = ("redis://", "rediss://")
 #: longest payload sent as is (PostgreSQL's NOTIFY payload limit is 8,000 bytes)
 _MAX_PAYLOAD = 1000
 #: how long a first ``subscribe`` waits for the listener to be subscribed before it polls instead
