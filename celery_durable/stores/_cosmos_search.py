@@ -53,12 +53,14 @@ def search_entries(doc: Doc) -> list[Doc]:
     """The index entries an exec document needs (none for other documents)."""
     if doc.get("id") != "exec":
         return []
+    terms = search_terms(doc.get("search"))
+    if not terms:  # most executions: no hash, no key
+        return []
     pk = str(doc["pk"])
     eid = hashlib.blake2b(pk.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
     created = created_key(doc)
     return [
-        {"pk": search_pk(attr, kind, value), "id": eid, "tpk": pk, "created_at": created}
-        for attr, kind, value in search_terms(doc.get("search"))
+        {"pk": search_pk(attr, kind, value), "id": eid, "tpk": pk, "created_at": created} for attr, kind, value in terms
     ]
 
 

@@ -514,7 +514,8 @@ class CosmosStore(CosmosSessions, CosmosReads, CosmosListing, CosmosSearch, Cosm
 
         out = self._call(what, run, idempotent=False)
         for op, etag in zip(ops, out, strict=True):
-            self._search_written(op.doc if op.doc is not None else {"pk": pk, "id": op.doc_id}, etag)
+            if op.doc is not None:  # a delete writes no document (and answers no etag)
+                self._search_written(op.doc, etag)
         return out
 
     # --- scans (scan_due: _cosmos_due.py) ------------------------------------------------------

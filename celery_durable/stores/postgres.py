@@ -53,7 +53,7 @@ import psycopg
 
 from ..errors import ConfigurationError, ConflictError
 from ._postgres_conn import PgConfig, Pool, parse_url
-from ._postgres_push import PgNotifier, channel_of
+from ._postgres_push import PgNotifier
 from ._sql import decode_row as _decode
 from ._sql import due_columns, exec_page
 from ._sql import parse_etag as _parse_etag
@@ -128,7 +128,7 @@ def _search_column(search: Any) -> str | None:
     values: dict[str, list[Any]] = {}
     for attr, _, value in search_terms(search):
         if not (isinstance(value, str) and "\x00" in value):  # JSONB refuses NUL; never valid anyway
-            values.setdefault(attr, []).append(term_of(value)[1])
+            values.setdefault(attr, []).append(value)  # search_terms gave it as term_of does
     return json.dumps(values, separators=(",", ":")) if values else None
 
 
@@ -198,7 +198,8 @@ class PostgresStore(Store):
         return f"WITH w AS ({sql}) SELECT version, pg_notify(%s, %s) FROM w", (*params, *self._note(doc["pk"]))
 
     def _note(self, pk: str) -> tuple[str, str]:
-        return channel_of(self.cfg), payload_of(pk)
+        assert self._notifier is not None  # _notifies: enable_push made it
+        return self._notifier.channel, payload_of(pk)
 
     # connections ------------------------------------------------------------------------
 
