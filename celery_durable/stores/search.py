@@ -47,18 +47,7 @@ MAX_ATTRS = 32
 MAX_MEMO_BYTES = 32 * 1024
 #: all attributes' size as compact JSON (they stay on the exec document, never offloaded)
 MAX_SEARCH_BYTES = 16 * 1024
-#: the largest integer JSON carries exactly (as the codecs)
-_SAFE_INT = 2**53 - 1
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-def _utf8(text: str) -> bool:
-    """Whether ``text`` encodes as UTF-8 (no lone surrogate such as ``"\\ud800"``)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _check_key(key: Any) -> str:
@@ -70,29 +59,21 @@ def _check_key(key: Any) -> str:
 
 
 def _check_scalar(key: str, value: Any) -> str | int | float | bool:
-    if isinstance(value, bool):
-        return value
+    if not isinstance(value, str | int | float):  # bool is an int
+        raise InvalidSearchAttribute(
+            f"search attribute {key!r}: {type(value).__name__} is not a str, int, float, bool or list of str"
+        )
     if isinstance(value, str):
         if len(value) > MAX_STR:
             raise InvalidSearchAttribute(f"search attribute {key!r}: a string is at most {MAX_STR} chars")
         if "\x00" in value:  # PostgreSQL's JSONB refuses it: refused on every backend alike
             raise InvalidSearchAttribute(f"search attribute {key!r}: a string cannot hold a NUL character")
-        if not _utf8(value):  # SQLite and PostgreSQL cannot store it: refused on every backend alike
-            raise InvalidSearchAttribute(f"search attribute {key!r}: a string cannot hold a lone surrogate")
-        return value
-    if isinstance(value, int):
-        if not -_SAFE_INT <= value <= _SAFE_INT:
-            raise InvalidSearchAttribute(f"search attribute {key!r}: {value} is outside the safe integer range")
-        return value
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise InvalidSearchAttribute(f"search attribute {key!r}: {value} is not a finite number")
-        if value.is_integer() and abs(value) > _SAFE_INT:  # Cosmos writes 2.0**60 back as another number
-            raise InvalidSearchAttribute(f"search attribute {key!r}: {value!r} is a whole number beyond ±(2^53−1)")
-        return value
-    raise InvalidSearchAttribute(
-        f"search attribute {key!r}: {type(value).__name__} is not a str, int, float, bool or list of str"
-    )
+    # what no store keeps exactly, as for payloads: NaN/inf, integers and whole floats beyond
+    # ±(2^53−1) (Cosmos writes 2.0**60 back as another number), lone surrogates (not UTF-8)
+    problem = json_problem(value, f"search attribute {key!r}")
+    if problem is not None:
+        raise InvalidSearchAttribute(problem)
+    return value
 
 
 def _check_value(key: str, value: Any) -> Any:
