@@ -763,7 +763,10 @@ def test_read_many_costs_one_round_trip(request: pytest.FixtureRequest, backend:
         server.reset_stats()
         got = store.read_many("p", ids)
         stats = server.stats()
-        assert stats["total"] == 1 and stats["ops"] == {"query": 1}, stats
+        # "other" is the SDK's own metadata traffic (account/container reads it refreshes on
+        # its own schedule), not a round trip of read_many
+        doc_ops = {op: n for op, n in stats["ops"].items() if op != "other"}
+        assert doc_ops == {"query": 1}, stats
     assert [d and d["id"] for d in got] == ["c", None, "a", "b", "a"]
 
 
