@@ -247,7 +247,7 @@ def test_the_ui_serves_prometheus_metrics_of_its_store_calls(env: WorkflowEnviro
     def reads() -> float:
         r = client.get("/metrics")
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
-        found = re.findall(r'^celery_durable_store_call_seconds_count\{[^}]*\} ([0-9.e+]+)$', r.text, re.M)
+        found = re.findall(r"^celery_durable_store_call_seconds_count\{[^}]*\} ([0-9.e+]+)$", r.text, re.M)
         return sum(float(v) for v in found)
 
     before = reads()
