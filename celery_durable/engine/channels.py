@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -72,20 +71,6 @@ def wait_any(
     return name, codecs[name].decode(doc.get("value"), f"signal {name!r}")
 
 
-#: the tails of derived child ids (``<parent>-c<step>[.r<run>]``, nested for grandchildren)
-_DERIVED_TAILS = re.compile(r"(-c[0-9]+(\.r[0-9]+)?)+\Z")
-
-
-def _check_target(workflow_id: object) -> str:
-    """A signal target obeys ``start()``'s id rules, except that it may be a derived child id:
-    it names an existing execution (a child from its future's ``workflow_id``, a parent from
-    ``poll().parent_id``), it never creates one."""
-    base = _DERIVED_TAILS.sub("", workflow_id) if isinstance(workflow_id, str) else workflow_id
-    check_workflow_id(base or workflow_id, "signal target workflow id")
-    assert isinstance(workflow_id, str)
-    return workflow_id
-
-
 def signal_external(ctx: WorkflowContext, workflow_id: str, name: str, value: Any) -> DurableFuture[None]:
     """Record (once) a step sending signal ``name`` with ``value`` to ``workflow_id``; the drive
     sends it after its commit. The future ends when the receiver recorded it (or refused it)."""
@@ -93,7 +78,8 @@ def signal_external(ctx: WorkflowContext, workflow_id: str, name: str, value: An
         raise ValueError(f"a signal name must be a non-empty string, not {name!r}")
     seq, marker = ctx._step("signal_send", name)
     if marker is None:
-        target = _check_target(workflow_id)
+        # start()'s id rules; a derived child id too: a target is never created by the send
+        target = check_workflow_id(workflow_id, "signal target workflow id", derived_ok=True)
         data = ValueCodec(Any).encode(value, f"signal {name!r}")
         sid = external_signal_id(ctx.execution_id, ctx.run, seq, ctx.resets)
         due = ctx.now + ctx.activity_queue_timeout  # recovery re-sends a send lost with its process

@@ -56,15 +56,28 @@ RESERVED_ID_PREFIXES = (lane_pk(""), index_pk(""), lwm_pk(""))
 #: the tail of a derived child id (``schema.child_execution_id``: ``<parent>-c<seq>[.r<run>]``).
 #: A caller's id may not end like this, so no one can take a default child id before its parent
 #: starts that child (the parent would fail with ``ChildIdTaken``).
-_DERIVED_CHILD_TAIL = re.compile(r"-c[0-9]+(\.r[0-9]+)?\Z")
+_TAIL = r"-c[0-9]+(?:\.r[0-9]+)?"
+_DERIVED_CHILD_TAIL = re.compile(_TAIL + r"\Z")
+#: the tails of a derived id, nested for grandchildren (``<id>-c3-c1.r2``)
+_DERIVED_CHILD_TAILS = re.compile(f"(?:{_TAIL})+\\Z")
 #: Unicode categories refused: control characters (newlines, NUL, DEL, C1) break logs, the CLI and
 #: SQLite's text functions; lone surrogates cannot be encoded as UTF-8 (JSON, SQLite, Cosmos)
 _REFUSED_CATEGORIES = frozenset({"Cc", "Cs"})
 
 
-def check_workflow_id(value: object, what: str = "workflow id") -> str:
+def check_workflow_id(value: object, what: str = "workflow id", *, derived_ok: bool = False) -> str:
     """Return ``value`` if a caller may name an execution with it; else raise
-    :class:`InvalidWorkflowId` saying why (checked in the caller, before anything is stored)."""
+    :class:`InvalidWorkflowId` saying why (checked in the caller, before anything is stored).
+
+    ``derived_ok``: ``value`` may also be a derived child id of an id that passes (its tails
+    stripped, nested ones too), for an id that names an existing execution and never creates
+    one: a signal target (a child from its future's ``workflow_id``, a parent from
+    ``poll().parent_id``)."""
+    if derived_ok and isinstance(value, str):
+        base = _DERIVED_CHILD_TAILS.sub("", value)
+        if base:  # else all tails ("-c1"): checked whole below, refused as a derived id
+            check_workflow_id(base, what)
+            return value
     if not isinstance(value, str):
         raise InvalidWorkflowId(f"a {what} must be a string, got {type(value).__name__} {value!r:.60}")
     if not value.strip():

@@ -19,7 +19,7 @@ from celery import Celery
 from celery_durable import ChildWorkflowError, Durable, WorkflowFailedError
 from celery_durable import workflow as wf
 from celery_durable.engine.admin import Admin
-from celery_durable.engine.checks import MAX_WORKFLOW_ID_LENGTH
+from celery_durable.engine.checks import MAX_WORKFLOW_ID_LENGTH, check_workflow_id
 from celery_durable.engine.dispatcher import ChildRequest
 from celery_durable.engine.schema import child_execution_id
 from celery_durable.errors import InvalidWorkflowId
@@ -133,6 +133,18 @@ def test_derived_child_ids_have_the_reserved_form() -> None:
     for run, seq in [(0, 1), (0, 11), (1, 1), (12, 345)]:
         with pytest.raises(InvalidWorkflowId):
             durable.engine.start(child.definition, ("x",), {}, workflow_id=child_execution_id("p", run, seq))
+
+
+def test_a_derived_id_may_name_an_existing_execution_not_start_one() -> None:
+    """``derived_ok`` (signal targets): the tails ``child_execution_id`` makes, nested too, are
+    stripped and what is left obeys the caller's rules; an id of tails only names no parent."""
+    grandchild = child_execution_id(child_execution_id("p", 1, 3), 0, 12)
+    assert check_workflow_id(grandchild, derived_ok=True) == grandchild
+    for bad in ["-c1", "-c1.r2-c3", " -c1", "fxq:x-c1", "\nx-c1", "x" * (MAX_WORKFLOW_ID_LENGTH + 1) + "-c1", 3]:
+        with pytest.raises(InvalidWorkflowId):
+            check_workflow_id(bad, derived_ok=True)
+    with pytest.raises(InvalidWorkflowId, match="derived child id"):
+        check_workflow_id(grandchild)
 
 
 def test_a_default_child_id_cannot_be_squatted() -> None:
