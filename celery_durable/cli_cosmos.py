@@ -10,12 +10,13 @@ partition key cannot be changed in place; ``check`` says so and points to the mi
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
 from .stores._cosmos_migrate import ContainerState, apply_indexing_policy, inspect_container
 from .stores._cosmos_provision import PK_MIGRATION
+from .stores.base import find_inner
 
 if TYPE_CHECKING:
     from .stores.cosmos import CosmosStore
@@ -31,9 +32,8 @@ def _store(ctx: click.Context) -> CosmosStore:
     app = getattr(root.obj, "app", None) if root.obj is not None else None
     if app is None:
         raise click.ClickException("no Celery app: run it as `celery -A proj durable cosmos …`")
-    store: Any = Durable.of(app).store
-    while not isinstance(store, CosmosStore) and getattr(store, "inner", None) is not None:
-        store = store.inner  # a traced or counting wrapper
+    # under a traced or counting wrapper: Cosmos, else the innermost store (named below)
+    store = find_inner(Durable.of(app).store, lambda s: isinstance(s, CosmosStore) or getattr(s, "inner", None) is None)
     if not isinstance(store, CosmosStore):
         raise click.ClickException(f"the durable store is not Cosmos DB ({type(store).__name__})")
     return store

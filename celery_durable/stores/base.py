@@ -31,8 +31,9 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import re
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -54,10 +55,12 @@ __all__ = [
     "MAX_PK_BYTES",
     "batch_bytes",
     "check_doc",
+    "utf8_json",
     "check_pk",
     "check_ids",
     "doc_size",
     "sent_size",
+    "find_inner",
 ]
 
 Doc = dict[str, Any]
@@ -250,12 +253,46 @@ def batch_bytes(ops: Sequence[Op], sizes: Sequence[int]) -> int:
     )
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+#: a high surrogate then a low one: two characters of a str, one once escaped and read back
+_JOINED = re.compile("[\ud800-\udbff][\udc00-\udfff]")
+
+
+def utf8_json(text: str, doc_id: str) -> str:
+    """JSON ``text`` as UTF-8 can carry it: a lone surrogate (only ever inside a JSON string,
+    ``"\\ud800"``) is written as its ``\\uXXXX`` escape, which ``json.loads`` reads back as the
+    same string (``json.dumps`` does the same with ``ensure_ascii``). A high surrogate followed by
+    a low one is refused: read back, that escape is one character, not the two written."""
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        pass
+    joined = _JOINED.search(text)
+    if joined:
+        raise ConfigurationError(
+            f"document {doc_id!r}: a string holds a high surrogate followed by a low one"
+            f" ({joined.group()!r}), which JSON would read back as one character"
+        )
+    return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
 def check_doc(doc: Doc, limit: int = MAX_DOC_BYTES) -> str:
-    """Validate shape and size; return the compact JSON body (without reserved keys)."""
+    """Validate shape and size; return the compact JSON body (without reserved keys), lone
+    surrogates escaped (:func:`utf8_json`): UTF-8 text every backend can store."""
     if not isinstance(doc.get("pk"), str) or not doc["pk"]:
         raise ConfigurationError("a document needs a non-empty string 'pk'")
     if not isinstance(doc.get("id"), str) or not doc["id"]:
         raise ConfigurationError("a document needs a non-empty string 'id'")
+    for key in ("pk", "id"):
+        bad = None if doc[key].isascii() else _SURROGATE.search(doc[key])
+        if bad:
+            raise ConfigurationError(
+                f"document {doc['id']!r}: its {key} holds a lone surrogate ({bad.group()!r}),"
+                " which no store keeps in an id"
+            )
     check_pk(doc["pk"])
     # Backends keep system fields under '_' (Cosmos stores them as they are, but its own
     # '_rid', '_ts', '_etag'... and ours '_dx', '_oid' would clash): refuse rather than lose
@@ -272,7 +309,7 @@ def check_doc(doc: Doc, limit: int = MAX_DOC_BYTES) -> str:
     size = sent_size(text)
     if size > limit:
         raise DocumentTooLarge(doc["id"], size, limit)
-    return text
+    return utf8_json(text, doc["id"])
 
 
 class Store(ABC):
@@ -423,9 +460,27 @@ def strip_reserved(doc: Doc) -> Doc:
     return {k: v for k, v in doc.items() if k not in RESERVED}
 
 
+#: how deep :func:`find_inner` looks (wrappers hold one store each; a guard against a loop)
+_MAX_WRAPPERS = 8
+
+
+def find_inner(store: object, predicate: Callable[[Any], bool]) -> Any | None:
+    """The first of ``store`` and the stores its wrappers hold (``.inner``: traced, counting,
+    fault-injecting wrappers), outermost first, that satisfies ``predicate``; ``None`` if none does."""
+    found: Any = store
+    for _ in range(_MAX_WRAPPERS):
+        if found is None or predicate(found):
+            return found
+        found = getattr(found, "inner", None)
+    return None
+
+
+def _unwrapped(store: object) -> bool:
+    return getattr(store, "inner", None) is None
+
+
 def reads_may_lag(store: Store) -> bool:
     """Whether ``store`` (under its wrappers) may serve a read that misses another process's
     write: a backend with session tokens (Cosmos at Session consistency, docs/architecture.md §4)."""
-    while getattr(store, "inner", None) is not None:
-        store = store.inner  # type: ignore[attr-defined]
-    return type(store).session_token is not Store.session_token
+    backend = find_inner(store, _unwrapped) or store
+    return type(backend).session_token is not Store.session_token

@@ -4,22 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from .base import Store
+from .base import Store, find_inner
 from .push import REDIS_SCHEMES, NoPush, Notifier
 
 __all__ = ["build_notifier"]
-
-
-def _find(store: Store, attr: str) -> object | None:
-    """The store (or the store a wrapper holds, ``.inner``) that has ``attr``."""
-    found: object | None = store
-    for _ in range(5):
-        if found is None:
-            return None
-        if hasattr(found, attr):
-            return found
-        found = getattr(found, "inner", None)
-    return None
 
 
 def build_notifier(mode: str, store: Store, redis_url: str | None, statuses: Collection[str]) -> Notifier:
@@ -35,7 +23,7 @@ def build_notifier(mode: str, store: Store, redis_url: str | None, statuses: Col
     if mode.startswith(REDIS_SCHEMES):
         redis_url = mode
     else:
-        pg = _find(store, "enable_push")
+        pg = find_inner(store, lambda s: hasattr(s, "enable_push"))
         if pg is not None:
             notifier: Notifier = pg.enable_push(frozenset(statuses))  # type: ignore[attr-defined]
             return notifier

@@ -49,6 +49,8 @@ from .base import (
     batch_bytes,
     check_ids,
     doc_size,
+    find_inner,
+    utf8_json,
 )
 
 __all__ = ["Offloading", "offloaded", "DEFAULT_MAX_PAYLOAD", "CHUNK_PREFIX", "MANIFEST_KEY", "inline_limit"]
@@ -198,7 +200,8 @@ class Offloading(ABC):  # noqa: B024 - a mixin, registered (not inherited) by th
                 continue
             moved[key] = kept.pop(key)
             left -= sizes[key]
-        text = json.dumps(moved, separators=(",", ":"), ensure_ascii=False)
+        # lone surrogates escaped, as check_doc writes them: the digest is of UTF-8 bytes
+        text = utf8_json(json.dumps(moved, separators=(",", ":"), ensure_ascii=False), str(doc["id"]))
         nonce = uuid.uuid4().hex[:16]
         pk = str(doc["pk"])
         overhead = doc_size({"pk": pk, "id": _chunk_ids(nonce, 10**6)[0], "type": "chunk", "data": ""})
@@ -519,14 +522,10 @@ def offloaded(store: Store, max_payload: int = DEFAULT_MAX_PAYLOAD) -> Store:
     """
     if isinstance(max_payload, bool) or not isinstance(max_payload, int) or max_payload <= 0:
         raise ConfigurationError(f"max_payload must be a positive number of bytes, got {max_payload!r}")
-    found: Any = store
-    for _ in range(5):
-        if isinstance(found, Offloading):
-            found.max_payload = max_payload
-            return store
-        found = getattr(found, "inner", None)
-        if found is None:
-            break
+    found = find_inner(store, lambda s: isinstance(s, Offloading))
+    if found is not None:
+        found.max_payload = max_payload
+        return store
     cls = type(store)
     if cls not in _CLASSES:
         skip = {"__dict__", "__weakref__", "__module__", "__doc__", "__qualname__", "__abstractmethods__", "_abc_impl"}

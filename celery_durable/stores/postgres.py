@@ -44,7 +44,6 @@ opens its own.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -87,14 +86,12 @@ _COLS = "body, version, due_kind, due_at, created, workflow, status, search"
 _SET = "body = %s, version = {v}, due_kind = %s, due_at = %s, created = %s, workflow = %s, status = %s, search = %s"
 _EXCLUDED = ", ".join(f"{c} = excluded.{c}" for c in _COLS.split(", "))
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
 Row = tuple[str, str | None, float | None, float | None, str | None, str | None, str | None]
 
 
 def _prepare(doc: Doc, limit: int) -> Row:
     """Validate a document; return its body and the columns scans and listings filter on."""
-    body = _utf8(check_doc(doc, limit))
+    body = check_doc(doc, limit)  # lone surrogates escaped: TEXT is UTF-8
     kind, at = due_columns(doc)
     if doc["id"] != "exec":
         return body, kind, at, None, None, None, None
@@ -108,18 +105,6 @@ def _prepare(doc: Doc, limit: int) -> Row:
         status if isinstance(status, str) else None,
         _search_column(doc.get("search")),
     )
-
-
-def _utf8(body: str) -> str:
-    """``body`` as TEXT can hold it: a lone surrogate (``"\\ud800"``, valid in a JSON string) is
-    written as its ``\\uXXXX`` escape, which reads back as the same string."""
-    if body.isascii():
-        return body
-    try:
-        body.encode("utf-8")
-    except UnicodeEncodeError:
-        return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", body)
-    return body
 
 
 def _search_column(search: Any) -> str | None:

@@ -1107,6 +1107,39 @@ def test_reserved_and_malformed_fields_are_refused_alike(store) -> None:  # type
     assert store.read("p", "x") is None and store.read("p", "y") is None
 
 
+def test_a_lone_surrogate_in_a_document_reads_back_equal_or_is_refused_clearly(store: Store) -> None:
+    """``"\\ud800"`` is a JSON string (``json.loads`` gives it) that UTF-8 cannot hold. Documents
+    the engine writes itself (error messages, tracebacks, search attributes) can carry one: every
+    backend keeps it, escaped, so it reads back equal (SQLite raised a bare UnicodeEncodeError).
+    Where an escape would read back as something else (an id; a high surrogate followed by a low
+    one, which JSON joins into one character) the write is refused with ConfigurationError."""
+    doc = D("p", "exec", err="x\ud800y", nested={"k\udfff": ["\udc80", "\ud83d", "a\\ud800"]}, created_at=T0)
+    etag = store.create(doc)
+    assert body(store.read("p", "exec")) == doc
+    assert [body(d) for d in store.list_execs().docs] == [doc]
+    doc["err"] = "\udbff"
+    etag = store.replace(doc, if_match=etag)
+    store.upsert(D("p", "b", v="\udc00z"))
+    out = store.batch("p", [Op.replace(D("p", "exec", v="\ud800"), if_match=etag), Op.create(D("p", "c", v="-\udfff"))])
+    assert [body(d) for d in store.read_many("p", ["exec", "b", "c"])] == [
+        D("p", "exec", v="\ud800"),
+        D("p", "b", v="\udc00z"),
+        D("p", "c", v="-\udfff"),
+    ]
+    before = state(store, "p")
+    assert before["exec"]["_etag"] == out[0]
+    for bad in (
+        lambda: store.create(D("p", "\ud800")),
+        lambda: store.create(D("p\udc80", "a")),
+        lambda: store.create(D("p", "d", v="\ud800\udc00")),  # would read back as "\U00010000"
+        lambda: store.upsert(D("p", "b", v={"\udbff\udfff": 1})),
+        lambda: store.batch("p", [Op.create(D("p", "e")), Op.upsert(D("p", "c", v="\ud800\udc00"))]),
+    ):
+        with pytest.raises(ConfigurationError, match="surrogate"):
+            bad()
+    assert state(store, "p") == before
+
+
 # --- list_execs: the operator's paged listing of exec documents ----------------------------------
 
 
