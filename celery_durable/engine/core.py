@@ -78,7 +78,8 @@ class Engine:
         self.driver = Driver(self)
         self.activities = ActivityRunner(self)
         #: the one heartbeat thread of this process: activity leases and effect handlers
-        self.heartbeat = Heartbeat()
+        # idling at the renewal interval, it never needs waking for a newly tracked attempt
+        self.heartbeat = Heartbeat(idle_check=self.settings.heartbeat_interval)
         self.leases = LeaseKeeper(self, self.heartbeat)
         self.recovery = Recovery(self)
         self.links = Links(self)

@@ -49,7 +49,8 @@ class LeaseKeeper:
             if not self._attempts:  # the first renewal is one interval after the first track
                 self._last_beat = time.monotonic()
             self._attempts[_key(attempt)] = attempt
-        self._heartbeat.wake()
+            first_beat = self._last_beat + self.engine.settings.heartbeat_interval
+        self._heartbeat.wake(first_beat)
 
     def untrack(self, attempt: Attempt) -> None:
         with self._lock:
