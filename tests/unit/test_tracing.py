@@ -83,3 +83,25 @@ def test_read_many_is_one_span_around_one_inner_call() -> None:
     assert [s.name for s in spans] == ["celery_durable.store.read_many"]
     assert spans[0].attributes["durable.ids"] == 3 and spans[0].attributes["durable.pk"] == "p"  # type: ignore[index]
     assert inner.calls.get("read_many") == 1 and "read" not in inner.calls
+
+
+def test_without_a_tracer_provider_no_span_is_opened() -> None:
+    """A fresh process (a provider, once set, stays): with opentelemetry installed but no provider,
+    span() hands out nothing instead of OpenTelemetry's non-recording proxy span (~20 µs each)."""
+    import subprocess
+    import sys
+
+    code = (
+        "from unittest import mock\n"
+        "from opentelemetry import trace\n"
+        "from celery_durable.observability import span\n"
+        "with mock.patch.object(trace, 'get_tracer', side_effect=AssertionError('a tracer was asked for')):\n"
+        "    with span('drive', execution_id='e') as current:\n"
+        "        assert current is None, current\n"
+        "trace.set_tracer_provider(__import__('opentelemetry.sdk.trace', fromlist=['x']).TracerProvider())\n"
+        "with span('drive', execution_id='e') as current:\n"
+        "    assert current is not None and current.is_recording()\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
