@@ -184,13 +184,21 @@ class Offloading(ABC):  # noqa: B024 - a mixin, registered (not inherited) by th
     def _ofl_split(self, doc: Doc, inline: int | None = None) -> tuple[Doc, list[Doc], tuple[str, int] | None]:
         """``(document to write, chunk documents to create first, (nonce, count))``; documents
         over ``inline`` bytes (default :attr:`inline_bytes`) are offloaded."""
+        return self._ofl_split_sized(doc, inline)[0]
+
+    def _ofl_split_sized(
+        self, doc: Doc, inline: int | None = None
+    ) -> tuple[tuple[Doc, list[Doc], tuple[str, int] | None], int]:
+        """:meth:`_ofl_split` and the :func:`doc_size` of the document to write (a batch weighs
+        its documents: measured once, not again)."""
         body = {k: v for k, v in doc.items() if k != "_etag"}
         size = doc_size(body)
         if size > self.max_payload:
             raise PayloadTooLarge(str(doc.get("id")), size, self.max_payload)
         limit = self.inline_bytes if inline is None else inline
         if size <= limit or not isinstance(doc.get("pk"), str) or not isinstance(doc.get("id"), str):
-            return doc, [], None  # within the item limit (or malformed: the backend says why)
+            # within the item limit (or malformed: the backend says why)
+            return (doc, [], None), (size if len(body) == len(doc) else doc_size(doc))
         sizes = {k: doc_size({k: v}) for k, v in body.items()}
         kept, moved, left = dict(body), {}, size
         for key in sorted(sizes, key=lambda k: -sizes[k]):
@@ -210,7 +218,7 @@ class Offloading(ABC):  # noqa: B024 - a mixin, registered (not inherited) by th
         chunks = [{"pk": pk, "id": cid, "type": "chunk", "data": p} for cid, p in zip(ids, pieces, strict=True)]
         digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
         kept[MANIFEST_KEY] = {"nonce": nonce, "n": len(pieces), "bytes": len(text.encode("utf-8")), "sha256": digest}
-        return kept, chunks, (nonce, len(pieces))
+        return (kept, chunks, (nonce, len(pieces))), doc_size(kept)
 
     def _ofl_put_chunks(self, pk: str, chunks: list[Doc]) -> None:
         written: list[str] = []
@@ -475,8 +483,9 @@ class Offloading(ABC):  # noqa: B024 - a mixin, registered (not inherited) by th
         # Each document within the item limit may stay inline, but a Cosmos batch carries at
         # most 2 MB in all: offload the biggest inline documents until the batch fits (split
         # with ``inline=0`` a document keeps only its small fields).
-        splits = [None if op.doc is None else self._ofl_split(op.doc) for op in ops]
-        sizes = [0 if split is None else doc_size(split[0]) for split in splits]
+        sized = [None if op.doc is None else self._ofl_split_sized(op.doc) for op in ops]
+        splits = [None if one is None else one[0] for one in sized]
+        sizes = [0 if one is None else one[1] for one in sized]
         while batch_bytes(ops, sizes) > self.max_batch_bytes:
             movable = [i for i, sp in enumerate(splits) if sp is not None and sp[2] is None and sizes[i] > _SLIM_BYTES]
             if not movable:
@@ -484,8 +493,7 @@ class Offloading(ABC):  # noqa: B024 - a mixin, registered (not inherited) by th
             i = max(movable, key=lambda j: sizes[j])
             doc = ops[i].doc
             assert doc is not None
-            forced = self._ofl_split(doc, inline=0)
-            splits[i], sizes[i] = forced, doc_size(forced[0])
+            splits[i], sizes[i] = self._ofl_split_sized(doc, inline=0)
         inner_ops: list[Op] = []
         refs: list[tuple[str, int] | None] = []
         fresh: list[Doc] = []
