@@ -29,6 +29,8 @@ setting                                default                     meaning
 ``durable_optimistic_attempts``        2                           drive conflicts → take the lease
 ``durable_trust_cache_for``            2 s                         inline drive reuses a fresh read
 ``durable_sticky_cache_size``          256                         live workflow instances per thread
+``durable_eager_start``                False                       ``start()`` drives the first step in
+                                                                   the caller (no drive message)
 ``durable_outbox_scan_interval``       5 s                         beat: lost effects, due retries
 ``durable_outbox_retention``           7 days                      settled rows then deleted
 ``durable_outbox_queue_timeout``       60 s                        unclaimed row re-sent after this
@@ -159,6 +161,9 @@ class Settings:
     #: suspended workflow instances kept alive per worker thread, resumed instead of replayed
     #: from the top when their history is unchanged (engine/sticky.py; 0: always replay)
     sticky_cache_size: int = 256
+    #: ``start()`` runs the workflow's first drive in the caller when all it does is schedule
+    #: activities or timers, and sends those itself: one broker hop fewer (README "Eager start")
+    eager_start: bool = False
     outbox_scan_interval: float = 5.0
     outbox_retention: float = 7 * 24 * 3600.0
     outbox_queue_timeout: float = 60.0

@@ -139,7 +139,8 @@ class Engine:
         eid = uuid.uuid4().hex if workflow_id is None else check_workflow_id(workflow_id)
         extra = start_fields(search, memo)
         payload = workflow.codec.encode_args(args, kwargs)
-        if not self.create_execution(workflow.name, payload, eid, parent, **extra):
+        eager = self.settings.eager_start and parent is None
+        if not self.create_execution(workflow.name, payload, eid, parent, eager=eager, **extra):
             existing = self.store.read(eid, EXEC_ID)
             if existing is not None and existing.get("workflow") != workflow.name:
                 raise ConfigurationError(
@@ -149,10 +150,20 @@ class Engine:
         return eid, True
 
     def create_execution(
-        self, workflow: str, payload: dict[str, Any], eid: str, parent: dict[str, Any] | None, **fields: Any
+        self,
+        workflow: str,
+        payload: dict[str, Any],
+        eid: str,
+        parent: dict[str, Any] | None,
+        eager: bool = False,
+        **fields: Any,
     ) -> bool:
         """Create-only: False when ``eid`` exists. Sends the first drive when created. ``fields``
-        join the exec document (``search``, ``memo``)."""
+        join the exec document (``search``, ``memo``).
+
+        ``eager``: drive the first step here instead (``durable_eager_start``); a drive that would
+        do more than schedule activities or timers declines, and the first drive goes as usual.
+        """
         now = self.clock.now()
         definition = self.registry.workflow(workflow)
         # if the first drive message is lost, recovery drives it after drive_timeout
@@ -167,11 +178,25 @@ class Engine:
             due_at=now + self.settings.drive_timeout,
             **fields,
         )
-        if self.store.create(doc) is None:
+        etag = self.store.create(doc)
+        if etag is None:
             return False
         self.emit("workflow_started", execution_id=eid, workflow=workflow)
-        self.dispatcher.send_drive(eid)
+        if not (eager and definition is not None and self._eager_drive(eid, doc | {"_etag": etag})):
+            self.dispatcher.send_drive(eid)
         return True
+
+    def _eager_drive(self, eid: str, created: Doc) -> bool:
+        """The first drive in the caller; False when a worker must drive it (declined, failed).
+
+        Any failure here only costs the usual drive message: the execution exists and is due, a
+        drive that committed leaves the worker's drive nothing to do.
+        """
+        try:
+            return self.driver.drive(eid, eager=True, known=created) == "suspended"
+        except Exception as exc:  # a store or broker error: the worker's drive retries it
+            log.warning("eager start of %s: %s; a worker drives it", eid, exc)
+            return False
 
     def read_exec(self, execution_id: str) -> Doc:
         doc = self.store.read(execution_id, EXEC_ID)

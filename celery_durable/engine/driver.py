@@ -23,8 +23,9 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ConflictError, CorruptDocument, DocumentTooLarge
 from ..observability import span
 from ..stores.base import Doc, Op, strip_reserved
+from .cache import Partition
 from .checks import check_partition
-from .dispatcher import CancelRequest, Send
+from .dispatcher import ActivityRequest, CancelRequest, ClockRequest, Send
 from .local_steps import LocalRun, LocalRunner
 from .model import (
     CANCELLED,
@@ -97,6 +98,14 @@ def _oversized(exc: DocumentTooLarge, carry: list[Doc]) -> list[Doc]:
     raise exc
 
 
+def _eager_commit(decided: Replay, carry: list[Doc]) -> bool:
+    """Whether an eager first drive (in the caller of ``start()``) may commit what it decided:
+    a suspension that schedules activities or timers, and nothing to run or tell here."""
+    if decided.kind != "suspended" or decided.local or carry:
+        return False
+    return all(isinstance(req, ActivityRequest | ClockRequest) for req in decided.sends)
+
+
 class Driver:
     def __init__(self, engine: EngineParts) -> None:
         self.engine = engine
@@ -120,6 +129,8 @@ class Driver:
         carry: Sequence[Doc] = (),
         release: Sequence[int] = (),
         trust_cache: float = 0.0,
+        eager: bool = False,
+        known: Doc | None = None,
     ) -> str:
         """Drive once to a suspension or an end; ``carry`` are documents to record with it, and
         ``release`` the steps whose markers they settle (both of the run the documents name: a
@@ -128,6 +139,16 @@ class Driver:
         Returns what happened: completed, failed, cancelled, suspended, deferred (another
         worker holds the lease and will see our documents), noop, terminal, missing,
         unknown (workflow not registered here), lease-lost.
+
+        ``eager``: the first drive, in the caller of ``start()`` (``durable_eager_start``). It
+        commits only a suspension that schedules activities or timers; anything else (a local
+        activity to run, a child, an effect, an end) is left to a worker: "declined", nothing
+        written. Why so narrow: the caller may be a web process, and it may run other code than
+        the workers (a deploy in progress); what it commits is what a worker would replay.
+        The live instance is not kept: the next drive lands on a worker. ``known``: the exec
+        document ``start()`` just created, the whole partition as far as it knows: the first
+        round reads nothing (its commit is conditional on that exec's etag and creates the new
+        steps' documents, so anything else there only costs a conflict and a second round).
         """
         eng = self.engine
         store = eng.store
@@ -144,7 +165,10 @@ class Driver:
         try:
             for round_ in range(MAX_ROUNDS):
                 try:
-                    cached = eng.cache.peek(execution_id, trust_cache) if round_ == 0 and trust_cache else None
+                    if round_ == 0 and known is not None:
+                        cached: Partition | None = Partition({EXEC_ID: known})
+                    else:
+                        cached = eng.cache.peek(execution_id, trust_cache) if round_ == 0 and trust_cache else None
                     docs = cached if cached is not None else eng.cache.load(execution_id)
                     check_partition(execution_id, docs)  # a malformed document fails only this execution
                 except CorruptDocument as exc:
@@ -210,6 +234,9 @@ class Driver:
                 history.update(local.history_for(docs))  # local steps an earlier round ran
                 try:
                     replay = self.replay(ex, history, now)
+                    if eager and not _eager_commit(replay, carry_new):
+                        self.sticky.drop(execution_id)
+                        return "declined"
                     if replay.local and oversize is None:  # run them here, then replay again
                         again = functools.partial(self.replay, ex, history, now)
                         replay = self.locals.drive_locals(ex, docs, history, replay, local, again)
@@ -259,6 +286,8 @@ class Driver:
                 for req in replay.sends:
                     orphan_sends[req.key] = req
                 committed = (ex, replay)
+                if eager:
+                    self.sticky.drop(execution_id)
                 return replay.kind
             log.error("drive %s: gave up after %d rounds of contention", execution_id, MAX_ROUNDS)
             return "contended"

@@ -30,6 +30,7 @@ import random
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from ..engine.model import DUE_ACTIVITY, DUE_CHILD, DUE_CLOCK, DUE_EXEC, EXEC_ID, TERMINAL, marker_id
@@ -45,6 +46,7 @@ from .sim_store import (
     KNOWN_BUGS,
     MAX_ATTEMPTS,
     NO_FAULTS,
+    SETTINGS,
     Actor,
     Faults,
     FaultyStore,
@@ -117,7 +119,8 @@ class Sim:
         self.ledger = ActivityLedger()
         self.incarnations = [1] * workers
         self.workers = [Actor(self, f"w{i}.1", self.rng.uniform(-0.4, 0.4), i) for i in range(workers)]
-        self.client = Actor(self, "client", 0.0, None)
+        # odd seeds start eagerly: the client drives each first step itself (durable_eager_start)
+        self.client = Actor(self, "client", 0.0, None, settings=replace(SETTINGS, eager_start=seed % 2 == 1))
         self.plan: list[Planned] = []
         self.ops: list[tuple[int, int, Callable[[], None]]] = []  # (step, order, op)
         self.step = 0

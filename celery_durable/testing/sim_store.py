@@ -139,13 +139,13 @@ class Message:
 class Actor:
     """A worker incarnation or a client: whoever makes the store call being simulated."""
 
-    def __init__(self, sim: Sim, name: str, skew: float, worker: int | None) -> None:
+    def __init__(self, sim: Sim, name: str, skew: float, worker: int | None, settings: Settings = SETTINGS) -> None:
         self.sim = sim
         self.name = name
         self.worker = worker  # None for clients
         self.alive = True
         self.skew = skew
-        self.engine = Engine(sim.store, SimDispatcher(self), sim.registry, SETTINGS, SimClock(sim, skew))
+        self.engine = Engine(sim.store, SimDispatcher(self), sim.registry, settings, SimClock(sim, skew))
         self.engine.identity = lambda: name
         # no heartbeat thread: the scheduler renews leases as one of its actions
         self.engine.heartbeat.disable()

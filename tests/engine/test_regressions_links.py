@@ -203,11 +203,11 @@ def test_cancel_racing_the_childs_creation_still_cancels_it() -> None:
     pdef = parent_and_child(env, side_effects)
     real_create = env.engine.create_execution
 
-    def create_after_the_cancel(workflow: str, payload: Any, eid: str, parent: Any) -> bool:
+    def create_after_the_cancel(workflow: str, payload: Any, eid: str, parent: Any, **fields: Any) -> bool:
         if eid == "P-c1":  # the parent's cancel is delivered between the creator's checks and its create
             env.engine.cancel("P")
             env.engine.drive("P")
-        return real_create(workflow, payload, eid, parent)
+        return real_create(workflow, payload, eid, parent, **fields)
 
     env.engine.create_execution = create_after_the_cancel  # type: ignore[method-assign]
     eid, _ = env.engine.start(pdef, ("o-1",), {}, workflow_id="P")
