@@ -204,9 +204,13 @@ class Hub:
     def resync(self) -> None:
         """Wake every waiter to re-read the store (the subscription had a gap)."""
         with self._lock:
-            for waiters in self._waiters.values():
-                for waiter in waiters:
-                    waiter.event.set()
+            self._wake_all()
+
+    def _wake_all(self) -> None:
+        """Every waiter re-reads the store now (held: ``_lock``)."""
+        for waiters in self._waiters.values():
+            for waiter in waiters:
+                waiter.event.set()
 
     def _ready(self, stop: threading.Event) -> None:
         with self._lock:
@@ -231,9 +235,7 @@ class Hub:
             self.generation_live = 0
             self.state = state
             self._changed.notify_all()
-            for waiters in self._waiters.values():
-                for waiter in waiters:
-                    waiter.event.set()  # re-read now, then poll
+            self._wake_all()  # re-read now, then poll
 
     def _run(self, stop: threading.Event) -> None:
         backoff = 0.2
@@ -257,6 +259,4 @@ class Hub:
             self.generation_live = 0
             self.state = "idle"
             self._changed.notify_all()
-            for waiters in self._waiters.values():
-                for waiter in waiters:
-                    waiter.event.set()  # re-read now, then poll
+            self._wake_all()  # re-read now, then poll
