@@ -15,7 +15,7 @@ from urllib.parse import parse_qsl, quote, quote_plus, urlsplit
 
 from ..errors import ConfigurationError
 
-__all__ = ["Secret", "parse_url", "server_message", "KEY_ENV", "CallDeadline", "DeadlineExceeded"]
+__all__ = ["Secret", "parse_url", "server_message", "KEY_ENV", "CallDeadline", "DeadlineExceeded", "end_sdk_threads"]
 
 #: Environment variable holding the account key.
 KEY_ENV = "DURABLE_COSMOS_KEY"
@@ -167,6 +167,26 @@ class CallDeadline:
         for name in ("connection_timeout", "read_timeout"):
             current = opts.get(name)
             opts[name] = left if not isinstance(current, int | float) else min(float(current), left)
+
+
+def end_sdk_threads(client: Any, timeout: float) -> None:
+    """Wait (up to ``timeout``) for the SDK's background endpoint refresh of ``client`` and end its
+    thread pool, before the client is closed (its ``close()`` leaves both running).
+
+    Why: a worker's main process opens the store to check it, closes it and then forks its pool.
+    A child forked while such a thread was inside OpenSSL (the health check's TLS handshake)
+    inherits OpenSSL's locks held by a thread it does not have, and its first TLS connection hangs
+    for ever (seen in ``SSL_CTX_new``): a pool child that takes messages and never runs them.
+    Private SDK attributes, read defensively: a future SDK without them is simply not waited for.
+    """
+    manager = getattr(getattr(client, "client_connection", None), "_global_endpoint_manager", None)
+    thread = getattr(manager, "_refresh_thread", None)
+    if isinstance(thread, threading.Thread) and thread is not threading.current_thread():
+        thread.join(timeout)  # it waits for the health checks it submitted to the pool
+    executor = getattr(manager, "executor", None)
+    alive = isinstance(thread, threading.Thread) and thread.is_alive()
+    with contextlib.suppress(Exception):
+        executor.shutdown(wait=not alive, cancel_futures=True)  # type: ignore[union-attr]
 
 
 # The SDK logs every request and response at INFO (with the key redacted): far too chatty for a

@@ -79,6 +79,11 @@ class SessionTokens:
         self._tokens: OrderedDict[str, str] = OrderedDict()
         self._max = max_partitions
 
+    def after_fork(self) -> None:
+        """In a forked child: a new lock (a thread of the parent may have held this one mid-fork,
+        and it does not exist here to release it); the tokens stay valid."""
+        self._lock = threading.Lock()
+
     def get(self, pk: str) -> str | None:
         with self._lock:
             return self._tokens.get(pk)

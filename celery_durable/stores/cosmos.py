@@ -85,7 +85,7 @@ from ..errors import (
     DurableError,
     StoreUnavailable,
 )
-from ._cosmos_config import CallDeadline, DeadlineExceeded, Secret, parse_url
+from ._cosmos_config import CallDeadline, DeadlineExceeded, Secret, end_sdk_threads, parse_url
 from ._cosmos_due import CosmosDueScan
 from ._cosmos_errors import NOT_APPLIED, TRANSIENT, translate
 from ._cosmos_index import (
@@ -245,6 +245,7 @@ class CosmosStore(CosmosSessions, CosmosReads, CosmosListing, CosmosSearch, Cosm
         # after fork(): forget the inherited client (its sockets are the parent's; the SDK's and our
         # threads did not survive) without closing anything; the lock may have been held mid-fork
         self._lock = threading.Lock()
+        self._sessions.after_fork()
         self._client, self._proxy, self._pool = None, None, None
 
     def close(self) -> None:
@@ -253,6 +254,8 @@ class CosmosStore(CosmosSessions, CosmosReads, CosmosListing, CosmosSearch, Cosm
         if pool is not None:
             pool.shutdown(wait=False)
         if client is not None:
+            with contextlib.suppress(Exception):  # no SDK thread left running: safe to fork after close
+                end_sdk_threads(client, min(self.deadline.seconds, 5.0))
             with contextlib.suppress(Exception):
                 client.close()
 

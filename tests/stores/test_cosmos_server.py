@@ -11,8 +11,10 @@ from __future__ import annotations
 import contextlib
 import http.client
 import logging
+import os
 import re
 import ssl
+import threading
 import time
 import traceback
 import uuid
@@ -512,6 +514,59 @@ def test_reopen_drops_the_client(store: CosmosStore) -> None:
     store.reopen()
     assert store._client is None and store._proxy is None
     assert store.read("p", "a") is not None and store._client is not old
+
+
+def test_close_leaves_no_sdk_thread_running(cosmos_url: str, cosmos_server: CosmosTestServer) -> None:
+    """A worker's main process opens the store to check it, closes it, then forks its pool. The
+    SDK starts a background endpoint health check (a thread and a pool, making TLS connections)
+    that the SDK's own close() leaves running; a child forked while one is inside OpenSSL inherits
+    its locks held and hangs at its first TLS connection (seen: SSL_CTX_new, for ever). So close()
+    waits for them: here the health check is slowed down so it is surely in flight."""
+    before = set(threading.enumerate())
+    # the client's own account read passes (a no-op fault), its background health check (the
+    # next GET /) takes 3 s: surely in flight when close() is called
+    cosmos_server.inject_fault(0, count=1, match=r"^GET /$")
+    cosmos_server.inject_fault(0, count=1, delay_ms=3000, match=r"^GET /$")
+    store = store_from_url(cosmos_url)
+    assert store.read("p", "missing") is None
+    started = [t for t in threading.enumerate() if t not in before and t.is_alive()]
+    assert any(t.name == "cosmos-endpoint-refresh" for t in started), [t.name for t in started]
+    store.close()
+    left = [t.name for t in started if t.is_alive()]
+    assert left == [], f"SDK threads still running after close(): {left}"
+
+
+def test_reopen_after_fork_does_not_wait_for_a_lock_a_parent_thread_held() -> None:
+    """A thread of the parent was inside a store call (holding the session-token map's lock) when
+    the process forked: the child's reopened store must not wait for a thread it does not have."""
+    store = CosmosStore("https://127.0.0.1:9", "db", "c", key="a2V5")  # never connects here
+    store.use_session_token("p", "0:1#5")
+    held, release = threading.Event(), threading.Event()
+
+    def in_a_store_call() -> None:
+        with store._sessions._lock:
+            held.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=in_a_store_call)
+    thread.start()
+    assert held.wait(5)
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: exit 0 if the token was read, 3 if that hung
+            answered = threading.Event()
+            try:
+                store.reopen()
+                threading.Thread(target=lambda: store.session_token("p") and answered.set(), daemon=True).start()
+                answered.wait(3)
+            finally:
+                os._exit(0 if answered.is_set() else 3)
+    finally:
+        release.set()
+        thread.join()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the child's session-token map stayed locked"
+    assert store.session_token("p") == "0:1#5"
 
 
 # --- the due index ---------------------------------------------------------------------------------
