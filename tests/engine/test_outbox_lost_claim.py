@@ -1,7 +1,8 @@
-"""A claim whose answer was lost and whose read-back failed too (the store down for both): the
-delivery must not run the handler blind, and the retry of that delivery takes the claim over if
-it applied -- a process-bound effect runs once instead of being failed unrun when the lease
-expires; a duplicate of the retry cannot take it over as well."""
+"""A claim whose answer was lost and whose read-back failed too (the store down for both), or
+did not show it (the claim may still land): the delivery must not run the handler blind, and
+the retry of that delivery takes the claim over if it applied -- a process-bound effect runs
+once instead of being failed unrun when the lease expires; a duplicate of the retry cannot take
+it over as well."""
 
 from __future__ import annotations
 
@@ -87,3 +88,49 @@ def test_a_duplicate_of_the_retry_cannot_take_the_claim_over_while_the_first_run
     assert second.claim is None and second.reason == "duplicate"
     row = core.get("s1")
     assert row is not None and row["lease"]["owner"] == first.claim.owner != adopt[0]
+
+
+def lose_claim_that_lands_late(store: MemoryStore) -> Any:
+    """The next claim batch raises with nothing written yet and the read-back finds the row still
+    pending; the batch applies afterwards (a request still in flight when its answer timed out,
+    or a read-back served by a replica that had not seen the write). Returns that late apply."""
+    batch = store.batch
+    held: list[tuple[str, Any]] = []
+
+    def lost_batch(pk: str, ops: Any) -> Any:
+        if not held and any((op.doc or {}).get("status") == RUNNING for op in ops):
+            held.append((pk, ops))
+            raise StoreUnavailable("injected: the claim's answer timed out")
+        return batch(pk, ops)
+
+    store.batch = lost_batch  # type: ignore[method-assign]
+    return lambda: batch(*held[0])
+
+
+@pytest.mark.parametrize("lands", [True, False])
+@pytest.mark.parametrize("replay_safe", [False, True])
+def test_a_claim_read_back_as_not_applied_that_lands_later_is_run_by_the_retry(
+    glue: Glue, replay_safe: bool, lands: bool
+) -> None:
+    """A read-back that finds no claim does not prove the claim will not apply: the retry carries
+    the claim's owner, takes it over if it landed meanwhile and runs it (once). Without that the
+    retry found the row running, dropped itself as a duplicate, and the key stayed held with
+    nobody running its row until the lease expired and beat's scan requeued it (a process-bound
+    effect: failed unrun); with no beat, never -- the signature of the redis-cosmos timeout of
+    test_keys_run_concurrently_each_strictly_in_order (a row "running", its handler never run)."""
+    ran: list[Any] = []
+    glue.durable.effect("late.charge", replay_safe=replay_safe)(ran.append)
+    glue.outbox.enqueue("late.charge", {"n": 1}, key="k", effect_id="c1")
+    (ref,) = glue.sender.take()
+    land = lose_claim_that_lands_late(glue.store)
+    with pytest.raises(Retry):
+        glue.outbox.deliver(glue.task, ref.key, ref.effect_id)
+    assert ran == [] and glue.outbox.get("c1").status == "pending"  # type: ignore[union-attr]
+    if lands:
+        land()
+        assert glue.outbox.get("c1").status == RUNNING  # type: ignore[union-attr]
+    glue.task.request.headers = dict(glue.task.retried_with.get("headers") or {})
+    assert glue.outbox.deliver(glue.task, ref.key, ref.effect_id) == SUCCEEDED
+    assert glue.outbox.deliver(glue.task, ref.key, ref.effect_id) == "settled"  # a duplicate of the retry
+    info = glue.outbox.get("c1")
+    assert info is not None and (info.status, info.attempt, ran) == (SUCCEEDED, 1, [{"n": 1}])

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
-from ...errors import ConfigurationError, ConflictError, IdempotencyConflict, LaneFull, StoreError
+from ...errors import ConfigurationError, ConflictError, IdempotencyConflict, LaneFull, StoreError, StoreUnavailable
 from ...stores.base import Doc, Op, Store
 from ..model import Clock, SystemClock, worker_identity
 from .admission import MAX_ROUNDS, Admission
@@ -286,6 +286,14 @@ class OutboxEngine(SettleReads):
                     # unknown: never run blind; the next delivery adopts the claim if it applied
                     raise ClaimUnknown(str(exc), owner, int(new_row["attempt"])) from exc
                 if applied is None:
+                    if isinstance(exc, StoreUnavailable):
+                        # not seen is not "never": the batch may still land (a request in flight
+                        # when its answer timed out; a read-back served by a replica that has not
+                        # seen it yet). The retry takes the claim over if it did: without the owner
+                        # it would find the row running, drop itself as a duplicate, and the key
+                        # would stay held, its row run by nobody, until the lease expired and
+                        # beat's scan requeued it
+                        raise ClaimUnknown(str(exc), owner, int(new_row["attempt"])) from exc
                     raise
                 new_row, new_head, etags = applied
             claim = self._claim_of(new_row, str(etags[0]), new_head | {"_etag": etags[1]}, owner, now)

@@ -254,7 +254,8 @@ class Claim:
 
 
 class ClaimUnknown(StoreUnavailable):
-    """A claim's batch raised a store error and reading it back failed too: the row may be
+    """A claim's batch raised a store error and reading it back failed too, or did not find the
+    claim (which may still land: a request in flight, a lagging replica): the row may be
     claimed by ``owner`` (attempt ``attempt``), a handler that never started. Whoever delivers the
     row again passes them as ``claim(adopt=...)``: a claim that applied is then taken over (one
     etag-guarded write: a duplicate of that delivery cannot take it as well) and run, instead of
