@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from celery_durable.engine.outbox import EffectRef, InlineSender
+from celery_durable.errors import DurableTimeoutError
 from celery_durable.outbox import OUTBOX_SCAN_TASK
 from celery_durable.stores.base import Op
 from tests.apps import effects
@@ -63,7 +64,21 @@ class Fx:
         return [e for e in self.log() if e["id"] == effect_id and e["event"] == event]
 
     def wait(self, effect_id: str, timeout: float = 60.0) -> Any:
-        return self.outbox.wait(effect_id, timeout=timeout)
+        try:
+            return self.outbox.wait(effect_id, timeout=timeout)
+        except DurableTimeoutError as exc:  # say why: the row, its key's head, what the workers did
+            raise AssertionError(f"{exc}\n{self.diagnose(effect_id)}") from exc
+
+    def diagnose(self, effect_id: str) -> str:
+        """The row and its key's head as stored, the handler runs logged, and the workers' lines
+        about the effect (worker logs stay in the test's tmp directory)."""
+        row = self.outbox.core.get(effect_id)
+        head = None if row is None else self.outbox.core.head(str(row["key"]))
+        lines = [f"row: {row}", f"head: {head}", f"runs: {[e for e in self.log() if e['id'] == effect_id]}"]
+        for worker in self.cluster.workers.workers:
+            lines.append(f"--- {worker.name} ({worker.log_path}):")
+            lines += [line for line in worker.log().splitlines() if effect_id in line or "Error" in line][-40:]
+        return "\n".join(lines)
 
     def status(self, effect_id: str) -> str | None:
         info = self.outbox.get(effect_id)
