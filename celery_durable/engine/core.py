@@ -197,6 +197,15 @@ class Engine:
         except Exception as exc:  # a store or broker error: the worker's drive retries it
             log.warning("eager start of %s: %s; a worker drives it", eid, exc)
             return False
+        except KeyboardInterrupt:  # the caller's: it goes on, and a worker drives at once
+            try:
+                self.dispatcher.send_drive(eid)
+            except Exception:  # recovery drives it after drive_timeout; the interrupt still goes on
+                log.warning("eager start of %s interrupted; sending its drive failed", eid, exc_info=True)
+            raise
+        except BaseException as exc:  # workflow code's (sys.exit() in it): a worker's to record
+            log.warning("eager start of %s: workflow code raised %r; a worker drives it", eid, exc)
+            return False
 
     def read_exec(self, execution_id: str) -> Doc:
         doc = self.store.read(execution_id, EXEC_ID)

@@ -142,9 +142,11 @@ class Driver:
 
         ``eager``: the first drive, in the caller of ``start()`` (``durable_eager_start``). It
         commits only a suspension that schedules activities or timers; anything else (a local
-        activity to run, a child, an effect, an end) is left to a worker: "declined", nothing
-        written. Why so narrow: the caller may be a web process, and it may run other code than
-        the workers (a deploy in progress); what it commits is what a worker would replay.
+        activity to run, a child, an effect, an end; contention: another's exec lease, more
+        conflicts than ``optimistic_attempts``; a step too large to store or wider than one batch)
+        is left to a worker: "declined", nothing written. Why so narrow: the caller may be a web
+        process, and it may run other code than the workers (a deploy in progress); what it
+        commits is what a worker would replay.
         The live instance is not kept: the next drive lands on a worker. ``known``: the exec
         document ``start()`` just created, the whole partition as far as it knows: the first
         round reads nothing (its commit is conditional on that exec's etag and creates the new
@@ -201,6 +203,8 @@ class Driver:
                 # exec write announced (a drive holding an older copy then committed past it) and
                 # its marker settled with nothing due: the step was stranded.
                 if not mine and lease_live(ex, now):
+                    if eager:  # nothing of ours to record: the lease holder (and the drive message) drive it
+                        return "declined"
                     # someone else is driving: record ours with a bump, so their release re-reads
                     bumped = strip_reserved(ex) | {"wakeups": int(ex.get("wakeups") or 0) + 1}
                     try:
@@ -212,6 +216,8 @@ class Driver:
                         carry = _oversized(exc, carry)
                         continue
                     return "deferred"
+                if eager and conflicts >= eng.settings.optimistic_attempts:
+                    return "declined"  # contention: a worker takes the lease (a caller's would only stall it)
                 if not holding and conflicts >= eng.settings.optimistic_attempts:
                     # contention: take the lease (with ours recorded) so others defer to us
                     claimed = strip_reserved(ex) | {
@@ -253,6 +259,8 @@ class Driver:
                     return "failed"
                 if ops is None:
                     return "noop"
+                if eager and len(ops) > store.max_batch_ops:  # not one batch: all or nothing is a worker's
+                    return "declined"
                 self._fence_cancelled_children(ex, docs, replay)
                 try:
                     with span("commit", execution_id=execution_id, ops=len(ops), outcome=replay.kind):
@@ -267,6 +275,9 @@ class Driver:
                 except DocumentTooLarge as exc:
                     # a carried outcome too large: its activity fails; else (the workflow's result,
                     # a new step's arguments) the execution fails, recorded by the next round
+                    # (a worker's: an eager drive records no failure)
+                    if eager:
+                        return "declined"
                     if any(d["id"] == exc.doc_id for d in carry):
                         carry = _oversized(exc, carry)
                     elif oversize is None:
@@ -292,6 +303,8 @@ class Driver:
             log.error("drive %s: gave up after %d rounds of contention", execution_id, MAX_ROUNDS)
             return "contended"
         finally:
+            if eager:  # the caller keeps no live instance, whatever ended its drive (a store error too)
+                self.sticky.drop(execution_id)
             # the replay's commands first, then what follows from its outcome: a continued run is
             # pruned only after the effects it emitted were admitted (they live in its documents)
             for req in orphan_sends.values():
