@@ -160,6 +160,6 @@ def register_tasks(app: Celery, durable: DurableLike) -> None:
     @app.task(name=RECOVER_TASK, ignore_result=True, shared=False)
     def recover() -> dict[str, int]:
         report = durable.engine.recovery.scan()
-        if report.redriven or report.resent or report.failed or report.errors:
+        if report.redriven or report.resent or report.failed or report.errors or report.chunks_collected:
             log.info("recovery: %s", report)
         return dict(report.__dict__)

@@ -64,8 +64,10 @@ class Engine:
         self.settings = settings or Settings()
         #: wakes handle.result() when an execution ends (stores/push.py); polling without one
         self.notifier: Notifier = notifier or NoPush()
-        # documents past the item limit go to chunk documents, up to durable_max_payload
-        store = offloaded(store, self.settings.max_payload)
+        self.clock: Clock = clock or SystemClock()
+        # documents past the item limit go to chunk documents, up to durable_max_payload (due
+        # for the orphan chunk collector on this clock: recovery scans on it)
+        store = offloaded(store, self.settings.max_payload, clock=self.clock.now)
         if tracing_configured():  # every store call becomes a span (with Cosmos' request charge)
             from ..stores.traced import TracedStore
 
@@ -73,7 +75,6 @@ class Engine:
         self.store = store
         self.dispatcher = dispatcher
         self.registry = registry or Registry()
-        self.clock: Clock = clock or SystemClock()
         self.cache = PartitionCache(store)
         self.driver = Driver(self)
         self.activities = ActivityRunner(self)

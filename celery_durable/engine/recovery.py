@@ -5,6 +5,8 @@
 * ``activity`` due — an activity whose message was never picked up, or whose attempt lease
   lapsed without a result (killed worker): send it again. The first-writer-wins result makes
   a duplicate harmless. After ``max_lost_attempts`` lost attempts the step fails.
+* ``chunk`` due — chunk documents of a large document an hour old: deleted unless the document
+  names them (a writer died between its chunks and its commit): ``stores/chunk_gc.py``.
 
 Each found document is pushed forward with an etag replace before anything is sent, so two
 beats by mistake send at most one message per item and interval.
@@ -18,7 +20,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConflictError, CorruptDocument
-from ..stores.base import DueRef, strip_reserved
+from ..stores.base import DueRef, find_inner, strip_reserved
+from ..stores.chunk_gc import collect_chunks
+from ..stores.offload import Offloading
 from .checks import MalformedDocument, check_doc, check_exec, check_partition
 from .dispatcher import ActivityRequest
 from .model import (
@@ -53,6 +57,8 @@ class ScanReport:
     failed: int = 0
     cleared: int = 0
     errors: int = 0
+    #: large documents' versions whose orphan chunks were deleted
+    chunks_collected: int = 0
 
 
 class Recovery:
@@ -70,6 +76,11 @@ class Recovery:
             self._guard(report, ref, self._activity_due, ref.pk, ref.id, now, report)
         for ref in self.engine.store.scan_due(DUE_CHILD, now, limit):
             self._guard(report, ref, self._child_due, ref.pk, ref.id)
+        offloading = find_inner(self.engine.store, lambda s: isinstance(s, Offloading))
+        if offloading is not None:
+            chunks = collect_chunks(offloading, now, limit)
+            report.chunks_collected += chunks.collected
+            report.errors += chunks.errors
         return report
 
     def _child_due(self, pk: str, marker_id_: str) -> None:

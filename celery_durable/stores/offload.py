@@ -19,7 +19,8 @@ caller's batch), then the replaced version's chunks are deleted. A reader that f
 missing re-reads the main document: a newer version means a writer replaced it meanwhile (read
 again); the same version means the chunk is really gone (:class:`CorruptDocument`). A write that
 certainly failed (conflict, refused) deletes its fresh chunks; one that may have applied (the store
-unreachable) leaves them, so a crash can leak chunks but never lose or corrupt a value.
+unreachable) leaves them, so a crash leaves chunks behind but never loses or corrupts a value: the
+collector (:mod:`.chunk_gc`, run by the recovery scan) deletes those a grace after their write.
 
 Which chunks a replaced version had is carried in our etag (``<backend etag>~c:<nonce>.<count>``,
 as the Cosmos store carries its due reference), so a conditional replace or delete needs no read;
@@ -32,9 +33,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 import uuid
 from abc import ABC
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 from ..errors import ConfigurationError, ConflictError, CorruptDocument, DocumentTooLarge, PayloadTooLarge, StoreError
@@ -53,7 +55,16 @@ from .base import (
     utf8_json,
 )
 
-__all__ = ["Offloading", "offloaded", "DEFAULT_MAX_PAYLOAD", "CHUNK_PREFIX", "MANIFEST_KEY", "inline_limit"]
+__all__ = [
+    "Offloading",
+    "offloaded",
+    "DEFAULT_MAX_PAYLOAD",
+    "CHUNK_PREFIX",
+    "MANIFEST_KEY",
+    "DUE_CHUNK",
+    "CHUNK_GRACE",
+    "inline_limit",
+]
 
 log = logging.getLogger("celery_durable.store")
 
@@ -64,12 +75,21 @@ CHUNK_PREFIX = "~chunk~"
 #: the manifest's key in an offloaded main document (not ``_``-prefixed: backends refuse those)
 MANIFEST_KEY = "~offload"
 _ETAG_MARK = "~c:"
+#: ``due_kind`` of a version's *marker* chunk (its last, small piece, written first, carrying ``of``: the
+#: main document's id, and ``n``): the collector (:mod:`.chunk_gc`) looks at it once it is due
+DUE_CHUNK = "chunk"
+#: seconds after its write a version's marker chunk is due: far beyond any write's duration (the
+#: collector deletes chunks that no main document names by then)
+CHUNK_GRACE = 3600.0
 #: fields that always stay on the main document: the backends' scans and listings filter on them
 _PINNED = frozenset(
     {"pk", "id", "type", "status", "workflow", "created_at", "due_kind", "due_at", "search", MANIFEST_KEY}
 )
 #: what the main document of an offloaded one keeps at most (its small fields)
 _SLIM_BYTES = 64 * 1024
+#: the marker chunk's piece is at most this many characters (a few KB: clearing its due fields
+#: rewrites it, at Cosmos' price per KB written)
+_MARKER_CHARS = 512
 #: chunk reads retried after a concurrent replace deleted the chunks of the version read
 _READ_ROUNDS = 5
 #: exceptions after which a write certainly did not apply (its fresh chunks can go)
@@ -111,6 +131,14 @@ def _unwrap(etag: str | None) -> tuple[str | None, list[str]]:
 
 def is_chunk(doc_id: str) -> bool:
     return doc_id.startswith(CHUNK_PREFIX)
+
+
+def chunk_nonce(doc_id: str) -> str | None:
+    """The nonce in a chunk id (``None`` if it is not one)."""
+    if not is_chunk(doc_id):
+        return None
+    nonce, sep, index = doc_id[len(CHUNK_PREFIX) :].rpartition("~")
+    return nonce if sep and nonce and index.isdigit() else None
 
 
 def _manifest(pk: str, doc: Doc) -> dict[str, Any] | None:
@@ -169,6 +197,9 @@ class Offloading(ABC):  # noqa: B024 - a mixin, registered (not inherited) by th
     max_doc_bytes: int
     max_batch_ops: int
     max_batch_bytes: int  # the backend's (no default here: the mixed class must not shadow it)
+    #: the clock of the marker chunks' due times (``None``: ``time.time``; the engine sets its own)
+    chunk_clock: Callable[[], float] | None = None
+    chunk_grace: float = CHUNK_GRACE
 
     @property
     def backend(self) -> Store:
@@ -212,10 +243,23 @@ class Offloading(ABC):  # noqa: B024 - a mixin, registered (not inherited) by th
         text = utf8_json(json.dumps(moved, separators=(",", ":"), ensure_ascii=False), str(doc["id"]))
         nonce = uuid.uuid4().hex[:16]
         pk = str(doc["pk"])
-        overhead = doc_size({"pk": pk, "id": _chunk_ids(nonce, 10**6)[0], "type": "chunk", "data": ""})
+        mark = {"of": str(doc["id"]), "n": 10**6, "due_kind": DUE_CHUNK, "due_at": -1.7976931348623157e308}
+        overhead = doc_size({"pk": pk, "id": _chunk_ids(nonce, 10**6)[0], "type": "chunk", "data": "", **mark})
         pieces = _pieces(text, self.inline_bytes - overhead)
+        if len(pieces[-1]) > _MARKER_CHARS:
+            last = pieces.pop()
+            pieces += [last[:-_MARKER_CHARS], last[-_MARKER_CHARS:]]
         ids = _chunk_ids(nonce, len(pieces))
-        chunks = [{"pk": pk, "id": cid, "type": "chunk", "data": p} for cid, p in zip(ids, pieces, strict=True)]
+        chunks: list[Doc] = [
+            {"pk": pk, "id": cid, "type": "chunk", "data": p} for cid, p in zip(ids, pieces, strict=True)
+        ]
+        # The last piece (small) marks the version for the collector, and is written first: a
+        # write that dies after any chunk leaves a marked one behind. Clearing its due fields
+        # (once, when the collector finds it referenced) rewrites a few KB.
+        clock = self.chunk_clock or time.time
+        due_at = clock() + self.chunk_grace
+        chunks[-1].update(of=str(doc["id"]), n=len(pieces), due_kind=DUE_CHUNK, due_at=due_at)
+        chunks.insert(0, chunks.pop())
         digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
         kept[MANIFEST_KEY] = {"nonce": nonce, "n": len(pieces), "bytes": len(text.encode("utf-8")), "sha256": digest}
         return (kept, chunks, (nonce, len(pieces))), doc_size(kept)
@@ -521,8 +565,9 @@ class Offloading(ABC):  # noqa: B024 - a mixin, registered (not inherited) by th
 _CLASSES: dict[type[Store], type[Store]] = {}
 
 
-def offloaded(store: Store, max_payload: int = DEFAULT_MAX_PAYLOAD) -> Store:
-    """Make ``store`` offload documents up to ``max_payload`` bytes; return it.
+def offloaded(store: Store, max_payload: int = DEFAULT_MAX_PAYLOAD, clock: Callable[[], float] | None = None) -> Store:
+    """Make ``store`` offload documents up to ``max_payload`` bytes; return it. ``clock``: what the
+    due times of marker chunks are counted from (``time.time`` if not given).
 
     Its class becomes a subclass of its own with :class:`Offloading` mixed in (so it stays an
     instance of its backend class, and attributes set on it reach the backend's methods). A
@@ -533,6 +578,8 @@ def offloaded(store: Store, max_payload: int = DEFAULT_MAX_PAYLOAD) -> Store:
     found = find_inner(store, lambda s: isinstance(s, Offloading))
     if found is not None:
         found.max_payload = max_payload
+        if clock is not None:
+            found.chunk_clock = clock
         return store
     cls = type(store)
     if cls not in _CLASSES:
@@ -546,4 +593,6 @@ def offloaded(store: Store, max_payload: int = DEFAULT_MAX_PAYLOAD) -> Store:
     store.__class__ = _CLASSES[cls]
     assert isinstance(store, Offloading)
     store.max_payload = max_payload
+    if clock is not None:
+        store.chunk_clock = clock
     return store
