@@ -62,6 +62,13 @@ MAX_IDLE_CONNECTIONS = 8
 #: first and longest sleep (seconds) between tries for the write lock; see SqliteStore._begin
 WAIT_FIRST = 100e-6
 WAIT_MAX = 2e-3
+#: WAL pages after which a commit checkpoints (SQLite's default: 1,000). Every commit rewrites the
+#: same few hot pages (the version counter, index pages, the partition's leaf); a checkpoint copies
+#: each distinct page once and syncs the files, so checkpoints 4x rarer copy the hot pages and sync
+#: 4x less often. bench/long.py's loop on a quiet machine: 0.91-0.98 -> 0.80-0.84 ms of CPU per
+#: activity step (two runs each; under load the difference drowns in noise). The cost: a WAL file
+#: of up to ~16 MB (4 KB pages) between checkpoints.
+WAL_AUTOCHECKPOINT = 4000
 #: ids per ``IN (...)`` of read_many (SQLite before 3.32 allows 999 parameters a statement)
 _IN_CHUNK = 500
 #: 2: the docs_execs index (list_execs); 3: search_idx; 4: docs_changes; older files are upgraded on open
@@ -149,6 +156,7 @@ class SqliteStore(Store):
         conn = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False)
         try:
             conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute(f"PRAGMA wal_autocheckpoint = {WAL_AUTOCHECKPOINT}")
             if not self._schema_ready:
                 self._init_schema(conn)
         except BaseException:
