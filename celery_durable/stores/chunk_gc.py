@@ -7,19 +7,24 @@ no main document names. Each version's *marker* chunk (its last piece, kept smal
 far beyond any write's duration. :func:`collect_chunks` takes the due markers and point-reads
 each one's main document:
 
-* its manifest names the marker's nonce: the chunks are live; the marker's due fields are cleared
-  (an etag-guarded replace, the one extra write of a version: never looked at again). Its chunks
-  go when the main document is replaced or deleted, as before;
-* otherwise (another version, no manifest, no document): every chunk of the version is deleted,
-  the marker last and etag-guarded, so a collector failing midway finds the marker again;
+* its manifest names the marker's nonce: the chunks are live; the marker is pushed to its next
+  look (:func:`._chunks.recheck_delay`: 2, 4, 8 … hours, then weekly; one etag-guarded write).
+  Never cleared for good: if that version is replaced, deleted or purged later and the writer
+  could not drop its chunks (an outage, a crash after the commit), a later look finds it named
+  by nothing;
+* otherwise (another version, no manifest, no document): the marker is claimed first (an
+  etag-guarded rewrite), then the version's other chunks are deleted, the marker last. A slow
+  writer re-arms its markers before its commit (:meth:`.Offloading._ofl_put_chunks`): of the
+  claim and the re-arm, the first wins and the other conflicts (the writer then commits
+  nothing); a collector failing midway finds the claimed marker again;
 * the main document cannot be decoded, or the marker is malformed: nobody can tell, the chunks
   are kept and the marker is asked again a grace later (an error in the report).
 
 Races: a write still on its way has chunks younger than the grace (not due); a main document
-replaced while the collector decides is either read before (the marker is cleared, or the
+replaced while the collector decides is either read before (the marker is pushed, or the
 replace deleted it first: the guarded write conflicts and is skipped) or after (its chunks are
 the replaced version's, the replace drops them too). A chunk is deleted only when the main
-document named in it does not name it, read after the grace.
+document named in it does not name it, read after the grace, and its marker was claimed.
 """
 
 from __future__ import annotations
@@ -28,8 +33,9 @@ import logging
 from dataclasses import dataclass
 
 from ..errors import ConflictError, CorruptDocument, StoreError
+from ._chunks import DUE_CHUNK, chunk_ids, chunk_nonce, manifest_of, recheck_delay
 from .base import Op, Store
-from .offload import DUE_CHUNK, Offloading, _chunk_ids, _manifest, chunk_nonce
+from .offload import Offloading
 
 __all__ = ["ChunkReport", "collect_chunks"]
 
@@ -72,25 +78,31 @@ def _collect(store: Offloading, raw: Store, pk: str, chunk_id: str, now: float, 
         or isinstance(count, bool)
         or not isinstance(count, int)
         or not 1 <= count <= store.max_payload // 1024 + 1
-        or chunk_id not in _chunk_ids(nonce, count)
+        or chunk_id not in chunk_ids(nonce, count)
     ):
         _postpone(store, raw, body, marker["_etag"], now, report, "a malformed marker")
         return
     try:
         owner = raw.read(pk, owner_id)
-        manifest = None if owner is None else _manifest(pk, owner)
+        manifest = None if owner is None else manifest_of(pk, owner)
     except CorruptDocument as exc:
         _postpone(store, raw, body, marker["_etag"], now, report, str(exc))
         return
     if manifest is not None and manifest["nonce"] == nonce:
-        cleared = {k: v for k, v in body.items() if k not in ("due_kind", "due_at")}
+        checks = body.get("checks")
+        checks = checks if isinstance(checks, int) and not isinstance(checks, bool) else 0
+        later = body | {"checks": checks + 1, "due_at": now + recheck_delay(checks, store.chunk_grace)}
         try:
-            raw.replace(cleared, if_match=marker["_etag"])
+            raw.replace(later, if_match=marker["_etag"])
         except ConflictError:
             pass  # deleted by a replace of its document meanwhile
         report.kept += 1
         return
-    others = [c for c in _chunk_ids(nonce, count) if c != chunk_id]
+    try:  # claimed: a slow writer's re-arm of this marker now conflicts (it commits nothing)
+        claimed = raw.replace(body | {"due_at": now + store.chunk_grace}, if_match=marker["_etag"])
+    except ConflictError:
+        return  # re-armed, pushed or deleted meanwhile: a later pass looks again if it is still due
+    others = [c for c in chunk_ids(nonce, count) if c != chunk_id]
     for start in range(0, len(others), store.max_batch_ops):
         part = others[start : start + store.max_batch_ops]
         try:
@@ -99,7 +111,7 @@ def _collect(store: Offloading, raw: Store, pk: str, chunk_id: str, now: float, 
             for c in part:
                 raw.delete(pk, c)
     try:
-        raw.delete(pk, chunk_id, if_match=marker["_etag"])
+        raw.delete(pk, chunk_id, if_match=claimed)
     except ConflictError:
         pass  # changed or deleted meanwhile: a later pass sees it again if it is still due
     report.collected += 1

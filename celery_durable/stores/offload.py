@@ -39,7 +39,27 @@ from abc import ABC
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
-from ..errors import ConfigurationError, ConflictError, CorruptDocument, DocumentTooLarge, PayloadTooLarge, StoreError
+from ..errors import (
+    ConfigurationError,
+    ConflictError,
+    CorruptDocument,
+    DocumentTooLarge,
+    PayloadTooLarge,
+    StoreError,
+    StoreUnavailable,
+)
+from ._chunks import (
+    CHUNK_GRACE,
+    CHUNK_PREFIX,
+    DUE_CHUNK,
+    MANIFEST_KEY,
+    chunk_ids,
+    is_chunk,
+    manifest_of,
+)
+from ._chunks import (
+    pieces as cut_pieces,
+)
 from .base import (
     CORRUPT_KEY,
     Doc,
@@ -70,17 +90,7 @@ log = logging.getLogger("celery_durable.store")
 
 #: ``durable_max_payload``'s default: the largest document stored, offloaded or not
 DEFAULT_MAX_PAYLOAD = 64 * 1024 * 1024
-#: ids of chunk documents start with this (reserved: the engine's ids never do)
-CHUNK_PREFIX = "~chunk~"
-#: the manifest's key in an offloaded main document (not ``_``-prefixed: backends refuse those)
-MANIFEST_KEY = "~offload"
 _ETAG_MARK = "~c:"
-#: ``due_kind`` of a version's *marker* chunk (its last, small piece, written first, carrying ``of``: the
-#: main document's id, and ``n``): the collector (:mod:`.chunk_gc`) looks at it once it is due
-DUE_CHUNK = "chunk"
-#: seconds after its write a version's marker chunk is due: far beyond any write's duration (the
-#: collector deletes chunks that no main document names by then)
-CHUNK_GRACE = 3600.0
 #: fields that always stay on the main document: the backends' scans and listings filter on them
 _PINNED = frozenset(
     {"pk", "id", "type", "status", "workflow", "created_at", "due_kind", "due_at", "search", MANIFEST_KEY}
@@ -110,10 +120,6 @@ class _Missing(Exception):
     """A chunk of the version read is gone (replaced meanwhile, or lost)."""
 
 
-def _chunk_ids(nonce: str, count: int) -> list[str]:
-    return [f"{CHUNK_PREFIX}{nonce}~{i}" for i in range(count)]
-
-
 def _wrap(etag: str | None, ref: tuple[str, int] | None) -> str | None:
     return etag if etag is None or ref is None else f"{etag}{_ETAG_MARK}{ref[0]}.{ref[1]}"
 
@@ -126,52 +132,7 @@ def _unwrap(etag: str | None) -> tuple[str | None, list[str]]:
     nonce, dot, count = tail.rpartition(".")
     if not sep or not dot or not count.isdigit():
         return etag, []
-    return inner, _chunk_ids(nonce, int(count))
-
-
-def is_chunk(doc_id: str) -> bool:
-    return doc_id.startswith(CHUNK_PREFIX)
-
-
-def chunk_nonce(doc_id: str) -> str | None:
-    """The nonce in a chunk id (``None`` if it is not one)."""
-    if not is_chunk(doc_id):
-        return None
-    nonce, sep, index = doc_id[len(CHUNK_PREFIX) :].rpartition("~")
-    return nonce if sep and nonce and index.isdigit() else None
-
-
-def _manifest(pk: str, doc: Doc) -> dict[str, Any] | None:
-    m = doc.get(MANIFEST_KEY)
-    if m is None:
-        return None
-    ok = (
-        isinstance(m, dict)
-        and isinstance(m.get("nonce"), str)
-        and isinstance(m.get("n"), int)
-        and isinstance(m.get("sha256"), str)
-    )
-    if not ok:
-        raise CorruptDocument(f"document {doc.get('id')!r} in partition {pk!r} has a malformed chunk manifest")
-    return dict(m)
-
-
-def _pieces(text: str, budget: int) -> list[str]:
-    """``text`` cut into pieces whose JSON string encoding (ASCII-escaped, as sent: ``doc_size``)
-    is at most ``budget`` bytes."""
-    out: list[str] = []
-    start = 0
-    while start < len(text):
-        take = min(len(text) - start, budget)
-        while True:
-            piece = text[start : start + take]
-            size = len(json.dumps(piece))
-            if size <= budget:
-                break
-            take = max(1, min(take - 1, int(take * budget / size * 0.98)))
-        out.append(piece)
-        start += take
-    return out
+    return inner, chunk_ids(nonce, int(count))
 
 
 class _Raw:
@@ -244,12 +205,12 @@ class Offloading(ABC):  # noqa: B024 - a mixin, registered (not inherited) by th
         nonce = uuid.uuid4().hex[:16]
         pk = str(doc["pk"])
         mark = {"of": str(doc["id"]), "n": 10**6, "due_kind": DUE_CHUNK, "due_at": -1.7976931348623157e308}
-        overhead = doc_size({"pk": pk, "id": _chunk_ids(nonce, 10**6)[0], "type": "chunk", "data": "", **mark})
-        pieces = _pieces(text, self.inline_bytes - overhead)
+        overhead = doc_size({"pk": pk, "id": chunk_ids(nonce, 10**6)[0], "type": "chunk", "data": "", **mark})
+        pieces = cut_pieces(text, self.inline_bytes - overhead)
         if len(pieces[-1]) > _MARKER_CHARS:
             last = pieces.pop()
             pieces += [last[:-_MARKER_CHARS], last[-_MARKER_CHARS:]]
-        ids = _chunk_ids(nonce, len(pieces))
+        ids = chunk_ids(nonce, len(pieces))
         chunks: list[Doc] = [
             {"pk": pk, "id": cid, "type": "chunk", "data": p} for cid, p in zip(ids, pieces, strict=True)
         ]
@@ -266,18 +227,32 @@ class Offloading(ABC):  # noqa: B024 - a mixin, registered (not inherited) by th
 
     def _ofl_put_chunks(self, pk: str, chunks: list[Doc]) -> None:
         written: list[str] = []
+        marks: list[tuple[Doc, str]] = []
         try:
             for chunk in chunks:
-                if self.backend.create(chunk) is None:  # a fresh nonce: never taken
-                    raise ConflictError(f"chunk {chunk['id']!r} in partition {pk!r} exists")
-                written.append(chunk["id"])
+                written.append(chunk["id"])  # before the call: a create whose answer was lost may have applied
+                etag = self.backend.create(chunk)
+                if etag is None:  # a fresh nonce: never taken (not ours: not dropped)
+                    raise ConflictError(f"chunk {written.pop()!r} in partition {pk!r} exists")
+                if chunk.get("due_kind") == DUE_CHUNK:
+                    marks.append((chunk, etag))
+            # Chunks that took half the grace (a throttled store) re-arm their markers before the
+            # commit: the collector must not find them due, named by nothing yet. It claims a
+            # marker before deleting anything, so one of the two etag-guarded writes conflicts.
+            now = (self.chunk_clock or time.time)()
+            for mark, etag in marks:
+                if now > float(mark["due_at"]) - self.chunk_grace / 2:
+                    try:
+                        self.backend.replace(mark | {"due_at": now + self.chunk_grace}, if_match=etag)
+                    except ConflictError as exc:
+                        raise StoreUnavailable(f"chunks in {pk!r} took too long to write: collected") from exc
         except BaseException:
             self._ofl_drop(pk, written)
             raise
 
     def _ofl_drop(self, pk: str, ids: Sequence[str]) -> None:
-        """Delete chunks nobody references any more (best effort: a failure leaks, never breaks)."""
-        ids = list(ids)
+        """Delete chunks nobody references any more; a version's marker last (a failure stops: it stays due)."""
+        ids = sorted(ids, key=lambda c: (c.rpartition("~")[0], len(c), c))
         for start in range(0, len(ids), self.max_batch_ops):
             part = ids[start : start + self.max_batch_ops]
             try:
@@ -287,12 +262,13 @@ class Offloading(ABC):  # noqa: B024 - a mixin, registered (not inherited) by th
                 pass  # some were gone already: one by one
             except StoreError as exc:
                 log.warning("could not delete %d chunk(s) in %s: %s", len(part), pk, exc)
-                continue
+                return
             for chunk_id in part:
                 try:
                     self.backend.delete(pk, chunk_id)
                 except StoreError as exc:
                     log.warning("could not delete chunk %s in %s: %s", chunk_id, pk, exc)
+                    return
 
     def _ofl_current_chunks(self, pk: str, ids: Sequence[str]) -> list[str]:
         """The chunks of the stored versions of ``ids`` (what an unconditional write replaces)."""
@@ -304,18 +280,18 @@ class Offloading(ABC):  # noqa: B024 - a mixin, registered (not inherited) by th
             # exec with its failure): its chunks, if it had any, cannot be known and stay behind
             return found
         for raw in raws:
-            if raw is not None and (m := _manifest(pk, raw)) is not None:
-                found += _chunk_ids(m["nonce"], m["n"])
+            if raw is not None and (m := manifest_of(pk, raw)) is not None:
+                found += chunk_ids(m["nonce"], m["n"])
         return found
 
     # --- reassembly -------------------------------------------------------------------------------
 
     def _ofl_assemble(self, pk: str, raw: Doc, chunks: dict[str, Doc | None]) -> Doc:
         """The caller's document from a stored main document (chunks read into ``chunks``)."""
-        m = _manifest(pk, raw)
+        m = manifest_of(pk, raw)
         if m is None:
             return raw
-        ids = _chunk_ids(m["nonce"], m["n"])
+        ids = chunk_ids(m["nonce"], m["n"])
         missing = [i for i in ids if i not in chunks]
         if missing:
             chunks.update(zip(missing, self.backend.read_many(pk, missing), strict=True))
@@ -361,8 +337,8 @@ class Offloading(ABC):  # noqa: B024 - a mixin, registered (not inherited) by th
         wanted = [
             cid
             for raw in raws
-            if raw is not None and (m := _manifest(pk, raw)) is not None
-            for cid in _chunk_ids(m["nonce"], m["n"])
+            if raw is not None and (m := manifest_of(pk, raw)) is not None
+            for cid in chunk_ids(m["nonce"], m["n"])
             if cid not in chunks
         ]
         if wanted:  # every missing chunk in one round trip
@@ -443,8 +419,8 @@ class Offloading(ABC):  # noqa: B024 - a mixin, registered (not inherited) by th
             return None
         if raw is None:
             return None, []
-        m = _manifest(pk, raw)
-        return str(raw["_etag"]), (_chunk_ids(m["nonce"], m["n"]) if m is not None else [])
+        m = manifest_of(pk, raw)
+        return str(raw["_etag"]), (chunk_ids(m["nonce"], m["n"]) if m is not None else [])
 
     # An unconditional write (replace or delete without an etag, upsert) reads the stored version
     # and writes conditionally on it, again if another writer came between: the chunks it drops

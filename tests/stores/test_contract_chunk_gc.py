@@ -4,7 +4,8 @@ A large document's chunks are written before its main document (the commit point
 version's are dropped after it: a process that dies in between leaves chunks nobody references.
 The first chunk written of each version is due ``CHUNK_GRACE`` after the write; the collector
 (run by the recovery scan) then deletes the version's chunks unless the main document's manifest
-names them, in which case it clears that chunk's due fields (once: it never looks again).
+names them, in which case it pushes that chunk's next look back (2, 4, 8 … hours, then weekly:
+``_chunks.recheck_delay``; a version replaced or deleted later whose drop failed is then collected).
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ import pytest
 
 from celery_durable.errors import CorruptDocument
 from celery_durable.stores import Doc, Op, Store
+from celery_durable.stores._chunks import chunk_ids as _chunk_ids
 from celery_durable.stores.base import doc_size
 from celery_durable.stores.chunk_gc import ChunkReport, collect_chunks
-from celery_durable.stores.offload import CHUNK_GRACE, DUE_CHUNK, MANIFEST_KEY, Offloading, _chunk_ids
+from celery_durable.stores.offload import CHUNK_GRACE, DUE_CHUNK, MANIFEST_KEY, Offloading
 
 from .test_contract import D, body, sized
 from .test_contract_large import MB, chunks
@@ -63,8 +65,10 @@ def test_chunks_of_a_write_that_never_committed_are_collected_after_the_grace(
     assert (report.collected, report.kept, report.errors) == (1, 1, 0)
     assert chunks(store, "p") == kept == referenced(store, "p")
     assert body(store.read("p", "live")) == live and store.read("p", "d") is None
-    # both versions left the scan: the next collection finds nothing
-    assert collect_chunks(store, FAR) == ChunkReport()
+    # the orphans are gone; the live version is looked at again only after its recheck delay
+    soon = time.time() + CHUNK_GRACE + 120
+    assert collect_chunks(store, soon) == ChunkReport()
+    assert collect_chunks(store, FAR) == ChunkReport(kept=1)  # and stays as long as it is named
     assert chunks(store, "p") == kept and body(store.read("p", "live")) == live
 
 
@@ -108,13 +112,16 @@ def test_referenced_chunks_survive_and_are_looked_at_once(store: Store) -> None:
     report = collect_chunks(store, FAR)
     assert (report.collected, report.kept, report.errors) == (0, 3, 0)
     assert {pk: chunks(store, pk) for pk in ("p", "q")} == before
-    assert store.backend.scan_due(DUE_CHUNK, FAR) == []  # cleared: never looked at again
-    assert collect_chunks(store, FAR) == ChunkReport()
+    # pushed back: not due again before 2 graces (then 4, 8 … up to a week)
+    assert store.backend.scan_due(DUE_CHUNK, FAR + 1.5 * CHUNK_GRACE) == []
+    assert collect_chunks(store, FAR + 1.5 * CHUNK_GRACE) == ChunkReport()
+    assert len(store.backend.scan_due(DUE_CHUNK, FAR + 2.5 * CHUNK_GRACE)) == 3
     assert body(store.read("p", "big")) == big
     assert [body(d) for d in store.read_many("q", ["a", "b", "small"])] == [*pair, D("q", "small")]
     # the etags from before the collection still guard the next write: it did not touch the documents
     store.replace(D("q", "a", v=1), if_match=etags[0])
-    assert collect_chunks(store, FAR) == ChunkReport()  # the replace dropped that version's chunks
+    # the replace dropped that version's chunks: nothing to collect, the others are still named
+    assert collect_chunks(store, 2 * FAR).collected == 0
     assert chunks(store, "q") == referenced(store, "q") != []
 
 
@@ -192,4 +199,4 @@ def test_a_collector_racing_writers_never_deletes_a_referenced_chunk(store: Stor
     collect_chunks(store, FAR)
     assert chunks(store, "p") == referenced(store, "p") != []
     assert all(body(store.read("p", i)) == written[i][-1] for i in docs)
-    assert store.backend.scan_due(DUE_CHUNK, FAR) == []
+    assert collect_chunks(store, FAR).collected == 0  # what is left is named
