@@ -14,9 +14,9 @@ import pytest
 
 from celery_durable.errors import StoreUnavailable
 from celery_durable.stores import Store
-from celery_durable.stores._chunks import chunk_ids as _chunk_ids
 from celery_durable.stores.chunk_gc import collect_chunks
-from celery_durable.stores.offload import CHUNK_GRACE, CHUNK_PREFIX, MANIFEST_KEY, Offloading
+from celery_durable.stores.offload import CHUNK_GRACE, CHUNK_PREFIX, Offloading
+from tests.stores.test_contract_chunk_gc import referenced
 
 MB = 1024 * 1024
 #: later than every due time these tests write
@@ -25,15 +25,6 @@ FAR = 1e12
 
 def _chunks(store: Offloading, pk: str) -> list[str]:
     return sorted(str(d["id"]) for d in store.backend.query_partition(pk).docs if str(d["id"]).startswith(CHUNK_PREFIX))
-
-
-def _referenced(store: Offloading, pk: str) -> list[str]:
-    ids: list[str] = []
-    for d in store.backend.query_partition(pk).docs:
-        m = d.get(MANIFEST_KEY)
-        if m is not None:
-            ids += _chunk_ids(m["nonce"], m["n"])
-    return sorted(ids)
 
 
 def _old_version_looked_at(store: Offloading, pk: str, doc: dict[str, Any]) -> str:
@@ -73,7 +64,7 @@ def test_a_failed_drop_of_a_version_older_than_the_grace_is_collected(
     for _ in range(3):
         collect_chunks(store, FAR)
     assert not set(first) & set(_chunks(store, "p")), "the replaced version's chunks are never collected"
-    assert _chunks(store, "p") == _referenced(store, "p")
+    assert _chunks(store, "p") == referenced(store, "p")
 
 
 def test_a_replace_whose_commit_answer_was_lost_leaves_no_chunks_for_ever(adv_store: Store) -> None:
@@ -101,7 +92,7 @@ def test_a_replace_whose_commit_answer_was_lost_leaves_no_chunks_for_ever(adv_st
     for _ in range(3):
         collect_chunks(store, FAR)
     assert not set(first) & set(_chunks(store, "p")), "the replaced version's chunks are never collected"
-    assert _chunks(store, "p") == _referenced(store, "p")
+    assert _chunks(store, "p") == referenced(store, "p")
 
 
 _WRITES = ["replace", "upsert", "batch-upsert", "shrink", "delete", "delete-recreate", "another-collector"]
@@ -187,11 +178,11 @@ def test_a_write_between_any_two_calls_of_the_collector(adv_store: Store, how: s
     got = store.read("p", "d")
     want = expected[0]
     assert (None if got is None else {k: v for k, v in got.items() if not k.startswith("_")}) == want
-    assert set(_referenced(store, "p")) <= set(_chunks(store, "p"))
+    assert set(referenced(store, "p")) <= set(_chunks(store, "p"))
     collect_chunks(store, FAR)
     got = store.read("p", "d")
     assert (None if got is None else {k: v for k, v in got.items() if not k.startswith("_")}) == want
-    assert _chunks(store, "p") == _referenced(store, "p")
+    assert _chunks(store, "p") == referenced(store, "p")
 
 
 def test_a_chunk_write_whose_answer_was_lost_is_collected(adv_store: Store) -> None:

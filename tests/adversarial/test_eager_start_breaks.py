@@ -38,23 +38,7 @@ def sent(env: WorkflowEnvironment) -> list[str]:
     return [kind for kind, _ in env.dispatcher.sent]
 
 
-def test_a_store_error_at_the_eager_commit_leaves_no_live_instance_in_the_caller() -> None:
-    """The caller keeps no live (sticky) instance, whatever happened to its commit: a parked
-    workflow greenlet (its frames, its ``finally`` blocks) must not stay in a web process."""
-    env = WorkflowEnvironment(durable)
-    batch = env.engine.store.batch
-
-    def down(*args: Any, **kwargs: Any) -> Any:
-        raise StoreUnavailable("down for the test")
-
-    env.engine.store.batch = down  # type: ignore[method-assign]
-    try:
-        eid, _ = env.engine.start(two.definition, (1,), {})
-    finally:
-        env.engine.store.batch = batch  # type: ignore[method-assign]
-    assert sent(env) == ["drive"]
-    assert env.engine.driver.sticky.held() == []
-    assert env.result(env.handle(eid)) == 3
+# (the live instance left after a store error at the commit: tests/engine/test_eager_start.py)
 
 
 def test_a_contended_eager_drive_leaves_no_exec_lease_behind() -> None:

@@ -140,6 +140,8 @@ def test_a_store_outage_in_the_eager_drive_falls_back_to_the_drive_message() -> 
     finally:
         env.engine.store.batch = batch  # type: ignore[method-assign]
     assert sent(env) == ["drive"]
+    # review: the replay had parked the workflow; a web process must not keep its greenlet
+    assert env.engine.driver.sticky.held() == []
     assert env.result(h) == 3
     assert calls == [("add", 1), ("add", 2)]
 
