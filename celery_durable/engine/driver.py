@@ -241,7 +241,6 @@ class Driver:
                 try:
                     replay = self.replay(ex, history, now)
                     if eager and not _eager_commit(replay, carry_new):
-                        self.sticky.drop(execution_id)
                         return "declined"
                     if replay.local and oversize is None:  # run them here, then replay again
                         again = functools.partial(self.replay, ex, history, now)
@@ -297,8 +296,6 @@ class Driver:
                 for req in replay.sends:
                     orphan_sends[req.key] = req
                 committed = (ex, replay)
-                if eager:
-                    self.sticky.drop(execution_id)
                 return replay.kind
             log.error("drive %s: gave up after %d rounds of contention", execution_id, MAX_ROUNDS)
             return "contended"
