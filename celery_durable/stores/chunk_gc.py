@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from ..errors import ConflictError, CorruptDocument, StoreError
 from ._chunks import DUE_CHUNK, chunk_ids, chunk_nonce, manifest_of, recheck_delay
-from .base import Op, Store
+from .base import Store
 from .offload import Offloading
 
 __all__ = ["ChunkReport", "collect_chunks"]
@@ -46,7 +46,7 @@ log = logging.getLogger("celery_durable.store")
 class ChunkReport:
     #: versions whose chunks were deleted (no main document names them)
     collected: int = 0
-    #: versions found referenced (their marker cleared)
+    #: versions found referenced (their marker pushed to its next look)
     kept: int = 0
     #: markers left for later (undecidable, or a store error)
     errors: int = 0
@@ -69,7 +69,7 @@ def collect_chunks(store: Offloading, now: float, limit: int = 100) -> ChunkRepo
 def _collect(store: Offloading, raw: Store, pk: str, chunk_id: str, now: float, report: ChunkReport) -> None:
     marker = raw.read(pk, chunk_id)
     if marker is None or marker.get("due_kind") != DUE_CHUNK:
-        return  # deleted or cleared meanwhile
+        return  # deleted meanwhile
     body = {k: v for k, v in marker.items() if k != "_etag"}
     nonce, count, owner_id = chunk_nonce(chunk_id), marker.get("n"), marker.get("of")
     if (
@@ -102,14 +102,9 @@ def _collect(store: Offloading, raw: Store, pk: str, chunk_id: str, now: float, 
         claimed = raw.replace(body | {"due_at": now + store.chunk_grace}, if_match=marker["_etag"])
     except ConflictError:
         return  # re-armed, pushed or deleted meanwhile: a later pass looks again if it is still due
-    others = [c for c in chunk_ids(nonce, count) if c != chunk_id]
-    for start in range(0, len(others), store.max_batch_ops):
-        part = others[start : start + store.max_batch_ops]
-        try:
-            raw.batch(pk, [Op.delete(c) for c in part])
-        except ConflictError:  # some are gone already (a crash while writing, or a drop)
-            for c in part:
-                raw.delete(pk, c)
+    if not store._ofl_drop(pk, [c for c in chunk_ids(nonce, count) if c != chunk_id]):
+        report.errors += 1  # the claimed marker stays: due again a grace later
+        return
     try:
         raw.delete(pk, chunk_id, if_match=claimed)
     except ConflictError:

@@ -97,7 +97,7 @@ _PINNED = frozenset(
 )
 #: what the main document of an offloaded one keeps at most (its small fields)
 _SLIM_BYTES = 64 * 1024
-#: the marker chunk's piece is at most this many characters (a few KB: clearing its due fields
+#: the marker chunk's piece is at most this many characters (a few KB: each look of the collector
 #: rewrites it, at Cosmos' price per KB written)
 _MARKER_CHARS = 512
 #: chunk reads retried after a concurrent replace deleted the chunks of the version read
@@ -215,15 +215,18 @@ class Offloading(ABC):  # noqa: B024 - a mixin, registered (not inherited) by th
             {"pk": pk, "id": cid, "type": "chunk", "data": p} for cid, p in zip(ids, pieces, strict=True)
         ]
         # The last piece (small) marks the version for the collector, and is written first: a
-        # write that dies after any chunk leaves a marked one behind. Clearing its due fields
-        # (once, when the collector finds it referenced) rewrites a few KB.
-        clock = self.chunk_clock or time.time
-        due_at = clock() + self.chunk_grace
+        # write that dies after any chunk leaves a marked one behind. Each look of the collector
+        # that finds it named rewrites it (its next due time): a few KB.
+        due_at = self._ofl_now() + self.chunk_grace
         chunks[-1].update(of=str(doc["id"]), n=len(pieces), due_kind=DUE_CHUNK, due_at=due_at)
         chunks.insert(0, chunks.pop())
         digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
         kept[MANIFEST_KEY] = {"nonce": nonce, "n": len(pieces), "bytes": len(text.encode("utf-8")), "sha256": digest}
         return (kept, chunks, (nonce, len(pieces))), doc_size(kept)
+
+    def _ofl_now(self) -> float:
+        """The time of the marker chunks' due fields (the engine's clock, else ``time.time``)."""
+        return (self.chunk_clock or time.time)()
 
     def _ofl_put_chunks(self, pk: str, chunks: list[Doc]) -> None:
         written: list[str] = []
@@ -239,7 +242,7 @@ class Offloading(ABC):  # noqa: B024 - a mixin, registered (not inherited) by th
             # Chunks that took half the grace (a throttled store) re-arm their markers before the
             # commit: the collector must not find them due, named by nothing yet. It claims a
             # marker before deleting anything, so one of the two etag-guarded writes conflicts.
-            now = (self.chunk_clock or time.time)()
+            now = self._ofl_now()
             for mark, etag in marks:
                 if now > float(mark["due_at"]) - self.chunk_grace / 2:
                     try:
@@ -250,8 +253,9 @@ class Offloading(ABC):  # noqa: B024 - a mixin, registered (not inherited) by th
             self._ofl_drop(pk, written)
             raise
 
-    def _ofl_drop(self, pk: str, ids: Sequence[str]) -> None:
-        """Delete chunks nobody references any more; a version's marker last (a failure stops: it stays due)."""
+    def _ofl_drop(self, pk: str, ids: Sequence[str]) -> bool:
+        """Delete chunks nobody references any more; a version's marker last (a failure stops: it
+        stays due). False when a store error stopped it (logged)."""
         ids = sorted(ids, key=lambda c: (c.rpartition("~")[0], len(c), c))
         for start in range(0, len(ids), self.max_batch_ops):
             part = ids[start : start + self.max_batch_ops]
@@ -262,13 +266,14 @@ class Offloading(ABC):  # noqa: B024 - a mixin, registered (not inherited) by th
                 pass  # some were gone already: one by one
             except StoreError as exc:
                 log.warning("could not delete %d chunk(s) in %s: %s", len(part), pk, exc)
-                return
+                return False
             for chunk_id in part:
                 try:
                     self.backend.delete(pk, chunk_id)
                 except StoreError as exc:
                     log.warning("could not delete chunk %s in %s: %s", chunk_id, pk, exc)
-                    return
+                    return False
+        return True
 
     def _ofl_current_chunks(self, pk: str, ids: Sequence[str]) -> list[str]:
         """The chunks of the stored versions of ``ids`` (what an unconditional write replaces)."""
