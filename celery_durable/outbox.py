@@ -380,6 +380,8 @@ class Outbox:
         if claim is None:
             if result.reason == "early" and result.wait <= core.settings.fast_send_max:
                 raise task.retry(countdown=result.wait, max_retries=None)
+            if result.reason == "contended":  # the row is still this message's to run: soon
+                raise task.retry(countdown=1.0, max_retries=None)
             if result.reason == "missing" and retry_stale(task, self._durable.engine.counters, "no such row"):
                 return "missing (retrying)"
             log.info("effect %s (key %s) not run: %s", effect_id, key, result.reason)

@@ -415,3 +415,31 @@ def test_a_beat_in_flight_across_the_settle_does_not_report_a_lost_lease(
     assert not beats[0].is_alive() and outcome.kind == SUCCEEDED
     assert claim.lost  # the renew after the settle did see a "lost" claim
     assert lease_warnings(caplog) == []
+
+
+# --- a claim that used up its rounds on conflicts is retried, not dropped -----------------------
+
+
+def test_a_claim_that_loses_every_round_is_retried_not_dropped(glue: Glue, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every claim batch loses its etag race (as on a lagging replica that serves the same
+    stale head each time). The claim used to answer "blocked" after its last round, and the
+    delivery was dropped: nobody ran the first row of the key until beat's outbox scan."""
+    from celery_durable.errors import ConflictError
+
+    @glue.durable.effect("adv.note")
+    def note(payload: dict[str, Any]) -> None:
+        pass
+
+    glue.outbox.enqueue("adv.note", {"n": 1}, key="k", effect_id="e1")
+    real_batch = glue.store.batch
+
+    def losing(pk: str, ops: Any) -> Any:
+        raise ConflictError("etag mismatch (test: the head moved)")
+
+    monkeypatch.setattr(glue.store, "batch", losing)
+    (ref,) = glue.sender.take()
+    with pytest.raises(Retry):
+        glue.outbox.deliver(glue.task, ref.key, ref.effect_id)
+    monkeypatch.setattr(glue.store, "batch", real_batch)
+    glue.sender.send_effect(ref)
+    assert glue.deliver_all() == [SUCCEEDED]

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -27,7 +26,7 @@ from ...errors import (
     PayloadTooLarge,
     StoreError,
 )
-from ...stores.base import Doc, Op, check_doc, reads_may_lag
+from ...stores.base import Doc, Op, check_doc
 from .model import (
     DUE_LANE,
     DUE_PRUNE,
@@ -101,16 +100,6 @@ class Admission:
         #: lanes whose remembered head was stale last time: admissions left to read first
         self._skips: OrderedDict[str, int] = OrderedDict()
         self._heads_lock = threading.Lock()
-        self._lagging = reads_may_lag(self.store)
-
-    def _after_conflict(self, rounds: int) -> None:
-        """A conditional write lost, or a read missed what a create just found. On a store whose
-        reads may lag (Cosmos at Session consistency) the next read may serve the same stale
-        version for as long as the replica lags (another process's write: no token of ours covers
-        it), so wait a little before reading again (10 ms doubling to 0.5 s, about 10 s over the
-        first 25 rounds) instead of spending every round at once on one stale version."""
-        if self._lagging:
-            time.sleep(min(0.5, 0.01 * 2 ** min(rounds, 6)))
 
     def _cached_head(self, lane: str) -> Doc | None:
         with self._heads_lock:
@@ -160,7 +149,7 @@ class Admission:
                 return key, True, index | {"_etag": etag}
             existing = self.store.read(index_pk(eid), INDEX_ID)
             if existing is None:
-                self._after_conflict(rounds)
+                self.outbox.pause(rounds)
                 continue  # pruned in between (or a lagging read): try again
             if existing.get("digest") == fp or (existing.get("digest") is None and existing.get("key") == key):
                 return key, False, existing
@@ -324,7 +313,7 @@ class Admission:
             except ConflictError:
                 if known is None:
                     known = {}  # look at the row next round (someone may have created it)
-                self._after_conflict(rounds)
+                self.outbox.pause(rounds)
                 continue
             self.outbox._emit("effect_enqueued", effect_id=eid, key=key, effect_type=row["effect_type"])
             if send_in is not None:

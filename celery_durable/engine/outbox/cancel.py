@@ -113,7 +113,7 @@ class Canceller:
 
     def _cancel_one(self, key: str, effect_id: str, reason: str) -> bool:
         store, lane = self.store, lane_pk(key)
-        for _ in range(MAX_ROUNDS):
+        for rounds in range(MAX_ROUNDS):
             head, row = store.read_many(lane, [HEAD_ID, row_id(effect_id)])
             if row is None or row.get("status") not in LIVE:
                 return False
@@ -140,6 +140,7 @@ class Canceller:
             try:
                 store.batch(lane, ops)
             except ConflictError:
+                self.outbox.pause(rounds)
                 continue
             self.outbox._emit("effect_cancelled", effect_id=effect_id, key=key, was=row.get("status"))
             if new_head is not None and new_head.get("running") is None:

@@ -37,6 +37,7 @@ from .model import (
     Claim,
     ClaimResult,
     ClaimUnknown,
+    ConflictPause,
     EffectRef,
     EffectSender,
     OutboxSettings,
@@ -79,6 +80,8 @@ class OutboxEngine(SettleReads):
         self._last_created = 0.0
         #: reintroduced bugs ("cancel_frees_key"), for the simulation's can-fail tests only
         self.bugs: frozenset[str] = frozenset()
+        #: after a lost conditional write: wait out a lagging replica before reading again
+        self.pause = ConflictPause(store)
         self._admission = Admission(self)
 
     def _emit(self, event: str, **kwargs: Any) -> None:
@@ -239,7 +242,7 @@ class OutboxEngine(SettleReads):
         owner = owner or self.new_owner()
         adopted = () if adopt is None else (adopt[0],) if isinstance(adopt[0], str) else tuple(adopt[0])
         ahead = [str(i) for i in after if i != effect_id][: READ_AHEAD - 1]
-        for _ in range(MAX_ROUNDS):
+        for rounds in range(MAX_ROUNDS):
             head, row, *rows = store.read_many(lane, [HEAD_ID, row_id(effect_id), *map(row_id, ahead)])
             if row is None:
                 return ClaimResult(None, "missing")
@@ -253,6 +256,7 @@ class OutboxEngine(SettleReads):
                 try:
                     etag = store.replace(taken, if_match=row["_etag"])
                 except ConflictError:
+                    self.pause(rounds)
                     continue  # changed meanwhile (a duplicate of this delivery took it): look again
                 except StoreError as exc:
                     # unknown again: the lease names the claim's owner(s) or ours; the next retry takes either
@@ -276,6 +280,9 @@ class OutboxEngine(SettleReads):
             try:
                 etags = store.batch(lane, [Op.replace(new_row, row["_etag"]), Op.replace(new_head, head["_etag"])])
             except ConflictError:
+                # the head moved (an enqueue behind this row, a duplicate's claim), or was read
+                # stale: a lagging replica serves that version again until it catches up
+                self.pause(rounds)
                 continue
             except StoreError as exc:
                 # the answer was lost: if the claim applied, the row is ours and must run now
@@ -299,7 +306,7 @@ class OutboxEngine(SettleReads):
             claim = self._claim_of(new_row, str(etags[0]), new_head | {"_etag": etags[1]}, owner, now)
             claim.ahead = rows_found(ahead, rows)
             return ClaimResult(claim, "claimed")
-        return ClaimResult(None, "blocked")
+        return ClaimResult(None, "contended")
 
     def _claimed_anyway(
         self, lane: str, effect_id: str, owner: str, attempt: int
@@ -422,7 +429,7 @@ class OutboxEngine(SettleReads):
                 head, prefetched = self._settle_read(lane, claim, guess, claim_next)
             elif guess is not None:
                 prefetched = claim.ahead[guess]
-            for _ in range(MAX_ROUNDS):
+            for rounds in range(MAX_ROUNDS):
                 now = self.clock.now()
                 new_row = dict(claim.row) | {"lease": None}
                 if error is not None:
@@ -463,6 +470,7 @@ class OutboxEngine(SettleReads):
                     verdict, head, prefetched = self._still_mine(claim, guess, claim_next, head)
                     if verdict is not None:
                         return self._release_cancelled(claim) if verdict == CANCELLED else verdict
+                    self.pause(rounds)
                     continue
                 except StoreError:
                     # the answer was lost: if the settle applied, say so (and run the successor it
@@ -509,7 +517,7 @@ class OutboxEngine(SettleReads):
         """The handler of a cancelled row stopped: free its key (the cancel left it held) and wake
         the next row. Idempotent; the scan does the same once the lease expired."""
         store, lane = self.store, lane_pk(claim.key)
-        for _ in range(MAX_ROUNDS):
+        for rounds in range(MAX_ROUNDS):
             head, row = store.read_many(lane, [HEAD_ID, row_id(claim.effect_id)])
             if head is None or head.get("running") != claim.effect_id:
                 break  # freed already (by the scan, once the lease expired)
@@ -524,6 +532,7 @@ class OutboxEngine(SettleReads):
             try:
                 store.batch(lane, ops)
             except ConflictError:
+                self.pause(rounds)
                 continue
             self._wake_first(new_head)
             break

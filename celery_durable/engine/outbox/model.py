@@ -46,15 +46,17 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ...errors import LaneFull, StoreUnavailable
 from ...settings import Settings
-from ...stores.base import Doc, Store, strip_reserved
+from ...stores.base import Doc, Store, reads_may_lag, strip_reserved
 from ..model import Clock
 
 __all__ = [
+    "ConflictPause",
     "DUE_LANE",
     "DUE_ADMIT",
     "DUE_PRUNE",
@@ -191,6 +193,7 @@ class LaneOps(Protocol):
     settings: OutboxSettings
     clock: Clock
     bugs: frozenset[str]
+    pause: ConflictPause
 
     def admit_intent(self, doc: Doc) -> Admitted | None: ...
 
@@ -283,7 +286,7 @@ def adopt_of(value: Any) -> tuple[tuple[str, ...], int] | None:
 @dataclass(frozen=True)
 class ClaimResult:
     claim: Claim | None
-    #: claimed | blocked | early | duplicate | settled | missing
+    #: claimed | blocked | early | duplicate | settled | missing | contended (rounds used up: retry)
     reason: str
     #: for ``early``: seconds until the row is available
     wait: float = 0.0
@@ -330,3 +333,19 @@ def digest(effect: Doc) -> str:
 def head_bytes(live: list[list[Any]]) -> int:
     """The JSON size of a head's live list (ASCII-escaped: never less than the stored UTF-8)."""
     return len(json.dumps(live, separators=(",", ":")))
+
+
+class ConflictPause:
+    """What a store-bound loop does after a conditional write lost (or a read missed what a
+    create just found). On a store whose reads may lag (Cosmos at Session consistency) the next
+    read may serve the same stale version for as long as the replica lags (another process's
+    write: no token of ours covers it), so wait a little before reading again (10 ms doubling to
+    0.5 s, about 10 s over the first 25 rounds) instead of spending every round at once on one
+    stale version. Elsewhere a re-read is fresh: no wait."""
+
+    def __init__(self, store: Store) -> None:
+        self.lagging = reads_may_lag(store)
+
+    def __call__(self, rounds: int) -> None:
+        if self.lagging:
+            time.sleep(min(0.5, 0.01 * 2 ** min(rounds, 6)))
