@@ -66,7 +66,14 @@ def test_steps_visible_in_flower(cluster) -> None:  # type: ignore[no-untyped-de
             tasks = _tasks(port)
             names = {str(t.get("name")) for t in tasks.values()}
             wanted = [f"tests.apps.basic.flaky [retry_then_ok {h.id} #1]", f"drive [{h.id}]", f"timer [{s.id} #2]"]
-            return tasks if all(w in names for w in wanted) else None
+            if not all(w in names for w in wanted):
+                return None
+            # events reach Flower late under load: a step is named by its first event, its end
+            # (after the retry) comes later
+            ended = {"SUCCESS", "FAILURE"}
+            drives = [t for t in tasks.values() if t.get("name") == f"drive [{h.id}]"]
+            activity_ended = tasks.get(f"{h.id}:1", {}).get("state") in ended
+            return tasks if activity_ended and all(t.get("state") in ended for t in drives) else None
 
         tasks = wait_until(seen, timeout=60, what="the steps to appear in flower")
         assert isinstance(tasks, dict)
