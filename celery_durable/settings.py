@@ -31,6 +31,8 @@ setting                                default                     meaning
 ``durable_sticky_cache_size``          256                         live workflow instances per thread
 ``durable_eager_start``                False                       ``start()`` drives the first step in
                                                                    the caller (no drive message)
+``durable_eager_activities``           0                           activities a worker runs after its
+                                                                   own, unsent (0: off)
 ``durable_outbox_scan_interval``       5 s                         beat: lost effects, due retries
 ``durable_outbox_retention``           7 days                      settled rows then deleted
 ``durable_outbox_queue_timeout``       60 s                        unclaimed row re-sent after this
@@ -82,6 +84,7 @@ _MAY_BE_ZERO = frozenset(
         "trust_cache_for",
         "outbox_drain_max",
         "sticky_cache_size",
+        "eager_activities",
     }
 )
 
@@ -164,6 +167,9 @@ class Settings:
     #: ``start()`` runs the workflow's first drive in the caller when all it does is schedule
     #: activities or timers, and sends those itself: one broker hop fewer (README "Eager start")
     eager_start: bool = False
+    #: a worker that finishes an activity runs the next one its drive schedules itself, instead
+    #: of sending it, up to this many in a row (0: off; README "Eager activities")
+    eager_activities: int = 0
     outbox_scan_interval: float = 5.0
     outbox_retention: float = 7 * 24 * 3600.0
     outbox_queue_timeout: float = 60.0

@@ -16,6 +16,7 @@ from celery import Celery
 
 from .activity import DURABLE_HEADER
 from .consistency import retry_stale, session_headers, use_session
+from .eager_activities import keep
 from .engine.dispatcher import ActivityRequest, ClockRequest
 from .engine.outbox.model import EffectRef, EffectSender
 from .errors import StoreUnavailable
@@ -62,25 +63,38 @@ class CeleryDispatcher:
         self._effects.send_effect(ref, countdown)
 
     def send_activity(self, request: ActivityRequest) -> None:
-        kwargs = dict(request.kwargs)
+        if keep(request):  # the delivery that scheduled it runs it next (eager_activities.py)
+            return
+        self.publish_activity(request)
+
+    def publish_activity(self, request: ActivityRequest) -> None:
+        """Send the activity's message (never kept for an eager run)."""
         options: dict[str, Any] = {
             "task_id": request.task_id,
-            # the step's identity travels in a header: it survives Celery's retries and keeps
-            # the user's kwargs (and Celery's argument checking) untouched
-            "headers": {
-                DURABLE_HEADER: {"e": request.execution_id, "s": request.seq, "r": request.run, "w": request.workflow},
-                **session_headers(self.app, request.execution_id),
-            },
-            # Flower shows this instead of the bare task name
-            "shadow": f"{request.name} [{request.workflow} {request.execution_id} #{request.seq}]",
+            "headers": self.activity_headers(request),
+            "shadow": self.activity_shadow(request),
             "serializer": "json",
             "ignore_result": True,
         }
         task = self.app.tasks.get(request.name)
+        kwargs = dict(request.kwargs)
         if task is not None:
             task.apply_async(args=list(request.args), kwargs=kwargs, **options)
         else:  # defined only in the worker's code base: route by name
             self.app.send_task(request.name, args=list(request.args), kwargs=kwargs, **options)
+
+    def activity_headers(self, request: ActivityRequest) -> dict[str, Any]:
+        """The step's identity travels in a header: it survives Celery's retries and keeps the
+        user's kwargs (and Celery's argument checking) untouched."""
+        return {
+            DURABLE_HEADER: {"e": request.execution_id, "s": request.seq, "r": request.run, "w": request.workflow},
+            **session_headers(self.app, request.execution_id),
+        }
+
+    @staticmethod
+    def activity_shadow(request: ActivityRequest) -> str:
+        """What Flower shows instead of the bare task name."""
+        return f"{request.name} [{request.workflow} {request.execution_id} #{request.seq}]"
 
     def send_drive(self, execution_id: str, countdown: float | None = None) -> None:
         self.app.send_task(

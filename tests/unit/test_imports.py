@@ -29,6 +29,7 @@ LAYERS = {
     "activity": 4,
     "tasks": 4,
     "consistency": 4,
+    "eager_activities": 4,
     "outbox": 4,
     "pools": 4,
     "metrics": 4,

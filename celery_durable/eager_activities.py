@@ -1,0 +1,186 @@
+"""Eager activities: the worker that finishes an activity runs the workflow's next one itself.
+
+With ``durable_eager_activities`` = N > 0, a delivery of an activity whose inline drive schedules
+more activities keeps the first one it can run here instead of sending its message, runs it
+right after its own, and so on, up to N in a row. Like Temporal's eager activity execution: the
+steps of a sequential workflow cost no broker round trip (a publish, the consumer, the pool's
+pipe) and their drives land in the process that holds the workflow's live instance
+(engine/sticky.py).
+
+A kept activity runs through Celery's own tracer (``celery.app.trace.trace_task``) with the
+request a delivery would have (its task id, the step header, this delivery's routing), so its
+signals, ``autoretry_for``, ``retry()`` (which sends a real message) and logging behave as for a
+delivered one, and its attempt takes the step's lease as usual: a worker killed mid-attempt is
+recovered as any attempt is. What Celery cannot do for it is shown in README ("Eager
+activities"): it is not a separate task in Flower, and the pool's time limits cover one message,
+so an activity is kept only when
+
+- this process received the delivery from a broker (not ``apply()``, not a test environment),
+- its task is registered here and routed to the queue this delivery came from,
+- no time limit applies to either task (message, task options or worker configuration),
+- the worker is not shutting down.
+
+Anything else is sent as usual. A kept activity that is not run (the delivery raised after the
+commit, the worker began to stop) is sent at the end of the delivery, so it is never left
+without a message; a process killed between the commit and its start leaves the step to the
+recovery scan's re-send after ``durable_activity_queue_timeout``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from celery import Celery
+
+from .engine.dispatcher import ActivityRequest
+
+__all__ = ["ActivitySender", "Drain", "draining", "keep", "limits_apply", "run_kept"]
+
+log = logging.getLogger("celery_durable.activity")
+
+
+@runtime_checkable
+class ActivitySender(Protocol):
+    """What sends activities in a worker (``tasks.CeleryDispatcher``)."""
+
+    def publish_activity(self, request: ActivityRequest) -> None: ...
+    def activity_headers(self, request: ActivityRequest) -> dict[str, Any]: ...
+    def activity_shadow(self, request: ActivityRequest) -> str: ...
+
+
+@dataclass
+class Drain:
+    """One broker delivery's run of eager activities."""
+
+    app: Celery
+    sender: ActivitySender
+    #: activities it may still run after its own
+    budget: int
+    #: the queue (routing key) the delivery came from, and the routing of the kept ones
+    queue: str
+    delivery_info: dict[str, Any]
+    hostname: str | None
+    root_id: str | None
+    parent_id: str | None
+    #: the kept activity, committed and not sent
+    pending: ActivityRequest | None = None
+    ran: list[str] = field(default_factory=list)
+
+
+_DRAIN: contextvars.ContextVar[Drain | None] = contextvars.ContextVar("celery_durable_eager_drain", default=None)
+
+
+def limits_apply(task: Any, app: Celery, request: Any = None) -> bool:
+    """Whether a time limit (soft or hard: the message's, the task's or the worker's) applies."""
+    soft, hard = getattr(request, "timelimit", None) or (None, None)
+    conf = app.conf
+    found = [soft, hard, getattr(task, "soft_time_limit", None), getattr(task, "time_limit", None)]
+    found += [conf.get("task_soft_time_limit"), conf.get("task_time_limit")]
+    return any(isinstance(v, int | float) and not isinstance(v, bool) and v > 0 for v in found)
+
+
+def _stopping() -> bool:
+    """A warm or cold shutdown has begun (Celery sets the exit code there, 0 included)."""
+    from celery.worker import state
+
+    return any(flag is not None and flag is not False for flag in (state.should_stop, state.should_terminate))
+
+
+@contextmanager
+def draining(task: Any, budget: int, sender: ActivitySender | None) -> Iterator[Drain | None]:
+    """Around the commit of a broker delivery of an activity: keep the next activity it
+    schedules (``keep``); the caller runs it with :func:`run_kept`. ``None`` (nothing kept) when
+    eager activities are off, this is itself an eager run (the outer delivery's drain runs the
+    next), or this delivery could not run one as Celery would. Whatever is kept and not run is
+    sent (``sender``) on the way out."""
+    request = getattr(task, "request", None)
+    info = dict(getattr(request, "delivery_info", None) or {})
+    queue = info.get("routing_key")
+    if (
+        budget <= 0
+        or sender is None
+        or _DRAIN.get() is not None
+        or not queue
+        or getattr(request, "is_eager", False)
+        or getattr(request, "called_directly", True)
+        or limits_apply(task, task.app, request)
+    ):
+        yield None
+        return
+    drain = Drain(
+        app=task.app,
+        sender=sender,
+        budget=budget,
+        queue=str(queue),
+        delivery_info={k: info[k] for k in ("exchange", "routing_key", "priority") if k in info},
+        hostname=getattr(request, "hostname", None),
+        root_id=getattr(request, "root_id", None) or getattr(request, "id", None),
+        parent_id=getattr(request, "id", None),
+    )
+    token = _DRAIN.set(drain)
+    try:
+        yield drain
+    finally:
+        _DRAIN.reset(token)
+        left, drain.pending = drain.pending, None
+        if left is not None:
+            drain.sender.publish_activity(left)  # committed and not run: it needs its message
+
+
+def keep(request: ActivityRequest) -> bool:
+    """The dispatcher's question before it sends an activity: ``True`` if the current delivery
+    keeps it to run next (then it must not be sent)."""
+    drain = _DRAIN.get()
+    if drain is None or drain.pending is not None or drain.budget <= 0:
+        return False
+    task = drain.app.tasks.get(request.name)
+    if task is None or limits_apply(task, drain.app) or _stopping():
+        return False
+    try:
+        # as apply_async routes it: the task's own options (queue=...), then task_routes
+        options = dict(getattr(task, "_get_exec_options", dict)())
+        route = drain.app.amqp.router.route(options, request.name, request.args, request.kwargs)
+    except Exception:  # a router of the user's that fails here fails the send too: let it
+        return False
+    queue = route.get("queue")
+    if getattr(queue, "name", queue) != drain.queue:
+        return False
+    drain.pending = request
+    return True
+
+
+def run_kept(drain: Drain) -> None:
+    """Run the kept activities one after another (each may keep the next) while the budget
+    lasts; what is left when it ends is sent by :func:`draining`."""
+    from celery.app.trace import trace_task
+
+    while drain.pending is not None and drain.budget > 0 and not _stopping():
+        request, drain.pending = drain.pending, None
+        drain.budget -= 1
+        task = drain.app.tasks[request.name]
+        extra = drain.sender.activity_headers(request)
+        context = {
+            "id": request.task_id,
+            "task": request.name,
+            "shadow": drain.sender.activity_shadow(request),
+            "headers": extra,
+            **extra,  # a delivered message's headers are attributes of its request too
+            "delivery_info": dict(drain.delivery_info, redelivered=False),
+            "hostname": drain.hostname,
+            "root_id": drain.root_id,
+            "parent_id": drain.parent_id,
+            "correlation_id": request.task_id,
+            "retries": 0,
+            "is_eager": False,
+            "ignore_result": True,
+        }
+        log.info("activity %s (%s step %d): run here, not sent", request.name, request.execution_id, request.seq)
+        drain.ran.append(request.task_id)
+        # the tracer catches what the task raises (as for a delivery: logged, signalled, a
+        # Retry already sent its message); the next kept activity, if any, is its drive's
+        trace_task(task, request.task_id, list(request.args), dict(request.kwargs), context, app=drain.app, eager=False)

@@ -1,0 +1,81 @@
+"""A Celery app whose workers run activities eagerly (``durable_eager_activities``, issue 15):
+``celery -A tests.apps.eager worker``. Configured from the environment like tests.apps.basic."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from celery_durable import Durable, durable_activity
+from tests.apps._common import env_app, env_float
+
+app = env_app(
+    "eager",
+    durable_eager_activities=int(os.environ.get("TEST_EAGER_ACTIVITIES", "10")),
+    durable_recovery_interval=env_float("TEST_RECOVERY_INTERVAL", "15"),
+    durable_activity_queue_timeout=env_float("TEST_QUEUE_TIMEOUT", "300"),
+)
+#: the queue ``elsewhere`` is routed to (a worker of the test consumes it too)
+OTHER_QUEUE = os.environ.get("TEST_OTHER_QUEUE", "eager-other")
+app.conf.task_routes = {"tests.apps.eager.elsewhere": {"queue": OTHER_QUEUE}}
+if os.environ.get("TEST_TIME_LIMIT"):
+    app.conf.task_time_limit = float(os.environ["TEST_TIME_LIMIT"])
+durable = Durable(app)
+
+MARKS = Path(os.environ.get("TEST_MARKS_DIR", "/tmp/celery_durable_marks"))
+
+
+def mark(name: str) -> int:
+    """Append this process's pid to a marks file; return how many lines it now has."""
+    MARKS.mkdir(parents=True, exist_ok=True)
+    path = MARKS / name
+    with path.open("a") as fh:
+        fh.write(f"{os.getpid()}\n")
+    return len(path.read_text().splitlines())
+
+
+@durable_activity
+def inc(x: int) -> int:
+    return x + 1
+
+
+@durable_activity(autoretry_for=(ConnectionError,), max_retries=3, default_retry_delay=0)
+def flaky(key: str, x: int) -> int:
+    if mark(f"flaky-{key}") == 1:
+        raise ConnectionError("first attempt fails")
+    return x + 10
+
+
+@durable_activity
+def elsewhere(x: int) -> int:
+    return x + 100
+
+
+@durable_activity
+def crash_once(key: str, x: int) -> int:
+    if mark(f"crash-{key}") == 1:
+        os._exit(1)  # the process dies mid-attempt, as a killed worker child does
+    return x + 1000
+
+
+@durable.workflow(name="eager.steps")
+def steps(n: int) -> int:
+    x = 0
+    for _ in range(n):
+        x = inc(x)
+    return x
+
+
+@durable.workflow(name="eager.retry_inside")
+def retry_inside(key: str) -> int:
+    return inc(flaky(key, inc(0)))
+
+
+@durable.workflow(name="eager.routed")
+def routed() -> int:
+    return inc(elsewhere(inc(0)))
+
+
+@durable.workflow(name="eager.crash")
+def crash(key: str) -> int:
+    return inc(crash_once(key, inc(0)))

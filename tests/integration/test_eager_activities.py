@@ -1,0 +1,109 @@
+"""Eager activities with real ``celery worker`` processes (``durable_eager_activities``, issue 15):
+a worker that finishes an activity runs the next one its drive schedules itself, through
+Celery's tracer, instead of sending it; what it cannot run as a delivery would is sent."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.apps import eager
+from tests.plugins.workers import Worker
+
+pytestmark = pytest.mark.worker
+
+APP = "tests.apps.eager"
+
+
+@pytest.fixture
+def fx(cluster: Any, tmp_path: Path) -> Iterator[Any]:
+    app = eager.app
+    app.conf.update(broker_url=cluster.broker, task_default_queue=cluster.queue)
+    app._pool = None
+    app.amqp._producer_pool = None
+    eager.durable.configure(store=cluster.store_url)
+    cluster.workers.env.update(TEST_MARKS_DIR=str(tmp_path / "marks"))
+    eager.MARKS = tmp_path / "marks"
+    routes = app.conf.task_routes
+    yield eager.durable
+    app.conf.task_routes = routes
+    eager.durable.configure(store=None)
+
+
+def _eager_steps(worker: Worker, execution_id: str) -> list[int]:
+    """The steps of ``execution_id`` the worker ran without their message."""
+    pattern = re.compile(rf"\({re.escape(execution_id)} step (\d+)\): run here, not sent")
+    return sorted(int(m.group(1)) for m in pattern.finditer(worker.log()))
+
+
+def _attempts(worker: Worker, execution_id: str) -> list[int]:
+    """The steps of ``execution_id`` whose attempts the worker began (eager or delivered)."""
+    pattern = re.compile(rf": {re.escape(execution_id)} step (\d+) attempt \d+")
+    return sorted(int(m.group(1)) for m in pattern.finditer(worker.log()))
+
+
+def test_a_sequential_workflow_runs_its_next_steps_without_messages(cluster: Any, fx: Any) -> None:
+    worker = cluster.start_worker(app=APP, env={"TEST_EAGER_ACTIVITIES": "3"})
+    h = eager.steps.start(8)
+    assert h.result(timeout=60) == 8
+    ran = _eager_steps(worker, h.id)
+    # the first activity is sent by the first drive; each delivery then runs up to 3 more, and
+    # the one after those is sent: 8 steps = 2 deliveries of 1 + 3, 0 lost, 0 twice
+    assert _attempts(worker, h.id) == list(range(1, 9))
+    assert len(ran) == 6 and 1 not in ran, ran
+    assert eager.steps.start(3).result(timeout=60) == 3
+
+
+def test_off_by_default_every_activity_is_delivered(cluster: Any, fx: Any) -> None:
+    worker = cluster.start_worker(app=APP, env={"TEST_EAGER_ACTIVITIES": "0"})
+    h = eager.steps.start(4)
+    assert h.result(timeout=60) == 4
+    assert _eager_steps(worker, h.id) == []
+    assert _attempts(worker, h.id) == [1, 2, 3, 4]
+
+
+def test_a_retry_inside_an_eager_activity_is_a_real_celery_retry(cluster: Any, fx: Any) -> None:
+    worker = cluster.start_worker(app=APP)
+    key = uuid.uuid4().hex[:8]
+    h = eager.retry_inside.start(key)
+    assert h.result(timeout=60) == 12  # inc(0)=1, flaky: 11 on its second attempt, inc: 12
+    assert 2 in _eager_steps(worker, h.id)  # flaky's first attempt ran eagerly ...
+    assert (fx_marks := (eager.MARKS / f"flaky-{key}").read_text().splitlines()) and len(fx_marks) == 2
+    assert "Retry in" in worker.log()  # ... and its autoretry went through Celery's retry (a message)
+    ex = eager.durable.store.read(h.id, "r:000002")
+    assert ex is not None and ex["attempts"] == 2
+
+
+def test_an_activity_routed_to_another_queue_is_sent_there(cluster: Any, fx: Any) -> None:
+    other = f"{cluster.queue}-other"
+    env = {"TEST_OTHER_QUEUE": other}
+    worker = cluster.start_worker(app=APP, env=env, extra=["-Q", f"{cluster.queue},{other}"])
+    eager.app.conf.task_routes = {eager.elsewhere.name: {"queue": other}}  # the client routes it as the worker does
+    h = eager.routed.start()
+    assert h.result(timeout=60) == 102
+    ran = _eager_steps(worker, h.id)
+    assert 2 not in ran, ran  # elsewhere was sent to its queue
+    assert _attempts(worker, h.id) == [1, 2, 3]
+
+
+def test_no_eager_run_where_a_time_limit_applies(cluster: Any, fx: Any) -> None:
+    worker = cluster.start_worker(app=APP, env={"TEST_TIME_LIMIT": "120"})
+    h = eager.steps.start(3)
+    assert h.result(timeout=60) == 3
+    assert _eager_steps(worker, h.id) == []
+
+
+def test_a_worker_killed_in_an_eager_activity_is_recovered(cluster: Any, fx: Any) -> None:
+    env = {"TEST_LEASE_TTL": "3", "TEST_HEARTBEAT": "1", "TEST_RECOVERY_INTERVAL": "1"}
+    worker = cluster.start_worker(app=APP, env=env)
+    cluster.workers.start_beat(app=APP, env=env)
+    key = uuid.uuid4().hex[:8]
+    h = eager.crash.start(key)
+    assert h.result(timeout=90) == 1002  # inc(0)=1, crash_once: 1001 on its second attempt, inc
+    assert 2 in _eager_steps(worker, h.id)  # the attempt that died ran eagerly
+    assert len((eager.MARKS / f"crash-{key}").read_text().splitlines()) == 2

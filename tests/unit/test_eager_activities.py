@@ -1,0 +1,140 @@
+"""When a delivery keeps the next activity to run it eagerly, and when it must send it
+(celery_durable/eager_activities.py): each rule here is one way an eager run would not behave as
+the delivery Celery would make of the message."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_durable.eager_activities import Drain, draining, keep
+from celery_durable.engine.dispatcher import ActivityRequest
+
+
+class Sender:
+    def __init__(self) -> None:
+        self.published: list[str] = []
+
+    def publish_activity(self, request: ActivityRequest) -> None:
+        self.published.append(request.task_id)
+
+    def activity_headers(self, request: ActivityRequest) -> dict[str, Any]:
+        return {}
+
+    def activity_shadow(self, request: ActivityRequest) -> str:
+        return request.name
+
+
+@pytest.fixture
+def app() -> Iterator[Celery]:
+    app = Celery("eager-unit", set_as_current=False)
+    app.conf.task_default_queue = "work"
+
+    @app.task(name="t.step", shared=False)
+    def step(x: int) -> int:
+        return x
+
+    @app.task(name="t.limited", shared=False, time_limit=30)
+    def limited(x: int) -> int:
+        return x
+
+    @app.task(name="t.own_queue", shared=False, queue="gpu")
+    def own_queue(x: int) -> int:
+        return x
+
+    app.conf.task_routes = {"t.routed": {"queue": "slow"}}
+
+    @app.task(name="t.routed", shared=False)
+    def routed(x: int) -> int:
+        return x
+
+    yield app
+
+
+def delivery(app: Celery, **request: Any) -> Any:
+    """A task object as an activity's delivery sees itself."""
+    fields = {"delivery_info": {"exchange": "", "routing_key": "work"}, "is_eager": False, "called_directly": False}
+    limits = {"time_limit": None, "soft_time_limit": None}
+    return SimpleNamespace(app=app, request=SimpleNamespace(**(fields | request)), **limits)
+
+
+def req(name: str = "t.step", seq: int = 2) -> ActivityRequest:
+    return ActivityRequest("e1", seq, name, [1], {}, f"e1:{seq}", "wf")
+
+
+def test_a_delivery_keeps_the_first_activity_routed_to_its_queue(app: Celery) -> None:
+    sender = Sender()
+    with draining(delivery(app), 5, sender) as drain:
+        assert isinstance(drain, Drain)
+        assert keep(req(seq=2)) is True
+        assert keep(req(seq=3)) is False  # one at a time: the rest of a fan-out is sent
+        assert drain.pending is not None and drain.pending.seq == 2
+    assert sender.published == ["e1:2"]  # kept and not run: sent on the way out
+
+
+def test_a_kept_activity_is_sent_when_the_delivery_raises(app: Celery) -> None:
+    sender = Sender()
+    with pytest.raises(RuntimeError), draining(delivery(app), 5, sender):
+        assert keep(req())
+        raise RuntimeError("the commit's caller failed after the commit")
+    assert sender.published == ["e1:2"]
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["t.limited", "t.own_queue", "t.routed", "t.unknown"],
+    ids=["task-time-limit", "task-queue-option", "task-routes", "not-registered-here"],
+)
+def test_an_activity_a_delivery_could_not_run_as_celery_would_is_sent(app: Celery, name: str) -> None:
+    sender = Sender()
+    with draining(delivery(app), 5, sender) as drain:
+        assert drain is not None
+        assert keep(req(name)) is False
+    assert sender.published == []  # not kept: the dispatcher sends it itself
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["off", "no-sender", "applied", "called-directly", "no-queue", "message-time-limit", "worker-time-limit"],
+)
+def test_no_eager_run_from_a_delivery_that_is_not_a_plain_broker_delivery(app: Celery, case: str) -> None:
+    budget, sender, request = 5, Sender(), {}
+    if case == "off":
+        budget = 0
+    elif case == "applied":
+        request = {"is_eager": True}
+    elif case == "called-directly":
+        request = {"called_directly": True}
+    elif case == "no-queue":
+        request = {"delivery_info": {}}
+    elif case == "message-time-limit":
+        request = {"timelimit": (None, 60)}
+    elif case == "worker-time-limit":
+        app.conf.task_soft_time_limit = 60
+    with draining(delivery(app, **request), budget, None if case == "no-sender" else sender) as drain:
+        assert drain is None
+        assert keep(req()) is False
+
+
+def test_an_eager_run_keeps_for_the_outer_delivery(app: Celery) -> None:
+    """An eager activity's own commit does not open a drain of its own: the outer delivery's
+    runs the next one (one loop, a budget for the whole run, no recursion)."""
+    sender = Sender()
+    with draining(delivery(app), 1, sender) as outer:
+        with draining(delivery(app), 1, sender) as inner:
+            assert inner is None
+            assert keep(req())
+        assert outer is not None and outer.pending is not None
+
+
+def test_no_activity_is_kept_while_the_worker_stops(app: Celery, monkeypatch: pytest.MonkeyPatch) -> None:
+    from celery.worker import state
+
+    sender = Sender()
+    monkeypatch.setattr(state, "should_stop", 0)
+    with draining(delivery(app), 5, sender):
+        assert keep(req()) is False
