@@ -179,17 +179,22 @@ def start_worker(
     pool: str = "prefork",
     loglevel: str = "WARNING",
     ready_timeout: float = 60.0,
+    extra_env: dict[str, str] | None = None,
+    queues: str | None = None,
 ) -> Worker:
-    """Start ``celery -A <app> worker`` with cwd in the temp dir and ``bench/`` on PYTHONPATH."""
+    """Start ``celery -A <app> worker`` with cwd in the temp dir and ``bench/`` on PYTHONPATH
+    (``extra_env`` added to its environment, ``queues``: its ``-Q``)."""
     name = f"bench-{uuid.uuid4().hex[:6]}"
     ready = env.tmp / f"{name}.ready"
     log_path = env.tmp / f"{name}.log"
     pythonpath = os.pathsep.join(p for p in (str(BENCH_DIR), os.environ.get("PYTHONPATH", "")) if p)
-    full_env = dict(os.environ) | env.env | {"BENCH_READY_FILE": str(ready), "PYTHONPATH": pythonpath}
+    full_env = (
+        dict(os.environ) | env.env | (extra_env or {}) | {"BENCH_READY_FILE": str(ready), "PYTHONPATH": pythonpath}
+    )
     cmd = [
         sys.executable, "-m", "celery", "-A", app, "worker", "-P", pool, "-c", str(concurrency),
         "-n", f"{name}@%h", f"--loglevel={loglevel}", "--without-gossip", "--without-mingle",
-        "--without-heartbeat",
+        "--without-heartbeat", *(["-Q", queues] if queues else []),
     ]  # fmt: skip
     with log_path.open("wb") as out:
         proc = subprocess.Popen(

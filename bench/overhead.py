@@ -98,6 +98,18 @@ class Sides:
         finally:
             engine.settings = plain
 
+    def durable_eager_activities(self, eager_start: bool = False) -> float:
+        """``durable_result`` on the second worker (``durable_eager_activities`` on, its own
+        queue): every message of these runs is routed there."""
+        self.bench.ROUTE_TO = self.env.queue + EAGER_QUEUE_SUFFIX
+        try:
+            return self.durable_eager() if eager_start else self.durable_result()
+        finally:
+            self.bench.ROUTE_TO = None
+
+    def durable_eager_both(self) -> float:
+        return self.durable_eager_activities(eager_start=True)
+
     def durable_tight(self) -> float:
         t0 = time.perf_counter()
         h = self.bench.sequential.start(self.steps)
@@ -164,6 +176,12 @@ class Sides:
 STORE_LABEL = {"sqlite": "SQLite", "postgres": "PostgreSQL"}
 RESULT = "durable (handle.result)"
 EAGER = "durable eager start (handle.result)"
+EAGER_ACT = "durable eager activities (handle.result)"
+EAGER_BOTH = "durable eager start + activities"
+#: the queue of the second worker (eager activities): the bench queue's name + this
+EAGER_QUEUE_SUFFIX = "-eager"
+#: activities that worker runs after its own (durable_eager_activities)
+EAGER_ACTIVITIES = 16
 CHAIN = "celery chain (result.get)"
 
 
@@ -205,7 +223,12 @@ def run(args: argparse.Namespace) -> None:
     print(f"run time {time.perf_counter() - t_start:.1f} s")
     for r in sorted(results, key=lambda r: r["store"] == "postgres"):  # PostgreSQL's verdict last
         label = STORE_LABEL[r["store"]]
-        for name, variant in (("durable(handle.result)", RESULT), ("durable eager start", EAGER)):
+        named = (
+            ("durable(handle.result)", RESULT),
+            ("durable eager start", EAGER),
+            ("durable eager activities", EAGER_ACT),
+        )
+        for name, variant in (*named, ("durable eager start + activities", EAGER_BOTH)):
             ratio = percentile(r["times"][variant], 50) / percentile(r["times"][CHAIN], 50)
             print(verdict(f"latency ratio {name}/chain p50, {label}", ratio, 1.2, False, goal=1.1))
 
@@ -217,6 +240,13 @@ def run_one(args: argparse.Namespace, store: str) -> None:
     with bench_env("overhead", store=store) as env:
         env.apply_to_process()
         worker = start_worker(env, concurrency=args.concurrency)
+        eager_queue = env.queue + EAGER_QUEUE_SUFFIX
+        eager_worker = start_worker(
+            env,
+            concurrency=args.concurrency,
+            extra_env={"BENCH_EAGER_ACTIVITIES": str(EAGER_ACTIVITIES), "BENCH_ROUTE_QUEUE": eager_queue},
+            queues=eager_queue,
+        )
         sides: Sides | None = None
         try:
             sides = Sides(env, args.steps)
@@ -224,6 +254,8 @@ def run_one(args: argparse.Namespace, store: str) -> None:
                 ("celery chain (result.get)", sides.chain_run),
                 ("durable (handle.result)", sides.durable_result),
                 (EAGER, sides.durable_eager),
+                (EAGER_ACT, sides.durable_eager_activities),
+                (EAGER_BOTH, sides.durable_eager_both),
                 ("durable (tight 1 ms poll)", sides.durable_tight),
             ]
             for _ in range(args.warmup):
@@ -248,9 +280,11 @@ def run_one(args: argparse.Namespace, store: str) -> None:
                         par[name].append(pfn(args.parallel))
         finally:
             worker.stop()
+            eager_worker.stop()
             if sides is not None:
                 sides.bench.durable.shutdown()
                 cleanup_redis(env.queue, sides.result_ids)
+                cleanup_redis(eager_queue)
 
     chain_t = times["celery chain (result.get)"]
     print(
@@ -309,6 +343,8 @@ def run_one(args: argparse.Namespace, store: str) -> None:
 
     ratio = percentile(times["durable (handle.result)"], 50) / percentile(chain_t, 50)
     eager = percentile(times[EAGER], 50) / percentile(chain_t, 50)
+    eager_act = percentile(times[EAGER_ACT], 50) / percentile(chain_t, 50)
+    eager_both = percentile(times[EAGER_BOTH], 50) / percentile(chain_t, 50)
     tight = percentile(times["durable (tight 1 ms poll)"], 50) / percentile(chain_t, 50)
     print(f"\n(engine only, tight poll: durable/chain p50 = {tight:.2f})")
     print(f"run time {time.perf_counter() - t_start:.1f} s; {machine()} at the end")
@@ -319,6 +355,8 @@ def run_one(args: argparse.Namespace, store: str) -> None:
     # issue "replay core v2": <= 1.2x a chain; issue "long workflows": goal 1.1x
     print(verdict("latency ratio durable(handle.result)/chain p50", ratio, 1.2, higher_is_better=False, goal=1.1))
     print(verdict("latency ratio durable eager start/chain p50", eager, 1.2, higher_is_better=False, goal=1.1))
+    print(verdict("latency ratio durable eager activities/chain p50", eager_act, 1.2, higher_is_better=False, goal=1.1))
+    print(verdict("latency ratio durable eager start + activities/chain p50", eager_both, 1.2, False, goal=1.1))
 
 
 def main() -> None:

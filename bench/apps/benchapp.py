@@ -30,8 +30,22 @@ app.conf.update(
     durable_install_beat=False,
     # BENCH_STICKY_CACHE_SIZE=0: every drive replays from the top (to compare with the cache)
     durable_sticky_cache_size=int(os.environ.get("BENCH_STICKY_CACHE_SIZE", "256")),
+    # BENCH_EAGER_ACTIVITIES=N: this worker runs up to N next activities itself (overhead.py)
+    durable_eager_activities=int(os.environ.get("BENCH_EAGER_ACTIVITIES", "0")),
 )
 durable = Durable(app)
+
+#: every message goes to this queue when set (else the default): overhead.py's second worker
+#: (eager activities) consumes its own queue, set by BENCH_ROUTE_QUEUE in that worker and by
+#: the client for the runs of that variant
+ROUTE_TO: str | None = os.environ.get("BENCH_ROUTE_QUEUE") or None
+
+
+def _route(name: str, args: object, kwargs: object, options: object, task: object = None, **kw: object) -> object:
+    return {"queue": ROUTE_TO} if ROUTE_TO else None
+
+
+app.conf.task_routes = (_route,)
 
 
 @signals.worker_ready.connect  # type: ignore[untyped-decorator]
