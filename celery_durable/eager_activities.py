@@ -30,18 +30,20 @@ from __future__ import annotations
 
 import contextvars
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from celery import Celery
 
 from .engine.dispatcher import ActivityRequest
 
-__all__ = ["ActivitySender", "Drain", "draining", "keep", "limits_apply", "run_kept"]
+__all__ = ["ActivitySender", "Drain", "draining", "eagerly", "keep", "limits_apply", "run_kept"]
 
 log = logging.getLogger("celery_durable.activity")
+
+T = TypeVar("T")
 
 
 @runtime_checkable
@@ -184,3 +186,14 @@ def run_kept(drain: Drain) -> None:
         # the tracer catches what the task raises (as for a delivery: logged, signalled, a
         # Retry already sent its message); the next kept activity, if any, is its drive's
         trace_task(task, request.task_id, list(request.args), dict(request.kwargs), context, app=drain.app, eager=False)
+
+
+def eagerly(task: Any, dispatcher: Any, budget: int, commit: Callable[[], T]) -> T:
+    """``commit()`` (a delivery's drive: an activity's, a drive message's, a timer's), then the
+    activities it kept, if ``dispatcher`` is a worker's (:class:`ActivitySender`)."""
+    sender = dispatcher if isinstance(dispatcher, ActivitySender) else None
+    with draining(task, budget, sender) as drain:
+        outcome = commit()
+        if drain is not None:
+            run_kept(drain)
+    return outcome

@@ -16,7 +16,7 @@ from celery import Celery
 
 from .activity import DURABLE_HEADER
 from .consistency import retry_stale, session_headers, use_session
-from .eager_activities import keep
+from .eager_activities import eagerly, keep
 from .engine.dispatcher import ActivityRequest, ClockRequest
 from .engine.outbox.model import EffectRef, EffectSender
 from .errors import StoreUnavailable
@@ -138,7 +138,10 @@ def register_tasks(app: Celery, durable: DurableLike) -> None:
         engine = durable.engine
         use_session(engine.store, self.request, execution_id)
         try:
-            outcome = engine.drive(execution_id)
+            # the first activities it schedules may run here (eager_activities.py)
+            outcome = eagerly(
+                self, engine.dispatcher, engine.settings.eager_activities, lambda: engine.drive(execution_id)
+            )
         except StoreUnavailable as exc:
             # the execution stays due; retrying here just makes recovery faster
             raise self.retry(exc=exc, countdown=min(30.0, 1.0 * 2 ** min(self.request.retries, 5))) from exc
@@ -151,7 +154,12 @@ def register_tasks(app: Celery, durable: DurableLike) -> None:
         engine = durable.engine
         use_session(engine.store, self.request, execution_id)
         try:
-            outcome = engine.fire_clock(execution_id, seq, run)
+            outcome = eagerly(
+                self,
+                engine.dispatcher,
+                engine.settings.eager_activities,
+                lambda: engine.fire_clock(execution_id, seq, run),
+            )
         except StoreUnavailable as exc:
             raise self.retry(exc=exc, countdown=1.0) from exc
         if outcome == "early":  # delivered before its time (clock skew): try again shortly

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from celery_durable import Durable, durable_activity
+from celery_durable import workflow as wf
 from tests.apps._common import env_app, env_float
 
 app = env_app(
@@ -79,3 +80,9 @@ def routed() -> int:
 @durable.workflow(name="eager.crash")
 def crash(key: str) -> int:
     return inc(crash_once(key, inc(0)))
+
+
+@durable.workflow(name="eager.after_sleep")
+def after_sleep(seconds: float) -> int:
+    wf.sleep(seconds)
+    return inc(inc(0))

@@ -52,10 +52,10 @@ def test_a_sequential_workflow_runs_its_next_steps_without_messages(cluster: Any
     h = eager.steps.start(8)
     assert h.result(timeout=60) == 8
     ran = _eager_steps(worker, h.id)
-    # the first activity is sent by the first drive; each delivery then runs up to 3 more, and
-    # the one after those is sent: 8 steps = 2 deliveries of 1 + 3, 0 lost, 0 twice
+    # the drive message's delivery runs the first 3 (its budget) and sends the 4th; that
+    # delivery runs the next 3 and sends the 8th: every step once, 6 of them without a message
     assert _attempts(worker, h.id) == list(range(1, 9))
-    assert len(ran) == 6 and 1 not in ran, ran
+    assert ran == [1, 2, 3, 5, 6, 7], ran
     assert eager.steps.start(3).result(timeout=60) == 3
 
 
@@ -107,3 +107,12 @@ def test_a_worker_killed_in_an_eager_activity_is_recovered(cluster: Any, fx: Any
     assert h.result(timeout=90) == 1002  # inc(0)=1, crash_once: 1001 on its second attempt, inc
     assert 2 in _eager_steps(worker, h.id)  # the attempt that died ran eagerly
     assert len((eager.MARKS / f"crash-{key}").read_text().splitlines()) == 2
+
+
+def test_the_activities_a_timer_and_a_drive_message_schedule_run_in_their_delivery(cluster: Any, fx: Any) -> None:
+    worker = cluster.start_worker(app=APP)
+    h = eager.after_sleep.start(0.2)
+    assert h.result(timeout=60) == 2
+    # step 1 is the timer: its fire_clock delivery drives, then runs steps 2 and 3 itself
+    assert _eager_steps(worker, h.id) == [2, 3]
+    assert _attempts(worker, h.id) == [2, 3]
