@@ -378,10 +378,9 @@ class Outbox:
             raise task.retry(exc=exc, countdown=1.0, max_retries=None) from exc
         claim = result.claim
         if claim is None:
-            if result.reason == "early" and result.wait <= core.settings.fast_send_max:
+            # early: due later; contended (rounds used up): the row is still this message's to run
+            if result.reason in ("early", "contended") and result.wait <= core.settings.fast_send_max:
                 raise task.retry(countdown=result.wait, max_retries=None)
-            if result.reason == "contended":  # the row is still this message's to run: soon
-                raise task.retry(countdown=1.0, max_retries=None)
             if result.reason == "missing" and retry_stale(task, self._durable.engine.counters, "no such row"):
                 return "missing (retrying)"
             log.info("effect %s (key %s) not run: %s", effect_id, key, result.reason)

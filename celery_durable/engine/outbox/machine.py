@@ -306,7 +306,7 @@ class OutboxEngine(SettleReads):
             claim = self._claim_of(new_row, str(etags[0]), new_head | {"_etag": etags[1]}, owner, now)
             claim.ahead = rows_found(ahead, rows)
             return ClaimResult(claim, "claimed")
-        return ClaimResult(None, "contended")
+        return ClaimResult(None, "contended", wait=1.0)
 
     def _claimed_anyway(
         self, lane: str, effect_id: str, owner: str, attempt: int

@@ -288,7 +288,7 @@ class ClaimResult:
     claim: Claim | None
     #: claimed | blocked | early | duplicate | settled | missing | contended (rounds used up: retry)
     reason: str
-    #: for ``early``: seconds until the row is available
+    #: for ``early``: seconds until the row is available; ``contended``: until it is tried again
     wait: float = 0.0
 
 
