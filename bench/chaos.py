@@ -146,7 +146,8 @@ def run(env: BenchEnv, args: argparse.Namespace) -> bool:
     )
     ok = lost == 0 and results_equal
     print(
-        f"\n{len(completed)}/{args.workflows} completed, {lost} lost, results equal: {results_equal} -> "
+        f"\n{len(completed)}/{args.workflows} completed, {lost} lost, results equal: {results_equal}"
+        f"{f' (eager activities {args.eager_activities})' if args.eager_activities else ''} -> "
         f"{'PASS' if ok else 'MISS'}"
     )
     return ok
@@ -163,6 +164,9 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=7)
     p.add_argument(
         "--replica-lag-ms", type=int, default=0, help="cosmos: reads without a fresh session token may be stale"
+    )
+    p.add_argument(
+        "--eager-activities", type=int, default=0, help="durable_eager_activities of the workers (default 0: off)"
     )
     p.add_argument("--quick", action="store_true", help="40 workflows")
     p.add_argument("--keep-logs", metavar="DIR", help="copy the worker and beat logs into DIR")
@@ -191,6 +195,7 @@ def main() -> int:
     exit_on_sigterm()
     with bench_env("chaos", store="postgres" if args.store == "postgres" else "sqlite") as env:
         env.env["BENCH_COUNTER_PREFIX"] = f"chaos-{env.queue}"
+        env.env["BENCH_EAGER_ACTIVITIES"] = str(args.eager_activities)
         if args.queue_timeout is None:
             args.queue_timeout = 60.0 if args.store == "cosmos" else 5.0
         env.env["BENCH_QUEUE_TIMEOUT"] = str(args.queue_timeout)
