@@ -121,6 +121,8 @@ class Sim:
         self.workers = [Actor(self, f"w{i}.1", self.rng.uniform(-0.4, 0.4), i) for i in range(workers)]
         # odd seeds start eagerly: the client drives each first step itself (durable_eager_start)
         self.client = Actor(self, "client", 0.0, None, settings=replace(SETTINGS, eager_start=seed % 2 == 1))
+        #: seeds 2 and 3 (mod 4): workers run the first activity a commit sends themselves, unsent
+        self.eager_activities = seed % 4 >= 2
         self.plan: list[Planned] = []
         self.ops: list[tuple[int, int, Callable[[], None]]] = []  # (step, order, op)
         self.step = 0
@@ -301,7 +303,7 @@ class Sim:
             if mine or self.inflight:
                 fl = rng.choice(mine or self.inflight)
                 self.inflight.remove(fl)
-                self.run_as(fl.actor, "activity body", lambda: self._finish(fl))
+                self.run_as(fl.actor, "activity body", lambda: self._eager(fl.actor, lambda: self._finish(fl)))
         elif action == "drive" and pk is not None:  # a spurious drive, as a duplicate message makes
             w = rng.choice([w for w in self.workers if w not in self.stack] or self.workers)
             self.run_as(w, "drive", lambda: w.engine.drive(pk))
@@ -392,9 +394,9 @@ class Sim:
     def _handle_message(self, w: Actor, m: Message) -> None:
         eng = w.engine
         if m.kind == "drive":
-            eng.drive(str(m.item))
+            self._eager(w, lambda: eng.drive(str(m.item)))
         elif m.kind == "clock":
-            eng.links.fire_clock(m.item.execution_id, m.item.seq, m.item.run)
+            self._eager(w, lambda: eng.links.fire_clock(m.item.execution_id, m.item.seq, m.item.run))
         elif m.kind == "effect":
             self.count("effects_ignored")
         else:
@@ -415,6 +417,12 @@ class Sim:
                 if same and f.actor is w and live and lease.get("holder") == f.attempt.holder:
                     self.violate(4, f"{w.name} runs two attempts of {key} at once (the lease holder is the process)")
             self.inflight.append(InFlight(w, attempt, req))
+
+    def _eager(self, w: Actor, commit: Callable[[], object]) -> None:
+        if not self.eager_activities:
+            commit()
+            return
+        w.dispatcher.eagerly(commit, lambda req: self._handle_message(w, Message("activity", req, self.now)))
 
     def _resend(self, w: Actor, req: Any, countdown: float) -> None:
         if w.alive:

@@ -145,7 +145,8 @@ class Actor:
         self.worker = worker  # None for clients
         self.alive = True
         self.skew = skew
-        self.engine = Engine(sim.store, SimDispatcher(self), sim.registry, settings, SimClock(sim, skew))
+        self.dispatcher = SimDispatcher(self)
+        self.engine = Engine(sim.store, self.dispatcher, sim.registry, settings, SimClock(sim, skew))
         self.engine.identity = lambda: name
         # no heartbeat thread: the scheduler renews leases as one of its actions
         self.engine.heartbeat.disable()
@@ -166,13 +167,44 @@ class SimDispatcher:
     def __init__(self, actor: Actor) -> None:
         self.actor = actor
 
+    #: eager activities (``durable_eager_activities``): while a handler's commit runs, the first
+    #: activity it sends is kept here, unsent, for the same worker to begin right after
+    kept: list[ActivityRequest] | None = None
+
     def _put(self, kind: str, item: Any, at: float) -> None:
         if not self.actor.alive:
             raise WorkerCrash(self.actor.name)
         self.actor.sim.pool.append(Message(kind, item, at))
 
     def send_activity(self, request: ActivityRequest) -> None:
+        if self.kept is not None and not self.kept:
+            if not self.actor.alive:
+                raise WorkerCrash(self.actor.name)
+            self.kept.append(request)
+            self.actor.sim.count("eager_kept")
+            return
         self._put("activity", request, self.actor.sim.now)
+
+    def eagerly(self, commit: Callable[[], object], begin: Callable[[ActivityRequest], None]) -> None:
+        """``commit()`` keeping the first activity it sends, then ``begin`` it in this worker (as
+        eager_activities.py does). A crash loses the kept one (the window between a commit and
+        the kept attempt's start: recovery re-sends it); any other error sends it, as the
+        glue's drain does on its way out. A handler preempted by another on this worker (a
+        thread of its own in a real worker) has a drain of its own."""
+        outer, kept = self.kept, list[ActivityRequest]()
+        self.kept = kept
+        try:
+            commit()
+        except WorkerCrash:
+            raise
+        except BaseException:
+            for request in kept:
+                self._put("activity", request, self.actor.sim.now)
+            raise
+        finally:
+            self.kept = outer
+        for request in kept:
+            begin(request)
 
     def send_drive(self, execution_id: str, countdown: float | None = None) -> None:
         self._put("drive", execution_id, self.actor.sim.now + (countdown or 0.0))

@@ -38,8 +38,8 @@ class CreateOverwrites(MemoryStore):
         return super().batch(pk, [Op.upsert(op.doc) if op.kind == "create" and op.doc else op for op in ops])
 
 
-def first_caught(run: Callable[[int], SimResult]) -> tuple[int, SimResult] | None:
-    for seed in range(SEEDS):
+def first_caught(run: Callable[[int], SimResult], seeds: int = SEEDS) -> tuple[int, SimResult] | None:
+    for seed in range(seeds):
         broken = run(seed)
         if broken.violations and run_seed(seed, Faults(), ()).ok:
             return seed, broken
@@ -82,8 +82,10 @@ def test_a_broken_sticky_cache_is_caught(monkeypatch: pytest.MonkeyPatch) -> Non
             m.setattr(StickyCache, "check_history", False)
             return run_seed(seed, Faults(), ())
 
-    found = first_caught(broken)
-    assert found is not None, f"no violation in {SEEDS} seeds"
+    # rarely caught (measured: 3 of the first 400 seeds, 366 the first; 2 of 400 with eager
+    # activities off in every seed): a stale instance resumed must also decide differently
+    found = first_caught(broken, seeds=2 * SEEDS)
+    assert found is not None, f"no violation in {2 * SEEDS} seeds"
 
 
 def test_known_bug_names_are_documented() -> None:

@@ -35,6 +35,14 @@ def test_a_seed_replays_exactly() -> None:
     assert first.stats.get("crash", 0) + first.stats.get("lost", 0) > 0, "the faults were not injected"
 
 
+def test_eager_activity_seeds_keep_activities_and_others_do_not() -> None:
+    """Seeds 2 and 3 (mod 4) run workers with eager activities (the first activity a commit
+    sends is begun by the same worker, unsent; a crash in between loses it): the mode is live."""
+    assert run_seed(2).stats.get("eager_kept", 0) > 0
+    assert run_seed(3).stats.get("eager_kept", 0) > 0
+    assert run_seed(4).stats.get("eager_kept", 0) == 0
+
+
 if OPEN_BUGS:  # no test at all (not an empty, skipped one) while every trigger is on
 
     @pytest.mark.parametrize(
