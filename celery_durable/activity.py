@@ -24,7 +24,7 @@ from celery.local import PromiseProxy, Proxy
 
 from .codecs import codec_for
 from .consistency import retry_stale, use_session
-from .eager_activities import ActivitySender, draining, run_kept
+from .eager_activities import ActivitySender, committing, draining, run_kept
 from .engine.activity import may_be_stale, run_awaitable, sync_callable
 from .engine.context import DurableFuture, current_context, require_context
 from .engine.registry import GLOBAL_ACTIVITIES, ActivityDef
@@ -244,7 +244,8 @@ def _run_attempt(task: Task, meta: dict[str, Any], args: tuple[Any, ...], kwargs
     sender = engine.dispatcher if isinstance(engine.dispatcher, ActivitySender) else None  # not a test's
     with draining(task, engine.settings.eager_activities, sender) as drain:
         try:
-            runner.complete(attempt, doc)
+            with committing(execution_id):
+                runner.complete(attempt, doc)
         except StoreUnavailable as exc:
             # Never lose a result to a store outage: re-deliver with the outcome attached, so the
             # next try records it without running the function again.

@@ -34,6 +34,7 @@ from typing import Any
 import celery.app.utils as celery_app_utils
 from celery import bootsteps
 
+from .eager_activities import note_worker_limits
 from .extension import DurableLike, durable_of
 from .pools import check_worker, pool_name
 from .settings import censor_conf, redact_url
@@ -101,6 +102,9 @@ class DurableStep(bootsteps.StartStopStep):
     def __init__(self, worker: Any, **kwargs: Any) -> None:
         super().__init__(worker, **kwargs)
         self.durable = durable_of(worker.app)
+        # --time-limit/--soft-time-limit are the worker's, not app.conf's: an eager activity
+        # must not run under them (eager_activities.py); noted before the pool forks
+        note_worker_limits(getattr(worker, "time_limit", None), getattr(worker, "soft_time_limit", None))
         # before the worker connects: a gevent/eventlet worker must not take effects it cannot stop,
         # and no worker may report ready on a store it cannot use
         check_worker(worker, self.durable)

@@ -17,7 +17,8 @@ so an activity is kept only when
 
 - this process received the delivery from a broker (not ``apply()``, not a test environment),
 - its task is registered here and routed to the queue this delivery came from,
-- no time limit applies to either task (message, task options or worker configuration),
+- no time limit applies to either task (message, task options or worker configuration), and
+  no rate limit to the kept one (the consumer enforces those, and never sees an eager run),
 - the worker is not shutting down.
 
 Anything else is sent as usual. A kept activity that is not run (the delivery raised after the
@@ -36,10 +37,23 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from celery import Celery
+from celery._state import get_current_task
+from celery.app.task import Context
+from celery.app.trace import trace_task
 
 from .engine.dispatcher import ActivityRequest
 
-__all__ = ["ActivitySender", "Drain", "draining", "eagerly", "keep", "limits_apply", "run_kept"]
+__all__ = [
+    "ActivitySender",
+    "Drain",
+    "committing",
+    "draining",
+    "eagerly",
+    "keep",
+    "limits_apply",
+    "note_worker_limits",
+    "run_kept",
+]
 
 log = logging.getLogger("celery_durable.activity")
 
@@ -51,8 +65,7 @@ class ActivitySender(Protocol):
     """What sends activities in a worker (``tasks.CeleryDispatcher``)."""
 
     def publish_activity(self, request: ActivityRequest) -> None: ...
-    def activity_headers(self, request: ActivityRequest) -> dict[str, Any]: ...
-    def activity_shadow(self, request: ActivityRequest) -> str: ...
+    def activity_options(self, request: ActivityRequest) -> dict[str, Any]: ...
 
 
 @dataclass
@@ -60,6 +73,8 @@ class Drain:
     """One broker delivery's run of eager activities."""
 
     app: Celery
+    #: the task of the delivery (its request is hidden while the kept ones run)
+    task: Any
     sender: ActivitySender
     #: activities it may still run after its own
     budget: int
@@ -68,26 +83,46 @@ class Drain:
     delivery_info: dict[str, Any]
     hostname: str | None
     root_id: str | None
-    parent_id: str | None
-    #: the kept activity, committed and not sent
+    #: the kept activity, committed and not sent, and the id of the run whose drive kept it
     pending: ActivityRequest | None = None
+    parent_id: str | None = None
     ran: list[str] = field(default_factory=list)
 
 
 _DRAIN: contextvars.ContextVar[Drain | None] = contextvars.ContextVar("celery_durable_eager_drain", default=None)
+#: the execution whose commit runs now in this context: only its own sends are kept (what a
+#: local activity or an activity's own code sends, e.g. an eager start, goes out as usual)
+_COMMITTING: contextvars.ContextVar[str | None] = contextvars.ContextVar("celery_durable_eager_commit", default=None)
+#: the worker's own time limits (``--time-limit``/``--soft-time-limit``: not in app.conf), noted
+#: by the worker bootstep before the pool forks
+_WORKER_LIMITS: list[float | None] = [None, None]
+
+
+def note_worker_limits(hard: Any, soft: Any) -> None:
+    _WORKER_LIMITS[:] = [hard, soft]
 
 
 def limits_apply(task: Any, app: Celery, request: Any = None) -> bool:
     """Whether a time limit (soft or hard: the message's, the task's or the worker's) applies."""
     soft, hard = getattr(request, "timelimit", None) or (None, None)
     conf = app.conf
-    found = [soft, hard, getattr(task, "soft_time_limit", None), getattr(task, "time_limit", None)]
+    found = [soft, hard, getattr(task, "soft_time_limit", None), getattr(task, "time_limit", None), *_WORKER_LIMITS]
     found += [conf.get("task_soft_time_limit"), conf.get("task_time_limit")]
     return any(isinstance(v, int | float) and not isinstance(v, bool) and v > 0 for v in found)
 
 
+def _rate_limited(task: Any, app: Celery) -> bool:
+    """Whether the worker's consumer would hold the task's messages to a rate (``rate_limit``):
+    it never sees an eager run, so such a task is always sent."""
+    if app.conf.get("worker_disable_rate_limits"):
+        return False
+    return bool(getattr(task, "rate_limit", None) or app.conf.get("task_default_rate_limit"))
+
+
 def _stopping() -> bool:
-    """A warm or cold shutdown has begun (Celery sets the exit code there, 0 included)."""
+    """A warm or cold shutdown has begun in this process (Celery sets the exit code there, 0
+    included). Only a worker's own process knows: a prefork pool child never does, so there a
+    warm shutdown waits for the rest of the delivery's budget."""
     from celery.worker import state
 
     return any(flag is not None and flag is not False for flag in (state.should_stop, state.should_terminate))
@@ -95,11 +130,11 @@ def _stopping() -> bool:
 
 @contextmanager
 def draining(task: Any, budget: int, sender: ActivitySender | None) -> Iterator[Drain | None]:
-    """Around the commit of a broker delivery of an activity: keep the next activity it
-    schedules (``keep``); the caller runs it with :func:`run_kept`. ``None`` (nothing kept) when
-    eager activities are off, this is itself an eager run (the outer delivery's drain runs the
-    next), or this delivery could not run one as Celery would. Whatever is kept and not run is
-    sent (``sender``) on the way out."""
+    """Around a broker delivery's commit and what follows it: keep the next activity the
+    commit schedules (:func:`keep`); the caller runs it with :func:`run_kept`. ``None`` (nothing
+    kept) when eager activities are off, this is itself an eager run (the outer delivery's
+    drain runs the next), or this delivery could not run one as Celery would. Whatever is kept
+    and not run is sent (``sender``) on the way out."""
     request = getattr(task, "request", None)
     info = dict(getattr(request, "delivery_info", None) or {})
     queue = info.get("routing_key")
@@ -116,13 +151,13 @@ def draining(task: Any, budget: int, sender: ActivitySender | None) -> Iterator[
         return
     drain = Drain(
         app=task.app,
+        task=task,
         sender=sender,
         budget=budget,
         queue=str(queue),
         delivery_info={k: info[k] for k in ("exchange", "routing_key", "priority") if k in info},
         hostname=getattr(request, "hostname", None),
         root_id=getattr(request, "root_id", None) or getattr(request, "id", None),
-        parent_id=getattr(request, "id", None),
     )
     token = _DRAIN.set(drain)
     try:
@@ -134,66 +169,88 @@ def draining(task: Any, budget: int, sender: ActivitySender | None) -> Iterator[
             drain.sender.publish_activity(left)  # committed and not run: it needs its message
 
 
+@contextmanager
+def committing(execution_id: str) -> Iterator[None]:
+    """Around the commit of a drive of ``execution_id``: the sends :func:`keep` may take."""
+    token = _COMMITTING.set(execution_id)
+    try:
+        yield
+    finally:
+        _COMMITTING.reset(token)
+
+
 def keep(request: ActivityRequest) -> bool:
     """The dispatcher's question before it sends an activity: ``True`` if the current delivery
     keeps it to run next (then it must not be sent)."""
     drain = _DRAIN.get()
     if drain is None or drain.pending is not None or drain.budget <= 0:
         return False
+    if _COMMITTING.get() != request.execution_id:
+        return False  # not the commit's own send: user code the delivery runs (an eager start)
     task = drain.app.tasks.get(request.name)
-    if task is None or limits_apply(task, drain.app) or _stopping():
+    if task is None or limits_apply(task, drain.app) or _rate_limited(task, drain.app) or _stopping():
         return False
     try:
-        # as apply_async routes it: the task's own options (queue=...), then task_routes
-        options = dict(getattr(task, "_get_exec_options", dict)())
-        route = drain.app.amqp.router.route(options, request.name, request.args, request.kwargs)
+        # as apply_async routes it: the task's own options (queue=...), the send's, task_routes
+        options = {**getattr(task, "_get_exec_options", dict)(), **drain.sender.activity_options(request)}
+        route = drain.app.amqp.router.route(options, request.name, request.args, request.kwargs, task_type=task)
     except Exception:  # a router of the user's that fails here fails the send too: let it
         return False
     queue = route.get("queue")
     if getattr(queue, "name", queue) != drain.queue:
         return False
-    drain.pending = request
+    current = get_current_task()
+    drain.pending, drain.parent_id = request, getattr(getattr(current, "request", None), "id", None)
     return True
 
 
 def run_kept(drain: Drain) -> None:
     """Run the kept activities one after another (each may keep the next) while the budget
     lasts; what is left when it ends is sent by :func:`draining`."""
-    from celery.app.trace import trace_task
+    # hide the delivery's request: the kept code calling the delivery's task as a plain function
+    # must not look like another delivery of its step (DurableActivityTask.__call__); an empty
+    # one (Task.push_request copies the request below it)
+    drain.task.request_stack.push(Context())
+    try:
+        while drain.pending is not None and drain.budget > 0 and not _stopping():
+            request, drain.pending = drain.pending, None
+            drain.budget -= 1
+            task = drain.app.tasks[request.name]
+            options = drain.sender.activity_options(request)
+            headers = dict(options["headers"])
+            context = {
+                "id": request.task_id,
+                "task": request.name,
+                "shadow": options.get("shadow"),
+                "headers": headers,
+                **headers,  # a delivered message's headers are attributes of its request too
+                "delivery_info": dict(drain.delivery_info, redelivered=False),
+                "hostname": drain.hostname,
+                "root_id": drain.root_id,
+                "parent_id": drain.parent_id,
+                "correlation_id": request.task_id,
+                "retries": 0,
+                "timelimit": (None, None),
+                "is_eager": False,
+                "ignore_result": True,
+            }
+            log.info("activity %s (%s step %d): run here, not sent", request.name, request.execution_id, request.seq)
+            drain.ran.append(request.task_id)
+            # the tracer catches what the task raises (as for a delivery: logged, signalled, a
+            # Retry already sent its message); the next kept activity, if any, is its drive's
+            args, kwargs = list(request.args), dict(request.kwargs)
+            trace_task(task, request.task_id, args, kwargs, context, app=drain.app, eager=False)
+    finally:
+        drain.task.request_stack.pop()
 
-    while drain.pending is not None and drain.budget > 0 and not _stopping():
-        request, drain.pending = drain.pending, None
-        drain.budget -= 1
-        task = drain.app.tasks[request.name]
-        extra = drain.sender.activity_headers(request)
-        context = {
-            "id": request.task_id,
-            "task": request.name,
-            "shadow": drain.sender.activity_shadow(request),
-            "headers": extra,
-            **extra,  # a delivered message's headers are attributes of its request too
-            "delivery_info": dict(drain.delivery_info, redelivered=False),
-            "hostname": drain.hostname,
-            "root_id": drain.root_id,
-            "parent_id": drain.parent_id,
-            "correlation_id": request.task_id,
-            "retries": 0,
-            "is_eager": False,
-            "ignore_result": True,
-        }
-        log.info("activity %s (%s step %d): run here, not sent", request.name, request.execution_id, request.seq)
-        drain.ran.append(request.task_id)
-        # the tracer catches what the task raises (as for a delivery: logged, signalled, a
-        # Retry already sent its message); the next kept activity, if any, is its drive's
-        trace_task(task, request.task_id, list(request.args), dict(request.kwargs), context, app=drain.app, eager=False)
 
-
-def eagerly(task: Any, dispatcher: Any, budget: int, commit: Callable[[], T]) -> T:
-    """``commit()`` (a delivery's drive: an activity's, a drive message's, a timer's), then the
-    activities it kept, if ``dispatcher`` is a worker's (:class:`ActivitySender`)."""
+def eagerly(task: Any, dispatcher: Any, budget: int, execution_id: str, commit: Callable[[], T]) -> T:
+    """``commit()`` (a delivery's drive of ``execution_id``: a drive message's, a timer's), then
+    the activities it kept, if ``dispatcher`` is a worker's (:class:`ActivitySender`)."""
     sender = dispatcher if isinstance(dispatcher, ActivitySender) else None
     with draining(task, budget, sender) as drain:
-        outcome = commit()
+        with committing(execution_id):
+            outcome = commit()
         if drain is not None:
             run_kept(drain)
     return outcome

@@ -69,13 +69,7 @@ class CeleryDispatcher:
 
     def publish_activity(self, request: ActivityRequest) -> None:
         """Send the activity's message (never kept for an eager run)."""
-        options: dict[str, Any] = {
-            "task_id": request.task_id,
-            "headers": self.activity_headers(request),
-            "shadow": self.activity_shadow(request),
-            "serializer": "json",
-            "ignore_result": True,
-        }
+        options = self.activity_options(request)
         task = self.app.tasks.get(request.name)
         kwargs = dict(request.kwargs)
         if task is not None:
@@ -83,18 +77,21 @@ class CeleryDispatcher:
         else:  # defined only in the worker's code base: route by name
             self.app.send_task(request.name, args=list(request.args), kwargs=kwargs, **options)
 
-    def activity_headers(self, request: ActivityRequest) -> dict[str, Any]:
-        """The step's identity travels in a header: it survives Celery's retries and keeps the
-        user's kwargs (and Celery's argument checking) untouched."""
+    def activity_options(self, request: ActivityRequest) -> dict[str, Any]:
+        """The options of the activity's message (what an eager run's request has too)."""
         return {
-            DURABLE_HEADER: {"e": request.execution_id, "s": request.seq, "r": request.run, "w": request.workflow},
-            **session_headers(self.app, request.execution_id),
+            "task_id": request.task_id,
+            # the step's identity travels in a header: it survives Celery's retries and keeps
+            # the user's kwargs (and Celery's argument checking) untouched
+            "headers": {
+                DURABLE_HEADER: {"e": request.execution_id, "s": request.seq, "r": request.run, "w": request.workflow},
+                **session_headers(self.app, request.execution_id),
+            },
+            # Flower shows this instead of the bare task name
+            "shadow": f"{request.name} [{request.workflow} {request.execution_id} #{request.seq}]",
+            "serializer": "json",
+            "ignore_result": True,
         }
-
-    @staticmethod
-    def activity_shadow(request: ActivityRequest) -> str:
-        """What Flower shows instead of the bare task name."""
-        return f"{request.name} [{request.workflow} {request.execution_id} #{request.seq}]"
 
     def send_drive(self, execution_id: str, countdown: float | None = None) -> None:
         self.app.send_task(
@@ -140,7 +137,11 @@ def register_tasks(app: Celery, durable: DurableLike) -> None:
         try:
             # the first activities it schedules may run here (eager_activities.py)
             outcome = eagerly(
-                self, engine.dispatcher, engine.settings.eager_activities, lambda: engine.drive(execution_id)
+                self,
+                engine.dispatcher,
+                engine.settings.eager_activities,
+                execution_id,
+                lambda: engine.drive(execution_id),
             )
         except StoreUnavailable as exc:
             # the execution stays due; retrying here just makes recovery faster
@@ -158,6 +159,7 @@ def register_tasks(app: Celery, durable: DurableLike) -> None:
                 self,
                 engine.dispatcher,
                 engine.settings.eager_activities,
+                execution_id,
                 lambda: engine.fire_clock(execution_id, seq, run),
             )
         except StoreUnavailable as exc:

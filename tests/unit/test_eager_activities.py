@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_durable.eager_activities import Drain, draining, keep
+from celery_durable.eager_activities import Drain, committing, draining, keep
 from celery_durable.engine.dispatcher import ActivityRequest
 
 
@@ -22,11 +22,8 @@ class Sender:
     def publish_activity(self, request: ActivityRequest) -> None:
         self.published.append(request.task_id)
 
-    def activity_headers(self, request: ActivityRequest) -> dict[str, Any]:
-        return {}
-
-    def activity_shadow(self, request: ActivityRequest) -> str:
-        return request.name
+    def activity_options(self, request: ActivityRequest) -> dict[str, Any]:
+        return {"task_id": request.task_id, "headers": {}}
 
 
 @pytest.fixture
@@ -40,6 +37,10 @@ def app() -> Iterator[Celery]:
 
     @app.task(name="t.limited", shared=False, time_limit=30)
     def limited(x: int) -> int:
+        return x
+
+    @app.task(name="t.rate_limited", shared=False, rate_limit="10/m")
+    def rate_limited(x: int) -> int:
         return x
 
     @app.task(name="t.own_queue", shared=False, queue="gpu")
@@ -62,16 +63,22 @@ def delivery(app: Celery, **request: Any) -> Any:
     return SimpleNamespace(app=app, request=SimpleNamespace(**(fields | request)), **limits)
 
 
-def req(name: str = "t.step", seq: int = 2) -> ActivityRequest:
-    return ActivityRequest("e1", seq, name, [1], {}, f"e1:{seq}", "wf")
+def req(name: str = "t.step", seq: int = 2, execution_id: str = "e1") -> ActivityRequest:
+    return ActivityRequest(execution_id, seq, name, [1], {}, f"{execution_id}:{seq}", "wf")
+
+
+def kept(request: ActivityRequest) -> bool:
+    """``keep`` asked from the commit of a drive of execution e1."""
+    with committing("e1"):
+        return keep(request)
 
 
 def test_a_delivery_keeps_the_first_activity_routed_to_its_queue(app: Celery) -> None:
     sender = Sender()
     with draining(delivery(app), 5, sender) as drain:
         assert isinstance(drain, Drain)
-        assert keep(req(seq=2)) is True
-        assert keep(req(seq=3)) is False  # one at a time: the rest of a fan-out is sent
+        assert kept(req(seq=2)) is True
+        assert kept(req(seq=3)) is False  # one at a time: the rest of a fan-out is sent
         assert drain.pending is not None and drain.pending.seq == 2
     assert sender.published == ["e1:2"]  # kept and not run: sent on the way out
 
@@ -79,21 +86,21 @@ def test_a_delivery_keeps_the_first_activity_routed_to_its_queue(app: Celery) ->
 def test_a_kept_activity_is_sent_when_the_delivery_raises(app: Celery) -> None:
     sender = Sender()
     with pytest.raises(RuntimeError), draining(delivery(app), 5, sender):
-        assert keep(req())
+        assert kept(req())
         raise RuntimeError("the commit's caller failed after the commit")
     assert sender.published == ["e1:2"]
 
 
 @pytest.mark.parametrize(
     "name",
-    ["t.limited", "t.own_queue", "t.routed", "t.unknown"],
-    ids=["task-time-limit", "task-queue-option", "task-routes", "not-registered-here"],
+    ["t.limited", "t.rate_limited", "t.own_queue", "t.routed", "t.unknown"],
+    ids=["task-time-limit", "task-rate-limit", "task-queue-option", "task-routes", "not-registered-here"],
 )
 def test_an_activity_a_delivery_could_not_run_as_celery_would_is_sent(app: Celery, name: str) -> None:
     sender = Sender()
     with draining(delivery(app), 5, sender) as drain:
         assert drain is not None
-        assert keep(req(name)) is False
+        assert kept(req(name)) is False
     assert sender.published == []  # not kept: the dispatcher sends it itself
 
 
@@ -117,7 +124,7 @@ def test_no_eager_run_from_a_delivery_that_is_not_a_plain_broker_delivery(app: C
         app.conf.task_soft_time_limit = 60
     with draining(delivery(app, **request), budget, None if case == "no-sender" else sender) as drain:
         assert drain is None
-        assert keep(req()) is False
+        assert kept(req()) is False
 
 
 def test_an_eager_run_keeps_for_the_outer_delivery(app: Celery) -> None:
@@ -127,8 +134,20 @@ def test_an_eager_run_keeps_for_the_outer_delivery(app: Celery) -> None:
     with draining(delivery(app), 1, sender) as outer:
         with draining(delivery(app), 1, sender) as inner:
             assert inner is None
-            assert keep(req())
+            assert kept(req())
         assert outer is not None and outer.pending is not None
+
+
+def test_only_the_commits_own_sends_are_kept(app: Celery) -> None:
+    """What the delivery's own code sends outside its commit (an activity's body starting a
+    workflow with eager start), or a commit sends for another execution (a local activity's
+    body doing so), goes out: kept, it would wait for the code that waits for it."""
+    sender = Sender()
+    with draining(delivery(app), 5, sender) as drain:
+        assert keep(req()) is False  # no commit running
+        assert kept(req(execution_id="e2")) is False  # the commit of e1 sends for e2
+        assert drain is not None and drain.pending is None
+        assert kept(req()) is True
 
 
 def test_no_activity_is_kept_while_the_worker_stops(app: Celery, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -137,4 +156,20 @@ def test_no_activity_is_kept_while_the_worker_stops(app: Celery, monkeypatch: py
     sender = Sender()
     monkeypatch.setattr(state, "should_stop", 0)
     with draining(delivery(app), 5, sender):
-        assert keep(req()) is False
+        assert kept(req()) is False
+
+
+def test_the_workers_own_time_limit_counts(app: Celery) -> None:
+    """``celery worker --time-limit``/``--soft-time-limit`` are not in app.conf: the bootstep
+    notes them, and then no delivery keeps an activity."""
+    from celery_durable.eager_activities import note_worker_limits
+
+    sender = Sender()
+    note_worker_limits(None, 30.0)
+    try:
+        with draining(delivery(app), 5, sender) as drain:
+            assert drain is None
+    finally:
+        note_worker_limits(None, None)
+    with draining(delivery(app), 5, sender) as drain:
+        assert drain is not None
