@@ -11,6 +11,16 @@ from typing import Any
 from celery import Celery, signals
 
 
+def mark_in(marks: Path, name: str) -> int:
+    """Append this process's pid to the marks file ``name`` (shared by the test and its workers);
+    return how many lines it now has."""
+    marks.mkdir(parents=True, exist_ok=True)
+    path = marks / name
+    with path.open("a") as fh:
+        fh.write(f"{os.getpid()}\n")
+    return len(path.read_text().splitlines())
+
+
 def env_float(name: str, default: str) -> float:
     return float(os.environ.get(name, default))
 

@@ -12,7 +12,7 @@ from pydantic import BaseModel
 
 from celery_durable import ActivityError, Durable, NonRetryableError, durable_activity
 from celery_durable import workflow as wf
-from tests.apps._common import env_app, env_float
+from tests.apps._common import env_app, env_float, mark_in
 
 app = env_app(
     "basic",
@@ -30,11 +30,7 @@ MARKS = Path(os.environ.get("TEST_MARKS_DIR", "/tmp/celery_durable_marks"))
 
 def mark(name: str) -> int:
     """Append a line to a marks file (across processes); return how many lines it now has."""
-    MARKS.mkdir(parents=True, exist_ok=True)
-    path = MARKS / name
-    with path.open("a") as fh:
-        fh.write(f"{os.getpid()}\n")
-    return len(path.read_text().splitlines())
+    return mark_in(MARKS, name)
 
 
 class Item(BaseModel):

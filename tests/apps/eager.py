@@ -8,7 +8,7 @@ from pathlib import Path
 
 from celery_durable import Durable, durable_activity
 from celery_durable import workflow as wf
-from tests.apps._common import env_app, env_float
+from tests.apps._common import env_app, env_float, mark_in
 
 app = env_app(
     "eager",
@@ -27,12 +27,8 @@ MARKS = Path(os.environ.get("TEST_MARKS_DIR", "/tmp/celery_durable_marks"))
 
 
 def mark(name: str) -> int:
-    """Append this process's pid to a marks file; return how many lines it now has."""
-    MARKS.mkdir(parents=True, exist_ok=True)
-    path = MARKS / name
-    with path.open("a") as fh:
-        fh.write(f"{os.getpid()}\n")
-    return len(path.read_text().splitlines())
+    """Append a line to a marks file (across processes); return how many lines it now has."""
+    return mark_in(MARKS, name)
 
 
 @durable_activity

@@ -2,8 +2,10 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,6 +29,24 @@ class Cluster:
     @property
     def durable(self):  # type: ignore[no-untyped-def]
         return basic.durable
+
+    @contextmanager
+    def client_of(self, module: Any, marks: Path) -> Iterator[Any]:
+        """The test process as a client of another test app ``module`` (its ``app``, ``durable``
+        and ``MARKS``) on this cluster's broker, queue and store; its workers mark in ``marks``."""
+        app = module.app
+        app.conf.update(broker_url=self.broker, task_default_queue=self.queue)
+        app._pool = None
+        app.amqp._producer_pool = None
+        module.durable.configure(store=self.store_url)
+        self.workers.env.update(TEST_MARKS_DIR=str(marks))
+        module.MARKS = marks
+        routes = app.conf.task_routes
+        try:
+            yield module.durable
+        finally:
+            app.conf.task_routes = routes
+            module.durable.configure(store=None)
 
     def start_worker(self, **kw):  # type: ignore[no-untyped-def]
         return self.workers.start(**kw)

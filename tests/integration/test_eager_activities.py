@@ -4,7 +4,6 @@ Celery's tracer, instead of sending it; what it cannot run as a delivery would i
 
 from __future__ import annotations
 
-import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +12,8 @@ from typing import Any
 import pytest
 
 from tests.apps import eager
-from tests.plugins.workers import Worker
+from tests.integration.eager_logs import attempts as _attempts
+from tests.integration.eager_logs import eager_steps as _eager_steps
 
 pytestmark = pytest.mark.worker
 
@@ -22,29 +22,8 @@ APP = "tests.apps.eager"
 
 @pytest.fixture
 def fx(cluster: Any, tmp_path: Path) -> Iterator[Any]:
-    app = eager.app
-    app.conf.update(broker_url=cluster.broker, task_default_queue=cluster.queue)
-    app._pool = None
-    app.amqp._producer_pool = None
-    eager.durable.configure(store=cluster.store_url)
-    cluster.workers.env.update(TEST_MARKS_DIR=str(tmp_path / "marks"))
-    eager.MARKS = tmp_path / "marks"
-    routes = app.conf.task_routes
-    yield eager.durable
-    app.conf.task_routes = routes
-    eager.durable.configure(store=None)
-
-
-def _eager_steps(worker: Worker, execution_id: str) -> list[int]:
-    """The steps of ``execution_id`` the worker ran without their message."""
-    pattern = re.compile(rf"\({re.escape(execution_id)} step (\d+)\): run here, not sent")
-    return sorted(int(m.group(1)) for m in pattern.finditer(worker.log()))
-
-
-def _attempts(worker: Worker, execution_id: str) -> list[int]:
-    """The steps of ``execution_id`` whose attempts the worker began (eager or delivered)."""
-    pattern = re.compile(rf": {re.escape(execution_id)} step (\d+) attempt \d+")
-    return sorted(int(m.group(1)) for m in pattern.finditer(worker.log()))
+    with cluster.client_of(eager, tmp_path / "marks") as durable:
+        yield durable
 
 
 def test_a_sequential_workflow_runs_its_next_steps_without_messages(cluster: Any, fx: Any) -> None:

@@ -3,7 +3,6 @@ asserts what a delivered activity would do (README "Eager activities")."""
 
 from __future__ import annotations
 
-import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +12,8 @@ import pytest
 
 from celery_durable.errors import DurableError
 from tests.apps import eager_adv
-from tests.plugins.workers import Worker, wait_until
+from tests.integration.eager_logs import eager_steps as _eager_steps
+from tests.plugins.workers import wait_until
 
 pytestmark = pytest.mark.worker
 
@@ -22,20 +22,8 @@ APP = "tests.apps.eager_adv"
 
 @pytest.fixture
 def fx(cluster: Any, tmp_path: Path) -> Iterator[Any]:
-    app = eager_adv.app
-    app.conf.update(broker_url=cluster.broker, task_default_queue=cluster.queue)
-    app._pool = None
-    app.amqp._producer_pool = None
-    eager_adv.durable.configure(store=cluster.store_url)
-    cluster.workers.env.update(TEST_MARKS_DIR=str(tmp_path / "marks"))
-    eager_adv.MARKS = tmp_path / "marks"
-    yield eager_adv.durable
-    eager_adv.durable.configure(store=None)
-
-
-def _eager_steps(worker: Worker, execution_id: str) -> list[int]:
-    pattern = re.compile(rf"\({re.escape(execution_id)} step (\d+)\): run here, not sent")
-    return sorted(int(m.group(1)) for m in pattern.finditer(worker.log()))
+    with cluster.client_of(eager_adv, tmp_path / "marks") as durable:
+        yield durable
 
 
 @pytest.mark.parametrize("eager", ["0", "10"])
