@@ -86,6 +86,8 @@ class Drain:
     #: the kept activity, committed and not sent, and the id of the run whose drive kept it
     pending: ActivityRequest | None = None
     parent_id: str | None = None
+    #: its message's priority (None: the delivery's)
+    priority: int | None = None
     ran: list[str] = field(default_factory=list)
 
 
@@ -200,7 +202,17 @@ def keep(request: ActivityRequest) -> bool:
     if getattr(queue, "name", queue) != drain.queue:
         return False
     current = get_current_task()
-    drain.pending, drain.parent_id = request, getattr(getattr(current, "request", None), "id", None)
+    parent = getattr(current, "request", None)
+    drain.pending, drain.parent_id = request, getattr(parent, "id", None)
+    # the priority its message would have had (a retry() of it is sent with it): the route's or
+    # the task's, else the parent's if inherited, else the worker's default; none at all: the
+    # delivery's (a transport's default, as on the message)
+    priority = route.get("priority", options.get("priority"))
+    if priority is None and drain.app.conf.get("task_inherit_parent_priority"):
+        priority = (getattr(parent, "delivery_info", None) or {}).get("priority")
+    if priority is None:
+        priority = drain.app.conf.get("task_default_priority")
+    drain.priority = priority
     return True
 
 
@@ -224,7 +236,8 @@ def run_kept(drain: Drain) -> None:
                 "shadow": options.get("shadow"),
                 "headers": headers,
                 **headers,  # a delivered message's headers are attributes of its request too
-                "delivery_info": dict(drain.delivery_info, redelivered=False),
+                "delivery_info": dict(drain.delivery_info, redelivered=False)
+                | ({} if drain.priority is None else {"priority": drain.priority}),
                 "hostname": drain.hostname,
                 "root_id": drain.root_id,
                 "parent_id": drain.parent_id,

@@ -21,6 +21,19 @@ def mark_in(marks: Path, name: str) -> int:
     return len(path.read_text().splitlines())
 
 
+def note_in(marks: Path, name: str, doc: dict[str, Any]) -> None:
+    """Append one JSON line to the marks file ``name``."""
+    marks.mkdir(parents=True, exist_ok=True)
+    with (marks / name).open("a") as fh:
+        fh.write(json.dumps(doc) + "\n")
+
+
+def notes_in(marks: Path, name: str) -> list[dict[str, Any]]:
+    """The JSON lines of the marks file ``name`` (none if it does not exist)."""
+    path = marks / name
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
 def env_float(name: str, default: str) -> float:
     return float(os.environ.get(name, default))
 

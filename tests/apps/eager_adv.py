@@ -4,7 +4,6 @@ worker time limits, rate limits, ``.delay()`` from inside an activity.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
@@ -13,7 +12,7 @@ from typing import Any
 from celery import shared_task
 
 from celery_durable import Durable, durable_activity
-from tests.apps._common import env_app, env_float
+from tests.apps._common import env_app, env_float, note_in, notes_in
 
 app = env_app(
     "eager_adv",
@@ -28,15 +27,11 @@ MARKS = Path(os.environ.get("TEST_MARKS_DIR", "/tmp/celery_durable_marks"))
 
 
 def note(name: str, doc: dict[str, Any]) -> None:
-    """Append one JSON line to a marks file."""
-    MARKS.mkdir(parents=True, exist_ok=True)
-    with (MARKS / name).open("a") as fh:
-        fh.write(json.dumps(doc) + "\n")
+    note_in(MARKS, name, doc)
 
 
 def notes(name: str) -> list[dict[str, Any]]:
-    path = MARKS / name
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return notes_in(MARKS, name)
 
 
 @durable_activity
