@@ -42,6 +42,7 @@ ROWS = (
     ("live workflow instances evicted", "sticky_evict"),
     ("workers moved to another pool thread", "sticky_thread"),
     ("messages delivered", "delivered"),
+    ("activities kept, unsent (eager activities)", "eager_kept"),
     ("activity bodies run", "bodies"),
     ("client calls retried", "client_retry"),
 )
