@@ -137,3 +137,11 @@ class CosmosSessions:
     def _session_write(self, pk: str) -> dict[str, Any]:
         """Keyword options of a write to partition ``pk``: a hook keeping the write's token."""
         return {"response_hook": self._sessions.hook(pk)}
+
+    def _session_lost(self, pk: str, exc: BaseException) -> None:
+        """A write to ``pk`` that lost (409, 412; 404: the document went) answers the session
+        token of what it lost against (Cosmos sends it; Microsoft's SDKs keep it too): the next
+        read of ``pk`` then sees at least that, not the stale version the write was based on for
+        as long as the replica lags (a response hook sees successes only)."""
+        with contextlib.suppress(Exception):  # bookkeeping must never fail a store call
+            self._sessions.merge(pk, (getattr(exc, "headers", None) or {}).get(SESSION_HEADER))

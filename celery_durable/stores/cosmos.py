@@ -402,7 +402,8 @@ class CosmosStore(CosmosSessions, CosmosReads, CosmosListing, CosmosSearch, Cosm
         def op() -> str | None:
             try:
                 raw = c.create_item(body, **self._session_write(doc["pk"]))
-            except cx.CosmosResourceExistsError:
+            except cx.CosmosResourceExistsError as exc:
+                self._session_lost(doc["pk"], exc)
                 return None  # first writer wins
             return make_etag(raw["_etag"], raw.get(DUE_REF))
 
@@ -422,8 +423,10 @@ class CosmosStore(CosmosSessions, CosmosReads, CosmosListing, CosmosSearch, Cosm
             try:
                 raw = c.replace_item(cid, body, **conditional, **self._session_write(doc["pk"]))
             except cx.CosmosResourceNotFoundError as exc:
+                self._session_lost(doc["pk"], exc)
                 raise ConflictError(f"cosmos {what}: the document does not exist") from exc
             except cx.CosmosAccessConditionFailedError as exc:
+                self._session_lost(doc["pk"], exc)
                 raise ConflictError(f"cosmos {what}: the document changed since it was read") from exc
             return make_etag(raw["_etag"], raw.get(DUE_REF))
 
@@ -451,9 +454,11 @@ class CosmosStore(CosmosSessions, CosmosReads, CosmosListing, CosmosSearch, Cosm
         def op() -> bool:
             try:
                 c.delete_item(cid, partition_key=pk, **conditional, **self._session_write(pk))
-            except cx.CosmosResourceNotFoundError:
+            except cx.CosmosResourceNotFoundError as exc:
+                self._session_lost(pk, exc)
                 return False
             except cx.CosmosAccessConditionFailedError as exc:
+                self._session_lost(pk, exc)
                 raise ConflictError(f"cosmos {what}: the document changed since it was read") from exc
             return True
 
@@ -505,6 +510,7 @@ class CosmosStore(CosmosSessions, CosmosReads, CosmosListing, CosmosSearch, Cosm
                 if status == 413:
                     raise DocumentTooLarge(op.doc_id, doc_size(op.doc) if op.doc else -1, self.max_doc_bytes) from exc
                 if status in (404, 409, 412):
+                    self._session_lost(pk, exc)
                     reason = {404: "does not exist", 409: "exists", 412: "changed since it was read"}[status]
                     raise ConflictError(f"cosmos {what}: op {i} ({op.kind} {op.doc_id!r}): {reason}") from exc
                 raise

@@ -424,10 +424,17 @@ function snapshotWrites(req, params, name) {
   return { coll: `${params.dbId}/${params.collId}`, pk: pkKey(header), docs, read };
 }
 
-// Writes answer the token of their LSN; reads echo the token they were sent.
+// Writes answer the token of their LSN; a write that lost (404, 409, 412, or a failed batch:
+// 207) the newest LSN, which covers what it lost against (Cosmos answers those with the token
+// of the version that won: a read with it is not served the version the write was based on);
+// reads echo the token they were sent.
 function sessionToken(req, res, writes) {
   if (writes) {
-    if (res.statusCode >= 300 || res.statusCode === 207) return; // 207: a failed batch
+    if ([404, 409, 412, 207].includes(res.statusCode)) {
+      res.setHeader(TOKEN_HEADER, lag.token(lag.lsn));
+      return;
+    }
+    if (res.statusCode >= 300) return;
     const changes = writes.docs.map((d) => ({ coll: writes.coll, pk: writes.pk, id: d.id, before: d.before, after: writes.read(d.id) }));
     res.setHeader(TOKEN_HEADER, lag.token(lag.recordWrites(changes)));
   } else if (req.headers[TOKEN_HEADER] && res.statusCode < 300) {
