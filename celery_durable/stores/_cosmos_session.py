@@ -24,6 +24,8 @@ __all__ = ["SessionTokens", "CosmosSessions", "merge_tokens", "SESSION_HEADER"]
 
 #: response header carrying the session token (and the request header a read sends it in)
 SESSION_HEADER = "x-ms-session-token"
+#: the sub-status of a 404 whose replica lacks the session: it answers no token worth keeping
+READ_SESSION_NOT_AVAILABLE = 1002
 #: partitions whose token a store remembers (least recently used are forgotten: a read of a
 #: forgotten partition falls back to the SDK's own session handling)
 MAX_PARTITIONS = 10_000
@@ -142,6 +144,9 @@ class CosmosSessions:
         """A write to ``pk`` that lost (409, 412; 404: the document went) answers the session
         token of what it lost against (Cosmos sends it; Microsoft's SDKs keep it too): the next
         read of ``pk`` then sees at least that, not the stale version the write was based on for
-        as long as the replica lags (a response hook sees successes only)."""
+        as long as the replica lags (a response hook sees successes only). Not a 404.1002 (the
+        replica has not the session yet), as the .NET SDK's GatewayStoreModel."""
+        if getattr(exc, "sub_status", None) == READ_SESSION_NOT_AVAILABLE:
+            return
         with contextlib.suppress(Exception):  # bookkeeping must never fail a store call
             self._sessions.merge(pk, (getattr(exc, "headers", None) or {}).get(SESSION_HEADER))
