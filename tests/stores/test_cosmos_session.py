@@ -175,3 +175,18 @@ def test_merge_tokens_keeps_the_newer_per_range() -> None:
     assert merged is not None and sorted(merged.split(",")) == ["0:-1#9", "1:-1#4", "2:-1#1"]
     assert merge_tokens("0:1#12#3=10", "0:1#11#3=11") == "0:1#12#3=11"
     assert merge_tokens("garbage", "0:-1#2") == "0:-1#2"
+
+
+def test_a_lost_write_keeps_the_token_its_error_answers_but_not_a_read_session_miss() -> None:
+    """409/412/404 answer the token of what won (kept: the next read sees it); a 404.1002 (the
+    replica lacks the session) answers nothing worth keeping, as the .NET SDK decides."""
+    from types import SimpleNamespace
+
+    from celery_durable.stores._cosmos_session import CosmosSessions, SessionTokens
+
+    sessions = CosmosSessions()
+    sessions._sessions = SessionTokens()
+    sessions._session_lost("p", SimpleNamespace(headers={"x-ms-session-token": "0:-1#7"}, sub_status=None))
+    assert sessions.session_token("p") == "0:-1#7"
+    sessions._session_lost("q", SimpleNamespace(headers={"x-ms-session-token": "0:-1#9"}, sub_status=1002))
+    assert sessions.session_token("q") is None
