@@ -199,6 +199,8 @@ def keep(request: ActivityRequest) -> bool:
     except Exception:  # a router of the user's that fails here fails the send too: let it
         return False
     queue = route.get("queue")
+    if queue is None and route.get("exchange") is None:  # a route without a queue: the default one
+        queue = drain.app.conf.get("task_default_queue")
     if getattr(queue, "name", queue) != drain.queue:
         return False
     current = get_current_task()

@@ -153,10 +153,13 @@ def effects(key: str, n: int) -> int:
     return step(key, x)
 
 
-# --- a task's own priority (task option): a delivery's request carries its message's priority
+# --- a task's own priority (its route: the task attribute is deprecated in Celery, and a shared
+# task's would be seen by every app of the test process): a delivery's request carries it
+
+app.conf.task_routes = {"tests.apps.eager_adv2.urgent": {"priority": 7}}
 
 
-@durable_activity(bind=True, priority=7, max_retries=1, default_retry_delay=0)
+@durable_activity(bind=True, max_retries=1, default_retry_delay=0)
 def urgent(self: Any, key: str) -> list[Any]:
     req = self.request
     prio = (req.delivery_info or {}).get("priority")

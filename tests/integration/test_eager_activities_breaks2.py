@@ -142,7 +142,7 @@ def test_other_brokers_run_kept_activities(cluster: Any, fx: Any) -> None:
 
 @pytest.mark.parametrize("eager", ["0", "10"])
 def test_a_kept_activity_has_its_own_priority(cluster: Any, fx: Any, eager: str) -> None:
-    """``priority=7`` on the task: a delivered attempt's ``request.delivery_info["priority"]`` is
+    """``priority=7`` routed to the task: a delivered attempt's ``request.delivery_info["priority"]`` is
     its message's (7), and ``retry()`` re-sends with it. A kept one must have the same request
     (README: "the request a delivery would have"), not the priority of the delivery that kept it."""
     worker = cluster.start_worker(app=APP, env={"TEST_EAGER_ACTIVITIES": eager})

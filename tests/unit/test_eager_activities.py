@@ -47,7 +47,11 @@ def app() -> Iterator[Celery]:
     def own_queue(x: int) -> int:
         return x
 
-    app.conf.task_routes = {"t.routed": {"queue": "slow"}}
+    app.conf.task_routes = {"t.routed": {"queue": "slow"}, "t.prioritised": {"priority": 5}}
+
+    @app.task(name="t.prioritised", shared=False)
+    def prioritised(x: int) -> int:
+        return x
 
     @app.task(name="t.routed", shared=False)
     def routed(x: int) -> int:
@@ -173,3 +177,12 @@ def test_the_workers_own_time_limit_counts(app: Celery) -> None:
         note_worker_limits(None, None)
     with draining(delivery(app), 5, sender) as drain:
         assert drain is not None
+
+
+def test_a_route_without_a_queue_means_the_default_queue_and_sets_the_priority(app: Celery) -> None:
+    """``task_routes = {name: {"priority": 5}}``: Celery sends it to the default queue (the
+    delivery's here) at priority 5; the kept run's request says so too."""
+    sender = Sender()
+    with draining(delivery(app), 5, sender) as drain:
+        assert kept(req("t.prioritised")) is True
+        assert drain is not None and drain.priority == 5
