@@ -6,16 +6,15 @@ tests/integration/test_cosmos_lag.py, when a worker's claim landed between two e
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 
 import pytest
 
 from celery_durable.engine.outbox.model import HEAD_ID, lane_pk, row_id
-from celery_durable.stores import store_from_url
 from celery_durable.stores.base import Store, reads_may_lag, strip_reserved
 from celery_durable.testing.cosmos_server import CosmosTestServer
 from tests.engine.outbox_env import Env
+from tests.stores.lagging import lagging_pair
 
 pytestmark = pytest.mark.cosmos
 
@@ -24,15 +23,8 @@ LAG_MS = 1200
 
 @pytest.fixture
 def two_processes(cosmos_server: CosmosTestServer) -> Iterator[tuple[Store, Store]]:
-    url = cosmos_server.url_for("lag_admission", f"c{uuid.uuid4().hex[:12]}")
-    client, worker = store_from_url(url), store_from_url(url)
-    cosmos_server.set_replica_lag(LAG_MS)
-    try:
-        yield client, worker
-    finally:
-        cosmos_server.set_replica_lag(0)
-        client.close()
-        worker.close()
+    with lagging_pair(cosmos_server, "lag_admission", LAG_MS) as pair:
+        yield pair
 
 
 def test_an_enqueue_after_another_process_moved_the_head_waits_out_the_lag(two_processes: tuple[Store, Store]) -> None:

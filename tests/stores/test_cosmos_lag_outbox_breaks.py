@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 
 import pytest
 
 from celery_durable.engine.outbox.model import ClaimResult, lane_pk
-from celery_durable.stores import store_from_url
 from celery_durable.stores.base import Store
 from celery_durable.testing.cosmos_server import CosmosTestServer
 from tests.engine.outbox_env import Env
+from tests.stores.lagging import lagging_pair
 
 pytestmark = pytest.mark.cosmos
 
@@ -26,15 +25,8 @@ def lag_ms(request: pytest.FixtureRequest) -> int:
 
 @pytest.fixture
 def two_processes(cosmos_server: CosmosTestServer, lag_ms: int) -> Iterator[tuple[Store, Store]]:
-    url = cosmos_server.url_for("lag_outbox_breaks", f"c{uuid.uuid4().hex[:12]}")
-    client, worker = store_from_url(url), store_from_url(url)
-    cosmos_server.set_replica_lag(lag_ms)
-    try:
-        yield client, worker
-    finally:
-        cosmos_server.set_replica_lag(0)
-        client.close()
-        worker.close()
+    with lagging_pair(cosmos_server, "lag_outbox_breaks", lag_ms) as pair:
+        yield pair
 
 
 class Stream:
