@@ -1,14 +1,15 @@
 """Eager activities: the worker that finishes an activity runs the workflow's next one itself.
 
-With ``durable_eager_activities`` = N > 0, a delivery of an activity whose inline drive schedules
-more activities keeps the first one it can run here instead of sending its message, runs it
-right after its own, and so on, up to N in a row. Like Temporal's eager activity execution: the
+With ``durable_eager_activities`` = N > 0, a delivery (of an activity, a drive message or a
+timer) whose drive schedules activities keeps the first one it can run here instead of sending
+its message, runs it right after, and so on, up to N in a row. Like Temporal's eager activity execution: the
 steps of a sequential workflow cost no broker round trip (a publish, the consumer, the pool's
 pipe) and their drives land in the process that holds the workflow's live instance
 (engine/sticky.py).
 
 A kept activity runs through Celery's own tracer (``celery.app.trace.trace_task``) with the
-request a delivery would have (its task id, the step header, this delivery's routing), so its
+request a delivery would have (its task id, the step header, its routing and priority, the
+task whose commit kept it as ``parent_id``), so its
 signals, ``autoretry_for``, ``retry()`` (which sends a real message) and logging behave as for a
 delivered one, and its attempt takes the step's lease as usual: a worker killed mid-attempt is
 recovered as any attempt is. What Celery cannot do for it is shown in README ("Eager
@@ -17,9 +18,13 @@ so an activity is kept only when
 
 - this process received the delivery from a broker (not ``apply()``, not a test environment),
 - its task is registered here and routed to the queue this delivery came from,
-- no time limit applies to either task (message, task options or worker configuration), and
-  no rate limit to the kept one (the consumer enforces those, and never sees an eager run),
-- the worker is not shutting down.
+- no time limit applies to either task (message, task options, worker configuration or its
+  command line), and no rate limit to the kept one (the consumer enforces those, and never
+  sees an eager run),
+- it is sent by the commit of its own execution (not by code the delivery runs: an activity
+  starting a workflow with eager start would wait for itself),
+- the worker is not shutting down (known in the worker's own process only: a prefork pool
+  child runs the rest of its budget).
 
 Anything else is sent as usual. A kept activity that is not run (the delivery raised after the
 commit, the worker began to stop) is sent at the end of the delivery, so it is never left
