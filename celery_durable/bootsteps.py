@@ -34,9 +34,8 @@ from typing import Any
 import celery.app.utils as celery_app_utils
 from celery import bootsteps
 
-from .eager_activities import note_worker_limits
 from .extension import DurableLike, durable_of
-from .pools import check_worker, pool_name
+from .pools import check_worker, note_worker_limits, pool_name
 from .settings import censor_conf, redact_url
 
 __all__ = ["DurableStep", "DurableShutdownStep", "DurableMetricsStep", "check_store", "install_censoring"]
@@ -103,7 +102,7 @@ class DurableStep(bootsteps.StartStopStep):
         super().__init__(worker, **kwargs)
         self.durable = durable_of(worker.app)
         # --time-limit/--soft-time-limit are the worker's, not app.conf's: an eager activity
-        # must not run under them (eager_activities.py); noted before the pool forks
+        # must not run under them, nor an outbox drain past them (pools.time_limit); noted before the pool forks
         note_worker_limits(getattr(worker, "time_limit", None), getattr(worker, "soft_time_limit", None))
         # before the worker connects: a gevent/eventlet worker must not take effects it cannot stop,
         # and no worker may report ready on a store it cannot use

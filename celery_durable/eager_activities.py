@@ -47,6 +47,7 @@ from celery.app.task import Context
 from celery.app.trace import trace_task
 
 from .engine.dispatcher import ActivityRequest
+from .pools import time_limit
 
 __all__ = [
     "ActivitySender",
@@ -55,8 +56,6 @@ __all__ = [
     "draining",
     "eagerly",
     "keep",
-    "limits_apply",
-    "note_worker_limits",
     "run_kept",
 ]
 
@@ -100,22 +99,6 @@ _DRAIN: contextvars.ContextVar[Drain | None] = contextvars.ContextVar("celery_du
 #: the execution whose commit runs now in this context: only its own sends are kept (what a
 #: local activity or an activity's own code sends, e.g. an eager start, goes out as usual)
 _COMMITTING: contextvars.ContextVar[str | None] = contextvars.ContextVar("celery_durable_eager_commit", default=None)
-#: the worker's own time limits (``--time-limit``/``--soft-time-limit``: not in app.conf), noted
-#: by the worker bootstep before the pool forks
-_WORKER_LIMITS: list[float | None] = [None, None]
-
-
-def note_worker_limits(hard: Any, soft: Any) -> None:
-    _WORKER_LIMITS[:] = [hard, soft]
-
-
-def limits_apply(task: Any, app: Celery, request: Any = None) -> bool:
-    """Whether a time limit (soft or hard: the message's, the task's or the worker's) applies."""
-    soft, hard = getattr(request, "timelimit", None) or (None, None)
-    conf = app.conf
-    found = [soft, hard, getattr(task, "soft_time_limit", None), getattr(task, "time_limit", None), *_WORKER_LIMITS]
-    found += [conf.get("task_soft_time_limit"), conf.get("task_time_limit")]
-    return any(isinstance(v, int | float) and not isinstance(v, bool) and v > 0 for v in found)
 
 
 def _rate_limited(task: Any, app: Celery) -> bool:
@@ -152,7 +135,7 @@ def draining(task: Any, budget: int, sender: ActivitySender | None) -> Iterator[
         or not queue
         or getattr(request, "is_eager", False)
         or getattr(request, "called_directly", True)
-        or limits_apply(task, task.app, request)
+        or time_limit(task, task.app, request) is not None
     ):
         yield None
         return
@@ -195,7 +178,7 @@ def keep(request: ActivityRequest) -> bool:
     if _COMMITTING.get() != request.execution_id:
         return False  # not the commit's own send: user code the delivery runs (an eager start)
     task = drain.app.tasks.get(request.name)
-    if task is None or limits_apply(task, drain.app) or _rate_limited(task, drain.app) or _stopping():
+    if task is None or time_limit(task, drain.app) is not None or _rate_limited(task, drain.app) or _stopping():
         return False
     try:
         # as apply_async routes it: the task's own options (queue=...), the send's, task_routes

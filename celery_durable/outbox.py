@@ -74,7 +74,7 @@ from .errors import (
     StoreError,
     StoreUnavailable,
 )
-from .pools import effect_refusal
+from .pools import effect_refusal, time_limit
 from .retry import RetryPolicy
 from .stores.base import Doc, Op
 
@@ -228,18 +228,6 @@ def _task_function_name(task_name: str) -> str:
     """A Python identifier for the handler task's function (Celery compiles a signature with it)."""
     name = re.sub(r"\W", "_", task_name.rsplit(".", 1)[-1]) or "effect"
     return f"_{name}" if name[0].isdigit() or keyword.iskeyword(name) else name
-
-
-def _time_limit(task: Any, app: Celery) -> float | None:
-    """The smallest time limit (soft or hard, of the message, the task or the worker) that applies
-    to this delivery, in seconds; None when there is none."""
-    request = getattr(task, "request", None)
-    soft, hard = getattr(request, "timelimit", None) or (None, None)
-    conf = app.conf
-    found = [soft, hard, getattr(task, "soft_time_limit", None), getattr(task, "time_limit", None)]
-    found += [conf.get("task_soft_time_limit"), conf.get("task_time_limit")]
-    limits = [float(v) for v in found if isinstance(v, int | float) and not isinstance(v, bool) and v > 0]
-    return min(limits) if limits else None
 
 
 def _payload_codec(fn: Callable[..., Any]) -> ValueCodec:
@@ -399,7 +387,7 @@ class Outbox:
         keeper = self._durable.engine.effect_keeper
         # drain_max rows in all: this one and drain_max - 1 successors
         budget, first = core.settings.drain_max - 1, True
-        limit, started, longest = _time_limit(task, self._durable.app), time.monotonic(), 0.0
+        limit, started, longest = time_limit(task, self._durable.app, task.request), time.monotonic(), 0.0
         current: Claim | None = claim
         kind = "unknown"
         while current is not None:

@@ -32,6 +32,8 @@ __all__ = [
     "needs_interrupt",
     "effect_refusal",
     "check_worker",
+    "note_worker_limits",
+    "time_limit",
 ]
 
 #: pools that run tasks as greenlets on one OS thread
@@ -151,3 +153,24 @@ def check_worker(worker: Any, durable: DurableLike) -> None:
         f"{where}: {green} runs every task as a greenlet on one OS thread, so a cancel or timeout "
         f"cannot interrupt a running handler. {_fix(green)}"
     )
+
+
+#: the worker's own time limits (``--time-limit``/``--soft-time-limit``: not in app.conf), noted
+#: by the worker bootstep before the pool forks
+_WORKER_LIMITS: list[Any] = [None, None]
+
+
+def note_worker_limits(hard: Any, soft: Any) -> None:
+    _WORKER_LIMITS[:] = [hard, soft]
+
+
+def time_limit(task: Any, app: Any, request: Any = None) -> float | None:
+    """The smallest time limit (soft or hard: the message's, the task's, the worker's
+    configuration or command line) that applies to a delivery of ``task``, in seconds; None
+    when there is none."""
+    soft, hard = getattr(request, "timelimit", None) or (None, None)
+    conf = app.conf
+    found = [soft, hard, getattr(task, "soft_time_limit", None), getattr(task, "time_limit", None), *_WORKER_LIMITS]
+    found += [conf.get("task_soft_time_limit"), conf.get("task_time_limit")]
+    limits = [float(v) for v in found if isinstance(v, int | float) and not isinstance(v, bool) and v > 0]
+    return min(limits) if limits else None

@@ -443,3 +443,30 @@ def test_a_claim_that_loses_every_round_is_retried_not_dropped(glue: Glue, monke
     monkeypatch.setattr(glue.store, "batch", real_batch)
     glue.sender.send_effect(ref)
     assert glue.deliver_all() == [SUCCEEDED]
+
+
+def test_a_drain_stays_within_the_workers_own_time_limit(glue: Glue) -> None:
+    """``celery worker --soft-time-limit 5`` is not in app.conf: the bootstep notes it. A
+    delivery drains the key's next rows only while they fit in the task's time limit; it used to
+    see the message's, the task's and app.conf's limits only, and ran rows past the pool's."""
+    from celery_durable.engine.outbox.model import lane_pk, row_id
+    from celery_durable.pools import note_worker_limits
+
+    @glue.durable.effect("adv.slowish", timeout=2.0)
+    def slowish(payload: dict[str, Any]) -> None:
+        pass
+
+    for i in range(3):
+        glue.outbox.enqueue("adv.slowish", {"n": i}, key="k", effect_id=f"s{i}")
+    (first, *_rest) = glue.sender.take()
+    note_worker_limits(None, 5.0)  # 2.5 x 2 s + 1 s of room does not fit in 5 s: one row a message
+    try:
+        glue.outbox.deliver(glue.task, first.key, first.effect_id)
+    finally:
+        note_worker_limits(None, None)
+    def status() -> list[Any]:
+        return [(glue.store.read(lane_pk("k"), row_id(f"s{i}")) or {}).get("status") for i in range(3)]
+
+    assert status() == [SUCCEEDED, PENDING, PENDING]
+    glue.deliver_all()  # the settle sent the next row's message: it drains the rest (no limit now)
+    assert status() == [SUCCEEDED] * 3

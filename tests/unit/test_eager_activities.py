@@ -166,7 +166,7 @@ def test_no_activity_is_kept_while_the_worker_stops(app: Celery, monkeypatch: py
 def test_the_workers_own_time_limit_counts(app: Celery) -> None:
     """``celery worker --time-limit``/``--soft-time-limit`` are not in app.conf: the bootstep
     notes them, and then no delivery keeps an activity."""
-    from celery_durable.eager_activities import note_worker_limits
+    from celery_durable.pools import note_worker_limits
 
     sender = Sender()
     note_worker_limits(None, 30.0)
