@@ -24,7 +24,7 @@ from celery.local import PromiseProxy, Proxy
 
 from .codecs import codec_for
 from .consistency import retry_stale, use_session
-from .eager_activities import ActivitySender, committing, draining, run_kept
+from .eager_activities import eagerly
 from .engine.activity import may_be_stale, run_awaitable, sync_callable
 from .engine.context import DurableFuture, current_context, require_context
 from .engine.registry import GLOBAL_ACTIVITIES, ActivityDef
@@ -241,23 +241,19 @@ def _run_attempt(task: Task, meta: dict[str, Any], args: tuple[Any, ...], kwargs
             raise
         except Exception as exc:  # retries exhausted or not retryable: the workflow decides
             doc = runner.result_doc(attempt, error=exc)
-    sender = engine.dispatcher if isinstance(engine.dispatcher, ActivitySender) else None  # not a test's
-    with draining(task, engine.settings.eager_activities, sender) as drain:
-        try:
-            with committing(execution_id):
-                runner.complete(attempt, doc)
-        except StoreUnavailable as exc:
-            # Never lose a result to a store outage: re-deliver with the outcome attached, so the
-            # next try records it without running the function again.
-            log.warning("store unavailable recording %s step %d, will retry: %s", execution_id, seq, exc)
-            engine.leases.release(attempt)  # may fail too: the retry then takes the lease over
-            task.request.durable_attempt = attempt
-            task.request.durable_released = True
-            headers = dict(getattr(task.request, "headers", None) or {})
-            headers[DURABLE_HEADER] = dict(meta, outcome=doc)
-            raise _outage_retry(task, exc, headers) from exc
-        if drain is not None:  # the next activity its drive scheduled, run here (eager_activities.py)
-            run_kept(drain)
+    try:
+        # the next activity its drive schedules may run here after it (eager_activities.py)
+        eagerly(task, engine, execution_id, lambda: runner.complete(attempt, doc))
+    except StoreUnavailable as exc:
+        # Never lose a result to a store outage: re-deliver with the outcome attached, so the
+        # next try records it without running the function again.
+        log.warning("store unavailable recording %s step %d, will retry: %s", execution_id, seq, exc)
+        engine.leases.release(attempt)  # may fail too: the retry then takes the lease over
+        task.request.durable_attempt = attempt
+        task.request.durable_released = True
+        headers = dict(getattr(task.request, "headers", None) or {})
+        headers[DURABLE_HEADER] = dict(meta, outcome=doc)
+        raise _outage_retry(task, exc, headers) from exc
     return None
 
 

@@ -247,11 +247,12 @@ def run_kept(drain: Drain) -> None:
         drain.task.request_stack.pop()
 
 
-def eagerly(task: Any, dispatcher: Any, budget: int, execution_id: str, commit: Callable[[], T]) -> T:
-    """``commit()`` (a delivery's drive of ``execution_id``: a drive message's, a timer's), then
-    the activities it kept, if ``dispatcher`` is a worker's (:class:`ActivitySender`)."""
-    sender = dispatcher if isinstance(dispatcher, ActivitySender) else None
-    with draining(task, budget, sender) as drain:
+def eagerly(task: Any, engine: Any, execution_id: str, commit: Callable[[], T]) -> T:
+    """``commit()`` (a delivery's drive of ``execution_id``: an activity's, a drive message's, a
+    timer's), then the activities it kept, if ``engine`` sends through a worker's dispatcher
+    (:class:`ActivitySender`) with ``durable_eager_activities`` on."""
+    sender = engine.dispatcher if isinstance(engine.dispatcher, ActivitySender) else None
+    with draining(task, engine.settings.eager_activities, sender) as drain:
         with committing(execution_id):
             outcome = commit()
         if drain is not None:

@@ -136,13 +136,7 @@ def register_tasks(app: Celery, durable: DurableLike) -> None:
         use_session(engine.store, self.request, execution_id)
         try:
             # the first activities it schedules may run here (eager_activities.py)
-            outcome = eagerly(
-                self,
-                engine.dispatcher,
-                engine.settings.eager_activities,
-                execution_id,
-                lambda: engine.drive(execution_id),
-            )
+            outcome = eagerly(self, engine, execution_id, lambda: engine.drive(execution_id))
         except StoreUnavailable as exc:
             # the execution stays due; retrying here just makes recovery faster
             raise self.retry(exc=exc, countdown=min(30.0, 1.0 * 2 ** min(self.request.retries, 5))) from exc
@@ -155,13 +149,7 @@ def register_tasks(app: Celery, durable: DurableLike) -> None:
         engine = durable.engine
         use_session(engine.store, self.request, execution_id)
         try:
-            outcome = eagerly(
-                self,
-                engine.dispatcher,
-                engine.settings.eager_activities,
-                execution_id,
-                lambda: engine.fire_clock(execution_id, seq, run),
-            )
+            outcome = eagerly(self, engine, execution_id, lambda: engine.fire_clock(execution_id, seq, run))
         except StoreUnavailable as exc:
             raise self.retry(exc=exc, countdown=1.0) from exc
         if outcome == "early":  # delivered before its time (clock skew): try again shortly
