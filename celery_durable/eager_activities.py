@@ -38,7 +38,7 @@ import contextvars
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from celery import Celery
@@ -52,6 +52,7 @@ from .pools import time_limit
 __all__ = [
     "ActivitySender",
     "Drain",
+    "Kept",
     "committing",
     "draining",
     "eagerly",
@@ -72,6 +73,19 @@ class ActivitySender(Protocol):
     def activity_options(self, request: ActivityRequest) -> dict[str, Any]: ...
 
 
+@dataclass(frozen=True)
+class Kept:
+    """An activity a delivery kept: committed and not sent."""
+
+    request: ActivityRequest
+    #: its message's options (``ActivitySender.activity_options``: id, headers, shadow …)
+    options: dict[str, Any]
+    #: the run whose commit kept it (its ``parent_id``)
+    parent_id: str | None
+    #: its message's priority (None: the delivery's)
+    priority: int | None
+
+
 @dataclass
 class Drain:
     """One broker delivery's run of eager activities."""
@@ -87,12 +101,8 @@ class Drain:
     delivery_info: dict[str, Any]
     hostname: str | None
     root_id: str | None
-    #: the kept activity, committed and not sent, and the id of the run whose drive kept it
-    pending: ActivityRequest | None = None
-    parent_id: str | None = None
-    #: its message's priority (None: the delivery's)
-    priority: int | None = None
-    ran: list[str] = field(default_factory=list)
+    #: the activity it kept, to run next
+    pending: Kept | None = None
 
 
 _DRAIN: contextvars.ContextVar[Drain | None] = contextvars.ContextVar("celery_durable_eager_drain", default=None)
@@ -156,7 +166,7 @@ def draining(task: Any, budget: int, sender: ActivitySender | None) -> Iterator[
         _DRAIN.reset(token)
         left, drain.pending = drain.pending, None
         if left is not None:
-            drain.sender.publish_activity(left)  # committed and not run: it needs its message
+            drain.sender.publish_activity(left.request)  # committed and not run: it needs its message
 
 
 @contextmanager
@@ -182,7 +192,8 @@ def keep(request: ActivityRequest) -> bool:
         return False
     try:
         # as apply_async routes it: the task's own options (queue=...), the send's, task_routes
-        options = {**getattr(task, "_get_exec_options", dict)(), **drain.sender.activity_options(request)}
+        sent = drain.sender.activity_options(request)
+        options = {**getattr(task, "_get_exec_options", dict)(), **sent}
         route = drain.app.amqp.router.route(options, request.name, request.args, request.kwargs, task_type=task)
     except Exception:  # a router of the user's that fails here fails the send too: let it
         return False
@@ -191,9 +202,7 @@ def keep(request: ActivityRequest) -> bool:
         queue = drain.app.conf.get("task_default_queue")
     if getattr(queue, "name", queue) != drain.queue:
         return False
-    current = get_current_task()
-    parent = getattr(current, "request", None)
-    drain.pending, drain.parent_id = request, getattr(parent, "id", None)
+    parent = getattr(get_current_task(), "request", None)
     # the priority its message would have had (a retry() of it is sent with it): the route's or
     # the task's, else the parent's if inherited, else the worker's default; none at all: the
     # delivery's (a transport's default, as on the message)
@@ -202,7 +211,7 @@ def keep(request: ActivityRequest) -> bool:
         priority = (getattr(parent, "delivery_info", None) or {}).get("priority")
     if priority is None:
         priority = drain.app.conf.get("task_default_priority")
-    drain.priority = priority
+    drain.pending = Kept(request, sent, getattr(parent, "id", None), priority)
     return True
 
 
@@ -215,10 +224,10 @@ def run_kept(drain: Drain) -> None:
     drain.task.request_stack.push(Context())
     try:
         while drain.pending is not None and drain.budget > 0 and not _stopping():
-            request, drain.pending = drain.pending, None
+            kept, drain.pending = drain.pending, None
             drain.budget -= 1
+            request, options = kept.request, kept.options
             task = drain.app.tasks[request.name]
-            options = drain.sender.activity_options(request)
             headers = dict(options["headers"])
             context = {
                 "id": request.task_id,
@@ -227,10 +236,10 @@ def run_kept(drain: Drain) -> None:
                 "headers": headers,
                 **headers,  # a delivered message's headers are attributes of its request too
                 "delivery_info": dict(drain.delivery_info, redelivered=False)
-                | ({} if drain.priority is None else {"priority": drain.priority}),
+                | ({} if kept.priority is None else {"priority": kept.priority}),
                 "hostname": drain.hostname,
                 "root_id": drain.root_id,
-                "parent_id": drain.parent_id,
+                "parent_id": kept.parent_id,
                 "correlation_id": request.task_id,
                 "retries": 0,
                 "timelimit": (None, None),
@@ -238,7 +247,6 @@ def run_kept(drain: Drain) -> None:
                 "ignore_result": True,
             }
             log.info("activity %s (%s step %d): run here, not sent", request.name, request.execution_id, request.seq)
-            drain.ran.append(request.task_id)
             # the tracer catches what the task raises (as for a delivery: logged, signalled, a
             # Retry already sent its message); the next kept activity, if any, is its drive's
             args, kwargs = list(request.args), dict(request.kwargs)

@@ -464,6 +464,7 @@ def test_a_drain_stays_within_the_workers_own_time_limit(glue: Glue) -> None:
         glue.outbox.deliver(glue.task, first.key, first.effect_id)
     finally:
         note_worker_limits(None, None)
+
     def status() -> list[Any]:
         return [(glue.store.read(lane_pk("k"), row_id(f"s{i}")) or {}).get("status") for i in range(3)]
 

@@ -83,7 +83,7 @@ def test_a_delivery_keeps_the_first_activity_routed_to_its_queue(app: Celery) ->
         assert isinstance(drain, Drain)
         assert kept(req(seq=2)) is True
         assert kept(req(seq=3)) is False  # one at a time: the rest of a fan-out is sent
-        assert drain.pending is not None and drain.pending.seq == 2
+        assert drain.pending is not None and drain.pending.request.seq == 2
     assert sender.published == ["e1:2"]  # kept and not run: sent on the way out
 
 
@@ -185,4 +185,4 @@ def test_a_route_without_a_queue_means_the_default_queue_and_sets_the_priority(a
     sender = Sender()
     with draining(delivery(app), 5, sender) as drain:
         assert kept(req("t.prioritised")) is True
-        assert drain is not None and drain.priority == 5
+        assert drain is not None and drain.pending is not None and drain.pending.priority == 5
