@@ -61,8 +61,11 @@ _DERIVED_CHILD_TAIL = re.compile(_TAIL + r"\Z")
 #: the tails of a derived id, nested for grandchildren (``<id>-c3-c1.r2``)
 _DERIVED_CHILD_TAILS = re.compile(f"(?:{_TAIL})+\\Z")
 #: Unicode categories refused: control characters (newlines, NUL, DEL, C1) break logs, the CLI and
-#: SQLite's text functions; lone surrogates cannot be encoded as UTF-8 (JSON, SQLite, Cosmos)
-_REFUSED_CATEGORIES = frozenset({"Cc", "Cs"})
+#: SQLite's text functions; lone surrogates cannot be encoded as UTF-8 (JSON, SQLite, Cosmos);
+#: format characters (bidi overrides and isolates, zero-width spaces and joiners, the BOM, soft
+#: hyphens) and the line/paragraph separators are invisible or reorder text, so two ids that look
+#: the same in the UI and the CLI would name different executions (a phishing aid)
+_REFUSED_CATEGORIES = frozenset({"Cc", "Cs", "Cf", "Zl", "Zp"})
 
 
 def check_workflow_id(value: object, what: str = "workflow id", *, derived_ok: bool = False) -> str:
@@ -89,7 +92,8 @@ def check_workflow_id(value: object, what: str = "workflow id", *, derived_ok: b
     bad = next((c for c in value if unicodedata.category(c) in _REFUSED_CATEGORIES), None)
     if bad is not None:
         raise InvalidWorkflowId(
-            f"a {what} may not contain {bad!r} (a control character or a lone surrogate): {value!r:.80}"
+            f"a {what} may not contain {bad!r} (a control, invisible or bidi character, or a lone surrogate):"
+            f" {value!r:.80}"
         )
     reserved = next((p for p in RESERVED_ID_PREFIXES if value.startswith(p)), None)
     if reserved is not None:
