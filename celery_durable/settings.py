@@ -92,7 +92,6 @@ _MAY_BE_ZERO = frozenset(
 _SECRET_PARAM = re.compile(r"(?i)((?:key|password|secret|token|accountkey|sig)=)[^&;]+")
 #: the authority's userinfo: up to the *last* '@' before the path (URL parsers take the last one,
 #: so a password may hold a raw '@'), with or without a user name
-_USERINFO = re.compile(r"(//[^:/@?#]*:)[^/?#]*@")
 _SECRET_NAME = re.compile(r"(?i).*(key|password|secret|token|sig)")
 
 
@@ -111,7 +110,27 @@ def redact_url(url: str) -> str:
                 part = f"{name}=***"
             parts.append(part)
         url = head + sep + "".join(parts)
-    return _USERINFO.sub(r"\1***@", _SECRET_PARAM.sub(r"\1***", url))
+    return _redact_userinfo(_SECRET_PARAM.sub(r"\1***", url))
+
+
+def _redact_userinfo(url: str) -> str:
+    """``scheme://user:***@host``: the password is whatever sits between the user's ``:`` and the
+    *last* ``@``. A raw ``#``, ``?``, ``/`` or ``@`` in a password makes the URL unparseable, which
+    is exactly when it is printed in an error, so no character may end the password early; a
+    query value holding an ``@`` then hides the host too (shown too little, never too much)."""
+    start, at = url.find("//"), url.rfind("@")
+    if start < 0 or at < start:
+        return url
+    user, colon, _password = url[start + 2 : at].partition(":")
+    return url if not colon else f"{url[: start + 2]}{user}:***{url[at:]}"
+
+
+def url_password_is_raw(url: str) -> bool:
+    """Whether the password of ``url`` (as :func:`redact_url` sees it) holds a character a URL
+    parser cuts it at: then a parser's error quotes a piece of it, and must not be shown."""
+    start, at = url.find("//"), url.rfind("@")
+    password = url[start + 2 : at].partition(":")[2] if 0 <= start < at else ""
+    return any(c in password for c in "#?/@")
 
 
 #: ``durable_store_url`` (and ``durable_result_push``, a ``redis://`` URL may hold a password) under

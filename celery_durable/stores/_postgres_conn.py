@@ -29,7 +29,7 @@ from psycopg import errors as pge
 from psycopg.conninfo import conninfo_to_dict
 
 from ..errors import ConfigurationError, ConflictError, StoreError, StoreUnavailable
-from ..settings import redact_url
+from ..settings import redact_url, url_password_is_raw
 
 __all__ = ["PgConfig", "Pool", "parse_url", "translate", "DEFAULT_TABLE"]
 
@@ -51,9 +51,14 @@ class PgConfig:
     schema: str | None
     pool_max: int
     connect_timeout: float
+    #: the URL's password holds a raw '#', '?', '/' or '@': libpq cuts it there and quotes the rest
+    #: as a host, a port or a parameter, so none of its messages may be shown
+    raw_password: bool = False
 
     def scrub(self, text: str) -> str:
         """``text`` with the password (should a server or libpq message echo it) hidden."""
+        if self.raw_password:
+            return "(libpq's message is not shown: a '#', '?', '/' or '@' in the password must be percent-encoded)"
         return text.replace(self.password, "***") if self.password else text
 
 
@@ -99,6 +104,11 @@ def parse_url(url: str, options: dict[str, Any]) -> PgConfig:
     try:  # libpq's own parser: a malformed URL or an unknown parameter fails here, not at first use
         params = conninfo_to_dict(conninfo)
     except psycopg.Error as exc:
+        # libpq quotes the part it cannot parse, which for a raw '?' is the password's tail
+        if url_password_is_raw(url):
+            raise ConfigurationError(
+                f"invalid postgresql URL {display!r}: a '#', '?', '/' or '@' in the password must be percent-encoded"
+            ) from None
         raise ConfigurationError(f"invalid postgresql URL {display!r}: {exc}") from exc
     password = params.get("password")
     return PgConfig(
@@ -109,6 +119,7 @@ def parse_url(url: str, options: dict[str, Any]) -> PgConfig:
         schema=None if schema in (None, "") else _ident(schema, "schema"),
         pool_max=pool_max,
         connect_timeout=timeout,
+        raw_password=url_password_is_raw(url),
     )
 
 
@@ -215,7 +226,7 @@ class Pool:
                     raise StoreUnavailable(
                         f"postgresql store {self.cfg.display}: cannot connect ({took:.1f} s):"
                         f" {self.cfg.scrub(str(exc)).strip()[:300]}"
-                    ) from exc
+                    ) from (None if self.cfg.raw_password else exc)
             if _healthy(conn):
                 return conn
             self._discard(conn)
