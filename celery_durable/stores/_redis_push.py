@@ -16,8 +16,9 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
-from ..settings import redact_url
+from ..settings import redact_url, url_password_is_raw
 from .push import Hub, payload_of
 
 __all__ = ["RedisNotifier", "CHANNEL"]
@@ -44,6 +45,13 @@ class RedisNotifier(Hub):
     def __repr__(self) -> str:
         return f"RedisNotifier({redact_url(self.url)!r})"
 
+    def scrub(self, text: str) -> str:
+        # redis-py cuts a password at a raw '#', '?', '/' or '@' and quotes the rest as a port or host
+        if url_password_is_raw(self.url):
+            return "(not shown: a '#', '?', '/' or '@' in the push URL's password must be percent-encoded)"
+        password = urlsplit(self.url).password
+        return text.replace(password, "***") if password else text
+
     def _redis(self) -> Any:
         import redis
 
@@ -61,7 +69,7 @@ class RedisNotifier(Hub):
         except Exception as exc:  # noqa: BLE001 - a hint only: waiters re-read the store anyway
             self._paused_until = time.monotonic() + _PAUSE_AFTER_FAILURE
             log.warning("result push: publishing to %s failed (paused %gs): %s", redact_url(self.url),
-                        _PAUSE_AFTER_FAILURE, exc)  # fmt: skip
+                        _PAUSE_AFTER_FAILURE, self.scrub(str(exc)))  # fmt: skip
 
     def listen(self, ready: Callable[[], None], deliver: Callable[[str], None], stopped: Callable[[], bool]) -> None:
         import redis

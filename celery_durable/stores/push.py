@@ -146,6 +146,10 @@ class Hub:
 
     name = "hub"
 
+    def scrub(self, text: str) -> str:
+        """``text`` of a transport error, safe to log (a transport with a secret in its URL hides it)."""
+        return text
+
     def __init__(self) -> None:
         self._init_process()
 
@@ -244,7 +248,7 @@ class Hub:
                 self.listen(lambda: self._ready(stop), self.deliver, stop.is_set)
             except Exception as exc:  # the transport broke: waiters poll until it is back
                 if self.state != "down":
-                    log.warning("result push (%s) unavailable, waiters poll: %s", self.name, exc)
+                    log.warning("result push (%s) unavailable, waiters poll: %s", self.name, self.scrub(str(exc)))
             if self.state == "up":
                 backoff = 0.2
             self._down(stop)

@@ -78,3 +78,18 @@ def test_a_store_error_does_not_print_a_password_with_a_raw_special(special: str
         store_from_url(url + "?connect_timeout=1").read("p", "d")
     told = "".join(traceback.format_exception(caught.value))
     assert "Pr1vate" not in told and "x@" not in told and "percent-encoded" in str(caught.value), told
+
+
+@pytest.mark.parametrize("special", ["#", "?", "/", "@"])
+def test_the_result_push_log_does_not_print_a_password_with_a_raw_special(
+    special: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """redis-py cuts the password at the raw character and names the rest as the port or host."""
+    from celery_durable.stores._redis_push import RedisNotifier
+
+    notifier = RedisNotifier(f"redis://:Pr1vate{special}xy@127.0.0.1:1/0")
+    with caplog.at_level("WARNING", logger="celery_durable.push"):
+        notifier.publish("some-execution")
+    notifier.close()
+    assert "publishing to" in caplog.text and "percent-encoded" in caplog.text, caplog.text
+    assert "Pr1vate" not in caplog.text and "xy" not in caplog.text, caplog.text
