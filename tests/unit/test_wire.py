@@ -5,6 +5,7 @@ at ``Durable(app)``. Each message is caught where Celery hands it to kombu (``se
 from __future__ import annotations
 
 import json
+import random
 import time
 from pathlib import Path
 from typing import Any
@@ -109,3 +110,31 @@ def test_pickle_configured_after_setup_is_refused_before_any_send(
     with pytest.raises(ConfigurationError, match="accept_content"):
         durable.engine  # noqa: B018 - building it is what checks
     assert sent == {}
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_configurations_never_send_pickle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    """Seeded: whatever task_serializer and accept_content say, the library either refuses at
+    set-up (pickle, and no json accepted) or sends every message with the app's serializer (json
+    for pickle), never pickle."""
+    rng = random.Random(seed)
+    kinds = ["json", "application/json", "wiresig", "pickle", "application/x-python-serialize"]
+    for i in range(6):
+        ser = rng.choice(["json", "wiresig", "pickle"])
+        accept = None if rng.random() < 0.15 else rng.sample(kinds, rng.randint(1, 3))
+        if ser != "pickle" and accept is not None:
+            accept.append(ser)  # an app that accepts its own serializer (else Celery itself fails)
+        folder = tmp_path / str(i)
+        folder.mkdir()
+        app = _app(folder, f"wire-rnd-{seed}-{i}", task_serializer=ser, accept_content=accept)
+        json_ok = accept is None or bool({"json", "application/json"} & set(accept))
+        if ser == "pickle" and not json_ok:
+            with pytest.raises(ConfigurationError):
+                Durable(app)
+            continue
+        durable = Durable(app)
+        sent = _sent(app, monkeypatch)
+        _send_everything(durable)
+        expected = "json" if ser == "pickle" else ser
+        assert EXPECTED <= set(sent)
+        assert {s for each in sent.values() for s in each} == {expected}, (ser, accept)
