@@ -33,7 +33,6 @@ __all__ = ["Access", "Gate", "is_loopback"]
 #: paths anyone may read: the login form, its assets, the liveness probe
 OPEN_PATHS = ("/login", "/healthz")
 OPEN_PREFIXES = ("/static/",)
-READS = ("GET", "HEAD")
 
 
 def is_loopback(host: str) -> bool:
@@ -76,6 +75,14 @@ def _name_of(host_header: str) -> str | None:
     return name if _ip(name) or _DNS_NAME.fullmatch(name) else None
 
 
+def _allowed_name(given: str) -> str:
+    """An ``--allow-host`` value: a DNS name or ``*.`` and one, without a port (else ValueError)."""
+    name = given.strip().lower()
+    if _DNS_NAME.fullmatch(name.removeprefix("*.")) is None:
+        raise ValueError(f"--allow-host takes a host name (or *.domain) without a port, not {given!r}")
+    return name
+
+
 @dataclass(frozen=True)
 class Access:
     """What the UI answers (see the module docstring)."""
@@ -88,7 +95,7 @@ class Access:
     @classmethod
     def for_bind(cls, host: str, allow_hosts: Iterable[str] = (), public_read: bool = False) -> Access:
         """The access of a server bound to ``host``: reads open on loopback or if ``public_read``."""
-        names = {n.strip().lower() for n in allow_hosts if n.strip()}
+        names = {_allowed_name(n) for n in allow_hosts}
         if not _ip(host) and host not in ("", "*"):
             names.add(host.lower())  # bound to a name: that name is its own
         return cls(frozenset(names), public_read or is_loopback(host))
@@ -103,7 +110,7 @@ class Access:
 
     def may_read(self, request: Request, guard: Guard) -> bool:
         path = request.url.path
-        if self.public_read or request.method not in READS:  # a POST is the Guard's (auth.py)
+        if self.public_read or request.method == "POST":  # a POST is the Guard's (auth.py)
             return True
         if path in OPEN_PATHS or path.startswith(OPEN_PREFIXES):
             return True

@@ -233,3 +233,29 @@ def test_the_cli_on_every_interface(tmp_path: Path) -> None:
         ui.wait(10)
     printed = log.read_text()
     assert TOKEN not in printed and "need the token" in printed, printed
+
+
+@pytest.mark.parametrize("bad", ["ui.example.com:8765", "*", "http://ui.example.com", "", "a b", "*.*.x"])
+def test_an_allow_host_that_is_not_a_name_is_refused(bad: str) -> None:
+    with pytest.raises(ValueError, match="--allow-host"):
+        Access.for_bind("0.0.0.0", [bad])
+
+
+def test_other_methods_need_the_token_too(seeded: WorkflowEnvironment, monkeypatch: pytest.MonkeyPatch) -> None:
+    app, _ = _served(seeded, monkeypatch, host="0.0.0.0")
+    with TestClient(app, base_url="http://10.0.0.2:8765", follow_redirects=False) as c:
+        for method in ("OPTIONS", "PUT", "DELETE", "PATCH"):
+            r = c.request(method, "/api/executions/order-1")
+            assert r.status_code == 401 and SECRET not in r.text, method
+
+
+def test_the_ui_command_takes_allow_host_and_public_read() -> None:
+    from celery.bin.celery import celery as celery_cli
+    from click.testing import CliRunner
+
+    runner = CliRunner()
+    help_text = runner.invoke(celery_cli, ["-A", "tests.apps.basic", "durable", "ui", "--help"]).output
+    assert "--allow-host" in help_text and "--public-read" in help_text
+    args = ["-A", "tests.apps.basic", "durable", "ui", "--host", "0.0.0.0", "--token", TOKEN]
+    bad = runner.invoke(celery_cli, [*args, "--allow-host", "ui.example.com:8765"])
+    assert bad.exit_code == 2 and "without a port" in bad.output
