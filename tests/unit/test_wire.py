@@ -8,10 +8,12 @@ import json
 import random
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from celery import Celery
+from celery.exceptions import Retry
 from kombu.serialization import register
 
 from celery_durable import Durable, durable_activity
@@ -62,6 +64,17 @@ def _send_everything(durable: Durable) -> None:
     dispatcher.publish_activity(ActivityRequest("e1", 3, "elsewhere.step", [1], {}, "t3", "wf"))  # by name
     dispatcher.send_effect(EffectRef("k", "fx1", "wire.fx"))
     # what a retry, the stale-read retry or beat sends: the task's own options
+    # a durable activity's retry() (its own Celery retry, autoretry_for's too)
+    step_task = app.tasks["wire.step"]
+    step_task.push_request(
+        id="t1", args=[1], kwargs={}, headers={}, delivery_info={}, retries=0, is_eager=False, called_directly=False
+    )
+    step_task.request.durable_attempt, step_task.request.durable_released = SimpleNamespace(holder="h"), True
+    try:
+        with pytest.raises(Retry):
+            step_task.retry(countdown=5)
+    finally:
+        step_task.pop_request()
     effect_task = durable.outbox.effects.get("wire.fx").task_name
     calls = {DRIVE_TASK: ["e1"], FIRE_CLOCK_TASK: ["e1", 2], FIRE_DUE_CLOCKS_TASK: [], RECOVER_TASK: []}
     for name, args in (calls | {effect_task: ["k", "fx1"]}).items():
@@ -78,6 +91,7 @@ def test_signing_serializer_passes_through(tmp_path: Path, monkeypatch: pytest.M
     _send_everything(durable)
     assert EXPECTED <= set(sent)
     assert len(sent) == len(EXPECTED) + 1  # and the effect's task
+    assert len(sent["wire.step"]) == 2  # its message and its retry
     assert {name: set(s) for name, s in sent.items()} == {name: {"wiresig"} for name in sent}
 
 
