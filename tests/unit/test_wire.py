@@ -17,6 +17,7 @@ from celery.exceptions import Retry
 from kombu.serialization import register
 
 from celery_durable import Durable, durable_activity
+from celery_durable.consistency import retry_stale
 from celery_durable.engine.dispatcher import ActivityRequest, ClockRequest
 from celery_durable.engine.outbox.model import EffectRef
 from celery_durable.errors import ConfigurationError
@@ -73,6 +74,7 @@ def _send_everything(durable: Durable) -> None:
     try:
         with pytest.raises(Retry):
             step_task.retry(countdown=5)
+        assert retry_stale(step_task, SimpleNamespace(incr=lambda name: None), "a stale read")  # its re-send
     finally:
         step_task.pop_request()
     effect_task = durable.outbox.effects.get("wire.fx").task_name
@@ -91,7 +93,7 @@ def test_signing_serializer_passes_through(tmp_path: Path, monkeypatch: pytest.M
     _send_everything(durable)
     assert EXPECTED <= set(sent)
     assert len(sent) == len(EXPECTED) + 1  # and the effect's task
-    assert len(sent["wire.step"]) == 2  # its message and its retry
+    assert len(sent["wire.step"]) == 3  # its message, its retry, the stale-read re-send
     assert {name: set(s) for name, s in sent.items()} == {name: {"wiresig"} for name in sent}
 
 
