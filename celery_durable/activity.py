@@ -32,6 +32,7 @@ from .errors import ConfigurationError, NonRetryableError, StoreUnavailable
 from .extension import durable_of
 from .observability import span
 from .retry import TaskRetry
+from .wire import serializer
 
 __all__ = ["durable_activity", "ActivityTask", "DurableActivityTask", "DURABLE_HEADER", "task_retry"]
 
@@ -77,6 +78,7 @@ class DurableActivityTask(Task):  # type: ignore[misc]
                     self.request.durable_released = True
             # the retry may take over this attempt's lease if it could not be given back
             kwargs["headers"] = _successor_headers(self.request, kwargs.get("headers"), attempt.holder)
+            kwargs.setdefault("serializer", serializer(self.app))  # as its first message (wire.py)
         return super().retry(*args, **kwargs)
 
     def start(self, *args: Any, **kwargs: Any) -> DurableFuture[Any]:

@@ -30,6 +30,7 @@ from .stores import Store, store_from_url
 from .stores.notifiers import build_notifier
 from .stores.push import REDIS_SCHEMES
 from .tasks import FIRE_DUE_CLOCKS_TASK, RECOVER_TASK, START_SCHEDULED_TASK, CeleryDispatcher, register_tasks
+from .wire import check as check_wire
 
 __all__ = ["Durable", "Workflow", "WorkflowOptions"]
 
@@ -186,6 +187,7 @@ class Durable:
         self.outbox = Outbox(self)
         install(self)
         if app.configured:  # the config was already read (e.g. app.conf.update() ran first)
+            check_wire(app)  # a serializer it cannot send with fails here, not at the first send
             self._install_beat()
         else:
             app.on_after_configure.connect(self._install_beat, weak=False)
@@ -209,6 +211,7 @@ class Durable:
         if engine is None:
             with self._lock:
                 if self._engine is None:
+                    check_wire(self.app)  # (configured after Durable(app): here, before any send)
                     settings = self.settings
                     store = self._store_arg
                     if store is None or isinstance(store, str):

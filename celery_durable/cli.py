@@ -466,18 +466,24 @@ def outbox_retry(ctx: click.Context, effect_id: str, yes: bool) -> None:
 
 
 @durable.command()
-@click.option("--host", default="127.0.0.1", show_default=True, help="address to bind (another host exposes the reads)")
+@click.option(
+    "--host", default="127.0.0.1", show_default=True, help="address to bind (not loopback: pages need the token)"
+)
 @click.option("--port", type=click.IntRange(1, 65535), default=8765, show_default=True)
 @click.option("--token", envvar="DURABLE_UI_TOKEN", default=None, help="token for actions (default: random, printed)")
+@click.option("--allow-host", "allow_hosts", multiple=True, metavar="NAME", help="a Host name to answer (repeatable)")
+@click.option("--public-read", is_flag=True, help="on a non-loopback bind, let anyone who reaches it read pages")
 @click.pass_context
-def ui(ctx: click.Context, host: str, port: int, token: str | None) -> None:
+def ui(
+    ctx: click.Context, host: str, port: int, token: str | None, allow_hosts: tuple[str, ...], public_read: bool
+) -> None:
     """Serve the web timeline: executions, step timelines, outbox lanes and actions (the [ui] extra)."""
     try:
         from .ui import serve
     except ImportError as exc:
         raise click.ClickException(f"the web UI needs the ui extra: pip install 'celery-durable[ui]' ({exc})") from exc
     try:
-        serve(_durable(ctx), host=host, port=port, token=token)
+        serve(_durable(ctx), host=host, port=port, token=token, allow_hosts=allow_hosts, public_read=public_read)
     except ValueError as exc:  # a token too short
         raise click.UsageError(str(exc)) from exc
 

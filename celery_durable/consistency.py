@@ -22,6 +22,7 @@ from typing import Any
 
 from .errors import ConfigurationError
 from .extension import durable_of
+from .wire import serializer
 
 __all__ = ["SESSION_HEADER", "STALE_HEADER", "STALE_COUNTDOWNS", "session_headers", "use_session", "retry_stale"]
 
@@ -86,7 +87,9 @@ def retry_stale(task: Any, counters: Any, why: str) -> bool:
     headers = dict(getattr(request, "headers", None) or {})
     headers[STALE_HEADER] = done + 1
     countdown = STALE_COUNTDOWNS[done]
-    task.signature_from_request(request, countdown=countdown, headers=headers).apply_async()
+    task.signature_from_request(
+        request, countdown=countdown, headers=headers, serializer=serializer(task.app)
+    ).apply_async()
     counters.incr("stale_read_retry")
     log.info("%s [%s]: %s; may be a stale read, retrying in %.1f s", task.name, request.id, why, countdown)
     return True

@@ -77,6 +77,7 @@ from .errors import (
 from .pools import effect_refusal, time_limit
 from .retry import RetryPolicy
 from .stores.base import Doc, Op
+from .wire import WireTask, serializer
 
 if TYPE_CHECKING:
     from .extension import DurableLike
@@ -183,7 +184,7 @@ class EffectSpec:
 
 
 class CeleryEffectSender:
-    """Sends one row's message: its handler task with ``(key, effect_id)``, JSON only."""
+    """Sends one row's message: its handler task with ``(key, effect_id)``, wire.py's serializer."""
 
     def __init__(self, app: Celery, effects: EffectRegistry) -> None:
         self.app = app
@@ -194,7 +195,7 @@ class CeleryEffectSender:
         options: dict[str, Any] = {
             "task_id": f"effect:{ref.effect_id}",
             "shadow": f"{ref.type} [{ref.key} {ref.effect_id}]",  # what Flower shows
-            "serializer": "json",
+            "serializer": serializer(self.app),
             "ignore_result": True,
         }
         if countdown:
@@ -325,7 +326,7 @@ class Outbox:
             "bind": True,
             "ignore_result": True,
             "max_retries": None,
-            "serializer": "json",
+            "base": WireTask,
             "shared": False,
             "typing": False,
         }
@@ -344,7 +345,7 @@ class Outbox:
                 log.info("outbox scan: %s", report)
             return dataclasses.asdict(report)
 
-        self._durable.app.task(name=OUTBOX_SCAN_TASK, ignore_result=True, shared=False)(outbox_scan)
+        self._durable.app.task(base=WireTask, name=OUTBOX_SCAN_TASK, ignore_result=True, shared=False)(outbox_scan)
 
     # --- the handler task -------------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from .eager_activities import eagerly, keep
 from .engine.dispatcher import ActivityRequest, ClockRequest
 from .engine.outbox.model import EffectRef, EffectSender
 from .errors import StoreUnavailable
+from .wire import WireTask, serializer
 
 if TYPE_CHECKING:
     from .extension import DurableLike
@@ -50,7 +51,7 @@ def tick_id(schedule_name: str, period: float, now: float) -> str:
 
 
 class CeleryDispatcher:
-    """Sends engine work as Celery messages (JSON only, deterministic task ids)."""
+    """Sends engine work as Celery messages (the app's serializer, wire.py; deterministic task ids)."""
 
     def __init__(self, app: Celery, fast_timer_max: float = 60.0, effects: EffectSender | None = None) -> None:
         self.app = app
@@ -89,7 +90,7 @@ class CeleryDispatcher:
             },
             # Flower shows this instead of the bare task name
             "shadow": f"{request.name} [{request.workflow} {request.execution_id} #{request.seq}]",
-            "serializer": "json",
+            "serializer": serializer(self.app),
             "ignore_result": True,
         }
 
@@ -100,7 +101,7 @@ class CeleryDispatcher:
             countdown=countdown,
             headers=session_headers(self.app, execution_id),
             shadow=f"drive [{execution_id}]",
-            serializer="json",
+            serializer=serializer(self.app),
             ignore_result=True,
         )
 
@@ -116,7 +117,7 @@ class CeleryDispatcher:
             countdown=max(0.0, delay),
             headers=session_headers(self.app, request.execution_id),
             shadow=f"timer [{request.execution_id} #{request.seq}]",
-            serializer="json",
+            serializer=serializer(self.app),
             ignore_result=True,
         )
 
@@ -130,7 +131,9 @@ def register_tasks(app: Celery, durable: DurableLike) -> None:
     if DRIVE_TASK in app.tasks:
         return
 
-    @app.task(name=DRIVE_TASK, bind=True, ignore_result=True, max_retries=None, acks_late=False, shared=False)
+    @app.task(
+        base=WireTask, name=DRIVE_TASK, bind=True, ignore_result=True, max_retries=None, acks_late=False, shared=False
+    )
     def drive(self: Any, execution_id: str) -> str:
         engine = durable.engine
         use_session(engine.store, self.request, execution_id)
@@ -144,7 +147,7 @@ def register_tasks(app: Celery, durable: DurableLike) -> None:
             return "missing (retrying)"
         return outcome
 
-    @app.task(name=FIRE_CLOCK_TASK, bind=True, ignore_result=True, max_retries=None, shared=False)
+    @app.task(base=WireTask, name=FIRE_CLOCK_TASK, bind=True, ignore_result=True, max_retries=None, shared=False)
     def fire_clock(self: Any, execution_id: str, seq: int, run: int = 0) -> str:
         engine = durable.engine
         use_session(engine.store, self.request, execution_id)
@@ -158,18 +161,18 @@ def register_tasks(app: Celery, durable: DurableLike) -> None:
             return "missing (retrying)"
         return outcome
 
-    @app.task(name=FIRE_DUE_CLOCKS_TASK, ignore_result=True, shared=False)
+    @app.task(base=WireTask, name=FIRE_DUE_CLOCKS_TASK, ignore_result=True, shared=False)
     def fire_due_clocks() -> int:
         return durable.engine.links.fire_due_clocks()
 
-    @app.task(name=START_SCHEDULED_TASK, ignore_result=True, shared=False)
+    @app.task(base=WireTask, name=START_SCHEDULED_TASK, ignore_result=True, shared=False)
     def start_scheduled(schedule_name: str, workflow: str, payload: dict[str, Any], period: float) -> str:
         engine = durable.engine
         wid = tick_id(schedule_name, period, engine.clock.now())
         created = engine.create_execution(workflow, payload, wid, None)
         return f"{wid} {'started' if created else 'already started'}"
 
-    @app.task(name=RECOVER_TASK, ignore_result=True, shared=False)
+    @app.task(base=WireTask, name=RECOVER_TASK, ignore_result=True, shared=False)
     def recover() -> dict[str, int]:
         report = durable.engine.recovery.scan()
         if report.redriven or report.resent or report.failed or report.errors or report.chunks_collected:

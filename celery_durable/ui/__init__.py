@@ -7,49 +7,48 @@ it runs), shows its outbox lanes, and signals, cancels, retries or resumes it be
 
 from __future__ import annotations
 
-import ipaddress
 import sys
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, TextIO
 
+from .access import Access
 from .app import create_app
 from .auth import Guard, new_token
 
 if TYPE_CHECKING:
     from ..app import Durable
 
-__all__ = ["create_app", "serve", "new_token"]
+__all__ = ["Access", "create_app", "serve", "new_token"]
 
 
-def _loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
+def serve(
+    durable: Durable,
+    host: str = "127.0.0.1",
+    port: int = 8765,
+    token: str | None = None,
+    out: TextIO | None = None,
+    allow_hosts: Iterable[str] = (),
+    public_read: bool = False,
+) -> None:
+    """Serve the UI until interrupted. Without ``token`` a random one is made and printed once.
 
-
-def serve(durable: Durable, host: str = "127.0.0.1", port: int = 8765, token: str | None = None,
-          out: TextIO | None = None) -> None:  # fmt: skip
-    """Serve the UI until interrupted. Without ``token`` a random one is made and printed once."""
+    Reads are open on a loopback bind only (or with ``public_read``); only ``localhost``, IP
+    addresses and ``allow_hosts`` are answered as Host names (access.py)."""
     import uvicorn
 
     out = out or sys.stderr
     given = token is not None
     token = token or new_token()
     Guard(token)  # a token too short is refused before the store is opened
-    app = create_app(durable.engine, token)
-    if _loopback(host):
-        # reads need no token because only this machine reaches a loopback address; refusing other
-        # Host names keeps a web page whose DNS name was re-pointed at 127.0.0.1 (rebinding) out
-        from starlette.middleware.trustedhost import TrustedHostMiddleware
-
-        names = {"127.0.0.1", "localhost", "[::1]", f"[{host}]" if ":" in host else host}
-        app.add_middleware(TrustedHostMiddleware, allowed_hosts=sorted(names))
+    access = Access.for_bind(host, allow_hosts, public_read)
+    app = create_app(durable.engine, token, access)
     print(f"celery-durable UI on http://{host}:{port}/", file=out)
+    what = "actions" if access.public_read else "pages and actions"
     if given:
-        print("actions: use the token given by --token / DURABLE_UI_TOKEN", file=out)
+        print(f"{what}: use the token given by --token / DURABLE_UI_TOKEN", file=out)
     else:
-        print(f"actions token (shown once): {token}", file=out)
-    if not _loopback(host):
-        print(f"warning: listening on {host}: anyone who reaches it can read executions", file=out)
+        print(f"{what} token (shown once): {token}", file=out)
+    for line in access.describe(host, port):
+        print(line, file=out)
     out.flush()
     uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)

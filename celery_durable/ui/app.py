@@ -31,6 +31,7 @@ from ..engine.timeline import STATUSES
 from ..errors import DurableError, PayloadValidationError, UnknownWorkflowError
 from ..stores.base import MAX_PAGE_SIZE
 from ..stores.search import parse_pairs
+from .access import Access, Gate
 from .auth import COOKIE, Guard, safe_next
 from .views import chart, detail_json, duration, exec_url, lanes_of, parse_age, pretty, read_lane
 
@@ -314,8 +315,10 @@ def _answer(request: Request, status: int, message: str, execution_id: str | Non
     return ui.page(request, "refused.html", status, message=message, back=back)
 
 
-def create_app(engine: Engine, token: str) -> Starlette:
-    """The web UI over ``engine`` (its store, registry and dispatcher); actions need ``token``."""
+def create_app(engine: Engine, token: str, access: Access | None = None) -> Starlette:
+    """The web UI over ``engine`` (its store, registry and dispatcher); actions need ``token``.
+    ``access``: the Host names it answers and whether reads need the token (access.py; None: any
+    Host, reads open, as behind a proxy of the caller's that checks them)."""
     ui = UI(engine, Guard(token))
     routes = [
         Route("/", ui.index),
@@ -332,4 +335,6 @@ def create_app(engine: Engine, token: str) -> Starlette:
     ]
     app = Starlette(routes=routes)
     app.state.ui = ui
+    if access is not None:
+        app.add_middleware(Gate, access=access, guard=ui.guard)
     return app

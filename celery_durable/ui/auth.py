@@ -1,7 +1,8 @@
 """Who may act: the start-up token, browser sessions and their CSRF tokens.
 
-Reading pages needs nothing (the server binds 127.0.0.1 unless told otherwise, and there answers
-only loopback Host names: :func:`..ui.serve`, against DNS rebinding); every action
+Reading pages needs nothing on a loopback bind (only this machine reaches it) and the token on
+any other unless the operator chose ``--public-read``; only configured Host names are answered
+(:mod:`.access`, against DNS rebinding); every action
 (signal, cancel, retry, resume) is a POST that must carry one of:
 
 * ``Authorization: Bearer <token>`` — for scripts. A browser never adds that header to a

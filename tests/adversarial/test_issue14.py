@@ -152,7 +152,13 @@ def test_ui_on_loopback_refuses_other_host_names_against_dns_rebinding(
     for base in ("http://127.0.0.1:8765", "http://localhost:8765", "http://[::1]:8765"):
         with TestClient(served["app"], base_url=base) as c:
             assert c.get("/api/executions/echo-1").status_code == 200, base
-    # bound to every interface: any name reaches it (the start-up warning says so)
+    # bound to every interface: only the names the operator gives, and reads need the token
+    # (tests/ui/test_access.py has the rest)
     serve(SimpleNamespace(engine=env.engine), host="0.0.0.0", token=TOKEN, out=io.StringIO())  # type: ignore[arg-type]
     with TestClient(served["app"], base_url="http://ui.internal:8765") as c:
-        assert c.get("/api/executions/echo-1").status_code == 200
+        assert c.get("/api/executions/echo-1").status_code == 400
+    durable: Any = SimpleNamespace(engine=env.engine)
+    serve(durable, host="0.0.0.0", token=TOKEN, out=io.StringIO(), allow_hosts=["ui.internal"])
+    with TestClient(served["app"], base_url="http://ui.internal:8765") as c:
+        assert c.get("/api/executions/echo-1").status_code == 401
+        assert c.get("/api/executions/echo-1", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200

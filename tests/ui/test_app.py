@@ -223,6 +223,9 @@ def test_serve_prints_a_random_token_once_and_it_unlocks_actions(
         assert c.post("/login", data={"token": token}).status_code == 303
     out = io.StringIO()
     serve(SimpleNamespace(engine=env.engine), host="0.0.0.0", token=TOKEN, out=out)  # type: ignore[arg-type]
+    assert TOKEN not in out.getvalue() and "every page, the API and the actions need the token" in out.getvalue()
+    out = io.StringIO()
+    serve(SimpleNamespace(engine=env.engine), host="0.0.0.0", token=TOKEN, out=out, public_read=True)  # type: ignore[arg-type]
     assert TOKEN not in out.getvalue() and "anyone who reaches it can read" in out.getvalue()
 
 

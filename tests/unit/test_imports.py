@@ -35,6 +35,7 @@ LAYERS = {
     "metrics": 4,
     "signals": 4,
     "contrib": 4,
+    "wire": 4,
     "cli": 5,
     "cli_render": 5,
     "cli_cosmos": 5,
