@@ -22,6 +22,7 @@ from ..stores.search import check_filter
 from .cache import bump_generation
 from .dispatcher import ActivityRequest, ClockRequest
 from .model import lease_live
+from .oplog import note, recorded, tombstone, unknown
 from .outbox import DUE_ADMIT
 from .reset import plan_reset, reset_by
 from .salvage import salvage
@@ -182,7 +183,7 @@ class Admin:
             return self._salvage(ex, str(exc))
         ex = next((d for d in docs if d.get("id") == EXEC_ID), None)
         if ex is None:
-            raise UnknownWorkflowError(f"no execution with id {execution_id!r}")
+            raise UnknownWorkflowError(unknown(self.engine, execution_id))  # says who purged it
         return describe_docs(ex, docs)
 
     def _salvage(self, ex: Doc, failure: str) -> ExecutionDetail:
@@ -190,7 +191,7 @@ class Admin:
 
     # --- operations ----------------------------------------------------------------------------
 
-    def retry(self, execution_id: str) -> list[StepRecord]:
+    def retry(self, execution_id: str, by: str | None = None, reason: str | None = None) -> list[StepRecord]:
         """Re-run a failed execution from its failed step; return the step(s) that run again.
 
         The step whose failure ended the execution (recorded by the replay: the error that escaped
@@ -205,24 +206,25 @@ class Admin:
         own; one still running refuses the retry (:class:`OperationRefused` names it: cancel it,
         or wait, and retry again). An effect emitted by a forgotten step and not admitted yet is
         admitted first. The execution is running again. With no failed step (the workflow code
-        itself failed) it is re-driven as it is, e.g. after a fix.
+        itself failed) it is re-driven as it is, e.g. after a fix. Recorded (engine/oplog.py).
         """
-        return self._operate(execution_id, self._plan_retry)
+        return self._operate(execution_id, recorded(self.engine, self._plan_retry, "retry", by, reason))
 
-    def resume(self, execution_id: str) -> list[StepRecord]:
+    def resume(self, execution_id: str, by: str | None = None, reason: str | None = None) -> list[StepRecord]:
         """Continue an execution from its recorded history.
 
         Running: drive it now. Failed: reopen it *keeping* every recorded result (after a
         deploy fixing the workflow code; ``retry`` re-runs the failed step instead). Cancelled:
         withdraw the cancellation: the cancelled outcomes and every step recorded from the cancel
         on (compensations) are forgotten — what compensations did is not undone — cancelled
-        children are resumed, and the interrupted steps run again.
+        children are resumed, and the interrupted steps run again. Recorded, with what it forgot.
         """
         ex = self.engine.read_exec(execution_id)
         if ex.get("status") == Status.RUNNING:
+            note(self.engine, execution_id, "resume", by, reason)
             self.engine.links.wake(execution_id)
             return []
-        return self._operate(execution_id, self._plan_resume)
+        return self._operate(execution_id, recorded(self.engine, self._plan_resume, "resume", by, reason))
 
     def reset(self, execution_id: str, step: int, by: str | None = None, reason: str | None = None) -> list[StepRecord]:
         """Re-run a failed or cancelled execution from step ``step`` (Temporal's reset, DBOS's resume
@@ -255,6 +257,7 @@ class Admin:
         dry_run: bool = False,
         progress: Callable[[PurgeReport], None] | None = None,
         page_size: int = 200,
+        by: str | None = None,
     ) -> PurgeReport:
         """Delete terminal executions that ended more than ``older_than`` seconds ago.
 
@@ -296,6 +299,7 @@ class Admin:
                         kept = (*report.kept, f"{s.id}: {deleted}")[-_KEPT_REASONS:]
                         report = replace(report, skipped=report.skipped + 1, kept=kept)
                     else:
+                        tombstone(self.engine, doc, by, deleted)
                         report = replace(report, purged=report.purged + 1, documents=report.documents + deleted)
                     if progress is not None:
                         progress(report)

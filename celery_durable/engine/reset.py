@@ -16,6 +16,7 @@ import socket
 from typing import Any, Protocol
 
 from ..stores.base import Doc
+from .oplog import archive
 from .schema import EXEC_ID, DocType, Status, marker_id, operation_id, result_id
 from .search import run_start as search_run_start
 from .timeline import _int
@@ -108,7 +109,8 @@ def plan_reset(
             "status": status,
             "error": ex.get("error"),
             "reason": reason,
-            "forgotten": len(rewrite.deletes),
+            # the steps it forgets, archived as they were (engine/oplog.py): nothing that ran is lost
+            **archive(docs, rewrite.deletes, run),
         }
     )
     # ``resets`` makes the ids of what the re-run sends again new (wf.signal_external's signal id)

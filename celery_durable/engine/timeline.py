@@ -12,6 +12,7 @@ from typing import Any
 
 from ..stores.base import CORRUPT_KEY, Doc
 from .schema import EXEC_ID, SIGNAL_MARK_PREFIX, DocType, Status, StepKind, result_id, signal_outcome_id
+from .superseded import SupersededStep, superseded_of
 
 __all__ = [
     "STATUSES",
@@ -103,8 +104,12 @@ class ExecutionDetail:
     corrupt: tuple[str, ...] = ()
     #: what the workflow last set with ``wf.set_status`` (None if never)
     custom_status: Any = None
-    #: operators' recorded actions on the execution (``op:`` documents: resets), oldest first
+    #: operators' recorded actions on the execution (``op:`` documents: who, when, reason, what
+    #: they forgot), oldest first
     operations: tuple[dict[str, Any], ...] = ()
+    #: the steps those actions forgot (retry, resume, reset), as they were: nothing that ran is
+    #: forgotten (engine/oplog.py)
+    superseded: tuple[SupersededStep, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -230,6 +235,10 @@ def _signals(docs: list[Doc], run: int) -> list[SignalRecord]:
     return [record for _, record in sorted(out, key=lambda pair: pair[0])]
 
 
+def _op_order(doc: Doc) -> str:
+    return str(doc.get("id"))  # op:<n>, zero-padded: the order they were recorded in
+
+
 def describe_docs(ex: Doc, docs: list[Doc]) -> ExecutionDetail:
     """The timeline of the current run from a partition's documents (malformed ones flagged)."""
     summary = summary_of(ex)
@@ -261,8 +270,7 @@ def describe_docs(ex: Doc, docs: list[Doc]) -> ExecutionDetail:
         signals=tuple(signals),
         children=tuple(s.child_id for s in steps if s.kind == StepKind.CHILD and s.child_id),
         custom_status=ex.get("custom_status"),
-        operations=tuple(
-            sorted((d for d in docs if d.get("type") == DocType.OPERATION), key=lambda d: str(d.get("id")))
-        ),
+        operations=(ops := tuple(sorted((d for d in docs if d.get("type") == DocType.OPERATION), key=_op_order))),
+        superseded=superseded_of(ops),
         corrupt=((summary.corrupt,) if summary.corrupt else ()) + tuple(corrupt),
     )

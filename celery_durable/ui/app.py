@@ -26,6 +26,7 @@ from ..cli_render import ts
 from ..engine.admin import Admin, ExecutionDetail, OperationRefused
 from ..engine.core import Engine
 from ..engine.links import declared_signals
+from ..engine.oplog import note
 from ..engine.schema import Status
 from ..engine.timeline import STATUSES
 from ..errors import DurableError, PayloadValidationError, UnknownWorkflowError
@@ -245,7 +246,8 @@ class UI:
         if not execution_id or self.detail(execution_id) is None:
             return _answer(request, 404, f"no execution with id {execution_id!r}")
         try:
-            code = self._act(name, execution_id, {k: str(v) for k, v in form.items()})
+            by = f"ui:{request.client.host if request.client else '?'}"  # recorded with the action
+            code = self._act(name, execution_id, {k: str(v) for k, v in form.items()}, by)
         except (OperationRefused, PayloadValidationError, ValueError) as exc:
             return _answer(request, 400, str(exc), execution_id)
         except DurableError as exc:
@@ -254,7 +256,7 @@ class UI:
             return JSONResponse({"ok": True, "message": MESSAGES[code]}, headers=_headers())
         return RedirectResponse(f"{exec_url(execution_id)}?msg={code}", status_code=303, headers=_headers())
 
-    def _act(self, name: str, execution_id: str, form: dict[str, str]) -> str:
+    def _act(self, name: str, execution_id: str, form: dict[str, str], by: str = "ui") -> str:
         """Run one action; the message code to show (the engine's calls, as the CLI makes them)."""
         if name == "signal":
             signal = form.get("name", "").strip()
@@ -266,19 +268,22 @@ class UI:
                 raise ValueError(f"the value is not valid JSON: {exc}") from exc
             except RecursionError as exc:
                 raise ValueError("the value is nested too deeply") from exc
-            return "signal-delivered" if self.engine.signal(execution_id, signal, value) else "signal-ignored"
+            if not self.engine.signal(execution_id, signal, value):
+                return "signal-ignored"
+            note(self.engine, execution_id, "signal", by, name=signal)
+            return "signal-delivered"
         if name == "cancel":
-            return "cancel-requested" if self.engine.cancel(execution_id) else "cancel-finished"
+            return "cancel-requested" if self.engine.cancel(execution_id, by=by) else "cancel-finished"
         if name == "retry":
             status = self.engine.read_exec(execution_id).get("status")
             if status != Status.FAILED:
                 raise OperationRefused(f"{execution_id} is {status}, not failed")
-            self.admin.retry(execution_id)
+            self.admin.retry(execution_id, by=by)
             return "retry"
         status = self.engine.read_exec(execution_id).get("status")
         if status == Status.COMPLETED:
             raise OperationRefused(f"{execution_id} is completed; nothing to resume")
-        self.admin.resume(execution_id)
+        self.admin.resume(execution_id, by=by)
         return "resume"
 
 

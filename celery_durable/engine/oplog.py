@@ -1,0 +1,271 @@
+"""Every operator action on an execution is recorded, with what it forgot (issue 23, item 4).
+
+An action (retry, resume, reset, cancel, a signal sent by an operator) writes an operation
+document ``op:<n>`` into the execution's partition: who (``by``), when (``at``), ``reason``, the
+status it found, and, for the actions that delete recorded steps so they run again, an archive of
+those steps (``forgotten``: seq, kind, name, state, value or error), copied from the documents
+*before* they are deleted and written in the batch that deletes the last of them
+(``Admin._commit`` puts creates in the last batch, which also reopens the execution). So a
+compensation that really ran (a refund) stays visible after a retry: ``describe().superseded``,
+``durable show``, the UI. The archive is capped (entries and bytes) to stay far under the store's
+document and batch limits: what does not fit is counted in ``forgotten_more``, and a value too
+large is kept as the start of its JSON text with ``value_truncated`` (never changed silently).
+
+A purge deletes the whole partition, so its record is a log line and a small ``purged`` tombstone
+document written in the emptied partition (``describe`` of a purged id says who purged it, when).
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import logging
+import socket
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
+
+from ..errors import ConflictError, DurableError
+from ..stores.base import Doc, Op, strip_reserved
+from .schema import EXEC_ID, DocType, StepKind, marker_id, operation_id
+from .timeline import _int, _step
+
+__all__ = [
+    "TOMBSTONE_ID",
+    "actor",
+    "archive",
+    "cancel_ops",
+    "forgotten_lines",
+    "note",
+    "op_doc",
+    "preview",
+    "recorded",
+    "tombstone",
+    "unknown",
+]
+
+log = logging.getLogger("celery_durable.operations")
+
+#: archived steps per operation document; the rest are counted in ``forgotten_more``
+MAX_ENTRIES = 200
+#: bytes of JSON the archive may take in one operation document (well under every store's limit,
+#: next to the exec document and the deletes in one batch)
+MAX_ARCHIVE_BYTES = 64 * 1024
+#: a value whose JSON is longer is archived as its first this many characters (flagged)
+MAX_VALUE_CHARS = 2000
+#: the id of the document a purge leaves in the emptied partition
+TOMBSTONE_ID = "purged"
+#: outcome documents of a step (a marker's own are found through it)
+_STEP_DOCS = (DocType.STEP, DocType.RESULT, DocType.SIGNAL)
+
+
+def actor() -> str:
+    """Who acts when the caller does not say: ``user@host`` of this process."""
+    try:
+        user = getpass.getuser()
+    except Exception:  # no user name in this environment (a container): still recorded
+        user = "?"
+    return f"{user}@{socket.gethostname()}"
+
+
+def _check_text(value: Any, what: str) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"{what} must be a string, not {type(value).__name__}")
+    return value
+
+
+def _entry(marker: Doc, by_id: dict[str, Doc], run: int) -> dict[str, Any]:
+    step = _step(marker, by_id, run)
+    entry: dict[str, Any] = {"seq": step.seq, "kind": step.kind, "name": step.name, "state": step.state, "run": run}
+    if step.error:
+        entry["error"] = step.error
+    if step.finished_at is not None:
+        entry["finished_at"] = step.finished_at
+    if step.child_id:
+        entry["child_id"] = step.child_id
+    if step.value is not None:
+        text = json.dumps(step.value, default=str)
+        if len(text) > MAX_VALUE_CHARS:
+            entry.update(value=text[:MAX_VALUE_CHARS], value_truncated=True)
+        else:
+            entry["value"] = step.value
+    return entry
+
+
+def archive(docs: dict[str, Doc], deletes: Iterable[Doc], run: int) -> dict[str, Any]:
+    """The ``forgotten`` fields of an operation document: the steps of run ``run`` whose marker or
+    outcome is among ``deletes``, as they are in ``docs`` (read before the deletes), by step."""
+    seqs = sorted(
+        {
+            _int(d.get("seq"))
+            for d in deletes
+            if d.get("type") in _STEP_DOCS and _int(d.get("run")) == run and isinstance(d.get("seq"), int)
+        }
+    )
+    entries: list[dict[str, Any]] = []
+    size, more = 0, 0
+    for seq in seqs:
+        marker = docs.get(marker_id(seq, run))
+        if marker is None:
+            continue  # an outcome without its marker: nothing to name it by (never written so)
+        try:
+            entry = _entry(marker, docs, run)
+        except (KeyError, TypeError, ValueError):
+            entry = {"seq": seq, "kind": "?", "name": str(marker.get("name")), "state": "corrupt", "run": run}
+        cost = len(json.dumps(entry, default=str))
+        if len(entries) >= MAX_ENTRIES or size + cost > MAX_ARCHIVE_BYTES:
+            more += 1
+            continue
+        entries.append(entry)
+        size += cost
+    return {"forgotten": entries, "forgotten_more": more}
+
+
+def op_doc(ex: Doc, action: str, by: str, reason: str | None, at: float, **fields: Any) -> Doc:
+    """The operation document ``op:<n>`` for ``ex`` (``n``: its ``operations`` counter + 1; the
+    caller writes ``operations=n`` on the exec document in the same batch)."""
+    return {
+        "pk": ex["pk"],
+        "id": operation_id(_int(ex.get("operations")) + 1),
+        "type": DocType.OPERATION,
+        "action": action,
+        "by": by,
+        "at": at,
+        "reason": reason,
+        "run": _int(ex.get("run")),
+        "status": ex.get("status"),
+    } | fields
+
+
+class Engine(Protocol):
+    """What this module uses of the engine (a protocol: the engine imports this module)."""
+
+    @property
+    def store(self) -> Any: ...
+    @property
+    def clock(self) -> Any: ...
+    @property
+    def cache(self) -> Any: ...
+    def read_exec(self, execution_id: str) -> Doc: ...
+
+
+class _Rewrite(Protocol):
+    deletes: list[Doc]
+    creates: list[Doc]
+    fields: dict[str, Any]
+    forget: list[str]
+
+
+def recorded(
+    engine: Engine,
+    plan: Callable[[Doc, dict[str, Doc]], Any],
+    action: str,
+    by: str | None,
+    reason: str | None,
+) -> Callable[[Doc, dict[str, Doc]], Any]:
+    """``plan`` (an ``Admin`` rewrite plan) that also records the action and archives the steps
+    it deletes, in the batch that reopens the execution. Inputs are checked before any write."""
+    who = actor() if by is None else _check_text(by, "by")
+    _check_text(reason, "reason")
+
+    def plan_and_record(ex: Doc, docs: dict[str, Doc]) -> Any:
+        rewrite: _Rewrite = plan(ex, docs)
+        extra = archive(docs, rewrite.deletes, _int(ex.get("run")))
+        if rewrite.forget:
+            extra["forgotten_children"] = list(rewrite.forget)
+        doc = op_doc(ex, action, str(who), reason, engine.clock.now(), error=ex.get("error"), **extra)
+        rewrite.creates.append(doc)
+        rewrite.fields["operations"] = _int(ex.get("operations")) + 1
+        return rewrite
+
+    return plan_and_record
+
+
+def note(
+    engine: Engine, execution_id: str, action: str, by: str | None, reason: str | None = None, **fields: Any
+) -> None:
+    """Record an action that deletes nothing (a signal sent by an operator, a resume of a running
+    execution) in its own batch: the exec's counter and the operation document together."""
+    who = actor() if by is None else _check_text(by, "by")
+    _check_text(reason, "reason")
+    for _ in range(20):
+        ex = engine.read_exec(execution_id)
+        doc = op_doc(ex, action, str(who), reason, engine.clock.now(), **fields)
+        body = strip_reserved(ex) | {"operations": _int(ex.get("operations")) + 1}
+        try:
+            engine.store.batch(execution_id, [Op.replace(body, ex["_etag"]), Op.create(doc)])
+        except ConflictError:
+            continue  # a drive committed meanwhile: record on the fresh exec document
+        finally:
+            engine.cache.invalidate(execution_id)
+        log.info("%s of %s by %s", action, execution_id, who)
+        return
+    raise DurableError(f"could not record the {action} of {execution_id!r}: too much contention")
+
+
+def cancel_ops(ex: Doc, body: Doc, by: str | None, reason: str | None, at: float) -> list[Op]:
+    """The batch that requests the cancel of ``ex`` (``body``: its updated exec document) and,
+    when an operator asks (``by``), records it."""
+    if by is None:
+        return [Op.replace(body, ex["_etag"])]  # a parent cancelling its child: its own history says so
+    _check_text(by, "by")
+    _check_text(reason, "reason")
+    body = body | {"operations": _int(ex.get("operations")) + 1}
+    return [Op.replace(body, ex["_etag"]), Op.create(op_doc(ex, "cancel", by, reason, at))]
+
+
+def tombstone(engine: Engine, ex: Doc, by: str | None, documents: int, reason: str | None = None) -> None:
+    """Record a purge where it survives: a log line and a small document in the emptied partition.
+    Best effort: the purge happened; a store error here is logged, not raised."""
+    at, by = engine.clock.now(), actor() if by is None else by
+    log.info("purged %s (%s, %s, %d documents) by %s", ex["pk"], ex.get("workflow"), ex.get("status"), documents, by)
+    doc = {
+        "pk": ex["pk"],
+        "id": TOMBSTONE_ID,
+        "type": TOMBSTONE_ID,
+        "action": "purge",
+        "by": by,
+        "at": at,
+        "reason": reason,
+        "workflow": ex.get("workflow"),
+        "status": ex.get("status"),
+        "documents": documents,
+    }
+    try:
+        engine.store.upsert(doc)
+    except DurableError as exc:
+        log.warning("the purge record of %s was not written: %s", ex["pk"], exc)
+
+
+def unknown(engine: Engine, execution_id: str) -> str:
+    """The message for an execution that does not exist: who purged it and when, if recorded."""
+    try:
+        gone = engine.store.read(execution_id, TOMBSTONE_ID)
+    except DurableError:
+        gone = None
+    why = "" if gone is None else f" (purged by {gone.get('by')} at {gone.get('at')})"
+    return f"no execution with id {execution_id!r}{why}"
+
+
+def forgotten_lines(docs: dict[str, Doc], deletes: list[Doc], run: int) -> list[str]:
+    """What a prompt says an action will forget: one line a step; a step that completed is
+    flagged as having run (a compensation, say): forgetting it does not undo what it did."""
+    got = archive(docs, deletes, run)
+    lines = []
+    for e in got["forgotten"]:
+        ran = e["state"] == "ok" and e["kind"] in (StepKind.ACTIVITY, StepKind.CHILD)
+        flag = "  <- it RAN: forgetting it does not undo it" if ran else ""
+        lines.append(f"  step {e['seq']} {e['name']} ({e['kind']}, {e['state']}){flag}")
+    if got["forgotten_more"]:
+        lines.append(f"  ... and {got['forgotten_more']} more")
+    return lines
+
+
+def preview(admin: Any, execution_id: str, action: str) -> list[str]:
+    """The lines :func:`forgotten_lines` gives for ``action`` ("retry" or "resume") of the
+    execution now: the admin's plan on a fresh read, nothing written."""
+    docs = {d["id"]: d for d in admin.engine.store.query_partition(execution_id).docs}
+    ex = docs.get(EXEC_ID)
+    if ex is None:
+        return []
+    plan = admin._plan_retry if action == "retry" else admin._plan_resume
+    return forgotten_lines(docs, plan(ex, docs).deletes, _int(ex.get("run")))
