@@ -286,8 +286,11 @@ def signal(ctx: click.Context, execution_id: str, name: str, value: str) -> None
     except PayloadValidationError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo("delivered" if delivered else "ignored: the execution has ended")
-    if delivered:
-        note(d.engine, execution_id, "signal", actor(), name=name)  # who sent it, recorded
+    try:
+        if delivered:
+            note(d.engine, execution_id, "signal", actor(), name=name)  # who sent it, recorded
+    except DurableError as exc:
+        click.echo(f"warning: the signal is delivered, but who sent it was not recorded: {exc}", err=True)
     try:
         ex = d.engine.store.read(execution_id, "exec") if delivered else None
     except DurableError:

@@ -10,6 +10,7 @@ from typing import Any
 from .cli_render import escape, ts
 from .engine.admin import ExecutionDetail
 from .engine.oplog import preview
+from .engine.superseded import SupersededStep
 
 __all__ = ["json_fields", "lines", "prompt"]
 
@@ -21,6 +22,12 @@ def _cell(value: Any) -> str:
 def _value(value: Any, limit: int = 120) -> str:
     text = json.dumps(value, default=str)
     return _cell(text if len(text) <= limit else text[: limit - 1] + "…")
+
+
+def _superseded(s: SupersededStep) -> str:
+    shown = s.error if s.error else _value(s.value) if s.value is not None else ""
+    cut = " (value truncated)" if s.value_truncated else ""
+    return f"  superseded step {s.seq} {_cell(s.name)} ({s.kind}, {s.state}) {_cell(shown)}{cut}"
 
 
 def lines(info: ExecutionDetail) -> list[str]:
@@ -35,14 +42,17 @@ def lines(info: ExecutionDetail) -> list[str]:
         more = op.get("forgotten_more") or 0
         tail = f"; forgot {n + more} step(s)" if n or more else ""
         out.append(f"{_cell(op.get('action'))}{step}{what} by {_cell(op.get('by'))} at {ts(op.get('at'))}{why}{tail}")
-        for s in (s for s in info.superseded if s.op == op.get("id")):
-            shown = s.error if s.error else _value(s.value) if s.value is not None else ""
-            cut = " (value truncated)" if s.value_truncated else ""
-            out.append(f"  superseded step {s.seq} {_cell(s.name)} ({s.kind}, {s.state}) {_cell(shown)}{cut}")
+        mine = [s for s in info.superseded if s.op == op.get("id")]
+        out += [_superseded(s) for s in mine if s.execution is None]
         if more:
             out.append(f"  ... and {more} more superseded step(s) not archived")
         for child in op.get("forgotten_children") or ():
-            out.append(f"  forgotten child execution {_cell(child)} (deleted)")
+            cid = child.get("id") if isinstance(child, dict) else child
+            status = child.get("status") if isinstance(child, dict) else None
+            out.append(f"  forgotten child execution {_cell(cid)} ({_cell(status)}, deleted), its steps:")
+            out += ["  " + _superseded(s) for s in mine if s.execution == cid]
+            if isinstance(child, dict) and child.get("forgotten_more"):
+                out.append(f"    ... and {child['forgotten_more']} more not archived")
     return out
 
 

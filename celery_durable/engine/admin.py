@@ -22,7 +22,7 @@ from ..stores.search import check_filter
 from .cache import bump_generation
 from .dispatcher import ActivityRequest, ClockRequest
 from .model import lease_live
-from .oplog import note, recorded, tombstone, unknown
+from .oplog import cascade, note, recorded, tombstone, unknown
 from .outbox import DUE_ADMIT
 from .reset import plan_reset, reset_by
 from .salvage import salvage
@@ -348,7 +348,7 @@ class Admin:
         else:
             raise OperationRefused(f"{execution_id} kept changing; try again")
         for child in rewrite.children:
-            self._operate(child, self._plan_resume if self._status(child) == Status.CANCELLED else self._plan_retry)
+            self._operate(child, cascade(self, child, execution_id))  # recorded in the child too
         for send in rewrite.sends:
             eng.dispatch(send)
         eng.dispatcher.send_drive(execution_id)

@@ -33,6 +33,7 @@ __all__ = [
     "TOMBSTONE_ID",
     "actor",
     "archive",
+    "cascade",
     "cancel_ops",
     "forgotten_lines",
     "note",
@@ -91,9 +92,10 @@ def _entry(marker: Doc, by_id: dict[str, Doc], run: int) -> dict[str, Any]:
     return entry
 
 
-def archive(docs: dict[str, Doc], deletes: Iterable[Doc], run: int) -> dict[str, Any]:
+def archive(docs: dict[str, Doc], deletes: Iterable[Doc], run: int, room: int = MAX_ARCHIVE_BYTES) -> dict[str, Any]:
     """The ``forgotten`` fields of an operation document: the steps of run ``run`` whose marker or
-    outcome is among ``deletes``, as they are in ``docs`` (read before the deletes), by step."""
+    outcome is among ``deletes``, as they are in ``docs`` (read before the deletes), by step,
+    taking at most ``room`` bytes of JSON."""
     seqs = sorted(
         {
             _int(d.get("seq"))
@@ -112,7 +114,7 @@ def archive(docs: dict[str, Doc], deletes: Iterable[Doc], run: int) -> dict[str,
         except (KeyError, TypeError, ValueError):
             entry = {"seq": seq, "kind": "?", "name": str(marker.get("name")), "state": "corrupt", "run": run}
         cost = len(json.dumps(entry, default=str))
-        if len(entries) >= MAX_ENTRIES or size + cost > MAX_ARCHIVE_BYTES:
+        if len(entries) >= MAX_ENTRIES or size + cost > room:
             more += 1
             continue
         entries.append(entry)
@@ -171,8 +173,14 @@ def recorded(
         rewrite: _Rewrite = plan(ex, docs)
         extra = archive(docs, rewrite.deletes, _int(ex.get("run")))
         if rewrite.forget:
-            extra["forgotten_children"] = list(rewrite.forget)
-        doc = op_doc(ex, action, str(who), reason, engine.clock.now(), error=ex.get("error"), **extra)
+            room = MAX_ARCHIVE_BYTES - len(json.dumps(extra, default=str))
+            extra["forgotten_children"] = [
+                _child(engine, child, room // len(rewrite.forget)) for child in rewrite.forget
+            ]
+        error = ex.get("error")
+        if isinstance(error, dict):  # the exec keeps the traceback; the record, what it was
+            error = {k: v for k, v in error.items() if k != "traceback"}
+        doc = op_doc(ex, action, str(who), reason, engine.clock.now(), error=error, **extra)
         rewrite.creates.append(doc)
         rewrite.fields["operations"] = _int(ex.get("operations")) + 1
         return rewrite
@@ -180,11 +188,32 @@ def recorded(
     return plan_and_record
 
 
+def _child(engine: Engine, execution_id: str, room: int) -> dict[str, Any]:
+    """A finished child execution the action deletes (it belonged to the forgotten steps): its
+    outcome and its steps, archived in the parent's record."""
+    docs = {d["id"]: d for d in engine.store.query_partition(execution_id).docs}
+    ex = docs.get(EXEC_ID) or {}
+    run = _int(ex.get("run"))
+    steps = [d for d in docs.values() if d.get("type") == DocType.STEP and _int(d.get("run")) == run]
+    out: dict[str, Any] = {"id": execution_id, "workflow": ex.get("workflow"), "status": ex.get("status")}
+    error = ex.get("error")
+    out["error"] = f"{error.get('type')}: {error.get('message')}" if isinstance(error, dict) else error
+    return out | archive(docs, steps, run, room)
+
+
+def cascade(admin: Any, child: str, parent: str) -> Callable[[Doc, dict[str, Doc]], Any]:
+    """The plan reopening a failed or cancelled child of a step an action re-runs, recorded
+    (``by``: the parent) with what it forgets in the child."""
+    how = "resume" if admin._status(child) == "cancelled" else "retry"
+    return recorded(admin.engine, getattr(admin, f"_plan_{how}"), how, f"via parent {parent}", None)
+
+
 def note(
     engine: Engine, execution_id: str, action: str, by: str | None, reason: str | None = None, **fields: Any
 ) -> None:
     """Record an action that deletes nothing (a signal sent by an operator, a resume of a running
-    execution) in its own batch: the exec's counter and the operation document together."""
+    execution) in its own batch: the exec's counter and the operation document together. Raises
+    :class:`DurableError` when it cannot (the caller says so: a signal is delivered already)."""
     who = actor() if by is None else _check_text(by, "by")
     _check_text(reason, "reason")
     for _ in range(20):
@@ -234,6 +263,8 @@ def tombstone(engine: Engine, ex: Doc, by: str | None, documents: int, reason: s
         engine.store.upsert(doc)
     except DurableError as exc:
         log.warning("the purge record of %s was not written: %s", ex["pk"], exc)
+    finally:
+        engine.cache.invalidate(str(ex["pk"]))
 
 
 def unknown(engine: Engine, execution_id: str) -> str:

@@ -41,6 +41,9 @@ class SupersededStep:
     action: str = ""
     by: str | None = None
     at: float | None = None
+    #: the child execution the step was in, deleted with the forgotten step that started it
+    #: (None: this execution)
+    execution: str | None = None
 
 
 def _num(value: Any) -> float | None:
@@ -56,9 +59,16 @@ def superseded_of(operations: tuple[Doc, ...] | list[Doc]) -> tuple[SupersededSt
     (the operation document itself is still listed in ``operations``)."""
     out: list[SupersededStep] = []
     for op in operations:
-        entries = op.get("forgotten")
-        if not isinstance(entries, list):
-            continue  # a count (operations recorded before the archive) or nothing forgotten
+        out += _entries(op, op.get("forgotten"), None)
+        for child in op.get("forgotten_children") or ():
+            if isinstance(child, dict):
+                out += _entries(op, child.get("forgotten"), _text(child.get("id")))
+    return tuple(out)
+
+
+def _entries(op: Doc, entries: Any, execution: str | None) -> list[SupersededStep]:
+    out: list[SupersededStep] = []
+    if isinstance(entries, list):  # else a count (operations recorded before the archive) or none
         for e in entries:
             if not isinstance(e, dict) or not isinstance(e.get("seq"), int):
                 continue
@@ -78,6 +88,7 @@ def superseded_of(operations: tuple[Doc, ...] | list[Doc]) -> tuple[SupersededSt
                     action=str(op.get("action") or ""),
                     by=_text(op.get("by")),
                     at=_num(op.get("at")),
+                    execution=execution,
                 )
             )
-    return tuple(out)
+    return out

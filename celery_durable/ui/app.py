@@ -10,6 +10,7 @@ engine calls as the ``durable`` CLI, behind :class:`.auth.Guard`.
 from __future__ import annotations
 
 import json
+import logging
 import shlex
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,8 @@ from .auth import COOKIE, Guard, safe_next
 from .views import chart, detail_json, duration, exec_url, lanes_of, parse_age, pretty, read_lane
 
 __all__ = ["create_app", "ACTIONS"]
+
+log = logging.getLogger("celery_durable.ui")
 
 HERE = Path(__file__).parent
 ACTIONS = ("signal", "cancel", "retry", "resume")
@@ -270,7 +273,10 @@ class UI:
                 raise ValueError("the value is nested too deeply") from exc
             if not self.engine.signal(execution_id, signal, value):
                 return "signal-ignored"
-            note(self.engine, execution_id, "signal", by, name=signal)
+            try:
+                note(self.engine, execution_id, "signal", by, name=signal)
+            except DurableError as exc:  # delivered all the same: an error would invite a resend
+                log.warning("signal %r to %s delivered, its sender not recorded: %s", signal, execution_id, exc)
             return "signal-delivered"
         if name == "cancel":
             return "cancel-requested" if self.engine.cancel(execution_id, by=by) else "cancel-finished"

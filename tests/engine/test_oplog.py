@@ -18,7 +18,7 @@ from click.testing import CliRunner, Result
 from celery_durable import Durable, NonRetryableError, durable_activity
 from celery_durable import workflow as wf
 from celery_durable.engine.admin import Admin
-from celery_durable.errors import UnknownWorkflowError
+from celery_durable.errors import ActivityError, UnknownWorkflowError
 from celery_durable.testing.env import WorkflowEnvironment
 
 app = Celery("oplog-tests", set_as_current=False, broker="memory://")  # the CLI's sends go nowhere
@@ -55,6 +55,33 @@ def order(order_id: str, wait: bool = False) -> str:
         if wait:
             wf.wait_signal("ship")
         return label(order_id)
+
+
+@durable.workflow(name="ol.refund_flow")
+def refund_flow(charge_id: str) -> str:
+    return refund(charge_id)
+
+
+@durable.workflow(name="ol.order_child")
+def order_child(order_id: str) -> str:
+    """Compensates in a child workflow: the retry deletes that (finished) child."""
+    ch = charge(order_id)
+    try:
+        return label(order_id)
+    except ActivityError:
+        refund_flow.start_child(ch, _workflow_id=f"{wf.execution_id()}-refund").result()
+        raise
+
+
+@durable.workflow(name="ol.kid", signals={"ship": bool})
+def kid(order_id: str) -> str:
+    wf.wait_signal("ship")
+    return "kid " + order_id
+
+
+@durable.workflow(name="ol.parent")
+def parent(order_id: str) -> str:
+    return kid.start_child(order_id, _workflow_id=f"{wf.execution_id()}-kid").result()
 
 
 @pytest.fixture
@@ -220,3 +247,40 @@ def test_reasons_and_actors_that_are_not_text_are_refused_before_any_write(env: 
     with pytest.raises(ValueError, match="reason must be a string"):
         Admin(env.engine).retry(h.id, reason={"not": "text"})  # type: ignore[arg-type]
     assert {d["id"] for d in env.store.query_partition(h.id).docs} == before and h.status() == "failed"
+
+
+def test_a_child_the_retry_deletes_is_archived_with_its_steps(env: WorkflowEnvironment) -> None:
+    """The compensation ran in a child workflow started after the failed step: the retry deletes
+    the child (the re-run starts its own, if any); its refund stays in the parent's record."""
+    h = env.start(order_child, "o-5", _workflow_id="o-5")
+    assert h.status() == "failed" and calls == ["charge", "refund"]
+    broken["label"] = False
+    Admin(env.engine).retry(h.id, by="hana")
+    assert env.result(h) == "LBL-o-5"
+    with pytest.raises(UnknownWorkflowError):
+        durable.describe("o-5-refund")
+    info = durable.describe(h.id)
+    (child,) = info.operations[0]["forgotten_children"]
+    assert (child["id"], child["workflow"], child["status"]) == ("o-5-refund", "ol.refund_flow", "completed")
+    kept = [(s.execution, s.name, s.state, s.value) for s in info.superseded if s.execution]
+    assert kept == [("o-5-refund", "ol.refund", "ok", "refunded ch-o-5")]
+    out = _cli("show", h.id).output
+    assert "forgotten child execution o-5-refund (completed, deleted)" in out
+    assert "superseded step 1 ol.refund (activity, ok)" in out
+
+
+def test_a_child_reopened_through_its_parent_records_it(env: WorkflowEnvironment) -> None:
+    h = env.start(parent, "o-6", _workflow_id="o-6")
+    h.cancel(by="ivan")
+    env.run_until_idle()
+    assert h.status() == "cancelled" and env.handle("o-6-kid").status() == "cancelled"
+    Admin(env.engine).resume(h.id, by="ivan")
+    env.run_until_idle()
+    env.signal("o-6-kid", "ship", True)
+    assert env.result(h) == "kid o-6"
+    ops = durable.describe("o-6-kid").operations
+    assert [(o["action"], o["by"]) for o in ops] == [("resume", "via parent o-6")]
+    assert [(o["action"], o["by"]) for o in durable.describe(h.id).operations] == [
+        ("cancel", "ivan"),
+        ("resume", "ivan"),
+    ]
