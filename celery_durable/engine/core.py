@@ -260,7 +260,10 @@ class Engine:
             updated = strip_reserved(ex)
             updated.update(cancel_requested=True, wakeups=int(ex.get("wakeups") or 0) + 1)
             try:
-                self.store.batch(execution_id, cancel_ops(ex, updated, by, reason, self.clock.now()))
+                if by is None:  # a parent cancelling its child: its own history says so
+                    self.store.replace(updated, if_match=ex["_etag"])
+                else:
+                    self.store.batch(execution_id, cancel_ops(ex, updated, by, reason, self.clock.now()))
             except ConflictError:
                 continue
             self.dispatcher.send_drive(execution_id)

@@ -231,11 +231,9 @@ def note(
     raise DurableError(f"could not record the {action} of {execution_id!r}: too much contention")
 
 
-def cancel_ops(ex: Doc, body: Doc, by: str | None, reason: str | None, at: float) -> list[Op]:
-    """The batch that requests the cancel of ``ex`` (``body``: its updated exec document) and,
-    when an operator asks (``by``), records it."""
-    if by is None:
-        return [Op.replace(body, ex["_etag"])]  # a parent cancelling its child: its own history says so
+def cancel_ops(ex: Doc, body: Doc, by: str, reason: str | None, at: float) -> list[Op]:
+    """The batch that requests the cancel of ``ex`` (``body``: its updated exec document) and
+    records it: who (``by``) asked and why."""
     _check_text(by, "by")
     _check_text(reason, "reason")
     body = body | {"operations": _int(ex.get("operations")) + 1}
