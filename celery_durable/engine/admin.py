@@ -91,7 +91,7 @@ class _Rewrite:
     forget: list[str] = field(default_factory=list)
     #: exec fields besides reopening it
     fields: dict[str, Any] = field(default_factory=dict)
-    #: documents created with the last batch (the record of a reset)
+    #: documents created with the first batch (the record of the action: engine/oplog.py)
     creates: list[Doc] = field(default_factory=list)
 
 
@@ -235,8 +235,8 @@ class Admin:
         steps; a running child or a running activity attempt refuses it), a cancellation recorded
         before ``step`` is withdrawn, and the execution runs again from there. Steps before ``step``
         keep their outcomes. Recorded as an operation document ``op:<n>`` (who, when, from which
-        step, the status it had) written in the batch that reopens it, with the exec's
-        ``generation`` bumped: the execution is terminal until that batch, so no drive runs on a
+        step, the status it had, what it forgot) written with the first batch; the exec's
+        ``generation`` is bumped and it is terminal until the last batch, so no drive runs on a
         half-reset history. A running execution is refused: cancel it first. See engine/reset.py.
         """
         before = self.describe(execution_id)
@@ -366,9 +366,9 @@ class Admin:
         chained, ``generation`` bumped) so nothing interleaves; ``final`` goes in the last one."""
         store = self.engine.store
         pk = ex["pk"]
-        ops = [Op.delete(d["id"], d["_etag"]) for d in deletes]
+        ops = [Op.create(d) for d in creates]  # first: the archive of what is deleted never lags it
+        ops += [Op.delete(d["id"], d["_etag"]) for d in deletes]
         ops += [Op.replace(strip_reserved(d), d["_etag"]) for d in replaces]
-        ops += [Op.create(d) for d in creates]  # last: in the batch that reopens the execution
         room = store.max_batch_ops - 1
         chunks = [ops[i : i + room] for i in range(0, len(ops), room)] or [[]]
         body, etag = ex, ex["_etag"]

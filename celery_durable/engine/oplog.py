@@ -4,8 +4,9 @@ An action (retry, resume, reset, cancel, a signal sent by an operator) writes an
 document ``op:<n>`` into the execution's partition: who (``by``), when (``at``), ``reason``, the
 status it found, and, for the actions that delete recorded steps so they run again, an archive of
 those steps (``forgotten``: seq, kind, name, state, value or error), copied from the documents
-*before* they are deleted and written in the batch that deletes the last of them
-(``Admin._commit`` puts creates in the last batch, which also reopens the execution). So a
+*before* they are deleted and written with the first batch of deletes (``Admin._commit`` puts
+creates first: a crash between batches leaves the record, never deletes without it; the last
+batch reopens the execution). So a
 compensation that really ran (a refund) stays visible after a retry: ``describe().superseded``,
 ``durable show``, the UI. The archive is capped (entries and bytes) to stay far under the store's
 document and batch limits: what does not fit is counted in ``forgotten_more``, and a value too
@@ -26,7 +27,8 @@ from typing import Any, Protocol
 
 from ..errors import ConflictError, DurableError
 from ..stores.base import Doc, Op, strip_reserved
-from .schema import EXEC_ID, DocType, StepKind, marker_id, operation_id
+from .schema import EXEC_ID, OPERATION_PREFIX, DocType, StepKind, marker_id, operation_id
+from .superseded import version_of
 from .timeline import _int, _step
 
 __all__ = [
@@ -36,6 +38,7 @@ __all__ = [
     "cascade",
     "cancel_ops",
     "forgotten_lines",
+    "next_op",
     "note",
     "op_doc",
     "preview",
@@ -77,6 +80,7 @@ def _check_text(value: Any, what: str) -> str | None:
 def _entry(marker: Doc, by_id: dict[str, Doc], run: int) -> dict[str, Any]:
     step = _step(marker, by_id, run)
     entry: dict[str, Any] = {"seq": step.seq, "kind": step.kind, "name": step.name, "state": step.state, "run": run}
+    entry["version"] = version_of(marker, by_id, run)  # which documents: superseded.py
     if step.error:
         entry["error"] = step.error
     if step.finished_at is not None:
@@ -122,12 +126,21 @@ def archive(docs: dict[str, Doc], deletes: Iterable[Doc], run: int, room: int = 
     return {"forgotten": entries, "forgotten_more": more}
 
 
-def op_doc(ex: Doc, action: str, by: str, reason: str | None, at: float, **fields: Any) -> Doc:
-    """The operation document ``op:<n>`` for ``ex`` (``n``: its ``operations`` counter + 1; the
-    caller writes ``operations=n`` on the exec document in the same batch)."""
+def next_op(ex: Doc, docs: dict[str, Doc] | None = None) -> int:
+    """The number of the next operation document: past the exec's ``operations`` counter and past
+    any record in ``docs`` (one written with the first batch of an action whose later batches,
+    which count it, did not happen: a crash between them)."""
+    ids = [d for d in docs or () if d.startswith(OPERATION_PREFIX) and d[len(OPERATION_PREFIX) :].isdigit()]
+    return max([_int(ex.get("operations")), *(int(d[len(OPERATION_PREFIX) :]) for d in ids)]) + 1
+
+
+def op_doc(ex: Doc, action: str, by: str, reason: str | None, at: float, n: int | None = None, **fields: Any) -> Doc:
+    """The operation document ``op:<n>`` for ``ex`` (``n``: by default its ``operations``
+    counter + 1; the caller writes ``operations=n`` on the exec document in the same batch, or
+    in the last batch of the action)."""
     return {
         "pk": ex["pk"],
-        "id": operation_id(_int(ex.get("operations")) + 1),
+        "id": operation_id(_int(ex.get("operations")) + 1 if n is None else n),
         "type": DocType.OPERATION,
         "action": action,
         "by": by,
@@ -180,9 +193,9 @@ def recorded(
         error = ex.get("error")
         if isinstance(error, dict):  # the exec keeps the traceback; the record, what it was
             error = {k: v for k, v in error.items() if k != "traceback"}
-        doc = op_doc(ex, action, str(who), reason, engine.clock.now(), error=error, **extra)
-        rewrite.creates.append(doc)
-        rewrite.fields["operations"] = _int(ex.get("operations")) + 1
+        n = next_op(ex, docs)
+        rewrite.creates.append(op_doc(ex, action, str(who), reason, engine.clock.now(), n, error=error, **extra))
+        rewrite.fields["operations"] = n
         return rewrite
 
     return plan_and_record

@@ -16,7 +16,7 @@ import socket
 from typing import Any, Protocol
 
 from ..stores.base import Doc
-from .oplog import archive
+from .oplog import archive, next_op
 from .schema import EXEC_ID, DocType, Status, marker_id, operation_id, result_id
 from .search import run_start as search_run_start
 from .timeline import _int
@@ -94,7 +94,7 @@ def plan_reset(
             marker = docs.get(marker_id(_int(d.get("seq")), run))
             if marker is not None and marker["id"] not in gone:
                 admin._rearm(ex, marker, rewrite, fresh=True)
-    n = _int(ex.get("operations")) + 1
+    n = next_op(ex, docs)
     now = admin.engine.clock.now()
     rewrite.creates.append(
         {

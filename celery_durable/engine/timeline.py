@@ -12,7 +12,7 @@ from typing import Any
 
 from ..stores.base import CORRUPT_KEY, Doc
 from .schema import EXEC_ID, SIGNAL_MARK_PREFIX, DocType, Status, StepKind, result_id, signal_outcome_id
-from .superseded import SupersededStep, superseded_of
+from .superseded import SupersededStep, live_versions, superseded_of
 
 __all__ = [
     "STATUSES",
@@ -271,6 +271,6 @@ def describe_docs(ex: Doc, docs: list[Doc]) -> ExecutionDetail:
         children=tuple(s.child_id for s in steps if s.kind == StepKind.CHILD and s.child_id),
         custom_status=ex.get("custom_status"),
         operations=(ops := tuple(sorted((d for d in docs if d.get("type") == DocType.OPERATION), key=_op_order))),
-        superseded=superseded_of(ops),
+        superseded=superseded_of(ops, live_versions(docs)),
         corrupt=((summary.corrupt,) if summary.corrupt else ()) + tuple(corrupt),
     )

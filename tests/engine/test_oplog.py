@@ -18,7 +18,7 @@ from click.testing import CliRunner, Result
 from celery_durable import Durable, NonRetryableError, durable_activity
 from celery_durable import workflow as wf
 from celery_durable.engine.admin import Admin
-from celery_durable.errors import ActivityError, UnknownWorkflowError
+from celery_durable.errors import ActivityError, StoreUnavailable, UnknownWorkflowError
 from celery_durable.testing.env import WorkflowEnvironment
 
 app = Celery("oplog-tests", set_as_current=False, broker="memory://")  # the CLI's sends go nowhere
@@ -82,6 +82,16 @@ def kid(order_id: str) -> str:
 @durable.workflow(name="ol.parent")
 def parent(order_id: str) -> str:
     return kid.start_child(order_id, _workflow_id=f"{wf.execution_id()}-kid").result()
+
+
+@durable.workflow(name="ol.trip")
+def trip(legs: int) -> str:
+    """``legs`` bookings, each with its compensation: a retry forgets them in several batches."""
+    with wf.Saga() as saga:
+        for i in range(legs):
+            charge(f"leg{i}")
+            saga.add(refund, f"leg{i}")
+        return label("trip")
 
 
 @pytest.fixture
@@ -284,3 +294,36 @@ def test_a_child_reopened_through_its_parent_records_it(env: WorkflowEnvironment
         ("cancel", "ivan"),
         ("resume", "ivan"),
     ]
+
+
+def test_a_retry_cut_between_its_batches_leaves_the_archive_of_what_it_deleted(
+    env: WorkflowEnvironment, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The record goes with the first batch of the rewrite: a store failure (or a kill) before
+    the next leaves deleted steps archived, never deleted and unrecorded; a second retry then
+    records the rest under the next number (not refused by the first record's id)."""
+    h = env.start(trip, 70)  # 70 refunds: 140+ documents to delete, two batches and more
+    assert h.status() == "failed" and calls.count("refund") == 70
+    real, seen = env.store.batch, []
+
+    def flaky(pk: str, ops: list[Any]) -> Any:
+        seen.append(len(ops))
+        if len(seen) == 2:
+            raise StoreUnavailable("the store went away between two batches")
+        return real(pk, ops)
+
+    monkeypatch.setattr(env.store, "batch", flaky)
+    with pytest.raises(StoreUnavailable):
+        Admin(env.engine).retry(h.id, by="jo")
+    monkeypatch.setattr(env.store, "batch", real)
+    first = durable.describe(h.id)
+    assert [o["id"] for o in first.operations] == ["op:000001"] and h.status() == "failed"
+    gone = set(range(71, 142)) - {s.seq for s in first.steps}  # label (71) and the refunds deleted
+    assert gone and gone <= {s.seq for s in first.superseded}  # what is gone is archived
+    broken["label"] = False
+    Admin(env.engine).retry(h.id, by="jo")
+    assert env.result(h) == "LBL-trip"
+    info = durable.describe(h.id)
+    assert [o["id"] for o in info.operations] == ["op:000001", "op:000002"]
+    refunds = [s for s in info.superseded if s.name == "ol.refund" and s.state == "ok"]
+    assert sorted(s.value for s in refunds) == sorted(f"refunded leg{i}" for i in range(70))  # every one
