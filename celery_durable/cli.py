@@ -253,9 +253,8 @@ def reset(ctx: click.Context, execution_id: str, step: int, reason: str | None, 
     d = _durable(ctx)
     info = _describe(d, execution_id)
     if not yes:
-        ran = [f"  step {s.seq} {_cell(s.name)} ({s.kind}, {s.state})" for s in info.steps if s.seq >= step]
         head = f"{execution_id} is {info.summary.status}: forget its steps from {step} on and run them again?"
-        click.confirm("\n".join([head, *ran]) if ran else head, abort=True)
+        click.confirm(cli_ops.prompt(d.admin, execution_id, "reset", head, step), abort=True)
     try:
         _reran(d.admin.reset(execution_id, step, by=actor(), reason=reason))
     except OperationRefused as exc:

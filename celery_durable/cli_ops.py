@@ -10,6 +10,7 @@ from typing import Any
 from .cli_render import escape, ts
 from .engine.admin import ExecutionDetail
 from .engine.oplog import preview
+from .engine.reset import plan_reset
 from .engine.superseded import SupersededStep
 
 __all__ = ["json_fields", "lines", "prompt"]
@@ -64,10 +65,14 @@ def json_fields(info: ExecutionDetail) -> dict[str, Any]:
     }
 
 
-def prompt(admin: Any, execution_id: str, action: str, head: str) -> str:
+def prompt(admin: Any, execution_id: str, action: str, head: str, step: int | None = None) -> str:
     """``head`` and, below it, the steps ``action`` will forget (the ones that ran flagged)."""
+
+    def reset(ex: Any, docs: Any, rewrite: Any) -> None:
+        plan_reset(admin, rewrite, ValueError, ex, docs, int(step or 0), "preview", None)
+
     try:
-        forgets = preview(admin, execution_id, action)
+        forgets = preview(admin, execution_id, action, reset if action == "reset" else None)
     except Exception as exc:  # the operation itself refuses (and says why) after the prompt
         forgets = [f"  (cannot tell what it forgets: {exc})"]
     if not forgets:

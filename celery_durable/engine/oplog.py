@@ -23,6 +23,7 @@ import json
 import logging
 import socket
 from collections.abc import Callable, Iterable
+from types import SimpleNamespace
 from typing import Any, Protocol
 
 from ..errors import ConflictError, DurableError
@@ -302,12 +303,19 @@ def forgotten_lines(docs: dict[str, Doc], deletes: list[Doc], run: int) -> list[
     return lines
 
 
-def preview(admin: Any, execution_id: str, action: str) -> list[str]:
-    """The lines :func:`forgotten_lines` gives for ``action`` ("retry" or "resume") of the
-    execution now: the admin's plan on a fresh read, nothing written."""
+def preview(admin: Any, execution_id: str, action: str, reset: Callable[..., Any] | None = None) -> list[str]:
+    """The lines :func:`forgotten_lines` gives for ``action`` ("retry", "resume", or "reset":
+    ``reset(ex, docs, rewrite)`` plans it) of the execution now: the admin's plan on a fresh
+    read, nothing written."""
     docs = {d["id"]: d for d in admin.engine.store.query_partition(execution_id).docs}
     ex = docs.get(EXEC_ID)
     if ex is None:
         return []
-    plan = admin._plan_retry if action == "retry" else admin._plan_resume
-    return forgotten_lines(docs, plan(ex, docs).deletes, _int(ex.get("run")))
+    if reset is not None:
+        rewrite = SimpleNamespace(deletes=[], replaces=[], sends=[], children=[], notes=[], forget=[])
+        rewrite.__dict__.update(fields={}, creates=[])
+        reset(ex, docs, rewrite)
+        deletes = rewrite.deletes
+    else:
+        deletes = (admin._plan_retry if action == "retry" else admin._plan_resume)(ex, docs).deletes
+    return forgotten_lines(docs, deletes, _int(ex.get("run")))

@@ -327,3 +327,12 @@ def test_a_retry_cut_between_its_batches_leaves_the_archive_of_what_it_deleted(
     assert [o["id"] for o in info.operations] == ["op:000001", "op:000002"]
     refunds = [s for s in info.superseded if s.name == "ol.refund" and s.state == "ok"]
     assert sorted(s.value for s in refunds) == sorted(f"refunded leg{i}" for i in range(70))  # every one
+
+
+def test_the_reset_prompt_names_what_it_forgets_and_what_ran(env: WorkflowEnvironment) -> None:
+    h = _failed_and_refunded(env)
+    out = _cli("reset", h.id, "--step", "1", input="n\n")
+    assert out.exit_code == 1, out.output  # aborted: nothing done
+    assert "step 1 ol.charge (activity, ok)  <- it RAN" in out.output, out.output
+    assert "step 3 ol.refund (activity, ok)  <- it RAN" in out.output
+    assert durable.describe(h.id).operations == () and h.status() == "failed"
