@@ -6,11 +6,11 @@ status it found, and, for the actions that delete recorded steps so they run aga
 those steps (``forgotten``: seq, kind, name, state, value or error), copied from the documents
 *before* they are deleted and written with the first batch of deletes (``Admin._commit`` puts
 creates first: a crash between batches leaves the record, never deletes without it; the last
-batch reopens the execution). So a
-compensation that really ran (a refund) stays visible after a retry: ``describe().superseded``,
-``durable show``, the UI. The archive is capped (entries and bytes) to stay far under the store's
-document and batch limits: what does not fit is counted in ``forgotten_more``, and a value too
-large is kept as the start of its JSON text with ``value_truncated`` (never changed silently).
+batch reopens the execution). So a compensation that really ran (a refund) stays visible after
+a retry: ``describe().superseded``, ``durable show``, the UI. The archive is capped (entries and
+bytes) to stay far under the store's document and batch limits: what does not fit is counted in
+``forgotten_more``, and a value too large is kept as the start of its JSON text with
+``value_truncated`` (never changed silently).
 
 A purge deletes the whole partition, so its record is a log line and a small ``purged`` tombstone
 document written in the emptied partition (``describe`` of a purged id says who purged it, when).

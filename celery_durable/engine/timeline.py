@@ -21,6 +21,7 @@ __all__ = [
     "ExecutionDetail",
     "StepRecord",
     "SignalRecord",
+    "SupersededStep",
     "PurgeReport",
     "summary_of",
     "describe_docs",
