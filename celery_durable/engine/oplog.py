@@ -37,6 +37,7 @@ __all__ = [
     "actor",
     "archive",
     "cascade",
+    "children_archive",
     "cancel_ops",
     "forgotten_lines",
     "next_op",
@@ -186,11 +187,7 @@ def recorded(
     def plan_and_record(ex: Doc, docs: dict[str, Doc]) -> Any:
         rewrite: _Rewrite = plan(ex, docs)
         extra = archive(docs, rewrite.deletes, _int(ex.get("run")))
-        if rewrite.forget:
-            room = MAX_ARCHIVE_BYTES - len(json.dumps(extra, default=str))
-            extra["forgotten_children"] = [
-                _child(engine, child, room // len(rewrite.forget)) for child in rewrite.forget
-            ]
+        extra.update(children_archive(engine, rewrite.forget, extra))
         error = ex.get("error")
         if isinstance(error, dict):  # the exec keeps the traceback; the record, what it was
             error = {k: v for k, v in error.items() if k != "traceback"}
@@ -200,6 +197,15 @@ def recorded(
         return rewrite
 
     return plan_and_record
+
+
+def children_archive(engine: Engine, forget: list[str], archived: dict[str, Any]) -> dict[str, Any]:
+    """The ``forgotten_children`` field for the finished children an action deletes (none: no
+    field), in the room the parent's own ``archived`` steps left."""
+    if not forget:
+        return {}
+    room = max(0, MAX_ARCHIVE_BYTES - len(json.dumps(archived, default=str))) // len(forget)
+    return {"forgotten_children": [_child(engine, child, room) for child in forget]}
 
 
 def _child(engine: Engine, execution_id: str, room: int) -> dict[str, Any]:

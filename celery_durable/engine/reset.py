@@ -16,7 +16,7 @@ import socket
 from typing import Any, Protocol
 
 from ..stores.base import Doc
-from .oplog import archive, next_op
+from .oplog import archive, children_archive, next_op
 from .schema import EXEC_ID, DocType, Status, marker_id, operation_id, result_id
 from .search import run_start as search_run_start
 from .timeline import _int
@@ -110,7 +110,8 @@ def plan_reset(
             "error": ex.get("error"),
             "reason": reason,
             # the steps it forgets, archived as they were (engine/oplog.py): nothing that ran is lost
-            **archive(docs, rewrite.deletes, run),
+            **(kept := archive(docs, rewrite.deletes, run)),
+            **children_archive(admin.engine, list(getattr(rewrite, "forget", ())), kept),
         }
     )
     # ``resets`` makes the ids of what the re-run sends again new (wf.signal_external's signal id)

@@ -336,3 +336,13 @@ def test_the_reset_prompt_names_what_it_forgets_and_what_ran(env: WorkflowEnviro
     assert "step 1 ol.charge (activity, ok)  <- it RAN" in out.output, out.output
     assert "step 3 ol.refund (activity, ok)  <- it RAN" in out.output
     assert durable.describe(h.id).operations == () and h.status() == "failed"
+
+
+def test_a_reset_archives_the_child_it_deletes(env: WorkflowEnvironment) -> None:
+    h = env.start(order_child, "o-7", _workflow_id="o-7")
+    assert h.status() == "failed"
+    h.reset(step=1, by="kim")
+    (op,) = durable.describe(h.id).operations
+    assert [c["id"] for c in op["forgotten_children"]] == ["o-7-refund"]
+    kept = [(s.execution, s.name, s.value) for s in durable.describe(h.id).superseded if s.execution]
+    assert kept == [("o-7-refund", "ol.refund", "refunded ch-o-7")]
