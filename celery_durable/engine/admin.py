@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConflictError, CorruptDocument, DurableError, UnknownWorkflowError
@@ -43,6 +43,7 @@ from .timeline import (
     PurgeReport,
     SignalRecord,
     StepRecord,
+    _epoch,
     _int,
     _num,
     _str,
@@ -588,10 +589,3 @@ class Admin:
         finally:
             self.engine.cache.invalidate(execution_id)
         return len(docs)
-
-
-def _epoch(when: datetime | float | None) -> float | None:
-    """Epoch seconds of a datetime (naive means UTC) or a number."""
-    if isinstance(when, datetime):
-        return (when if when.tzinfo is not None else when.replace(tzinfo=UTC)).timestamp()
-    return None if when is None else float(when)

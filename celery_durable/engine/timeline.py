@@ -8,6 +8,7 @@ document: it is flagged (``corrupt``) and the others are still shown.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from ..stores.base import CORRUPT_KEY, Doc
@@ -125,6 +126,13 @@ class PurgeReport:
 
 
 # --- decoding, in one place ------------------------------------------------------------------
+
+
+def _epoch(when: datetime | float | None) -> float | None:
+    """Epoch seconds of a datetime (naive means UTC) or a number."""
+    if isinstance(when, datetime):
+        return (when if when.tzinfo is not None else when.replace(tzinfo=UTC)).timestamp()
+    return None if when is None else float(when)
 
 
 def _num(value: Any) -> float | None:
