@@ -306,14 +306,15 @@ def signal(ctx: click.Context, execution_id: str, name: str, value: str) -> None
 @durable.command()
 @click.argument("execution_id")
 @click.option("--yes", is_flag=True, help="do not ask for confirmation")
+@click.option("--reason", default=None, help="recorded with the action")
 @click.pass_context
-def cancel(ctx: click.Context, execution_id: str, yes: bool) -> None:
+def cancel(ctx: click.Context, execution_id: str, yes: bool, reason: str | None) -> None:
     """Request cancellation (compensations run)."""
     d = _durable(ctx)
     _describe(d, execution_id)
     if not yes:
         click.confirm(f"cancel {execution_id}?", abort=True)
-    click.echo("cancel requested" if d.engine.cancel(execution_id, by=actor()) else "already finished")
+    click.echo("cancel requested" if d.engine.cancel(execution_id, by=actor(), reason=reason) else "already finished")
 
 
 def _reran(steps: list[StepRecord]) -> None:
@@ -324,8 +325,9 @@ def _reran(steps: list[StepRecord]) -> None:
 @durable.command()
 @click.argument("execution_id")
 @click.option("--yes", is_flag=True, help="do not ask for confirmation (failed or cancelled executions)")
+@click.option("--reason", default=None, help="recorded with the action")
 @click.pass_context
-def resume(ctx: click.Context, execution_id: str, yes: bool) -> None:
+def resume(ctx: click.Context, execution_id: str, yes: bool, reason: str | None) -> None:
     """Drive a running execution now (after a deploy that registers its workflow, say), or reopen
     a failed one on its recorded history, or withdraw the cancellation of a cancelled one."""
     d = _durable(ctx)
@@ -337,15 +339,16 @@ def resume(ctx: click.Context, execution_id: str, yes: bool) -> None:
         click.confirm(
             cli_ops.prompt(d.admin, execution_id, "resume", f"{execution_id} is {status}: {what}?"), abort=True
         )
-    _reran(d.resume(execution_id, by=actor()))
+    _reran(d.resume(execution_id, by=actor(), reason=reason))
     click.echo("drive sent" if status == Status.RUNNING else "resumed")
 
 
 @durable.command()
 @click.argument("execution_id")
 @click.option("--yes", is_flag=True)
+@click.option("--reason", default=None, help="recorded with the action")
 @click.pass_context
-def retry(ctx: click.Context, execution_id: str, yes: bool) -> None:
+def retry(ctx: click.Context, execution_id: str, yes: bool, reason: str | None) -> None:
     """Restart a failed execution from its failed step (the step runs again)."""
     d = _durable(ctx)
     status = _describe(d, execution_id).summary.status
@@ -355,7 +358,7 @@ def retry(ctx: click.Context, execution_id: str, yes: bool) -> None:
         click.confirm(
             cli_ops.prompt(d.admin, execution_id, "retry", f"retry {execution_id} from its failed step?"), abort=True
         )
-    _reran(d.retry(execution_id, by=actor()))
+    _reran(d.retry(execution_id, by=actor(), reason=reason))
     click.echo("retrying")
 
 

@@ -346,3 +346,14 @@ def test_a_reset_archives_the_child_it_deletes(env: WorkflowEnvironment) -> None
     assert [c["id"] for c in op["forgotten_children"]] == ["o-7-refund"]
     kept = [(s.execution, s.name, s.value) for s in durable.describe(h.id).superseded if s.execution]
     assert kept == [("o-7-refund", "ol.refund", "refunded ch-o-7")]
+
+
+def test_the_cli_cancel_records_the_os_user_and_the_reason(env: WorkflowEnvironment) -> None:
+    h = env.start(order, "o-8", True, _workflow_id="o-8")
+    out = _cli("cancel", h.id, "--yes", "--reason", "duplicate order")
+    assert out.exit_code == 0 and "cancel requested" in out.output, out.output
+    (op,) = durable.describe(h.id).operations
+    assert (op["action"], op["reason"], op["status"]) == ("cancel", "duplicate order", "running")
+    from celery_durable.engine.oplog import actor
+
+    assert op["by"] == actor()  # the OS user, @host
