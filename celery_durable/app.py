@@ -395,13 +395,14 @@ class Durable:
         """An execution with its step timeline (malformed documents flagged, not raised)."""
         return self.admin.describe(workflow_id)
 
-    def retry(self, workflow_id: str) -> list[StepRecord]:
-        """Re-run a failed execution from its failed step; the steps that run again."""
-        return self.admin.retry(workflow_id)
+    def retry(self, workflow_id: str, *, by: str | None = None, reason: str | None = None) -> list[StepRecord]:
+        """Re-run a failed execution from its failed step; the steps that run again. Recorded
+        (``by``: who, default ``user@host``) with the steps it forgot (``describe().superseded``)."""
+        return self.admin.retry(workflow_id, by=by, reason=reason)
 
-    def resume(self, workflow_id: str) -> list[StepRecord]:
-        """Drive a running execution now, or reopen a failed/cancelled one on its history."""
-        return self.admin.resume(workflow_id)
+    def resume(self, workflow_id: str, *, by: str | None = None, reason: str | None = None) -> list[StepRecord]:
+        """Drive a running execution now, or reopen a failed/cancelled one on its history (recorded)."""
+        return self.admin.resume(workflow_id, by=by, reason=reason)
 
     def purge(
         self,
@@ -409,10 +410,12 @@ class Durable:
         *,
         dry_run: bool = False,
         progress: Callable[[PurgeReport], None] | None = None,
+        by: str | None = None,
     ) -> PurgeReport:
-        """Delete executions that ended more than ``older_than`` (seconds or a timedelta) ago."""
+        """Delete executions that ended more than ``older_than`` (seconds or a timedelta) ago; each
+        leaves a ``purged`` record (who, when) that ``describe`` quotes."""
         seconds = older_than.total_seconds() if isinstance(older_than, timedelta) else float(older_than)
-        return self.admin.purge(seconds, dry_run=dry_run, progress=progress)
+        return self.admin.purge(seconds, dry_run=dry_run, progress=progress, by=by)
 
     # --- the in-workflow API, also reachable as durable.<name> ---------------------------
 

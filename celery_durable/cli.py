@@ -18,11 +18,12 @@ from typing import Any
 
 import click
 
-from . import cli_render
+from . import cli_ops, cli_render
 from .app import Durable
 from .cli_render import escape, print_table, ts
 from .engine.admin import ExecutionDetail, ExecutionSummary, OperationRefused, PurgeReport, StepRecord
 from .engine.links import declared_signals
+from .engine.oplog import actor, note
 from .engine.schema import Status
 from .errors import DurableError, InvalidSearchAttribute, PayloadValidationError, UnknownWorkflowError
 from .stores.base import MAX_PAGE_SIZE
@@ -177,16 +178,20 @@ def show(ctx: click.Context, execution_id: str, as_json: bool) -> None:
     info = _describe(_durable(ctx), execution_id)
     s = info.summary
     if as_json:
-        data = _summary(s) | {
-            "payload": info.payload,
-            "result": info.result,
-            "error": info.error,
-            "steps": [_step_json(step) for step in info.steps],
-            "signals": [dataclasses.asdict(sig) for sig in info.signals],
-            "children": list(info.children),
-            "corrupt": list(info.corrupt),
-            "custom_status": info.custom_status,
-        }
+        data = (
+            _summary(s)
+            | {
+                "payload": info.payload,
+                "result": info.result,
+                "error": info.error,
+                "steps": [_step_json(step) for step in info.steps],
+                "signals": [dataclasses.asdict(sig) for sig in info.signals],
+                "children": list(info.children),
+                "corrupt": list(info.corrupt),
+                "custom_status": info.custom_status,
+            }
+            | cli_ops.json_fields(info)
+        )
         click.echo(json.dumps(_jsonable(data), indent=2))
         return
     click.echo(f"execution  {_cell(s.id)}")
@@ -233,8 +238,8 @@ def show(ctx: click.Context, execution_id: str, as_json: bool) -> None:
                 click.echo(f"  step {step.seq}: {_cell(step.corrupt or step.error)}")
     for sig in info.signals:
         click.echo(f"signal {_cell(repr(sig.name))}: {sig.state} at {ts(sig.at)}: {_json(sig.value)}")
-    for op in info.operations:
-        click.echo(f"{_cell(op.get('action'))} to step {op.get('step')} by {_cell(op.get('by'))} at {ts(op.get('at'))}")
+    for line in cli_ops.lines(info):  # operator actions, and the steps they forgot (superseded)
+        click.echo(line)
 
 
 @durable.command()
@@ -246,11 +251,12 @@ def show(ctx: click.Context, execution_id: str, as_json: bool) -> None:
 def reset(ctx: click.Context, execution_id: str, step: int, reason: str | None, yes: bool) -> None:
     """Re-run a failed or cancelled execution from step STEP (earlier steps keep their outcomes)."""
     d = _durable(ctx)
-    status = _describe(d, execution_id).summary.status
+    info = _describe(d, execution_id)
     if not yes:
-        click.confirm(f"{execution_id} is {status}: forget its steps from {step} on and run them again?", abort=True)
+        head = f"{execution_id} is {info.summary.status}: forget its steps from {step} on and run them again?"
+        click.confirm(cli_ops.prompt(d.admin, execution_id, "reset", head, step), abort=True)
     try:
-        _reran(d.admin.reset(execution_id, step, reason=reason))
+        _reran(d.admin.reset(execution_id, step, by=actor(), reason=reason))
     except OperationRefused as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(f"reset to step {step}")
@@ -280,6 +286,11 @@ def signal(ctx: click.Context, execution_id: str, name: str, value: str) -> None
         raise click.ClickException(str(exc)) from exc
     click.echo("delivered" if delivered else "ignored: the execution has ended")
     try:
+        if delivered:
+            note(d.engine, execution_id, "signal", actor(), name=name)  # who sent it, recorded
+    except DurableError as exc:
+        click.echo(f"warning: the signal is delivered, but who sent it was not recorded: {exc}", err=True)
+    try:
         ex = d.engine.store.read(execution_id, "exec") if delivered else None
     except DurableError:
         ex = None  # the value is recorded; only the note is lost
@@ -295,14 +306,15 @@ def signal(ctx: click.Context, execution_id: str, name: str, value: str) -> None
 @durable.command()
 @click.argument("execution_id")
 @click.option("--yes", is_flag=True, help="do not ask for confirmation")
+@click.option("--reason", default=None, help="recorded with the action")
 @click.pass_context
-def cancel(ctx: click.Context, execution_id: str, yes: bool) -> None:
+def cancel(ctx: click.Context, execution_id: str, yes: bool, reason: str | None) -> None:
     """Request cancellation (compensations run)."""
     d = _durable(ctx)
     _describe(d, execution_id)
     if not yes:
         click.confirm(f"cancel {execution_id}?", abort=True)
-    click.echo("cancel requested" if d.engine.cancel(execution_id) else "already finished")
+    click.echo("cancel requested" if d.engine.cancel(execution_id, by=actor(), reason=reason) else "already finished")
 
 
 def _reran(steps: list[StepRecord]) -> None:
@@ -313,8 +325,9 @@ def _reran(steps: list[StepRecord]) -> None:
 @durable.command()
 @click.argument("execution_id")
 @click.option("--yes", is_flag=True, help="do not ask for confirmation (failed or cancelled executions)")
+@click.option("--reason", default=None, help="recorded with the action")
 @click.pass_context
-def resume(ctx: click.Context, execution_id: str, yes: bool) -> None:
+def resume(ctx: click.Context, execution_id: str, yes: bool, reason: str | None) -> None:
     """Drive a running execution now (after a deploy that registers its workflow, say), or reopen
     a failed one on its recorded history, or withdraw the cancellation of a cancelled one."""
     d = _durable(ctx)
@@ -323,24 +336,29 @@ def resume(ctx: click.Context, execution_id: str, yes: bool) -> None:
         raise click.ClickException(f"{execution_id} is completed; nothing to resume")
     if status != Status.RUNNING and not yes:
         what = "forget its cancellation and compensations" if status == Status.CANCELLED else "reopen it"
-        click.confirm(f"{execution_id} is {status}: {what}?", abort=True)
-    _reran(d.resume(execution_id))
+        click.confirm(
+            cli_ops.prompt(d.admin, execution_id, "resume", f"{execution_id} is {status}: {what}?"), abort=True
+        )
+    _reran(d.resume(execution_id, by=actor(), reason=reason))
     click.echo("drive sent" if status == Status.RUNNING else "resumed")
 
 
 @durable.command()
 @click.argument("execution_id")
 @click.option("--yes", is_flag=True)
+@click.option("--reason", default=None, help="recorded with the action")
 @click.pass_context
-def retry(ctx: click.Context, execution_id: str, yes: bool) -> None:
+def retry(ctx: click.Context, execution_id: str, yes: bool, reason: str | None) -> None:
     """Restart a failed execution from its failed step (the step runs again)."""
     d = _durable(ctx)
     status = _describe(d, execution_id).summary.status
     if status != Status.FAILED:
         raise click.ClickException(f"{execution_id} is {status}, not failed")
     if not yes:
-        click.confirm(f"retry {execution_id} from its failed step?", abort=True)
-    _reran(d.retry(execution_id))
+        click.confirm(
+            cli_ops.prompt(d.admin, execution_id, "retry", f"retry {execution_id} from its failed step?"), abort=True
+        )
+    _reran(d.retry(execution_id, by=actor(), reason=reason))
     click.echo("retrying")
 
 
@@ -370,7 +388,7 @@ def purge(ctx: click.Context, older_than: float, dry_run: bool, yes: bool) -> No
         def advance(report: PurgeReport) -> None:
             update(report.purged + report.skipped)
 
-        report = d.purge(older_than, progress=advance)
+        report = d.purge(older_than, progress=advance, by=actor())
     click.echo(f"purged {report.purged} ({report.documents} documents)")
     if report.skipped:
         click.echo(f"kept {report.skipped} (the next purge looks again):")

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from .engine.admin import Admin
 from .engine.model import CANCELLED, COMPLETED, FAILED
+from .engine.oplog import actor
 from .engine.queries import answer_query
 from .errors import WorkflowCancelledError, WorkflowFailedError
 
@@ -118,6 +119,7 @@ class WorkflowHandle(Generic[R]):
         the steps that run again. Raises :class:`OperationRefused` when it does not apply."""
         return Admin(self._engine).reset(self.id, step, by=by, reason=reason)
 
-    def cancel(self) -> bool:
-        """Request cancellation; False if the execution had already ended."""
-        return self._engine.cancel(self.id)
+    def cancel(self, *, by: str | None = None, reason: str | None = None) -> bool:
+        """Request cancellation; False if the execution had already ended. Recorded as an
+        operator action (``by``: who, default ``user@host``)."""
+        return self._engine.cancel(self.id, by=actor() if by is None else by, reason=reason)

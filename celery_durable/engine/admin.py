@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConflictError, CorruptDocument, DurableError, UnknownWorkflowError
@@ -22,6 +22,7 @@ from ..stores.search import check_filter
 from .cache import bump_generation
 from .dispatcher import ActivityRequest, ClockRequest
 from .model import lease_live
+from .oplog import cascade, note, recorded, tombstone, unknown
 from .outbox import DUE_ADMIT
 from .reset import plan_reset, reset_by
 from .salvage import salvage
@@ -42,6 +43,7 @@ from .timeline import (
     PurgeReport,
     SignalRecord,
     StepRecord,
+    _epoch,
     _int,
     _num,
     _str,
@@ -90,7 +92,7 @@ class _Rewrite:
     forget: list[str] = field(default_factory=list)
     #: exec fields besides reopening it
     fields: dict[str, Any] = field(default_factory=dict)
-    #: documents created with the last batch (the record of a reset)
+    #: documents created with the first batch (the record of the action: engine/oplog.py)
     creates: list[Doc] = field(default_factory=list)
 
 
@@ -182,7 +184,7 @@ class Admin:
             return self._salvage(ex, str(exc))
         ex = next((d for d in docs if d.get("id") == EXEC_ID), None)
         if ex is None:
-            raise UnknownWorkflowError(f"no execution with id {execution_id!r}")
+            raise UnknownWorkflowError(unknown(self.engine, execution_id))  # says who purged it
         return describe_docs(ex, docs)
 
     def _salvage(self, ex: Doc, failure: str) -> ExecutionDetail:
@@ -190,7 +192,7 @@ class Admin:
 
     # --- operations ----------------------------------------------------------------------------
 
-    def retry(self, execution_id: str) -> list[StepRecord]:
+    def retry(self, execution_id: str, by: str | None = None, reason: str | None = None) -> list[StepRecord]:
         """Re-run a failed execution from its failed step; return the step(s) that run again.
 
         The step whose failure ended the execution (recorded by the replay: the error that escaped
@@ -205,24 +207,25 @@ class Admin:
         own; one still running refuses the retry (:class:`OperationRefused` names it: cancel it,
         or wait, and retry again). An effect emitted by a forgotten step and not admitted yet is
         admitted first. The execution is running again. With no failed step (the workflow code
-        itself failed) it is re-driven as it is, e.g. after a fix.
+        itself failed) it is re-driven as it is, e.g. after a fix. Recorded (engine/oplog.py).
         """
-        return self._operate(execution_id, self._plan_retry)
+        return self._operate(execution_id, recorded(self.engine, self._plan_retry, "retry", by, reason))
 
-    def resume(self, execution_id: str) -> list[StepRecord]:
+    def resume(self, execution_id: str, by: str | None = None, reason: str | None = None) -> list[StepRecord]:
         """Continue an execution from its recorded history.
 
         Running: drive it now. Failed: reopen it *keeping* every recorded result (after a
         deploy fixing the workflow code; ``retry`` re-runs the failed step instead). Cancelled:
         withdraw the cancellation: the cancelled outcomes and every step recorded from the cancel
         on (compensations) are forgotten — what compensations did is not undone — cancelled
-        children are resumed, and the interrupted steps run again.
+        children are resumed, and the interrupted steps run again. Recorded, with what it forgot.
         """
         ex = self.engine.read_exec(execution_id)
         if ex.get("status") == Status.RUNNING:
+            note(self.engine, execution_id, "resume", by, reason)
             self.engine.links.wake(execution_id)
             return []
-        return self._operate(execution_id, self._plan_resume)
+        return self._operate(execution_id, recorded(self.engine, self._plan_resume, "resume", by, reason))
 
     def reset(self, execution_id: str, step: int, by: str | None = None, reason: str | None = None) -> list[StepRecord]:
         """Re-run a failed or cancelled execution from step ``step`` (Temporal's reset, DBOS's resume
@@ -233,8 +236,8 @@ class Admin:
         steps; a running child or a running activity attempt refuses it), a cancellation recorded
         before ``step`` is withdrawn, and the execution runs again from there. Steps before ``step``
         keep their outcomes. Recorded as an operation document ``op:<n>`` (who, when, from which
-        step, the status it had) written in the batch that reopens it, with the exec's
-        ``generation`` bumped: the execution is terminal until that batch, so no drive runs on a
+        step, the status it had, what it forgot) written with the first batch; the exec's
+        ``generation`` is bumped and it is terminal until the last batch, so no drive runs on a
         half-reset history. A running execution is refused: cancel it first. See engine/reset.py.
         """
         before = self.describe(execution_id)
@@ -255,6 +258,7 @@ class Admin:
         dry_run: bool = False,
         progress: Callable[[PurgeReport], None] | None = None,
         page_size: int = 200,
+        by: str | None = None,
     ) -> PurgeReport:
         """Delete terminal executions that ended more than ``older_than`` seconds ago.
 
@@ -296,6 +300,7 @@ class Admin:
                         kept = (*report.kept, f"{s.id}: {deleted}")[-_KEPT_REASONS:]
                         report = replace(report, skipped=report.skipped + 1, kept=kept)
                     else:
+                        tombstone(self.engine, doc, by, deleted)
                         report = replace(report, purged=report.purged + 1, documents=report.documents + deleted)
                     if progress is not None:
                         progress(report)
@@ -344,7 +349,7 @@ class Admin:
         else:
             raise OperationRefused(f"{execution_id} kept changing; try again")
         for child in rewrite.children:
-            self._operate(child, self._plan_resume if self._status(child) == Status.CANCELLED else self._plan_retry)
+            self._operate(child, cascade(self, child, execution_id))  # recorded in the child too
         for send in rewrite.sends:
             eng.dispatch(send)
         eng.dispatcher.send_drive(execution_id)
@@ -362,9 +367,9 @@ class Admin:
         chained, ``generation`` bumped) so nothing interleaves; ``final`` goes in the last one."""
         store = self.engine.store
         pk = ex["pk"]
-        ops = [Op.delete(d["id"], d["_etag"]) for d in deletes]
+        ops = [Op.create(d) for d in creates]  # first: the archive of what is deleted never lags it
+        ops += [Op.delete(d["id"], d["_etag"]) for d in deletes]
         ops += [Op.replace(strip_reserved(d), d["_etag"]) for d in replaces]
-        ops += [Op.create(d) for d in creates]  # last: in the batch that reopens the execution
         room = store.max_batch_ops - 1
         chunks = [ops[i : i + room] for i in range(0, len(ops), room)] or [[]]
         body, etag = ex, ex["_etag"]
@@ -584,10 +589,3 @@ class Admin:
         finally:
             self.engine.cache.invalidate(execution_id)
         return len(docs)
-
-
-def _epoch(when: datetime | float | None) -> float | None:
-    """Epoch seconds of a datetime (naive means UTC) or a number."""
-    if isinstance(when, datetime):
-        return (when if when.tzinfo is not None else when.replace(tzinfo=UTC)).timestamp()
-    return None if when is None else float(when)

@@ -35,6 +35,7 @@ from .heartbeat import Heartbeat
 from .leases import LeaseKeeper
 from .links import Links
 from .model import DUE_EXEC, EXEC_ID, TERMINAL, Clock, Settings, SystemClock, new_exec_doc, worker_identity
+from .oplog import cancel_ops
 from .outbox import DUE_ADMIT, OutboxEngine, OutboxSettings
 from .outbox.runtime import EffectKeeper
 from .recovery import Recovery
@@ -246,10 +247,9 @@ class Engine:
         finally:
             waiter.close()
 
-    def cancel(self, execution_id: str) -> bool:
-        """Persist a cancel request (never downgraded) and wake the execution.
-
-        Returns False when the execution had already ended.
+    def cancel(self, execution_id: str, by: str | None = None, reason: str | None = None) -> bool:
+        """Persist a cancel request (never downgraded) and wake the execution; an operator's
+        (``by``: who) is recorded with it (engine/oplog.py). False when it had already ended.
         """
         for _ in range(100):
             ex = self.read_exec(execution_id)
@@ -260,7 +260,10 @@ class Engine:
             updated = strip_reserved(ex)
             updated.update(cancel_requested=True, wakeups=int(ex.get("wakeups") or 0) + 1)
             try:
-                self.store.replace(updated, if_match=ex["_etag"])
+                if by is None:  # a parent cancelling its child: its own history says so
+                    self.store.replace(updated, if_match=ex["_etag"])
+                else:
+                    self.store.batch(execution_id, cancel_ops(ex, updated, by, reason, self.clock.now()))
             except ConflictError:
                 continue
             self.dispatcher.send_drive(execution_id)

@@ -16,6 +16,7 @@ import socket
 from typing import Any, Protocol
 
 from ..stores.base import Doc
+from .oplog import archive, children_archive, next_op
 from .schema import EXEC_ID, DocType, Status, marker_id, operation_id, result_id
 from .search import run_start as search_run_start
 from .timeline import _int
@@ -93,7 +94,7 @@ def plan_reset(
             marker = docs.get(marker_id(_int(d.get("seq")), run))
             if marker is not None and marker["id"] not in gone:
                 admin._rearm(ex, marker, rewrite, fresh=True)
-    n = _int(ex.get("operations")) + 1
+    n = next_op(ex, docs)
     now = admin.engine.clock.now()
     rewrite.creates.append(
         {
@@ -108,7 +109,9 @@ def plan_reset(
             "status": status,
             "error": ex.get("error"),
             "reason": reason,
-            "forgotten": len(rewrite.deletes),
+            # the steps it forgets, archived as they were (engine/oplog.py): nothing that ran is lost
+            **(kept := archive(docs, rewrite.deletes, run)),
+            **children_archive(admin.engine, list(getattr(rewrite, "forget", ())), kept),
         }
     )
     # ``resets`` makes the ids of what the re-run sends again new (wf.signal_external's signal id)

@@ -8,10 +8,12 @@ document: it is flagged (``corrupt``) and the others are still shown.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from ..stores.base import CORRUPT_KEY, Doc
 from .schema import EXEC_ID, SIGNAL_MARK_PREFIX, DocType, Status, StepKind, result_id, signal_outcome_id
+from .superseded import SupersededStep, live_versions, superseded_of
 
 __all__ = [
     "STATUSES",
@@ -20,6 +22,7 @@ __all__ = [
     "ExecutionDetail",
     "StepRecord",
     "SignalRecord",
+    "SupersededStep",
     "PurgeReport",
     "summary_of",
     "describe_docs",
@@ -103,8 +106,12 @@ class ExecutionDetail:
     corrupt: tuple[str, ...] = ()
     #: what the workflow last set with ``wf.set_status`` (None if never)
     custom_status: Any = None
-    #: operators' recorded actions on the execution (``op:`` documents: resets), oldest first
+    #: operators' recorded actions on the execution (``op:`` documents: who, when, reason, what
+    #: they forgot), oldest first
     operations: tuple[dict[str, Any], ...] = ()
+    #: the steps those actions forgot (retry, resume, reset), as they were: nothing that ran is
+    #: forgotten (engine/oplog.py)
+    superseded: tuple[SupersededStep, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -119,6 +126,13 @@ class PurgeReport:
 
 
 # --- decoding, in one place ------------------------------------------------------------------
+
+
+def _epoch(when: datetime | float | None) -> float | None:
+    """Epoch seconds of a datetime (naive means UTC) or a number."""
+    if isinstance(when, datetime):
+        return (when if when.tzinfo is not None else when.replace(tzinfo=UTC)).timestamp()
+    return None if when is None else float(when)
 
 
 def _num(value: Any) -> float | None:
@@ -230,6 +244,10 @@ def _signals(docs: list[Doc], run: int) -> list[SignalRecord]:
     return [record for _, record in sorted(out, key=lambda pair: pair[0])]
 
 
+def _op_order(doc: Doc) -> str:
+    return str(doc.get("id"))  # op:<n>, zero-padded: the order they were recorded in
+
+
 def describe_docs(ex: Doc, docs: list[Doc]) -> ExecutionDetail:
     """The timeline of the current run from a partition's documents (malformed ones flagged)."""
     summary = summary_of(ex)
@@ -261,8 +279,7 @@ def describe_docs(ex: Doc, docs: list[Doc]) -> ExecutionDetail:
         signals=tuple(signals),
         children=tuple(s.child_id for s in steps if s.kind == StepKind.CHILD and s.child_id),
         custom_status=ex.get("custom_status"),
-        operations=tuple(
-            sorted((d for d in docs if d.get("type") == DocType.OPERATION), key=lambda d: str(d.get("id")))
-        ),
+        operations=(ops := tuple(sorted((d for d in docs if d.get("type") == DocType.OPERATION), key=_op_order))),
+        superseded=superseded_of(ops, live_versions(docs)),
         corrupt=((summary.corrupt,) if summary.corrupt else ()) + tuple(corrupt),
     )

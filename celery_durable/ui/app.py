@@ -10,6 +10,7 @@ engine calls as the ``durable`` CLI, behind :class:`.auth.Guard`.
 from __future__ import annotations
 
 import json
+import logging
 import shlex
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from ..cli_render import ts
 from ..engine.admin import Admin, ExecutionDetail, OperationRefused
 from ..engine.core import Engine
 from ..engine.links import declared_signals
+from ..engine.oplog import note
 from ..engine.schema import Status
 from ..engine.timeline import STATUSES
 from ..errors import DurableError, PayloadValidationError, UnknownWorkflowError
@@ -36,6 +38,8 @@ from .auth import COOKIE, Guard, safe_next
 from .views import chart, detail_json, duration, exec_url, lanes_of, parse_age, pretty, read_lane
 
 __all__ = ["create_app", "ACTIONS"]
+
+log = logging.getLogger("celery_durable.ui")
 
 HERE = Path(__file__).parent
 ACTIONS = ("signal", "cancel", "retry", "resume")
@@ -246,7 +250,8 @@ class UI:
         if not execution_id or self.detail(execution_id) is None:
             return _answer(request, 404, f"no execution with id {execution_id!r}")
         try:
-            code = self._act(name, execution_id, {k: str(v) for k, v in form.items()})
+            by = f"ui:{request.client.host if request.client else '?'}"  # recorded with the action
+            code = self._act(name, execution_id, {k: str(v) for k, v in form.items()}, by)
         except (OperationRefused, PayloadValidationError, ValueError) as exc:
             return _answer(request, 400, str(exc), execution_id)
         except DurableError as exc:
@@ -255,7 +260,7 @@ class UI:
             return JSONResponse({"ok": True, "message": MESSAGES[code]}, headers=_headers())
         return RedirectResponse(f"{exec_url(execution_id)}?msg={code}", status_code=303, headers=_headers())
 
-    def _act(self, name: str, execution_id: str, form: dict[str, str]) -> str:
+    def _act(self, name: str, execution_id: str, form: dict[str, str], by: str = "ui") -> str:
         """Run one action; the message code to show (the engine's calls, as the CLI makes them)."""
         if name == "signal":
             signal = form.get("name", "").strip()
@@ -267,19 +272,25 @@ class UI:
                 raise ValueError(f"the value is not valid JSON: {exc}") from exc
             except RecursionError as exc:
                 raise ValueError("the value is nested too deeply") from exc
-            return "signal-delivered" if self.engine.signal(execution_id, signal, value) else "signal-ignored"
+            if not self.engine.signal(execution_id, signal, value):
+                return "signal-ignored"
+            try:
+                note(self.engine, execution_id, "signal", by, name=signal)
+            except DurableError as exc:  # delivered all the same: an error would invite a resend
+                log.warning("signal %r to %s delivered, its sender not recorded: %s", signal, execution_id, exc)
+            return "signal-delivered"
         if name == "cancel":
-            return "cancel-requested" if self.engine.cancel(execution_id) else "cancel-finished"
+            return "cancel-requested" if self.engine.cancel(execution_id, by=by) else "cancel-finished"
         if name == "retry":
             status = self.engine.read_exec(execution_id).get("status")
             if status != Status.FAILED:
                 raise OperationRefused(f"{execution_id} is {status}, not failed")
-            self.admin.retry(execution_id)
+            self.admin.retry(execution_id, by=by)
             return "retry"
         status = self.engine.read_exec(execution_id).get("status")
         if status == Status.COMPLETED:
             raise OperationRefused(f"{execution_id} is completed; nothing to resume")
-        self.admin.resume(execution_id)
+        self.admin.resume(execution_id, by=by)
         return "resume"
 
 

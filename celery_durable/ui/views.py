@@ -262,5 +262,7 @@ def detail_json(detail: ExecutionDetail) -> dict[str, Any]:
         "children": list(detail.children),
         "corrupt": list(detail.corrupt),
         "custom_status": getattr(detail, "custom_status", None),
+        "operations": [dict(op) for op in detail.operations],
+        "superseded": [dataclasses.asdict(s) for s in detail.superseded],
     }
     return json.loads(json.dumps(data, default=str))  # type: ignore[no-any-return]

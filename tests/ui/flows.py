@@ -69,3 +69,29 @@ def fails(why: str) -> str:
 def counts() -> int:
     """Declares no signals: a value is typed where it is consumed (a bad one is rejected)."""
     return int(wf.wait_signal("n", int))
+
+
+REFUNDS: list[str] = []
+LABEL_BROKEN = [True]
+
+
+@durable_activity(name="ui.refund")
+def refund(order: str) -> str:
+    REFUNDS.append(order)
+    return f"refunded {order}"
+
+
+@durable_activity(name="ui.label")
+def label(order: str) -> str:
+    if LABEL_BROKEN[0]:
+        raise NonRetryableError("printer out of paper")
+    return f"LBL-{order}"
+
+
+@durable.workflow(name="ui.saga")
+def saga(order: str) -> str:
+    """A charge, its refund registered, a label that fails while the printer is broken."""
+    with wf.Saga() as s:
+        add(1, 1)
+        s.add(refund, order)
+        return label(order)

@@ -256,3 +256,25 @@ def test_the_ui_serves_prometheus_metrics_of_its_store_calls(env: WorkflowEnviro
     before = reads()
     assert client.get("/executions/metrics-1").status_code == 200  # the page reads the store
     assert reads() > before
+
+
+def test_superseded_steps_and_operator_actions_are_drawn(env: WorkflowEnvironment, client: TestClient) -> None:
+    """After a retry that forgot a refund that ran, the page lists the retry (by the UI and the
+    client's address) and the refund as superseded, with its value (issue 23, item 4)."""
+    flows.REFUNDS.clear()
+    flows.LABEL_BROKEN[0] = True
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    h = env.start(flows.saga, "o-9", _workflow_id="saga-1")
+    assert h.status() == "failed" and flows.REFUNDS == ["o-9"]
+    flows.LABEL_BROKEN[0] = False
+    assert client.post("/actions/retry", data={"id": h.id}, headers=auth).json()["ok"] is True
+    env.run_until_idle()
+    assert h.status() == "completed"
+    html = client.get(f"/executions/{h.id}").text
+    assert '<tr class="operation" data-action="retry">' in html and "ui:testclient" in html
+    rows = re.findall(r'<tr class="superseded" data-seq="(\d+)" data-state="([^"]+)">', html)
+    assert rows == [("2", "failed"), ("3", "ok")]
+    assert "ui.refund" in html and "refunded o-9" in html.replace("&#34;", '"')
+    data = client.get(f"/api/executions/{h.id}").json()
+    assert [(s["name"], s["state"], s["value"]) for s in data["superseded"]][1] == ("ui.refund", "ok", "refunded o-9")
+    assert [(o["action"], o["by"]) for o in data["operations"]] == [("retry", "ui:testclient")]

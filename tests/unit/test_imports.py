@@ -39,6 +39,7 @@ LAYERS = {
     "cli": 5,
     "cli_render": 5,
     "cli_cosmos": 5,
+    "cli_ops": 5,
     "app": 5,
     "ui": 5,  # the web UI: an app over the engine, imported (lazily) by the cli only
     "testing": 6,

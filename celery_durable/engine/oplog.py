@@ -1,0 +1,327 @@
+"""Every operator action on an execution is recorded, with what it forgot (issue 23, item 4).
+
+An action (retry, resume, reset, cancel, a signal sent by an operator) writes an operation
+document ``op:<n>`` into the execution's partition: who (``by``), when (``at``), ``reason``, the
+status it found, and, for the actions that delete recorded steps so they run again, an archive of
+those steps (``forgotten``: seq, kind, name, state, value or error), copied from the documents
+*before* they are deleted and written with the first batch of deletes (``Admin._commit`` puts
+creates first: a crash between batches leaves the record, never deletes without it; the last
+batch reopens the execution). So a compensation that really ran (a refund) stays visible after
+a retry: ``describe().superseded``, ``durable show``, the UI. The archive is capped (entries and
+bytes) to stay far under the store's document and batch limits: what does not fit is counted in
+``forgotten_more``, and a value too large is kept as the start of its JSON text with
+``value_truncated`` (never changed silently).
+
+A purge deletes the whole partition, so its record is a log line and a small ``purged`` tombstone
+document written in the emptied partition (``describe`` of a purged id says who purged it, when).
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import logging
+import socket
+from collections.abc import Callable, Iterable
+from types import SimpleNamespace
+from typing import Any, Protocol
+
+from ..errors import ConflictError, DurableError
+from ..stores.base import Doc, Op, strip_reserved
+from .schema import EXEC_ID, OPERATION_PREFIX, DocType, StepKind, marker_id, operation_id
+from .superseded import version_of
+from .timeline import _int, _step
+
+__all__ = [
+    "TOMBSTONE_ID",
+    "actor",
+    "archive",
+    "cascade",
+    "children_archive",
+    "cancel_ops",
+    "forgotten_lines",
+    "next_op",
+    "note",
+    "op_doc",
+    "preview",
+    "recorded",
+    "tombstone",
+    "unknown",
+]
+
+log = logging.getLogger("celery_durable.operations")
+
+#: archived steps per operation document; the rest are counted in ``forgotten_more``
+MAX_ENTRIES = 200
+#: bytes of JSON the archive may take in one operation document (well under every store's limit,
+#: next to the exec document and the deletes in one batch)
+MAX_ARCHIVE_BYTES = 64 * 1024
+#: a value whose JSON is longer is archived as its first this many characters (flagged)
+MAX_VALUE_CHARS = 2000
+#: the id of the document a purge leaves in the emptied partition
+TOMBSTONE_ID = "purged"
+#: outcome documents of a step (a marker's own are found through it)
+_STEP_DOCS = (DocType.STEP, DocType.RESULT, DocType.SIGNAL)
+
+
+def actor() -> str:
+    """Who acts when the caller does not say: ``user@host`` of this process."""
+    try:
+        user = getpass.getuser()
+    except Exception:  # no user name in this environment (a container): still recorded
+        user = "?"
+    return f"{user}@{socket.gethostname()}"
+
+
+def _check_text(value: Any, what: str) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"{what} must be a string, not {type(value).__name__}")
+    return value
+
+
+def _entry(marker: Doc, by_id: dict[str, Doc], run: int) -> dict[str, Any]:
+    step = _step(marker, by_id, run)
+    entry: dict[str, Any] = {"seq": step.seq, "kind": step.kind, "name": step.name, "state": step.state, "run": run}
+    entry["version"] = version_of(marker, by_id, run)  # which documents: superseded.py
+    if step.error:
+        entry["error"] = step.error
+    if step.finished_at is not None:
+        entry["finished_at"] = step.finished_at
+    if step.child_id:
+        entry["child_id"] = step.child_id
+    if step.value is not None:
+        text = json.dumps(step.value, default=str)
+        if len(text) > MAX_VALUE_CHARS:
+            entry.update(value=text[:MAX_VALUE_CHARS], value_truncated=True)
+        else:
+            entry["value"] = step.value
+    return entry
+
+
+def archive(docs: dict[str, Doc], deletes: Iterable[Doc], run: int, room: int = MAX_ARCHIVE_BYTES) -> dict[str, Any]:
+    """The ``forgotten`` fields of an operation document: the steps of run ``run`` whose marker or
+    outcome is among ``deletes``, as they are in ``docs`` (read before the deletes), by step,
+    taking at most ``room`` bytes of JSON."""
+    seqs = sorted(
+        {
+            _int(d.get("seq"))
+            for d in deletes
+            if d.get("type") in _STEP_DOCS and _int(d.get("run")) == run and isinstance(d.get("seq"), int)
+        }
+    )
+    entries: list[dict[str, Any]] = []
+    size, more = 0, 0
+    for seq in seqs:
+        marker = docs.get(marker_id(seq, run))
+        if marker is None:
+            continue  # an outcome without its marker: nothing to name it by (never written so)
+        try:
+            entry = _entry(marker, docs, run)
+        except (KeyError, TypeError, ValueError):
+            entry = {"seq": seq, "kind": "?", "name": str(marker.get("name")), "state": "corrupt", "run": run}
+        cost = len(json.dumps(entry, default=str))
+        if len(entries) >= MAX_ENTRIES or size + cost > room:
+            more += 1
+            continue
+        entries.append(entry)
+        size += cost
+    return {"forgotten": entries, "forgotten_more": more}
+
+
+def next_op(ex: Doc, docs: dict[str, Doc] | None = None) -> int:
+    """The number of the next operation document: past the exec's ``operations`` counter and past
+    any record in ``docs`` (one written with the first batch of an action whose later batches,
+    which count it, did not happen: a crash between them)."""
+    ids = [d for d in docs or () if d.startswith(OPERATION_PREFIX) and d[len(OPERATION_PREFIX) :].isdigit()]
+    return max([_int(ex.get("operations")), *(int(d[len(OPERATION_PREFIX) :]) for d in ids)]) + 1
+
+
+def op_doc(ex: Doc, action: str, by: str, reason: str | None, at: float, n: int | None = None, **fields: Any) -> Doc:
+    """The operation document ``op:<n>`` for ``ex`` (``n``: by default its ``operations``
+    counter + 1; the caller writes ``operations=n`` on the exec document in the same batch, or
+    in the last batch of the action)."""
+    return {
+        "pk": ex["pk"],
+        "id": operation_id(_int(ex.get("operations")) + 1 if n is None else n),
+        "type": DocType.OPERATION,
+        "action": action,
+        "by": by,
+        "at": at,
+        "reason": reason,
+        "run": _int(ex.get("run")),
+        "status": ex.get("status"),
+    } | fields
+
+
+class Engine(Protocol):
+    """What this module uses of the engine (a protocol: the engine imports this module)."""
+
+    @property
+    def store(self) -> Any: ...
+    @property
+    def clock(self) -> Any: ...
+    @property
+    def cache(self) -> Any: ...
+    def read_exec(self, execution_id: str) -> Doc: ...
+
+
+class _Rewrite(Protocol):
+    deletes: list[Doc]
+    creates: list[Doc]
+    fields: dict[str, Any]
+    forget: list[str]
+
+
+def recorded(
+    engine: Engine,
+    plan: Callable[[Doc, dict[str, Doc]], Any],
+    action: str,
+    by: str | None,
+    reason: str | None,
+) -> Callable[[Doc, dict[str, Doc]], Any]:
+    """``plan`` (an ``Admin`` rewrite plan) that also records the action and archives the steps
+    it deletes, in the batch that reopens the execution. Inputs are checked before any write."""
+    who = actor() if by is None else _check_text(by, "by")
+    _check_text(reason, "reason")
+
+    def plan_and_record(ex: Doc, docs: dict[str, Doc]) -> Any:
+        rewrite: _Rewrite = plan(ex, docs)
+        extra = archive(docs, rewrite.deletes, _int(ex.get("run")))
+        extra.update(children_archive(engine, rewrite.forget, extra))
+        error = ex.get("error")
+        if isinstance(error, dict):  # the exec keeps the traceback; the record, what it was
+            error = {k: v for k, v in error.items() if k != "traceback"}
+        n = next_op(ex, docs)
+        rewrite.creates.append(op_doc(ex, action, str(who), reason, engine.clock.now(), n, error=error, **extra))
+        rewrite.fields["operations"] = n
+        return rewrite
+
+    return plan_and_record
+
+
+def children_archive(engine: Engine, forget: list[str], archived: dict[str, Any]) -> dict[str, Any]:
+    """The ``forgotten_children`` field for the finished children an action deletes (none: no
+    field), in the room the parent's own ``archived`` steps left."""
+    if not forget:
+        return {}
+    room = max(0, MAX_ARCHIVE_BYTES - len(json.dumps(archived, default=str))) // len(forget)
+    return {"forgotten_children": [_child(engine, child, room) for child in forget]}
+
+
+def _child(engine: Engine, execution_id: str, room: int) -> dict[str, Any]:
+    """A finished child execution the action deletes (it belonged to the forgotten steps): its
+    outcome and its steps, archived in the parent's record."""
+    docs = {d["id"]: d for d in engine.store.query_partition(execution_id).docs}
+    ex = docs.get(EXEC_ID) or {}
+    run = _int(ex.get("run"))
+    steps = [d for d in docs.values() if d.get("type") == DocType.STEP and _int(d.get("run")) == run]
+    out: dict[str, Any] = {"id": execution_id, "workflow": ex.get("workflow"), "status": ex.get("status")}
+    error = ex.get("error")
+    out["error"] = f"{error.get('type')}: {error.get('message')}" if isinstance(error, dict) else error
+    return out | archive(docs, steps, run, room)
+
+
+def cascade(admin: Any, child: str, parent: str) -> Callable[[Doc, dict[str, Doc]], Any]:
+    """The plan reopening a failed or cancelled child of a step an action re-runs, recorded
+    (``by``: the parent) with what it forgets in the child."""
+    how = "resume" if admin._status(child) == "cancelled" else "retry"
+    return recorded(admin.engine, getattr(admin, f"_plan_{how}"), how, f"via parent {parent}", None)
+
+
+def note(
+    engine: Engine, execution_id: str, action: str, by: str | None, reason: str | None = None, **fields: Any
+) -> None:
+    """Record an action that deletes nothing (a signal sent by an operator, a resume of a running
+    execution) in its own batch: the exec's counter and the operation document together. Raises
+    :class:`DurableError` when it cannot (the caller says so: a signal is delivered already)."""
+    who = actor() if by is None else _check_text(by, "by")
+    _check_text(reason, "reason")
+    for _ in range(20):
+        ex = engine.read_exec(execution_id)
+        doc = op_doc(ex, action, str(who), reason, engine.clock.now(), **fields)
+        body = strip_reserved(ex) | {"operations": _int(ex.get("operations")) + 1}
+        try:
+            engine.store.batch(execution_id, [Op.replace(body, ex["_etag"]), Op.create(doc)])
+        except ConflictError:
+            continue  # a drive committed meanwhile: record on the fresh exec document
+        finally:
+            engine.cache.invalidate(execution_id)
+        log.info("%s of %s by %s", action, execution_id, who)
+        return
+    raise DurableError(f"could not record the {action} of {execution_id!r}: too much contention")
+
+
+def cancel_ops(ex: Doc, body: Doc, by: str, reason: str | None, at: float) -> list[Op]:
+    """The batch that requests the cancel of ``ex`` (``body``: its updated exec document) and
+    records it: who (``by``) asked and why."""
+    _check_text(by, "by")
+    _check_text(reason, "reason")
+    body = body | {"operations": _int(ex.get("operations")) + 1}
+    return [Op.replace(body, ex["_etag"]), Op.create(op_doc(ex, "cancel", by, reason, at))]
+
+
+def tombstone(engine: Engine, ex: Doc, by: str | None, documents: int, reason: str | None = None) -> None:
+    """Record a purge where it survives: a log line and a small document in the emptied partition.
+    Best effort: the purge happened; a store error here is logged, not raised."""
+    at, by = engine.clock.now(), actor() if by is None else by
+    log.info("purged %s (%s, %s, %d documents) by %s", ex["pk"], ex.get("workflow"), ex.get("status"), documents, by)
+    doc = {
+        "pk": ex["pk"],
+        "id": TOMBSTONE_ID,
+        "type": TOMBSTONE_ID,
+        "action": "purge",
+        "by": by,
+        "at": at,
+        "reason": reason,
+        "workflow": ex.get("workflow"),
+        "status": ex.get("status"),
+        "documents": documents,
+    }
+    try:
+        engine.store.upsert(doc)
+    except DurableError as exc:
+        log.warning("the purge record of %s was not written: %s", ex["pk"], exc)
+    finally:
+        engine.cache.invalidate(str(ex["pk"]))
+
+
+def unknown(engine: Engine, execution_id: str) -> str:
+    """The message for an execution that does not exist: who purged it and when, if recorded."""
+    try:
+        gone = engine.store.read(execution_id, TOMBSTONE_ID)
+    except DurableError:
+        gone = None
+    why = "" if gone is None else f" (purged by {gone.get('by')} at {gone.get('at')})"
+    return f"no execution with id {execution_id!r}{why}"
+
+
+def forgotten_lines(docs: dict[str, Doc], deletes: list[Doc], run: int) -> list[str]:
+    """What a prompt says an action will forget: one line a step; a step that completed is
+    flagged as having run (a compensation, say): forgetting it does not undo what it did."""
+    got = archive(docs, deletes, run)
+    lines = []
+    for e in got["forgotten"]:
+        ran = e["state"] == "ok" and e["kind"] in (StepKind.ACTIVITY, StepKind.CHILD)
+        flag = "  <- it RAN: forgetting it does not undo it" if ran else ""
+        lines.append(f"  step {e['seq']} {e['name']} ({e['kind']}, {e['state']}){flag}")
+    if got["forgotten_more"]:
+        lines.append(f"  ... and {got['forgotten_more']} more")
+    return lines
+
+
+def preview(admin: Any, execution_id: str, action: str, reset: Callable[..., Any] | None = None) -> list[str]:
+    """The lines :func:`forgotten_lines` gives for ``action`` ("retry", "resume", or "reset":
+    ``reset(ex, docs, rewrite)`` plans it) of the execution now: the admin's plan on a fresh
+    read, nothing written."""
+    docs = {d["id"]: d for d in admin.engine.store.query_partition(execution_id).docs}
+    ex = docs.get(EXEC_ID)
+    if ex is None:
+        return []
+    if reset is not None:
+        rewrite = SimpleNamespace(deletes=[], replaces=[], sends=[], children=[], notes=[], forget=[])
+        rewrite.__dict__.update(fields={}, creates=[])
+        reset(ex, docs, rewrite)
+        deletes = rewrite.deletes
+    else:
+        deletes = (admin._plan_retry if action == "retry" else admin._plan_resume)(ex, docs).deletes
+    return forgotten_lines(docs, deletes, _int(ex.get("run")))
