@@ -23,6 +23,7 @@ from .cache import bump_generation
 from .dispatcher import ActivityRequest, ClockRequest
 from .model import lease_live
 from .outbox import DUE_ADMIT
+from .reruns import bump_reruns
 from .reset import plan_reset, reset_by
 from .salvage import salvage
 from .schema import (
@@ -332,6 +333,7 @@ class Admin:
                 "cancel_requested": False,
                 "retried": _int(ex.get("retried")) + 1,
                 "wakeups": _int(ex.get("wakeups")) + 1,
+                **bump_reruns(ex),  # the ids of steps the re-run takes anew are new (engine/reruns.py)
                 "updated_at": now,
                 "due_kind": DueKind.EXEC,
                 "due_at": now + eng.settings.drive_timeout,

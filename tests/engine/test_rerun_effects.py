@@ -1,0 +1,176 @@
+"""Issue 23 item 2: a re-run's ``emit`` (after reset, resume or retry) is a new effect; an explicit
+``effect_id`` emitted again is reported not admitted (duplicate or conflict), never dropped silently."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_durable import Durable, NonRetryableError, WorkflowCancelledError, durable_activity
+from celery_durable import workflow as wf
+from celery_durable.engine.admin import Admin
+from celery_durable.testing.env import WorkflowEnvironment
+
+app = Celery("rerun-effects-tests", set_as_current=False)
+durable = Durable(app, store="memory://")
+RAN: list[Any] = []
+FAIL: dict[str, bool] = {"flaky": True}
+
+
+@durable.effect("rr.note", replay_safe=True)
+def note(msg: Any) -> None:
+    RAN.append(msg)
+
+
+@durable_activity(name="rr.flaky")
+def flaky() -> str:
+    if FAIL["flaky"]:
+        raise NonRetryableError("fails until fixed")
+    return "ok"
+
+
+@durable.workflow(name="rr.emitter")
+def emitter() -> dict[str, str]:
+    u = str(wf.uuid4())
+    eid = durable.emit("rr.note", u)
+    flaky()
+    return {"sent": u, "effect_id": eid}
+
+
+@durable.workflow(name="rr.explicit")
+def explicit(same: bool) -> str:
+    u = "fixed" if same else str(wf.uuid4())
+    eid = durable.emit("rr.note", u, effect_id="rr-explicit-1")
+    flaky()
+    return eid
+
+
+@durable.workflow(name="rr.saga")
+def saga() -> str:
+    try:
+        flaky()
+    except Exception:
+        durable.emit("rr.note", "refund")  # the compensation
+        raise
+    durable.emit("rr.note", "ship")  # the same step number in the retried run
+    return "shipped"
+
+
+@durable.workflow(name="rr.order", signals={"go": str})
+def order() -> str:
+    try:
+        wf.wait_signal("go")
+    except WorkflowCancelledError:
+        durable.emit("rr.note", "order cancelled")
+        raise
+    durable.emit("rr.note", "order confirmed")
+    return "confirmed"
+
+
+@pytest.fixture(autouse=True)
+def _clean() -> None:
+    RAN.clear()
+    FAIL["flaky"] = True
+
+
+def _settle(env: WorkflowEnvironment) -> None:
+    env.run_until_idle()
+    env.advance(300)  # beat's outbox scan admits left-over intents
+    env.advance(300)
+
+
+def _failed(env: WorkflowEnvironment, wf_fn: Any, *args: Any) -> Any:
+    h = env.start(wf_fn, *args)
+    env.run_until_idle()
+    assert h.status() == "failed"
+    return h
+
+
+def test_reset_emit_is_a_new_effect() -> None:
+    env = WorkflowEnvironment(durable)
+    h = _failed(env, emitter)
+    assert len(RAN) == 1
+    FAIL["flaky"] = False
+    h.reset(step=1, reason="fixed flaky")
+    out = env.result(h)
+    _settle(env)
+    assert out["sent"] in RAN and len(RAN) == 2, RAN
+    assert out["effect_id"].endswith("~1")
+    steps = {s.seq: s for s in Admin(env.engine).describe(h.id).steps}
+    assert steps[2].state == "enqueued"
+
+
+def test_retry_emit_at_a_forgotten_compensations_step_is_a_new_effect() -> None:
+    env = WorkflowEnvironment(durable)
+    h = _failed(env, saga)
+    _settle(env)
+    assert RAN == ["refund"]
+    FAIL["flaky"] = False
+    Admin(env.engine).retry(h.id)
+    assert env.result(h) == "shipped"
+    _settle(env)
+    assert RAN == ["refund", "ship"]
+
+
+def test_reset_twice_each_rerun_emits_anew() -> None:
+    env = WorkflowEnvironment(durable)
+    h = _failed(env, emitter)
+    h.reset(step=1)
+    env.run_until_idle()
+    assert h.status() == "failed"
+    FAIL["flaky"] = False
+    h.reset(step=2)
+    out = env.result(h)
+    _settle(env)
+    assert len(RAN) == 3 and RAN[-1] == out["sent"], RAN
+    assert out["effect_id"].endswith("~2")
+
+
+def test_resume_of_cancelled_execution_runs_the_resumed_runs_emit() -> None:
+    env = WorkflowEnvironment(durable)
+    h = env.start(order)
+    env.cancel(h)
+    assert h.status() == "cancelled"
+    env.run_until_idle()
+    Admin(env.engine).resume(h.id)
+    env.run_until_idle()
+    env.signal(h, "go", "now")
+    assert env.result(h) == "confirmed"
+    _settle(env)
+    assert RAN == ["order cancelled", "order confirmed"]
+
+
+@pytest.mark.parametrize(("same", "reason", "level"), [(True, "duplicate", "WARNING"), (False, "conflict", "ERROR")])
+def test_explicit_effect_id_re_emitted_after_reset_is_told(
+    same: bool, reason: str, level: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    env = WorkflowEnvironment(durable)
+    h = _failed(env, explicit, same)
+    assert len(RAN) == 1
+    FAIL["flaky"] = False
+    h.reset(step=1)
+    with caplog.at_level(logging.WARNING, logger="celery_durable"):
+        assert env.result(h) == "rr-explicit-1"
+        _settle(env)
+    assert len(RAN) == 1  # once ever
+    marker = next(d for d in env.store.query_partition(h.id).docs if d.get("kind") == "emit")
+    assert marker["admitted"] is False and marker["reason"] == reason
+    told = [r for r in caplog.records if "rr-explicit-1" in r.getMessage() and r.levelname == level]
+    assert told, [(r.levelname, r.getMessage()) for r in caplog.records]
+    emits = [s for s in Admin(env.engine).describe(h.id).steps if s.kind == "emit"]
+    assert [s.state for s in emits] == [f"not enqueued ({reason})"]
+
+
+def test_replay_of_a_kept_emit_keeps_its_id_and_first_run_ids_are_unchanged() -> None:
+    env = WorkflowEnvironment(durable)
+    h = _failed(env, emitter)
+    first = next(d for d in env.store.query_partition(h.id).docs if d.get("kind") == "emit")
+    assert first["effect"]["id"] == f"{h.id}:000002"  # no suffix before any operation
+    FAIL["flaky"] = False
+    h.reset(step=3)  # the emit at step 2 is kept
+    out = env.result(h)
+    _settle(env)
+    assert out["effect_id"] == f"{h.id}:000002" and len(RAN) == 1
