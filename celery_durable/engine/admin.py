@@ -23,7 +23,7 @@ from .cache import bump_generation
 from .dispatcher import ActivityRequest, ClockRequest
 from .model import lease_live
 from .outbox import DUE_ADMIT
-from .reruns import bump_reruns
+from .reruns import bump_reruns, children_of
 from .reset import plan_reset, reset_by
 from .salvage import salvage
 from .schema import (
@@ -481,6 +481,8 @@ class Admin:
             # wait decision, the settlement of the signal value it consumed)
             if d.get("cancelled") or _int(d.get("seq"), -1) > at:
                 rewrite.deletes.append(d)
+        for child in children_of(rewrite.deletes):  # of the compensations: their re-run starts its own
+            self._plan_forget(child, rewrite, depth=0)
         if any(_int(d.get("seq"), -1) > at for d in rewrite.deletes):
             rewrite.fields["steps"] = at  # the resumed run may take fewer steps than the compensations
         gone = {d["id"] for d in rewrite.deletes}

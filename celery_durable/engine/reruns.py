@@ -13,7 +13,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["RERUNS", "rerun_count", "bump_reruns", "emit_state"]
+from ..stores.base import Doc
+
+__all__ = ["RERUNS", "rerun_count", "bump_reruns", "emit_state", "children_of"]
 
 #: the exec field counting operator operations that re-ran the execution
 RERUNS = "reruns"
@@ -45,3 +47,13 @@ def emit_state(marker: Mapping[str, Any]) -> str:
         reason = marker.get("reason") or ("cancelled" if marker.get("cancelled") else "conflict")
         return f"not enqueued ({reason})"
     return "recorded"
+
+
+def children_of(steps: list[Doc]) -> list[str]:
+    """The child executions started by the step markers among ``steps`` (documents an operation
+    forgets): finished ones are forgotten with them, so the re-run's steps start their own."""
+    return [
+        str(d["child_id"])
+        for d in steps
+        if d.get("type") == "step" and d.get("kind") == "child" and isinstance(d.get("child_id"), str)
+    ]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -174,3 +175,69 @@ def test_replay_of_a_kept_emit_keeps_its_id_and_first_run_ids_are_unchanged() ->
     out = env.result(h)
     _settle(env)
     assert out["effect_id"] == f"{h.id}:000002" and len(RAN) == 1
+
+
+def test_cli_show_says_whether_each_emit_was_enqueued() -> None:
+    from celery.bin.celery import celery as celery_cli
+    from click.testing import CliRunner
+
+    from tests.apps import basic
+
+    env = WorkflowEnvironment(durable)
+    h = _failed(env, explicit, True)
+    FAIL["flaky"] = False
+    h.reset(step=1)
+    env.result(h)
+    _settle(env)
+    basic.durable.configure(store=env.store)
+    try:
+        text = CliRunner().invoke(celery_cli, ["-A", "tests.apps.basic", "durable", "show", h.id])
+        as_json = CliRunner().invoke(celery_cli, ["-A", "tests.apps.basic", "durable", "show", h.id, "--json"])
+    finally:
+        basic.durable.configure(store=None)
+    assert text.exit_code == 0, text.output
+    assert "not enqueued (duplicate)" in text.output, text.output
+    steps = json.loads(as_json.output)["steps"]
+    assert [s["state"] for s in steps if s["kind"] == "emit"] == ["not enqueued (duplicate)"]
+
+
+REFUNDS: list[str] = []
+
+
+@durable_activity(name="rr.refund_money")
+def refund_money(order: str) -> str:
+    REFUNDS.append(order)
+    return f"refunded {order}"
+
+
+@durable.workflow(name="rr.refund")
+def refund(order: str) -> str:
+    return refund_money(order)
+
+
+@durable.workflow(name="rr.shop", signals={"go": str})
+def shop(child_id: str | None) -> str:
+    try:
+        wf.wait_signal("go")
+    except WorkflowCancelledError:
+        refund.start_child("o1", _workflow_id=child_id).result()  # the compensation
+        raise
+    return "shipped"
+
+
+@pytest.mark.parametrize("child_id", [None, "refund-o1"])
+def test_resume_forgets_the_finished_children_of_forgotten_compensations(child_id: str | None) -> None:
+    """A resumed run's compensation starts its own child (explicit id or derived), like retry's
+    and reset's re-runs: the child of the forgotten compensation is not joined again."""
+    REFUNDS.clear()
+    env = WorkflowEnvironment(durable)
+    h = env.start(shop, child_id)
+    env.cancel(h)
+    env.run_until_idle()
+    assert h.status() == "cancelled" and REFUNDS == ["o1"]
+    Admin(env.engine).resume(h.id)
+    env.run_until_idle()
+    env.cancel(h)
+    env.run_until_idle()
+    assert h.status() == "cancelled"
+    assert REFUNDS == ["o1", "o1"]  # the second cancel's compensation ran too
