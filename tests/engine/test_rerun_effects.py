@@ -241,3 +241,46 @@ def test_resume_forgets_the_finished_children_of_forgotten_compensations(child_i
     env.run_until_idle()
     assert h.status() == "cancelled"
     assert REFUNDS == ["o1", "o1"]  # the second cancel's compensation ran too
+
+
+def test_derived_ids_with_a_rerun_suffix_are_reserved_and_reachable() -> None:
+    from celery_durable.engine.checks import check_workflow_id
+    from celery_durable.engine.schema import child_execution_id, default_effect_id
+    from celery_durable.errors import InvalidWorkflowId
+
+    assert child_execution_id("p", 0, 2, 1) == "p-c2~1" and child_execution_id("p", 3, 2, 2) == "p-c2.r3~2"
+    assert child_execution_id("p", 0, 2) == "p-c2"  # no operation: the historical id
+    assert default_effect_id("p", 0, 7) == "p:000007" and default_effect_id("p", 2, 7, 3) == "p:2:000007~3"
+    for taken in ("order-c2~1", "order-c2.r1~3"):  # a caller may not take a re-run's child id
+        with pytest.raises(InvalidWorkflowId, match="derived child id"):
+            check_workflow_id(taken)
+    assert check_workflow_id("order-c2~1-c1", derived_ok=True) == "order-c2~1-c1"  # a signal target
+    assert check_workflow_id("order~1") == "order~1"  # only a derived tail is reserved
+
+
+def test_retry_sends_a_compensations_signal_step_anew() -> None:
+    """signal_external's id carries the rerun count too: the retried run's send at the step of a
+    forgotten compensation's send is a new signal, not a duplicate of the old one."""
+    env = WorkflowEnvironment(durable)
+    target = env.start(listener)
+    h = _failed(env, signaller, target.id)
+    FAIL["flaky"] = False
+    Admin(env.engine).retry(h.id)
+    assert env.result(h) == "sent"
+    assert env.result(target) == ["refund", "ship"]
+
+
+@durable.workflow(name="rr.listener", signals={"note": str})
+def listener() -> list[str]:
+    return [wf.wait_signal("note"), wf.wait_signal("note")]
+
+
+@durable.workflow(name="rr.signaller")
+def signaller(target: str) -> str:
+    try:
+        flaky()
+    except Exception:
+        wf.signal_external(target, "note", "refund")
+        raise
+    wf.signal_external(target, "note", "ship")
+    return "sent"
