@@ -24,6 +24,7 @@ from .dispatcher import ActivityRequest, ClockRequest
 from .model import lease_live
 from .oplog import cascade, note, recorded, tombstone, unknown
 from .outbox import DUE_ADMIT
+from .reruns import bump_reruns, children_of
 from .reset import plan_reset, reset_by
 from .salvage import salvage
 from .schema import (
@@ -337,6 +338,7 @@ class Admin:
                 "cancel_requested": False,
                 "retried": _int(ex.get("retried")) + 1,
                 "wakeups": _int(ex.get("wakeups")) + 1,
+                **bump_reruns(ex),  # the ids of steps the re-run takes anew are new (engine/reruns.py)
                 "updated_at": now,
                 "due_kind": DueKind.EXEC,
                 "due_at": now + eng.settings.drive_timeout,
@@ -484,6 +486,8 @@ class Admin:
             # wait decision, the settlement of the signal value it consumed)
             if d.get("cancelled") or _int(d.get("seq"), -1) > at:
                 rewrite.deletes.append(d)
+        for child in children_of(rewrite.deletes):  # of the compensations: their re-run starts its own
+            self._plan_forget(child, rewrite, depth=0)
         if any(_int(d.get("seq"), -1) > at for d in rewrite.deletes):
             rewrite.fields["steps"] = at  # the resumed run may take fewer steps than the compensations
         gone = {d["id"] for d in rewrite.deletes}

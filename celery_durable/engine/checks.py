@@ -53,10 +53,10 @@ __all__ = [
 MAX_WORKFLOW_ID_LENGTH = 200
 #: partitions the engine and the stores own: the outbox's lanes and id index, Cosmos' due index
 RESERVED_ID_PREFIXES = (lane_pk(""), index_pk(""), lwm_pk(""))
-#: the tail of a derived child id (``schema.child_execution_id``: ``<parent>-c<seq>[.r<run>]``).
+#: the tail of a derived child id (``schema.child_execution_id``: ``<parent>-c<seq>[.r<run>][~<n>]``).
 #: A caller's id may not end like this, so no one can take a default child id before its parent
 #: starts that child (the parent would fail with ``ChildIdTaken``).
-_TAIL = r"-c[0-9]+(?:\.r[0-9]+)?"
+_TAIL = r"-c[0-9]+(?:\.r[0-9]+)?(?:~[0-9]+)?"
 _DERIVED_CHILD_TAIL = re.compile(_TAIL + r"\Z")
 #: the tails of a derived id, nested for grandchildren (``<id>-c3-c1.r2``)
 _DERIVED_CHILD_TAILS = re.compile(f"(?:{_TAIL})+\\Z")

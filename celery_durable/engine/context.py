@@ -37,7 +37,7 @@ from .dispatcher import ActivityRequest, AdmitRequest, CancelRequest, ChildReque
 from .model import DUE_ACTIVITY, DUE_CHILD, DUE_CLOCK, marker_id, result_id
 from .outbox.model import DUE_ADMIT
 from .outbox.runtime import effects_of
-from .schema import child_execution_id, signal_outcome_id, wait_decision_id
+from .schema import child_execution_id, default_effect_id, signal_outcome_id, wait_decision_id
 
 if TYPE_CHECKING:
     from .registry import Registry, WorkflowDef
@@ -161,7 +161,7 @@ class WorkflowContext:
     search_updates: dict[str, Any] = field(default_factory=dict)  # wf.upsert_search's (engine/search.py)
     #: ``wf.patched`` answers of this replay, by change id (asked again: the same answer)
     patches: dict[str, bool] = field(default_factory=dict)
-    #: how many times an operator reset the execution (``Admin.reset``): ids of sends taken again change
+    #: operations that re-ran the execution (reruns.rerun_count): ids of steps taken anew change
     resets: int = 0
     #: local activity steps this replay waits for: the driver runs them in its process
     local_steps: list[LocalStep] = field(default_factory=list)
@@ -382,8 +382,7 @@ class WorkflowContext:
         seq, marker = self._step("emit", effect_type)
         if marker is None:
             definition = effects_of(self.registry).require(effect_type)
-            run = f":{self.run}" if self.run else ""
-            eid = effect_id or f"{self.execution_id}{run}:{seq:06d}"
+            eid = effect_id or default_effect_id(self.execution_id, self.run, seq, self.resets)
             created = self.now + seq * 1e-6  # keeps call order within one drive
             effect = {
                 "id": eid,
@@ -397,6 +396,7 @@ class WorkflowContext:
             }
             due = created + self.admit_grace
             marker = self._marker(seq, "emit", effect_type, effect=effect, due_kind=DUE_ADMIT, due_at=due)
+            marker["rerun"] = self.resets  # the row's source: a re-run's marker has the old one's id
             self.sends.append(AdmitRequest(self.execution_id, str(marker["id"])))
         return str(marker["effect"]["id"])
 
@@ -522,7 +522,7 @@ class WorkflowContext:
             # the caller's id obeys start()'s rules (so it can never be a derived child id);
             # InvalidWorkflowId is raised here, at the call, where the workflow can handle it
             cid = (
-                child_execution_id(self.execution_id, self.run, seq)
+                child_execution_id(self.execution_id, self.run, seq, self.resets)
                 if child_id is None
                 else check_workflow_id(child_id, "child workflow id")
             )

@@ -22,6 +22,7 @@ from .context import ContinueAsNew, Fatal, LocalStep, Suspend, WorkflowContext, 
 from .dispatcher import AdmitRequest, CancelRequest, Send
 from .model import DUE_ACTIVITY, DUE_CHILD, DUE_CLOCK, error_info
 from .registry import Registry, WorkflowDef
+from .reruns import rerun_count
 from .sticky import Outcome, StickyCache, call
 
 __all__ = ["Replay", "replay"]
@@ -107,7 +108,7 @@ def replay(
         run=int(ex.get("run") or 0),
         signal_types=wf.signals,
         read_only=read_only,
-        resets=int(ex.get("resets") or 0),
+        resets=rerun_count(ex),
     )
     try:
         args, kwargs = wf.codec.decode_args(ex.get("payload") or {})

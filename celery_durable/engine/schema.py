@@ -53,6 +53,8 @@ __all__ = [
     "SIGNAL_KEY_PREFIX",
     "signal_key_id",
     "external_signal_id",
+    "rerun_suffix",
+    "default_effect_id",
     "OPERATION_PREFIX",
     "operation_id",
 ]
@@ -172,14 +174,25 @@ def signal_mark_id(n: int) -> str:
     return f"{SIGNAL_MARK_PREFIX}{n:06d}"
 
 
-def child_execution_id(parent_id: str, run: int, seq: int) -> str:
+def child_execution_id(parent_id: str, run: int, seq: int, reruns: int = 0) -> str:
     """The derived id of the child started at step ``seq`` of run ``run`` of ``parent_id``.
 
     Run 0 keeps the historical ``<parent>-c<seq>``; later runs (continue-as-new) add
     ``.r<run>``, so no run's id can equal another's (``-c{run}{seq}`` made run 0 step 11 and
-    run 1 step 1 both ``-c11``).
+    run 1 step 1 both ``-c11``). A step taken after the n-th operator operation adds ``~<n>``.
     """
-    return f"{parent_id}-c{seq}.r{run}" if run else f"{parent_id}-c{seq}"
+    return (f"{parent_id}-c{seq}.r{run}" if run else f"{parent_id}-c{seq}") + rerun_suffix(reruns)
+
+
+def rerun_suffix(reruns: int) -> str:
+    """``~<n>`` on the default ids of steps taken after the n-th operator operation (reset,
+    resume, retry: engine/reruns.py); nothing before any, so first-run ids never change."""
+    return f"~{reruns}" if reruns else ""
+
+
+def default_effect_id(execution_id: str, run: int, seq: int, reruns: int = 0) -> str:
+    """The id of the effect step ``seq`` emits without an explicit ``effect_id``."""
+    return f"{execution_id}{f':{run}' if run else ''}:{seq:06d}{rerun_suffix(reruns)}"
 
 
 def parse_step_id(doc_id: str) -> tuple[int, int]:
@@ -202,8 +215,8 @@ def is_step_id(doc_id: str) -> bool:
 def external_signal_id(execution_id: str, run: int, seq: int, resets: int = 0) -> str:
     """The deterministic id of the signal step ``seq`` of run ``run`` of ``execution_id`` sends:
     every retry of the send carries the same one, so the receiver records it once. A step taken
-    again after an operator's reset (``resets``) sends anew."""
-    return f"{execution_id}:{run}:{seq}" + (f"~{resets}" if resets else "")
+    again after an operator's operation (``resets``: the rerun count) sends anew."""
+    return f"{execution_id}:{run}:{seq}" + rerun_suffix(resets)
 
 
 def signal_key_id(signal_id: str) -> str:

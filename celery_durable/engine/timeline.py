@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ..stores.base import CORRUPT_KEY, Doc
+from .reruns import emit_state
 from .schema import EXEC_ID, SIGNAL_MARK_PREFIX, DocType, Status, StepKind, result_id, signal_outcome_id
 from .superseded import SupersededStep, live_versions, superseded_of
 
@@ -201,6 +202,8 @@ def _step(marker: Doc, by_id: dict[str, Doc], run: int) -> StepRecord:
         state = "timed out"
     else:
         state = "ok" if outcome.get("ok", True) else "failed"
+    if kind == StepKind.EMIT:
+        state = emit_state(marker)
     out = outcome or {}
     return StepRecord(
         seq=seq,

@@ -217,7 +217,8 @@ def test_the_parent_reset_the_refusal_advises_runs_a_new_child() -> None:
         env.handle(f"{h.id}-c1").reset(1)
     h.reset(1)
     assert env.result(h) == "7"
-    assert env.handle(f"{h.id}-c1").status() == "completed"
+    # the re-run's child is a new one, its id marked with the rerun count (issue 23 item 2)
+    assert env.handle(f"{h.id}-c1~1").status() == "completed"
 
 
 @pytest.mark.parametrize("option", ["time_limit", "soft_time_limit"])

@@ -154,6 +154,14 @@ def notify(name: str) -> list[str]:
     return [first, second]
 
 
+@durable.workflow(name="fx.reemit", signals={"go": str})
+def reemit(name: str) -> str:
+    """Emits, then waits: cancelled there and reset to step 1, the re-run emits again."""
+    eid = wf.emit("fx.record", Rec(), key=f"reemit-{name}")
+    wf.wait_signal("go")
+    return eid
+
+
 class FlakyStore(Store):
     """Delegates to a real store; fails chosen settles once (see the module docstring)."""
 

@@ -293,6 +293,26 @@ def test_emit_from_a_workflow_runs_exactly_once(fx: Fx) -> None:
 
 
 @pytest.mark.parametrize("cluster", BACKENDS, indirect=True)
+def test_a_reset_reruns_an_emit_as_a_new_effect(fx: Fx) -> None:
+    """Issue 23 item 2: the re-run's emit at the old step is a new effect (id ``~1``), which runs;
+    the old one ran once and is not run again."""
+    fx.worker(concurrency=2)
+    h = effects.reemit.start("r1", _workflow_id="reemit-r1")
+    first = "reemit-r1:000001"
+    assert fx.wait(first).status == "succeeded"
+    h.cancel()
+    wait_until(lambda: h.status() == "cancelled", timeout=30, what="the cancel")
+    h.reset(step=1, reason="run it again")
+    wait_until(lambda: fx.outbox.get(first + "~1") is not None, timeout=30, what="the re-run's emit")
+    h.signal("go", "now")
+    assert h.result(timeout=60) == first + "~1"
+    assert fx.wait(first + "~1").status == "succeeded"
+    time.sleep(0.5)
+    assert len(fx.runs(first)) == 1 and len(fx.runs(first + "~1")) == 1
+    assert [r.id for r in fx.outbox.rows("reemit-r1")] == [first, first + "~1"]
+
+
+@pytest.mark.parametrize("cluster", BACKENDS, indirect=True)
 def test_beat_resends_a_row_whose_message_was_lost(fx: Fx) -> None:
     assert OUTBOX_SCAN_TASK in effects.app.conf.beat_schedule
     core = fx.outbox.core

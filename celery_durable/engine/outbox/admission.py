@@ -46,6 +46,7 @@ from .model import (
 )
 from .model import strip as _strip
 from .reads import READ_AHEAD
+from .repeats import source_of
 
 __all__ = ["Admission", "MAX_ROUNDS"]
 
@@ -84,7 +85,7 @@ def new_row(effect: Doc, source: Doc | None, fingerprint: str | None = None) -> 
         "lost": 0,
         "started_at": None,
         "completed_at": None,
-        "source": None if source is None else {"pk": source["pk"], "id": source["id"]},
+        "source": None if source is None else source_of(source),
     }
 
 

@@ -50,6 +50,7 @@ from .model import (
 )
 from .model import strip as _strip
 from .reads import LEASE_LOST, READ_AFTER_STALE, READ_AHEAD, SettleReads, rows_found
+from .repeats import admit_once
 from .scan import Scanner
 
 __all__ = ["OutboxEngine", "MAX_ROUNDS", "LEASE_LOST"]
@@ -189,9 +190,8 @@ class OutboxEngine(SettleReads):
         effect = doc.get("effect")
         if not isinstance(effect, dict):
             return None
-        note: dict[str, Any] = {"admitted": True}
         try:
-            admitted: Admitted | None = self.admit(effect, source=doc)
+            admitted, note = admit_once(self, effect, doc)
         except LaneFull:
             self._defer_intent(doc, full=True)
             raise
@@ -201,7 +201,7 @@ class OutboxEngine(SettleReads):
                 self._defer_intent(doc)
                 return None
             log.error("intent %s/%s not admitted: %s", doc["pk"], doc["id"], exc)
-            admitted, note = None, {"admitted": False, "conflict": str(exc)}
+            admitted, note = None, {"admitted": False, "reason": "conflict", "conflict": str(exc)}
         try:
             if doc.get("type") == "effect_intent" and admitted is not None:
                 self.store.delete(doc["pk"], doc["id"], if_match=doc.get("_etag"))
