@@ -25,10 +25,13 @@ from celery.local import PromiseProxy, Proxy
 from .codecs import codec_for
 from .consistency import retry_stale, use_session
 from .eager_activities import eagerly
+from .engine import seals
 from .engine.activity import may_be_stale, run_awaitable, sync_callable
 from .engine.context import DurableFuture, current_context, require_context
+from .engine.delivery import Delivery
+from .engine.model import Attempt
 from .engine.registry import GLOBAL_ACTIVITIES, ActivityDef
-from .errors import ConfigurationError, NonRetryableError, StoreUnavailable
+from .errors import ConfigurationError, NonRetryableError, StoreError, StoreUnavailable
 from .extension import durable_of
 from .observability import span
 from .retry import TaskRetry
@@ -37,7 +40,8 @@ __all__ = ["durable_activity", "ActivityTask", "DurableActivityTask", "DURABLE_H
 
 log = logging.getLogger("celery_durable.activity")
 
-#: message header carrying the step's identity (and, on a re-delivery, an unrecorded outcome)
+#: message header carrying the step's identity, its marker's token ``t`` (engine/delivery.py) and,
+#: on a re-delivery, an unrecorded outcome sealed by the library (engine/seals.py)
 DURABLE_HEADER = "durable_step"
 
 P = ParamSpec("P")
@@ -76,7 +80,7 @@ class DurableActivityTask(Task):  # type: ignore[misc]
                     durable_of(self.app).engine.activities.retrying(attempt, float(countdown or 0), kwargs.get("exc"))
                     self.request.durable_released = True
             # the retry may take over this attempt's lease if it could not be given back
-            kwargs["headers"] = _successor_headers(self.request, kwargs.get("headers"), attempt.holder)
+            kwargs["headers"] = _successor_headers(self, kwargs.get("headers"), attempt)
         return super().retry(*args, **kwargs)
 
     def start(self, *args: Any, **kwargs: Any) -> DurableFuture[Any]:
@@ -93,13 +97,21 @@ def _step_header(request: Any) -> dict[str, Any] | None:
     return meta if isinstance(meta, dict) else None
 
 
-def _successor_headers(request: Any, headers: dict[str, Any] | None, holder: str) -> dict[str, Any]:
-    """The retry message's headers: the step header names the attempt it succeeds (``h``)."""
+def _successor_headers(task: Task, headers: dict[str, Any] | None, attempt: Attempt) -> dict[str, Any]:
+    """The retry message's headers: the step header names the attempt it succeeds (``h``), sealed
+    (``hs``: a message naming a holder must not take a live attempt's lease; engine/seals.py)."""
+    request = task.request
     out = dict(headers if headers is not None else (getattr(request, "headers", None) or {}))
     meta = out.get(DURABLE_HEADER)
     if not isinstance(meta, dict):
         meta = _step_header(request) or {}
-    out[DURABLE_HEADER] = dict(meta, h=holder)
+    step = (attempt.execution_id, attempt.run, attempt.seq)
+    try:
+        hs = seals.seal_takeover(durable_of(task.app).engine.store, step, meta.get("t"), attempt.holder)
+    except StoreError:  # no key (never read, the store down): the retry waits for the lease instead
+        out[DURABLE_HEADER] = {k: v for k, v in meta.items() if k not in ("h", "hs")}
+        return out
+    out[DURABLE_HEADER] = dict(meta, h=attempt.holder, hs=hs)
     return out
 
 
@@ -198,13 +210,19 @@ def _run_attempt(task: Task, meta: dict[str, Any], args: tuple[Any, ...], kwargs
     engine = durable.engine
     runner = engine.activities
     execution_id, seq, run = str(meta["e"]), int(meta["s"]), int(meta.get("r") or 0)
-    outcome = meta.get("outcome")
-    supersedes = meta.get("h")
+    supersedes, step = meta.get("h"), (execution_id, run, seq)
     use_session(engine.store, task.request, execution_id)
     try:
-        attempt, why = runner.begin(execution_id, seq, run, supersedes=str(supersedes) if supersedes else None)
+        # a header never chooses a result: only an outcome this library sealed is recorded
+        outcome, forged = seals.read_step_header(engine.store, engine.emit, meta, step, task.name)
+        if forged:
+            return None
+        delivery = Delivery.of(meta.get("t"), task.name, args, kwargs)  # which marker it is for
+        attempt, why = runner.begin(execution_id, seq, run, str(supersedes) if supersedes else None, delivery)
+        if attempt is not None:
+            seals.warm(engine.store)  # once per process: an outage hand-off below can seal
     except StoreUnavailable as exc:
-        if outcome is None:
+        if meta.get("sealed") is None:
             raise  # the step stays due: the recovery scan re-sends it
         # the outcome exists only in this message: keep it until the store answers again
         log.warning("store unavailable recording %s step %d, will retry: %s", execution_id, seq, exc)
@@ -252,7 +270,7 @@ def _run_attempt(task: Task, meta: dict[str, Any], args: tuple[Any, ...], kwargs
         task.request.durable_attempt = attempt
         task.request.durable_released = True
         headers = dict(getattr(task.request, "headers", None) or {})
-        headers[DURABLE_HEADER] = dict(meta, outcome=doc)
+        headers[DURABLE_HEADER] = dict(meta, sealed=seals.seal_outcome(engine.store, step, meta.get("t"), doc))
         raise _outage_retry(task, exc, headers) from exc
     return None
 
