@@ -20,6 +20,7 @@ from celery_durable import Durable, durable_activity
 from celery_durable.activity import DURABLE_HEADER
 from celery_durable.engine import seals
 from celery_durable.engine.schema import marker_id, result_id
+from celery_durable.errors import InvalidWorkflowId
 from celery_durable.stores.memory import MemoryStore
 
 app = Celery("seals", broker="memory://", set_as_current=False)
@@ -136,3 +137,8 @@ def test_the_key_is_stored_once_and_never_shown(caplog: pytest.LogCaptureFixture
     assert seals.KEY_PK not in [e.id for e in durable.executions(limit=1000).executions]  # not an execution
     key = store.read(seals.KEY_PK, seals.KEY_ID)
     assert key is not None and key["secret"] not in repr(durable.describe(eid))
+
+
+def test_no_execution_can_take_the_keys_partition() -> None:
+    with pytest.raises(InvalidWorkflowId, match="reserved"):
+        order.start(1, _workflow_id=seals.KEY_PK)  # its purge would delete the key
