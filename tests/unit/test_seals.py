@@ -142,3 +142,35 @@ def test_the_key_is_stored_once_and_never_shown(caplog: pytest.LogCaptureFixture
 def test_no_execution_can_take_the_keys_partition() -> None:
     with pytest.raises(InvalidWorkflowId, match="reserved"):
         order.start(1, _workflow_id=seals.KEY_PK)  # its purge would delete the key
+
+
+attempts: list[int] = []
+
+
+@durable_activity(name="seal.flaky", autoretry_for=(ConnectionError,), max_retries=2, default_retry_delay=0)
+def flaky(amount: int) -> str:
+    attempts.append(amount)
+    if len(attempts) == 1:
+        raise ConnectionError("the first attempt fails")
+    return f"flaky {amount}"
+
+
+@durable.workflow(name="seal.flaky_order")
+def flaky_order(amount: int) -> str:
+    return flaky(amount)
+
+
+def test_a_genuine_retry_takes_over_the_lease_it_could_not_give_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The retry message's ``h`` is sealed (``hs``): it still takes over its predecessor's lease."""
+    attempts.clear()
+    h = flaky_order.start(7)
+    durable.engine.drive(h.id)
+    marker = store.read(h.id, marker_id(1))
+    assert marker is not None
+    monkeypatch.setattr(durable.engine.activities, "retrying", lambda *a: None)  # the lease stays held
+    meta = {"e": h.id, "s": 1, "r": 0, "w": "seal.flaky_order", "t": marker["token"]}
+    before = counted("activity_unsealed_takeover")
+    res = app.tasks["seal.flaky"].apply(args=[7], headers={DURABLE_HEADER: meta})  # eager: the retry runs at once
+    assert res.state == "SUCCESS", res.traceback
+    assert attempts == [7, 7] and h.result(timeout=0) == "flaky 7"
+    assert counted("activity_unsealed_takeover") == before
