@@ -31,7 +31,7 @@ from .engine.context import DurableFuture, current_context, require_context
 from .engine.delivery import Delivery
 from .engine.model import Attempt
 from .engine.registry import GLOBAL_ACTIVITIES, ActivityDef
-from .errors import ConfigurationError, NonRetryableError, StoreError, StoreUnavailable
+from .errors import ConfigurationError, NonRetryableError, StoreUnavailable
 from .extension import durable_of
 from .observability import span
 from .retry import TaskRetry
@@ -106,9 +106,8 @@ def _successor_headers(task: Task, headers: dict[str, Any] | None, attempt: Atte
     if not isinstance(meta, dict):
         meta = _step_header(request) or {}
     step = (attempt.execution_id, attempt.run, attempt.seq)
-    try:
-        hs = seals.seal_takeover(durable_of(task.app).engine.store, step, meta.get("t"), attempt.holder)
-    except StoreError:  # no key (never read, the store down): the retry waits for the lease instead
+    hs = seals.seal_takeover(durable_of(task.app).engine.store, step, meta.get("t"), attempt.holder)
+    if hs is None:  # no key (never read, the store down): the retry waits for the lease instead
         out[DURABLE_HEADER] = {k: v for k, v in meta.items() if k not in ("h", "hs")}
         return out
     out[DURABLE_HEADER] = dict(meta, h=attempt.holder, hs=hs)
@@ -219,8 +218,6 @@ def _run_attempt(task: Task, meta: dict[str, Any], args: tuple[Any, ...], kwargs
             return None
         delivery = Delivery.of(meta.get("t"), task.name, args, kwargs)  # which marker it is for
         attempt, why = runner.begin(execution_id, seq, run, str(supersedes) if supersedes else None, delivery)
-        if attempt is not None:
-            seals.warm(engine.store)  # once per process: an outage hand-off below can seal
     except StoreUnavailable as exc:
         if meta.get("sealed") is None:
             raise  # the step stays due: the recovery scan re-sends it
@@ -269,8 +266,11 @@ def _run_attempt(task: Task, meta: dict[str, Any], args: tuple[Any, ...], kwargs
         engine.leases.release(attempt)  # may fail too: the retry then takes the lease over
         task.request.durable_attempt = attempt
         task.request.durable_released = True
+        sealed = seals.seal_outcome(engine.store, step, meta.get("t"), doc)  # the key read at start
+        if sealed is None:  # no key to seal with: the step stays due, the recovery scan re-sends it
+            raise
         headers = dict(getattr(task.request, "headers", None) or {})
-        headers[DURABLE_HEADER] = dict(meta, sealed=seals.seal_outcome(engine.store, step, meta.get("t"), doc))
+        headers[DURABLE_HEADER] = dict(meta, sealed=sealed)
         raise _outage_retry(task, exc, headers) from exc
     return None
 

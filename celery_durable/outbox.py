@@ -357,13 +357,14 @@ class Outbox:
         after = header(task.request, AFTER_HEADER)
         after = [str(i) for i in after] if isinstance(after, list) else []
         raw, mac = header(task.request, ADOPT_HEADER), header(task.request, ADOPT_SEAL_HEADER)
-        try:  # adopt only what this library sealed (engine/seals.py); reads the key once per process
+        try:  # adopt only what this library sealed (engine/seals.py)
             sealed = seals.adopt_sealed(core.store, self._durable.engine.emit, key, effect_id, raw, mac)
             result = core.claim(key, effect_id, after=after, adopt=adopt_of(raw) if sealed else None)
         except ClaimUnknown as exc:
             # the claim may have applied: the retry takes it over if so (and runs the handler once)
-            value = [list(exc.owners), exc.attempt]  # sealed with the key read above
-            adopt = {ADOPT_HEADER: value, ADOPT_SEAL_HEADER: seals.seal_adopt(core.store, key, effect_id, value)}
+            value = [list(exc.owners), exc.attempt]
+            mac = seals.seal_adopt(core.store, key, effect_id, value)  # None: no key, the claim's lease lapses
+            adopt = {ADOPT_HEADER: value, ADOPT_SEAL_HEADER: mac} if mac is not None else {}
             headers = dict(getattr(task.request, "headers", None) or {}) | adopt
             raise task.retry(exc=exc, countdown=1.0, max_retries=None, headers=headers) from exc
         except StoreUnavailable as exc:  # the lane stays due: retrying here only makes it faster

@@ -24,7 +24,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import CorruptDocument
+from ..errors import CorruptDocument, StoreError
 from ..stores.base import Doc, Store
 
 __all__ = [
@@ -35,6 +35,7 @@ __all__ = [
     "seal_outcome",
     "open_outcome",
     "warm",
+    "try_seal",
     "seal_takeover",
     "read_step_header",
     "seal_adopt",
@@ -73,8 +74,16 @@ def _key(store: Store) -> bytes:
 
 
 def warm(store: Store) -> None:
-    """Read the key now (once per process), so a later store outage can still seal."""
+    """Read the key now (a worker's start), so a later store outage can still seal."""
     _key(store)
+
+
+def try_seal(store: Store, purpose: str, *parts: Any) -> str | None:
+    """:func:`seal`, or None when the key is not cached and the store cannot give it now."""
+    try:
+        return seal(store, purpose, *parts)
+    except StoreError:
+        return None
 
 
 def _mac(store: Store, purpose: str, parts: tuple[Any, ...]) -> str:
@@ -92,10 +101,12 @@ def verify(store: Store, mac: Any, purpose: str, *parts: Any) -> bool:
     return isinstance(mac, str) and hmac.compare_digest(mac, _mac(store, purpose, parts))
 
 
-def seal_outcome(store: Store, step: tuple[str, int, int], token: Any, doc: Doc) -> list[str]:
-    """``[json, mac]``: an unrecorded outcome of step ``(execution id, run, seq)`` for a message."""
+def seal_outcome(store: Store, step: tuple[str, int, int], token: Any, doc: Doc) -> list[str] | None:
+    """``[json, mac]``: an unrecorded outcome of step ``(execution id, run, seq)`` for a message
+    (None: no key to seal with; the step is then left to run again)."""
     text = json.dumps(doc, separators=(",", ":"), sort_keys=True)
-    return [text, seal(store, "outcome", *step, token, text)]
+    mac = try_seal(store, "outcome", *step, token, text)
+    return [text, mac] if mac is not None else None
 
 
 def open_outcome(store: Store, sealed: Any, step: tuple[str, int, int], token: Any) -> Doc | None:
@@ -117,9 +128,9 @@ UNSEALED_TAKEOVER = "activity_unsealed_takeover"
 UNSEALED_ADOPT = "effect_unsealed_adopt"
 
 
-def seal_takeover(store: Store, step: tuple[str, int, int], token: Any, holder: str) -> str:
+def seal_takeover(store: Store, step: tuple[str, int, int], token: Any, holder: str) -> str | None:
     """The seal ``hs`` of a retry message that may take over the lease of attempt ``holder``."""
-    return seal(store, "takeover", *step, token, holder)
+    return try_seal(store, "takeover", *step, token, holder)
 
 
 def read_step_header(
@@ -149,15 +160,13 @@ def read_step_header(
     return outcome, False
 
 
-def seal_adopt(store: Store, key: str, effect_id: str, value: Any) -> str:
+def seal_adopt(store: Store, key: str, effect_id: str, value: Any) -> str | None:
     """The seal of an effect message's adopt header ``value`` (``[owners, attempt]``)."""
-    return seal(store, "adopt", key, effect_id, value)
+    return try_seal(store, "adopt", key, effect_id, value)
 
 
 def adopt_sealed(store: Store, emit: Callable[..., None], key: str, effect_id: str, value: Any, mac: Any) -> bool:
-    """Whether an adopt header ``value`` may be used (absent, or sealed by us); logs and counts a
-    forgery. Reads the key even without one, so the retry of an unknown claim can seal its own."""
-    _key(store)
+    """Whether an adopt header ``value`` may be used (absent, or sealed by us); logs and counts a forgery."""
     if value is None or verify(store, mac, "adopt", key, effect_id, value):
         return True
     log.warning("effect %s (key %s): adopt header without a valid seal, ignored", effect_id, key)
