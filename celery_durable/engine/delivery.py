@@ -51,9 +51,28 @@ def rotated_token() -> str:
     return secrets.token_hex(12)
 
 
+def _canon(value: Any) -> Any:
+    """``value`` with every number as a float: a store may give ``1.0`` back as ``1`` (Cosmos'
+    numbers are JavaScript's), or a large integer as the nearest double."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int | float):
+        try:
+            return float(value)
+        except OverflowError:
+            return str(value)
+    if isinstance(value, dict):
+        return {str(k): _canon(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_canon(v) for v in value]
+    return value
+
+
 def input_digest(args: Any, kwargs: Any) -> str:
-    """Digest of a call's JSON arguments (key order does not matter; lists and tuples are alike)."""
-    text = json.dumps([list(args or []), dict(kwargs or {})], sort_keys=True, separators=(",", ":"))
+    """Digest of a call's JSON arguments, as any store gives them back (key order and number
+    types do not matter; lists and tuples are alike)."""
+    canon = _canon([list(args or []), dict(kwargs or {})])
+    text = json.dumps(canon, sort_keys=True, separators=(",", ":"), default=repr)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
