@@ -138,6 +138,8 @@ class ForgingSim(Sim):
             meta["sealed"] = seals.seal_outcome(eng.store, (req.execution_id, req.run, req.seq + 1), req.token, doc)
         else:  # a genuine seal for this step under an older marker
             meta["sealed"] = seals.seal_outcome(eng.store, step, f"{rng.getrandbits(96):024x}", doc)
+        if "sealed" in meta and meta["sealed"] is None:
+            return  # the key could not be read (a store fault): nothing was forged
         outcome, dropped = seals.read_step_header(eng.store, eng.emit, meta, step, req.name)
         if dropped:
             return
