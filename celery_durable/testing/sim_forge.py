@@ -82,10 +82,23 @@ class ForgingSim(Sim):
     # --- the forging source ---------------------------------------------------------------
 
     def _deliver(self, pk: str | None = None) -> None:
-        self.sent += [m.item for m in self.pool if m.kind == "activity" and m.item not in self.sent]
+        # genuine only: a forged message re-enters the pool as a duplicate or a glue retry does
+        self.sent += [m.item for m in self.pool if m.kind == "activity" and self._genuine(m.item)]
         if self.faults_on and self.sent and self.rng.random() < self.rate:
             self._forge()
         super()._deliver(pk)
+
+    def _genuine(self, req: ActivityRequest) -> bool:
+        return req not in self.sent and not any(req is f for f in self.forged)
+
+    def _handle_message(self, w: Actor, m: Message) -> None:
+        """Every delivery (first, duplicate, retried): a stale one must not begin its step."""
+        super()._handle_message(w, m)
+        for f in self.inflight:
+            if any(f.request is s for s in self.forged):
+                self.violate(FORGE_INVARIANT, f"a stale delivery began {f.request.execution_id} step {f.request.seq}")
+                self.inflight.remove(f)
+                break
 
     def _forge(self) -> None:
         rng = self.rng
@@ -96,13 +109,6 @@ class ForgingSim(Sim):
             self.forged.append(stale)
             self.count("forged_stale")
             self.run_as(w, "activity", lambda: self._handle(w, Message("activity", stale, self.now)))
-            for f in self.inflight:
-                if any(f.request is s for s in self.forged):
-                    self.violate(
-                        FORGE_INVARIANT, f"a stale delivery began {f.request.execution_id} step {f.request.seq}"
-                    )
-                    self.inflight.remove(f)
-                    break
         else:
             self.count("forged_outcome")
             self.run_as(w, "activity", lambda: self._forged_outcome(w, req))
