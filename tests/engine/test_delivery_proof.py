@@ -163,3 +163,19 @@ def test_a_legacy_marker_accepts_only_a_token_less_message() -> None:
 def test_tokens_differ_by_execution_run_step_and_reset() -> None:
     tokens = {step_token(e, r, s, g) for e in ("a", "b") for r in (0, 1) for s in (1, 2) for g in (0, 1)}
     assert len(tokens) == 16
+
+
+def test_a_step_recorded_before_tokens_still_runs_its_token_less_message() -> None:
+    """Rolling upgrade: a marker an older version wrote has no token; its message neither."""
+    h = retry_flow.start(os.path.join(tempfile.mkdtemp(), "flag"))
+    durable.engine.drive(h.id)
+    marker = store.read(h.id, marker_id(1))
+    assert marker is not None
+    legacy = {k: v for k, v in marker.items() if k not in ("token", "_etag")}
+    store.replace(legacy, if_match=marker["_etag"])
+    durable.engine.cache.invalidate(h.id)
+    tokened = (list(marker["input"]["args"]), {DURABLE_HEADER: {"e": h.id, "s": 1, "r": 0, "t": marker["token"]}})
+    deliver("dp.fail_once", tokened)  # a newer message cannot claim a legacy marker
+    assert store.read(h.id, result_id(1)) is None
+    deliver("dp.fail_once", message(h.id, 1))  # the legacy, token-less message runs (and fails once)
+    assert h.status() == "failed"
