@@ -9,6 +9,7 @@ evicted or left behind by a move to another thread, then heals and checks the in
 
     python bench/sim.py --seeds 10000
     python bench/sim.py --seeds 1000 --faults crash,lose --known-bugs signal_timeout_race
+    python bench/sim.py --seeds 300 --forge   # plus stale and forged activity messages (sim_forge.py)
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from celery_durable.testing.sim import (  # noqa: E402
     replay_command,
     run_seed,
 )
+from celery_durable.testing.sim_forge import run_forged_seed  # noqa: E402
 
 ROWS = (
     ("store unavailable before the call", "store_before"),
@@ -45,6 +47,8 @@ ROWS = (
     ("activities kept, unsent (eager activities)", "eager_kept"),
     ("activity bodies run", "bodies"),
     ("client calls retried", "client_retry"),
+    ("stale activity messages forged (--forge)", "forged_stale"),
+    ("outcome headers forged (--forge)", "forged_outcome"),
 )
 
 
@@ -76,6 +80,7 @@ def main() -> int:
         "--known-bugs", default="all", help=f"all (default), none or a comma list of: {', '.join(KNOWN_BUGS)}"
     )
     parser.add_argument("--show", type=int, default=5, help="print this many failing seeds")
+    parser.add_argument("--forge", action="store_true", help="add stale and forged activity messages")
     args = parser.parse_args()
     faults = Faults.parse(args.faults)
     bugs = parse_known_bugs(args.known_bugs)
@@ -87,7 +92,7 @@ def main() -> int:
     by_invariant: dict[int, int] = {}
     started = time.perf_counter()
     for seed in range(args.start, args.start + args.seeds):
-        result = run_seed(seed, faults, bugs)
+        result = run_forged_seed(seed, faults, known_bugs=bugs) if args.forge else run_seed(seed, faults, bugs)
         workflows += result.workflows
         for key, n in result.stats.items():
             totals[key] = totals.get(key, 0) + n

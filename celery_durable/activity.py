@@ -25,8 +25,11 @@ from celery.local import PromiseProxy, Proxy
 from .codecs import codec_for
 from .consistency import retry_stale, use_session
 from .eager_activities import eagerly
+from .engine import seals
 from .engine.activity import may_be_stale, run_awaitable, sync_callable
 from .engine.context import DurableFuture, current_context, require_context
+from .engine.delivery import Delivery
+from .engine.model import Attempt
 from .engine.registry import GLOBAL_ACTIVITIES, ActivityDef
 from .errors import ConfigurationError, NonRetryableError, StoreUnavailable
 from .extension import durable_of
@@ -38,7 +41,8 @@ __all__ = ["durable_activity", "ActivityTask", "DurableActivityTask", "DURABLE_H
 
 log = logging.getLogger("celery_durable.activity")
 
-#: message header carrying the step's identity (and, on a re-delivery, an unrecorded outcome)
+#: message header carrying the step's identity, its marker's token ``t`` (engine/delivery.py) and,
+#: on a re-delivery, an unrecorded outcome sealed by the library (engine/seals.py)
 DURABLE_HEADER = "durable_step"
 
 P = ParamSpec("P")
@@ -77,7 +81,7 @@ class DurableActivityTask(Task):  # type: ignore[misc]
                     durable_of(self.app).engine.activities.retrying(attempt, float(countdown or 0), kwargs.get("exc"))
                     self.request.durable_released = True
             # the retry may take over this attempt's lease if it could not be given back
-            kwargs["headers"] = _successor_headers(self.request, kwargs.get("headers"), attempt.holder)
+            kwargs["headers"] = _successor_headers(self, kwargs.get("headers"), attempt)
             kwargs.setdefault("serializer", serializer(self.app))  # as its first message (wire.py)
         return super().retry(*args, **kwargs)
 
@@ -95,13 +99,20 @@ def _step_header(request: Any) -> dict[str, Any] | None:
     return meta if isinstance(meta, dict) else None
 
 
-def _successor_headers(request: Any, headers: dict[str, Any] | None, holder: str) -> dict[str, Any]:
-    """The retry message's headers: the step header names the attempt it succeeds (``h``)."""
+def _successor_headers(task: Task, headers: dict[str, Any] | None, attempt: Attempt) -> dict[str, Any]:
+    """The retry message's headers: the step header names the attempt it succeeds (``h``), sealed
+    (``hs``: a message naming a holder must not take a live attempt's lease; engine/seals.py)."""
+    request = task.request
     out = dict(headers if headers is not None else (getattr(request, "headers", None) or {}))
     meta = out.get(DURABLE_HEADER)
     if not isinstance(meta, dict):
         meta = _step_header(request) or {}
-    out[DURABLE_HEADER] = dict(meta, h=holder)
+    step = (attempt.execution_id, attempt.run, attempt.seq)
+    hs = seals.seal_takeover(durable_of(task.app).engine.store, step, meta.get("t"), attempt.holder)
+    if hs is None:  # no key (never read, the store down): the retry waits for the lease instead
+        out[DURABLE_HEADER] = {k: v for k, v in meta.items() if k not in ("h", "hs")}
+        return out
+    out[DURABLE_HEADER] = dict(meta, h=attempt.holder, hs=hs)
     return out
 
 
@@ -200,13 +211,17 @@ def _run_attempt(task: Task, meta: dict[str, Any], args: tuple[Any, ...], kwargs
     engine = durable.engine
     runner = engine.activities
     execution_id, seq, run = str(meta["e"]), int(meta["s"]), int(meta.get("r") or 0)
-    outcome = meta.get("outcome")
-    supersedes = meta.get("h")
+    supersedes, step = meta.get("h"), (execution_id, run, seq)
     use_session(engine.store, task.request, execution_id)
     try:
-        attempt, why = runner.begin(execution_id, seq, run, supersedes=str(supersedes) if supersedes else None)
+        # a header never chooses a result: only an outcome this library sealed is recorded
+        outcome, forged = seals.read_step_header(engine.store, engine.emit, meta, step, task.name)
+        if forged:
+            return None
+        delivery = Delivery.of(meta.get("t"), task.name, args, kwargs)  # which marker it is for
+        attempt, why = runner.begin(execution_id, seq, run, str(supersedes) if supersedes else None, delivery)
     except StoreUnavailable as exc:
-        if outcome is None:
+        if meta.get("sealed") is None:
             raise  # the step stays due: the recovery scan re-sends it
         # the outcome exists only in this message: keep it until the store answers again
         log.warning("store unavailable recording %s step %d, will retry: %s", execution_id, seq, exc)
@@ -253,8 +268,11 @@ def _run_attempt(task: Task, meta: dict[str, Any], args: tuple[Any, ...], kwargs
         engine.leases.release(attempt)  # may fail too: the retry then takes the lease over
         task.request.durable_attempt = attempt
         task.request.durable_released = True
+        sealed = seals.seal_outcome(engine.store, step, meta.get("t"), doc)  # the key read at start
+        if sealed is None:  # no key to seal with: the step stays due, the recovery scan re-sends it
+            raise
         headers = dict(getattr(task.request, "headers", None) or {})
-        headers[DURABLE_HEADER] = dict(meta, outcome=doc)
+        headers[DURABLE_HEADER] = dict(meta, sealed=sealed)
         raise _outage_retry(task, exc, headers) from exc
     return None
 

@@ -34,6 +34,7 @@ from typing import Any
 import celery.app.utils as celery_app_utils
 from celery import bootsteps
 
+from .engine import seals
 from .extension import DurableLike, durable_of
 from .pools import check_worker, note_worker_limits, pool_name
 from .settings import censor_conf, redact_url
@@ -62,6 +63,7 @@ def check_store(durable: DurableLike) -> None:
     try:
         store = durable.engine.store
         store.read(PROBE_PK, PROBE_ID)
+        seals.warm(store)  # the message seal key, read once: a store outage later can still seal
     except Exception as exc:
         raise SystemExit(_one_line("cannot use the store", exc)) from None
     if not built:

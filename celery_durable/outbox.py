@@ -44,6 +44,7 @@ from celery import Celery
 
 from .codecs import ValueCodec
 from .consistency import header, retry_stale, session_headers, use_session
+from .engine import seals
 from .engine.outbox import (
     Admitted,
     Claim,
@@ -105,6 +106,7 @@ EFFECT_TASK_PREFIX = "celery_durable.effect."
 AFTER_HEADER = "durable_fx_after"
 #: a retry's header: [[owners], attempt] of its claim whose outcome is unknown (``ClaimUnknown.owners``)
 ADOPT_HEADER = "durable_fx_adopt"
+ADOPT_SEAL_HEADER = "durable_fx_adopt_seal"
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -355,12 +357,15 @@ class Outbox:
         use_session(core.store, task.request, lane_pk(key))
         after = header(task.request, AFTER_HEADER)
         after = [str(i) for i in after] if isinstance(after, list) else []
-        adopted = adopt_of(header(task.request, ADOPT_HEADER))
-        try:
-            result = core.claim(key, effect_id, after=after, adopt=adopted)
+        raw, mac = header(task.request, ADOPT_HEADER), header(task.request, ADOPT_SEAL_HEADER)
+        try:  # adopt only what this library sealed (engine/seals.py)
+            sealed = seals.adopt_sealed(core.store, self._durable.engine.emit, key, effect_id, raw, mac)
+            result = core.claim(key, effect_id, after=after, adopt=adopt_of(raw) if sealed else None)
         except ClaimUnknown as exc:
             # the claim may have applied: the retry takes it over if so (and runs the handler once)
-            adopt = {ADOPT_HEADER: [list(exc.owners), exc.attempt]}
+            value = [list(exc.owners), exc.attempt]
+            mac = seals.seal_adopt(core.store, key, effect_id, value)  # None: no key, the claim's lease lapses
+            adopt = {ADOPT_HEADER: value, ADOPT_SEAL_HEADER: mac} if mac is not None else {}
             headers = dict(getattr(task.request, "headers", None) or {}) | adopt
             raise task.retry(exc=exc, countdown=1.0, max_retries=None, headers=headers) from exc
         except StoreUnavailable as exc:  # the lane stays due: retrying here only makes it faster

@@ -85,7 +85,7 @@ class CeleryDispatcher:
             # the step's identity travels in a header: it survives Celery's retries and keeps
             # the user's kwargs (and Celery's argument checking) untouched
             "headers": {
-                DURABLE_HEADER: {"e": request.execution_id, "s": request.seq, "r": request.run, "w": request.workflow},
+                DURABLE_HEADER: _step_header(request),
                 **session_headers(self.app, request.execution_id),
             },
             # Flower shows this instead of the bare task name
@@ -120,6 +120,14 @@ class CeleryDispatcher:
             serializer=serializer(self.app),
             ignore_result=True,
         )
+
+
+def _step_header(request: ActivityRequest) -> dict[str, Any]:
+    """The step's identity; ``t``: the token proving which marker it is for (engine/delivery.py)."""
+    meta: dict[str, Any] = {"e": request.execution_id, "s": request.seq, "r": request.run, "w": request.workflow}
+    if request.token is not None:  # a legacy marker's message carries none
+        meta["t"] = request.token
+    return meta
 
 
 def register_tasks(app: Celery, durable: DurableLike) -> None:

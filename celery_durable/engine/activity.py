@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConflictError, StoreError
 from ..stores.base import Doc, strip_reserved
+from .delivery import STALE_EVENT, Delivery, refusal
 from .model import DUE_ACTIVITY, EXEC_ID, TERMINAL, Attempt, error_info, lease_live, marker_id, result_id
 
 if TYPE_CHECKING:
@@ -97,13 +98,20 @@ class ActivityRunner:
         self.engine = engine
 
     def begin(
-        self, execution_id: str, seq: int, run: int = 0, supersedes: str | None = None
+        self,
+        execution_id: str,
+        seq: int,
+        run: int = 0,
+        supersedes: str | None = None,
+        delivery: Delivery | None = None,
     ) -> tuple[Attempt | None, str]:
         """Take the step's lease; ``(None, reason)`` when this delivery must not run.
 
         The lease names this *attempt*, not the process: a duplicate delivery to another thread
         (or greenlet) of the same process must be refused too. ``supersedes`` is the holder of
         the attempt whose retry this delivery is (it ended, maybe unable to give its lease back).
+        ``delivery`` must belong to the marker (engine/delivery.py): a stale one is dropped. None
+        only for callers that hold no message (in-process runs of the marker's own request).
         """
         eng = self.engine
         me = f"{eng.identity()}:{uuid.uuid4().hex[:12]}"
@@ -123,6 +131,10 @@ class ActivityRunner:
             marker = docs.get(marker_id(seq, run))
             if marker is None or marker.get("kind") != "activity":
                 return None, "no such activity step"
+            if delivery is not None and (stale := refusal(marker, delivery)) is not None:
+                log.warning("activity %s (%s step %d) dropped: %s", delivery.name, execution_id, seq, stale)
+                eng.emit(STALE_EVENT, execution_id=execution_id, seq=seq, activity=delivery.name)
+                return None, stale
             now = eng.clock.now()
             lease: dict[str, Any] = marker.get("lease") or {}
             if lease_live(marker, now) and (supersedes is None or lease.get("holder") != supersedes):

@@ -20,6 +20,7 @@ from ..errors import ConflictError, CorruptDocument, DurableError, UnknownWorkfl
 from ..stores.base import Doc, ExecFilter, Op, strip_reserved
 from ..stores.search import check_filter
 from .cache import bump_generation
+from .delivery import marker_token, rotated_token
 from .dispatcher import ActivityRequest, ClockRequest
 from .model import lease_live
 from .oplog import cascade, note, recorded, tombstone, unknown
@@ -517,8 +518,8 @@ class Admin:
             )
         elif kind == StepKind.ACTIVITY:
             payload = marker.get("input") or {}
-            if fresh:
-                updated.update(attempts=0, lost=0)
+            if fresh:  # a retry: no message of the failed attempt may complete it (engine/delivery.py)
+                updated.update(attempts=0, lost=0, token=rotated_token())
             updated.update(due_kind=DueKind.ACTIVITY, due_at=now + eng.settings.activity_queue_timeout)
             rewrite.sends.append(
                 ActivityRequest(
@@ -530,6 +531,7 @@ class Admin:
                     str(marker.get("task_id") or f"{ex['pk']}:{seq}"),
                     str(ex.get("workflow")),
                     run=run,
+                    token=marker_token(updated),
                 )
             )
         elif kind in (StepKind.SLEEP, StepKind.SIGNAL) and _num(marker.get("fire_at")) is not None:

@@ -40,6 +40,8 @@ class ActivityRequest:
     workflow: str
     options: dict[str, Any] = field(default_factory=dict)
     run: int = 0
+    #: the marker's token (engine/delivery.py): the message proves which marker it is for
+    token: str | None = None
 
     @property
     def key(self) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..errors import NonRetryableError
+from .delivery import Delivery
 from .dispatcher import ActivityRequest, InlineDispatcher
 from .outbox.model import RETRY, EffectRef
 from .outbox.runtime import EffectContext, EffectKeeper, effects_of, execute
@@ -51,7 +52,7 @@ class LocalWorker:
 
     def _activity(self, req: ActivityRequest) -> None:
         eng = self.engine
-        attempt, _why = eng.activities.begin(req.execution_id, req.seq, req.run)
+        attempt, _why = eng.activities.begin(req.execution_id, req.seq, req.run, delivery=Delivery.of_request(req))
         if attempt is None:
             return
         act = eng.registry.activity(req.name)

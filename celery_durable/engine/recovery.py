@@ -24,6 +24,7 @@ from ..stores.base import DueRef, find_inner, strip_reserved
 from ..stores.chunk_gc import collect_chunks
 from ..stores.offload import Offloading
 from .checks import MalformedDocument, check_doc, check_exec, check_partition
+from .delivery import marker_token
 from .dispatcher import ActivityRequest
 from .model import (
     DUE_ACTIVITY,
@@ -198,6 +199,7 @@ class Recovery:
                 task_id=str(marker.get("task_id") or f"{pk}:{seq}"),
                 workflow=str((ex or {}).get("workflow", "")),
                 run=run,
+                token=marker_token(marker),
             )
         )
         report.resent += 1

@@ -19,6 +19,7 @@ from ..errors import CorruptDocument, PayloadValidationError, WorkflowCancelledE
 from ..settings import Settings
 from ..stores.base import Doc
 from .context import ContinueAsNew, Fatal, LocalStep, Suspend, WorkflowContext, failed_step
+from .delivery import stamped
 from .dispatcher import AdmitRequest, CancelRequest, Send
 from .model import DUE_ACTIVITY, DUE_CHILD, DUE_CLOCK, error_info
 from .registry import Registry, WorkflowDef
@@ -164,7 +165,7 @@ def _decide(ex: Doc, wf: WorkflowDef, ctx: WorkflowContext, outcome: Outcome, re
         # "step" present (None: the workflow code, not a step, failed) tells retry not to guess
         error.setdefault("step", None)
         error["run"] = ctx.run
-    new_docs, sends = list(ctx.new_docs.values()), ctx.sends
+    new_docs, sends = stamped(ctx.new_docs.values(), ctx.sends, ctx.resets)  # engine/delivery.py
     if kind in ("failed", "continued"):
         new_docs, sends = _without_pending_work(new_docs, sends)
     return Replay(

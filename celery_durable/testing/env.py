@@ -29,6 +29,7 @@ from ..activity import task_retry
 from ..engine.activity import run_awaitable
 from ..engine.admin import Admin, ExecutionPage
 from ..engine.core import Engine
+from ..engine.delivery import Delivery
 from ..engine.dispatcher import ActivityRequest, InlineDispatcher
 from ..engine.local import LocalWorker
 from ..engine.model import Settings
@@ -145,7 +146,7 @@ class WorkflowEnvironment:
     def _activity(self, req: ActivityRequest) -> None:
         """One delivery of an activity message, as ``_run_attempt`` runs it on a worker."""
         eng = self.engine
-        attempt, _why = eng.activities.begin(req.execution_id, req.seq, req.run)
+        attempt, _why = eng.activities.begin(req.execution_id, req.seq, req.run, delivery=Delivery.of_request(req))
         if attempt is None:
             return
         act = eng.registry.activity(req.name)

@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
+from ..engine.delivery import Delivery
 from ..engine.model import DUE_ACTIVITY, DUE_CHILD, DUE_CLOCK, DUE_EXEC, EXEC_ID, TERMINAL, marker_id
 from ..errors import NonRetryableError, StoreError, StoreUnavailable
 from ..stores.base import Doc, Store
@@ -404,7 +405,7 @@ class Sim:
             before = self.inner.read(req.execution_id, marker_id(req.seq, req.run)) or {}
             lease = before.get("lease") or {}
             try:
-                attempt, _why = eng.activities.begin(req.execution_id, req.seq, req.run)
+                attempt, _why = eng.activities.begin(req.execution_id, req.seq, req.run, None, Delivery.of_request(req))
             except StoreUnavailable:
                 self._resend(w, req, 2.0)  # the Celery glue retries the task
                 return

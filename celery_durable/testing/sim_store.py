@@ -51,6 +51,7 @@ INVARIANTS = {
     5: "no execution is left running with nothing due after healing",
     6: "no signal accepted (signal() returned True) is lost",
     7: "a child execution is created only while its parent's run is running",
+    8: "no step is begun or recorded from a forged or stale message (sim_forge.py)",
 }
 
 #: Workload triggers of engine bugs (each description is the bug it found). All are fixed and on

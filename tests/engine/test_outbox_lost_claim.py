@@ -13,7 +13,7 @@ import pytest
 
 from celery_durable.engine.outbox import RUNNING, SUCCEEDED, ClaimUnknown
 from celery_durable.errors import StoreUnavailable
-from celery_durable.outbox import ADOPT_HEADER
+from celery_durable.outbox import ADOPT_HEADER, ADOPT_SEAL_HEADER
 from celery_durable.stores.memory import MemoryStore
 
 from .outbox_env import Glue, Retry
@@ -134,3 +134,25 @@ def test_a_claim_read_back_as_not_applied_that_lands_later_is_run_by_the_retry(
     assert glue.outbox.deliver(glue.task, ref.key, ref.effect_id) == "settled"  # a duplicate of the retry
     info = glue.outbox.get("c1")
     assert info is not None and (info.status, info.attempt, ran) == (SUCCEEDED, 1, [{"n": 1}])
+
+
+def test_an_adopt_header_without_the_seal_takes_nothing_over(glue: Glue) -> None:
+    """Issue 23, item 5: a message naming the current holder of a running claim (the genuine
+    retry's adopt header, its seal left off) must not take the claim over and run the effect."""
+    ran: list[Any] = []
+    glue.durable.effect("lost.forge", replay_safe=False)(ran.append)
+    glue.outbox.enqueue("lost.forge", {"n": 1}, key="k", effect_id="f1")
+    (ref,) = glue.sender.take()
+    lose_claim_and_read_back(glue.store, apply=True)
+    with pytest.raises(Retry):
+        glue.outbox.deliver(glue.task, ref.key, ref.effect_id)
+    genuine = dict(glue.task.retried_with.get("headers") or {})
+    assert ADOPT_SEAL_HEADER in genuine
+    before = glue.durable.counters.snapshot().get("effect_unsealed_adopt", 0)
+    for forged in ({ADOPT_HEADER: genuine[ADOPT_HEADER]}, genuine | {ADOPT_SEAL_HEADER: "0" * 64}):
+        glue.task.request.headers = forged
+        assert glue.outbox.deliver(glue.task, ref.key, ref.effect_id) != SUCCEEDED
+        assert ran == []
+    assert glue.durable.counters.snapshot()["effect_unsealed_adopt"] == before + 2
+    glue.task.request.headers = genuine  # the genuine retry still takes it over
+    assert glue.outbox.deliver(glue.task, ref.key, ref.effect_id) == SUCCEEDED and ran == [{"n": 1}]

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from celery_durable import Durable, durable_activity
 from celery_durable.activity import DURABLE_HEADER
 from celery_durable.cli import durable as durable_cli
-from celery_durable.engine import Engine, Registry
+from celery_durable.engine import Engine, Registry, seals
 from celery_durable.engine.activity import Attempt
 from celery_durable.engine.cache import bump_generation
 from celery_durable.engine.model import SystemClock
@@ -327,7 +327,8 @@ def test_store_outage_while_recording_keeps_the_outcome() -> None:
         store.down = False  # the outage ends before the retry message arrives
 
     leases.release = release_then_recover  # type: ignore[method-assign]
-    res = task.apply(args=[100], headers={DURABLE_HEADER: {"e": "K", "s": 1, "r": 0, "w": "reg_k.flow"}})
+    token = store.read("K", "s:000001")["token"]  # what the dispatcher's message carries
+    res = task.apply(args=[100], headers={DURABLE_HEADER: {"e": "K", "s": 1, "r": 0, "w": "reg_k.flow", "t": token}})
     assert res.state == "SUCCESS", res.traceback
     assert runs == [100]  # the retry recorded the outcome it carried: no second run
     result = store.read("K", "r:000001")
@@ -341,8 +342,11 @@ def test_store_outage_at_the_start_of_a_retry_carrying_an_outcome_keeps_it() -> 
     durable, task = _celery_app(store, "reg_k2", runs)
     outcome = {"pk": "K", "id": "r:000001", "type": "result", "run": 0, "seq": 1, "name": "reg_k2.charge"}
     outcome.update(ok=True, value="charged 100", attempts=1, completed_at=0.0)
+    token = store.read("K", "s:000001")["token"]
+    sealed = seals.seal_outcome(store, ("K", 0, 1), token, outcome)  # as the hand-off seals it
+    seals._keys.clear()  # a fresh process: the key is read again (the store is down for that read)
     store.outage = 1  # the retry's first store call fails
-    meta = {"e": "K", "s": 1, "r": 0, "w": "reg_k2.flow", "outcome": outcome}
+    meta = {"e": "K", "s": 1, "r": 0, "w": "reg_k2.flow", "t": token, "sealed": sealed}
     res = task.apply(args=[100], headers={DURABLE_HEADER: meta})
     assert res.state == "SUCCESS", res.traceback
     assert runs == []

@@ -46,7 +46,8 @@ def _caught(fn: Any) -> Any:
 def _apply(durable: Durable, task: Any, eid: str, args: list[Any], workflow: str) -> Any:
     """Run one delivery of step 1 of ``eid`` the way a worker does (eager: retries run at once)."""
     durable.engine.drive(eid)  # step 1 scheduled (its message is not consumed here)
-    return task.apply(args=args, headers={DURABLE_HEADER: {"e": eid, "s": 1, "r": 0, "w": workflow}})
+    token = durable.engine.store.read(eid, "s:000001")["token"]  # the marker's, as the message carries it
+    return task.apply(args=args, headers={DURABLE_HEADER: {"e": eid, "s": 1, "r": 0, "w": workflow, "t": token}})
 
 
 # --- 1. @durable_activity stacked on @shared_task ---------------------------------------------
