@@ -166,15 +166,15 @@ def test_an_unstorable_document_of_the_plan_is_refused_before_the_first_write(
     as a caller's extension could) stops the rewrite before it starts."""
     env, eid = _long_failed()
     before = _snapshot(env, eid)
-    from celery_durable.engine import admin as admin_mod
+    from celery_durable.engine import reset as reset_mod
 
-    real = admin_mod.plan_reset
+    real = reset_mod.plan_reset
 
     def plan(*args: Any) -> None:
         real(*args)
         args[1].creates[-1]["extra"] = b"raw"
 
-    monkeypatch.setattr(admin_mod, "plan_reset", plan)
+    monkeypatch.setattr("celery_durable.engine.admin.plan_reset", plan)
     with pytest.raises(OperationRefused, match="cannot be stored"):
         Admin(env.engine).reset(eid, step=1, by="ops")
     assert _snapshot(env, eid) == before
@@ -182,7 +182,19 @@ def test_an_unstorable_document_of_the_plan_is_refused_before_the_first_write(
 
 def _stable(docs: dict[str, Any]) -> dict[str, Any]:
     """A partition without what differs between two runs of the same op (etags, clocks, tokens)."""
-    volatile = {"pk", "_etag", "_ts", "at", "generation", "last_op", PENDING, "started", "task_id", "lease", "incarnation"}
+    volatile = {
+        "pk",
+        "_etag",
+        "_ts",
+        "at",
+        "generation",
+        "last_op",
+        PENDING,
+        "started",
+        "task_id",
+        "lease",
+        "incarnation",
+    }
     keep = {i: {k: v for k, v in d.items() if k not in volatile and not k.endswith("_at")} for i, d in docs.items()}
     return {i: _unpk(d, str(docs[i]["pk"])) for i, d in keep.items()}
 
