@@ -45,6 +45,12 @@ ROWS = (
     ("activities kept, unsent (eager activities)", "eager_kept"),
     ("activity bodies run", "bodies"),
     ("client calls retried", "client_retry"),
+    ("operator resets / retries / resumes", ("ops_reset", "ops_retry", "ops_resume")),
+    ("operator calls that returned", "ops_returned"),
+    ("operator rewrites recorded as pending (wider than a batch)", "ops_pending_written"),
+    ("operator calls killed mid-operation", "ops_abandoned"),
+    ("operator calls refused (not applicable)", "ops_refused"),
+    ("operator calls that got a store error", "ops_store_error"),
 )
 
 
@@ -107,7 +113,10 @@ def main() -> int:
         ("known-bug triggers on", ",".join(bugs) or "none"),
         ("workflows (top level)", workflows),
     ]
-    rows += [(label, totals.get(key, 0)) for label, key in ROWS]
+    rows += [
+        (label, totals.get(key, 0) if isinstance(key, str) else " / ".join(str(totals.get(k, 0)) for k in key))
+        for label, key in ROWS
+    ]
     rows += [(f"violations of invariant {k}", n) for k, n in sorted(by_invariant.items())]
     rows += [(f"tolerated: signature of open bug {b}", n) for b, n in sorted(tolerated.items())]
     rows += [("invariant violations", violations), ("failing seeds", failing), ("seconds", f"{seconds:.1f}")]

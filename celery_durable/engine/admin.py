@@ -559,7 +559,7 @@ class Admin:
             # all but the last batch carry the exec with a bumped generation; the last deletes it
             while len(others) > room:
                 chunk, others = others[:room], others[room:]
-                new = bump_generation(ex)
+                new = bump_generation(ex) | {"purging": True}  # half purged, recorded as such
                 ops = [Op.delete(d["id"], d["_etag"]) for d in chunk]
                 etags = store.batch(execution_id, [*ops, Op.replace(new, ex["_etag"])])
                 ex = new | {"_etag": etags[-1]}

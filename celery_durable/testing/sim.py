@@ -39,6 +39,7 @@ from ..stores.base import Doc, Store
 from ..stores.memory import MemoryStore
 from .sim_checks import Outcome, check, outcome_of
 from .sim_faults import quiet
+from .sim_ops import plan_ops
 from .sim_store import (
     EPOCH,
     FAULT_KINDS,
@@ -130,7 +131,7 @@ class Sim:
         #: whether the client's store calls see faults (off inside signal() unless
         #: KNOWN_BUGS["signal_error_after_write"] is on)
         self.client_faults = True
-        self._make_plan(only)
+        plan_ops(self, only)  # _make_plan, then operators' calls (sim_ops.py)
 
     # --- hooks used by the store and the actors -----------------------------------------
 
