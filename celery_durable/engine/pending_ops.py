@@ -26,7 +26,7 @@ import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigurationError, ConflictError, DocumentTooLarge
+from ..errors import ConfigurationError, ConflictError, DocumentTooLarge, PayloadValidationError
 from ..stores.base import RESERVED, Doc, Op, check_doc, strip_reserved
 from .cache import bump_generation
 from .schema import EXEC_ID, DueKind
@@ -34,7 +34,17 @@ from .schema import EXEC_ID, DueKind
 if TYPE_CHECKING:
     from .parts import EngineParts as Engine
 
-__all__ = ["PENDING", "check_inputs", "check_purge", "check_storable", "commit", "finish", "finish_loaded", "settle"]
+__all__ = [
+    "PENDING",
+    "check_inputs",
+    "check_purge",
+    "check_signal_name",
+    "check_storable",
+    "commit",
+    "finish",
+    "finish_loaded",
+    "settle",
+]
 
 #: the exec field holding an operation's unfinished rest
 PENDING = "pending_op"
@@ -54,6 +64,15 @@ def check_inputs(refuse: type[Exception], execution_id: object, **fields: object
             raise refuse(f"{name} must be a {'non-empty ' if name == 'by' else ''}string, not {type(value).__name__}")
         if len(value) > limit:
             raise refuse(f"{name} is {len(value)} characters long: at most {limit}")
+
+
+def check_signal_name(name: object) -> None:
+    """A signal's name is a non-empty string of at most ``MAX_BY`` characters (it keys documents):
+    anything else is refused before anything is written (a bytes name raised a raw TypeError)."""
+    if not isinstance(name, str) or not name:
+        raise PayloadValidationError(f"a signal name is a non-empty string, not {name!r}")
+    if len(name) > MAX_BY:
+        raise PayloadValidationError(f"a signal name has at most {MAX_BY} characters, not {len(name)}")
 
 
 def check_purge(refuse: type[Exception], older_than: object, dry_run: object, page_size: object) -> None:

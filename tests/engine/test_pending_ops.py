@@ -19,7 +19,7 @@ from celery_durable import Durable, NonRetryableError, durable_activity
 from celery_durable import workflow as wf
 from celery_durable.engine.admin import Admin, OperationRefused
 from celery_durable.engine.pending_ops import PENDING
-from celery_durable.errors import StoreUnavailable, WorkflowCancelledError
+from celery_durable.errors import PayloadValidationError, StoreUnavailable, UnknownWorkflowError, WorkflowCancelledError
 from celery_durable.stores.base import Op
 from celery_durable.testing.env import WorkflowEnvironment
 
@@ -298,3 +298,27 @@ def test_an_op_dying_between_any_two_batches_is_finished_by_the_next_touch(
                 assert _stable(done) == target, (k, after, touch)
             # no finished activity ran again while the op was half done
             assert RUNS == runs_before, (k, after, touch)
+
+
+@durable.workflow(name="po.waits")
+def waits() -> str:
+    return str(wf.wait_signal("go"))  # no declared signals: any name is taken
+
+
+@pytest.mark.parametrize("name", [b"go", 7, "", "x" * 300], ids=["bytes", "int", "empty", "too-long"])
+def test_a_signal_with_a_bad_name_is_refused_and_writes_nothing(name: object) -> None:
+    """A bytes name raised a raw TypeError; an int, an empty or a 10,000 character name was recorded."""
+    env = WorkflowEnvironment(durable)
+    h = env.start(waits)
+    env.run_until_idle()
+    before = _snapshot(env, h.id)
+    with pytest.raises(PayloadValidationError):
+        env.engine.signal(h.id, name, 1)  # type: ignore[arg-type]
+    assert _snapshot(env, h.id) == before
+
+
+@pytest.mark.parametrize("eid", [b"x", 7, ""], ids=["bytes", "int", "empty"])
+def test_a_cancel_of_a_bad_id_is_a_clear_error(eid: object) -> None:
+    env = WorkflowEnvironment(durable)
+    with pytest.raises(UnknownWorkflowError):
+        env.engine.cancel(eid)  # type: ignore[arg-type]
