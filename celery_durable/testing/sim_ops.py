@@ -20,7 +20,7 @@ after healing.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..engine.admin import Admin, OperationRefused
 from ..engine.core import Engine
@@ -28,8 +28,8 @@ from ..errors import StoreError
 from ..stores.base import Doc, DueRef, Op, PartitionRead, Store
 from .sim_store import SETTINGS, Actor, SimClock, WorkerCrash
 
-if TYPE_CHECKING:
-    from .sim import Sim
+#: the scheduler (``sim.Sim``; not imported: ``sim`` imports this module)
+Sim = Any
 
 __all__ = ["OPS_BATCH", "OperatorKilled", "plan_ops"]
 
