@@ -502,7 +502,7 @@ class Sim:
         return out
 
     def _running(self) -> bool:
-        return any(d.get("status") not in TERMINAL for d in self._execs().values())
+        return any(d.get("status") not in TERMINAL or d.get("pending_op") for d in self._execs().values())
 
 
 class _NotStarted(Exception):
