@@ -166,8 +166,11 @@ def _roll(eng: Engine, ex: Doc, docs: dict[str, Doc], token: str) -> None:
                 return  # finished by someone else (or, never, replaced by another op)
 
 
-def finish(eng: Engine, pk: str) -> bool:
-    """Finish the operation pending on ``pk``, if any (reads the partition); whether there was one."""
+def finish(eng: Engine, pk: str, known: Doc | None = None) -> bool:
+    """Finish the operation pending on ``pk``, if any; whether there was one. ``known``: its exec
+    document as just read (the partition is read only when that has a pending op)."""
+    if known is not None and not isinstance(known.get(PENDING), dict):
+        return False
     docs = {d["id"]: d for d in eng.store.query_partition(pk).docs}
     ex = docs.get(EXEC_ID)
     if ex is None or not isinstance(ex.get(PENDING), dict):
