@@ -27,6 +27,7 @@ __all__ = [
     "FAULT_KINDS",
     "INVARIANTS",
     "KNOWN_BUGS",
+    "OPEN_BUGS",
     "Faults",
     "FaultyStore",
     "WorkerCrash",
@@ -87,6 +88,9 @@ KNOWN_BUGS = {
     "leaves the signal recorded and the execution never driven; fire_clock then clears the wait's timeout "
     "without a drive, so it is stranded",
 }
+
+#: triggers whose bug is open: off in the main test and the bench's default (``--known-bugs fixed``)
+OPEN_BUGS: tuple[str, ...] = ("operator_compensations",)
 
 EPOCH = 1_700_000_000.0
 SETTINGS = Settings(
