@@ -20,7 +20,8 @@ from celery_durable import workflow as wf
 from celery_durable.engine.admin import Admin, OperationRefused
 from celery_durable.engine.pending_ops import PENDING
 from celery_durable.errors import PayloadValidationError, StoreUnavailable, UnknownWorkflowError, WorkflowCancelledError
-from celery_durable.stores.base import Op
+from celery_durable.stores.base import Op, Store
+from celery_durable.stores.sqlite import SqliteStore
 from celery_durable.testing.env import WorkflowEnvironment
 
 app = Celery("pending-ops-tests", set_as_current=False)
@@ -88,8 +89,8 @@ def _snapshot(env: WorkflowEnvironment, pk: str) -> dict[str, Any]:
     return {d["id"]: d for d in env.store.query_partition(pk).docs}
 
 
-def _long_failed() -> tuple[WorkflowEnvironment, str]:
-    env = WorkflowEnvironment(durable)
+def _long_failed(store: Store | None = None) -> tuple[WorkflowEnvironment, str]:
+    env = WorkflowEnvironment(durable, store=store)
     h = env.start(long_, N)
     env.run_until_idle()
     assert h.status() == "failed"
@@ -322,3 +323,31 @@ def test_a_cancel_of_a_bad_id_is_a_clear_error(eid: object) -> None:
     env = WorkflowEnvironment(durable)
     with pytest.raises(UnknownWorkflowError):
         env.engine.cancel(eid)  # type: ignore[arg-type]
+
+
+def test_a_reset_killed_between_batches_on_sqlite_is_finished_by_the_recovery_scan(tmp_path: Any) -> None:
+    """The same on a real store (SQLite: its batch is a transaction), at every batch."""
+    n = 0
+
+    def setup() -> tuple[WorkflowEnvironment, str]:
+        nonlocal n
+        n += 1
+        return _long_failed(SqliteStore(str(tmp_path / f"s{n}.db")))
+
+    def op(a: Admin, e: str) -> object:
+        return a.reset(e, step=20, by="ops", reason="r")
+
+    target, batches = _target(setup, op)
+    for k in range(1, batches + 1):
+        RUNS.clear()
+        env, eid = setup()
+        runs_before = Counter(RUNS)
+        _die_at(env, k, True, Killed)
+        with pytest.raises(Killed):
+            op(Admin(env.engine), eid)
+        env.store.batch = type(env.store).batch.__get__(env.store)  # type: ignore[method-assign]
+        env.clock.advance(env.engine.settings.drive_timeout + 1)
+        env.engine.recovery.scan()
+        done = _snapshot(env, eid)
+        assert not done["exec"].get(PENDING) and _stable(done) == target, k
+        assert RUNS == runs_before, k
