@@ -11,7 +11,7 @@ partition cache notices and reads the partition afresh (see :func:`.cache.bump_g
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -25,6 +25,7 @@ from .dispatcher import ActivityRequest, ClockRequest
 from .model import lease_live
 from .oplog import cascade, note, recorded, tombstone, unknown
 from .outbox import DUE_ADMIT
+from .pending_ops import check_inputs, check_purge, commit, settle
 from .reruns import bump_reruns, children_of
 from .reset import plan_reset, reset_by
 from .salvage import salvage
@@ -211,6 +212,7 @@ class Admin:
         admitted first. The execution is running again. With no failed step (the workflow code
         itself failed) it is re-driven as it is, e.g. after a fix. Recorded (engine/oplog.py).
         """
+        check_inputs(OperationRefused, execution_id)
         return self._operate(execution_id, recorded(self.engine, self._plan_retry, "retry", by, reason))
 
     def resume(self, execution_id: str, by: str | None = None, reason: str | None = None) -> list[StepRecord]:
@@ -222,6 +224,7 @@ class Admin:
         on (compensations) are forgotten — what compensations did is not undone — cancelled
         children are resumed, and the interrupted steps run again. Recorded, with what it forgot.
         """
+        check_inputs(OperationRefused, execution_id)
         ex = self.engine.read_exec(execution_id)
         if ex.get("status") == Status.RUNNING:
             note(self.engine, execution_id, "resume", by, reason)
@@ -242,15 +245,16 @@ class Admin:
         ``generation`` is bumped and it is terminal until the last batch, so no drive runs on a
         half-reset history. A running execution is refused: cancel it first. See engine/reset.py.
         """
-        before = self.describe(execution_id)
         who = reset_by() if by is None else by
+        check_inputs(OperationRefused, execution_id, by=who, reason=reason)  # before anything is written
+        before = self.describe(execution_id)
 
-        def plan(ex: Doc, docs: dict[str, Doc]) -> _Rewrite:
+        def _plan_reset(ex: Doc, docs: dict[str, Doc]) -> _Rewrite:
             rewrite = _Rewrite()
             plan_reset(self, rewrite, OperationRefused, ex, docs, step, who, reason)
             return rewrite
 
-        self._operate(execution_id, plan)
+        self._operate(execution_id, _plan_reset)
         return [s for s in before.steps if s.seq >= step]
 
     def purge(
@@ -269,8 +273,7 @@ class Admin:
         whose parent has not been told its outcome yet is kept. ``progress`` gets the running
         report after each execution.
         """
-        if older_than < 0:
-            raise OperationRefused("older_than must be >= 0 seconds")
+        check_purge(OperationRefused, older_than, dry_run, page_size)
         cutoff = self.engine.clock.now() - older_than
         report = PurgeReport(dry_run=dry_run)
         for status in (Status.COMPLETED, Status.FAILED, Status.CANCELLED):
@@ -320,6 +323,8 @@ class Admin:
             ex = docs.get(EXEC_ID)
             if ex is None:
                 raise UnknownWorkflowError(f"no execution with id {execution_id!r}")
+            if settle(eng, ex, docs):
+                continue  # an earlier operation was left half done: finished first, plan afresh
             rewrite = plan(ex, docs)
             if any(d.get("due_kind") == DUE_ADMIT for d in rewrite.deletes):
                 # a forgotten step's effect was emitted like any finished work: admit it first
@@ -345,7 +350,7 @@ class Admin:
                 "due_at": now + eng.settings.drive_timeout,
             } | rewrite.fields
             try:
-                self._commit(ex, rewrite.deletes, rewrite.replaces, reopened, rewrite.creates)
+                commit(eng, ex, docs, rewrite, reopened, plan.__name__.removeprefix("_plan_"), OperationRefused)
             except ConflictError:
                 continue  # the execution changed under us: plan again on a fresh read
             break
@@ -362,27 +367,6 @@ class Admin:
     def _status(self, execution_id: str) -> str | None:
         doc = self.engine.store.read(execution_id, EXEC_ID)
         return None if doc is None else _str(doc.get("status"))
-
-    def _commit(
-        self, ex: Doc, deletes: list[Doc], replaces: list[Doc], final: dict[str, Any], creates: Sequence[Doc] = ()
-    ) -> None:
-        """Deletes and replaces in batches of the partition, each with the exec document (etag
-        chained, ``generation`` bumped) so nothing interleaves; ``final`` goes in the last one."""
-        store = self.engine.store
-        pk = ex["pk"]
-        ops = [Op.create(d) for d in creates]  # first: the archive of what is deleted never lags it
-        ops += [Op.delete(d["id"], d["_etag"]) for d in deletes]
-        ops += [Op.replace(strip_reserved(d), d["_etag"]) for d in replaces]
-        room = store.max_batch_ops - 1
-        chunks = [ops[i : i + room] for i in range(0, len(ops), room)] or [[]]
-        body, etag = ex, ex["_etag"]
-        try:
-            for i, chunk in enumerate(chunks):
-                new = bump_generation(body) | (final if i == len(chunks) - 1 else {})
-                etag = str(store.batch(pk, [*chunk, Op.replace(new, etag)])[-1])
-                body = new
-        finally:
-            self.engine.cache.invalidate(pk)
 
     def _plan_retry(self, ex: Doc, docs: dict[str, Doc]) -> _Rewrite:
         if ex.get("status") != Status.FAILED:
@@ -574,6 +558,8 @@ class Admin:
         ex = next((d for d in docs if d["id"] == EXEC_ID), None)
         if ex is None:
             return "it no longer exists"
+        if settle(self.engine, ex, {d["id"]: d for d in docs}):
+            return "an operation on it was half done: finished it"
         if ex.get("status") not in TERMINAL:
             return f"it is {ex.get('status')}"
         if ex.get("parent") and ex.get("parent_notified") is False and not force:
@@ -584,7 +570,7 @@ class Admin:
             # all but the last batch carry the exec with a bumped generation; the last deletes it
             while len(others) > room:
                 chunk, others = others[:room], others[room:]
-                new = bump_generation(ex)
+                new = bump_generation(ex) | {"purging": True}  # half purged, recorded as such
                 ops = [Op.delete(d["id"], d["_etag"]) for d in chunk]
                 etags = store.batch(execution_id, [*ops, Op.replace(new, ex["_etag"])])
                 ex = new | {"_etag": etags[-1]}

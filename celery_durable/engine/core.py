@@ -38,6 +38,7 @@ from .model import DUE_EXEC, EXEC_ID, TERMINAL, Clock, Settings, SystemClock, ne
 from .oplog import cancel_ops
 from .outbox import DUE_ADMIT, OutboxEngine, OutboxSettings
 from .outbox.runtime import EffectKeeper
+from .pending_ops import check_signal_name
 from .recovery import Recovery
 from .registry import Registry, WorkflowDef
 from .search import start_fields
@@ -281,6 +282,7 @@ class Engine:
 
     def signal(self, execution_id: str, name: str, value: Any) -> bool:
         """Send signal ``name`` (validated here; kept for the next wait); False once the execution ended."""
+        check_signal_name(name)
         return self.links.signal(execution_id, name, value)
 
     def fire_clock(self, execution_id: str, seq: int, run: int = 0) -> str:

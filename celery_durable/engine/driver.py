@@ -40,6 +40,7 @@ from .model import (
     marker_id,
     settled,
 )
+from .pending_ops import settle
 from .replay import Replay, replay
 from .search import apply_updates as apply_search_updates
 from .sticky import StickyCache
@@ -189,6 +190,8 @@ class Driver:
                     carry = [d for d in carry if int(d.get("run") or 0) == run]
                     release = []
                 carry_new = [_as_of(d, ex) for d in carry if d["id"] not in docs]
+                if settle(eng, ex, dict(docs.items())):
+                    continue  # an operator's op was left half done: finish it before driving
                 if ex.get("status") in TERMINAL:
                     self._record(carry_new)
                     return "terminal"

@@ -18,6 +18,7 @@ document written in the emptied partition (``describe`` of a purged id says who 
 
 from __future__ import annotations
 
+import functools
 import getpass
 import json
 import logging
@@ -184,6 +185,7 @@ def recorded(
     who = actor() if by is None else _check_text(by, "by")
     _check_text(reason, "reason")
 
+    @functools.wraps(plan)  # its name is the operation's kind (pending_ops.commit)
     def plan_and_record(ex: Doc, docs: dict[str, Doc]) -> Any:
         rewrite: _Rewrite = plan(ex, docs)
         extra = archive(docs, rewrite.deletes, _int(ex.get("run")))

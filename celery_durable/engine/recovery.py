@@ -39,6 +39,7 @@ from .model import (
     result_id,
     settled,
 )
+from .pending_ops import finish
 
 if TYPE_CHECKING:
     from .parts import EngineParts
@@ -102,7 +103,7 @@ class Recovery:
     def _exec_due(self, pk: str, now: float, report: ScanReport) -> None:
         eng = self.engine
         ex = check_exec(pk, eng.store.read(pk, EXEC_ID))
-        if ex is None:
+        if ex is None or finish(eng, pk, ex):  # an operator's op left half done: finished, it drives
             return
         if ex.get("status") in TERMINAL and ex.get("parent") and not ex.get("parent_notified"):
             eng.links.notify_parent(pk)  # the child finished but its parent was never told

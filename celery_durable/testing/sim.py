@@ -40,6 +40,7 @@ from ..stores.base import Doc, Store
 from ..stores.memory import MemoryStore
 from .sim_checks import Outcome, check, outcome_of
 from .sim_faults import quiet
+from .sim_ops import plan_ops
 from .sim_store import (
     EPOCH,
     FAULT_KINDS,
@@ -131,7 +132,7 @@ class Sim:
         #: whether the client's store calls see faults (off inside signal() unless
         #: KNOWN_BUGS["signal_error_after_write"] is on)
         self.client_faults = True
-        self._make_plan(only)
+        plan_ops(self, only)  # _make_plan, then operators' calls (sim_ops.py)
 
     # --- hooks used by the store and the actors -----------------------------------------
 
@@ -502,7 +503,7 @@ class Sim:
         return out
 
     def _running(self) -> bool:
-        return any(d.get("status") not in TERMINAL for d in self._execs().values())
+        return any(d.get("status") not in TERMINAL or d.get("pending_op") for d in self._execs().values())
 
 
 class _NotStarted(Exception):

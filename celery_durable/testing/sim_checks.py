@@ -37,6 +37,9 @@ def check(self: Sim, reference: Callable[[str, list[Any]], Outcome]) -> None:
                 orphaned[pk] = "record_before_claim"
                 fields["outcomes written after the exec"] = late
             self.violate(5, f"{pk} left {fields} (now {self.now - EPOCH:.0f})", orphaned.get(pk))
+    for pk, ex in execs.items():
+        if isinstance(ex.get("pending_op"), dict):
+            self.violate(8, f"{pk}: an operation was left pending after healing: {ex['pending_op'].get('kind')}")
     for p in self.plan:
         found = execs.get(p.eid)
         if found is None:

@@ -9,7 +9,7 @@ activity message that must not complete any step:
 * a **forged outcome**: the step header of a pending step (its genuine token, even) carrying an
   ``outcome``, a badly sealed one, or a genuine seal of another step's outcome.
 
-Invariant 8: no step is begun or recorded from such a message (checked when the engine accepts
+Invariant 9: no step is begun or recorded from such a message (checked when the engine accepts
 it, and at the end: no result holds a forged value). ``checks=False`` turns the engine's checks
 off (the delivery proof and the seals), to show the harness catches what they prevent.
 
@@ -39,7 +39,7 @@ __all__ = ["ForgingSim", "run_forged_seed", "FORGED_VALUE", "FORGE_INVARIANT"]
 
 #: the value every forged outcome claims
 FORGED_VALUE = "FORGED"
-FORGE_INVARIANT = 8
+FORGE_INVARIANT = 9
 
 
 class ForgingSim(Sim):

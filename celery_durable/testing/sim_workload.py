@@ -134,6 +134,15 @@ def w_signal(rounds: int, seen: list[str | None], timeout: float = SIGNAL_TIMEOU
     return seen
 
 
+def w_fail(extra: int) -> int:
+    """Some steps, then one that fails the execution (an operator may retry or reset it)."""
+    total = 0
+    for i in range(2 + extra):
+        total = int(act("add", total, i).result())
+    wf.gather([act("square", i) for i in range(extra)])
+    return int(act("doomed", str(total)).result())
+
+
 def w_child(n: int) -> int:
     if n:
         wf.sleep(n * 5.0)
@@ -184,7 +193,7 @@ def w_generations(g: int) -> int:
 
 
 ACTIVITIES = (add, square, echo, flaky, doomed, reserve, release)
-WORKFLOWS = (w_seq, w_fan, w_timer, w_signal, w_child, w_parent, w_saga, w_counter, w_generations)
+WORKFLOWS = (w_seq, w_fan, w_timer, w_signal, w_child, w_parent, w_saga, w_counter, w_generations, w_fail)
 
 _registry: Registry | None = None
 

@@ -11,11 +11,12 @@ import os
 
 import pytest
 
+from celery_durable.testing import sim_store
 from celery_durable.testing.sim import KNOWN_BUGS, Faults, check_seed, run_seed
 
 SEEDS = int(os.environ.get("SIM_SEEDS", "200"))
-#: triggers whose bug is not fixed yet: run only by their xfail test (none today: every trigger is on)
-OPEN_BUGS: tuple[str, ...] = ()
+#: triggers whose bug is not fixed yet: run only by their xfail test (kept in sim_store.py)
+OPEN_BUGS = sim_store.OPEN_BUGS
 ENABLED = tuple(b for b in KNOWN_BUGS if b not in OPEN_BUGS)
 
 

@@ -70,7 +70,8 @@ def _send_everything(durable: Durable) -> None:
     step_task.push_request(
         id="t1", args=[1], kwargs={}, headers={}, delivery_info={}, retries=0, is_eager=False, called_directly=False
     )
-    step_task.request.durable_attempt, step_task.request.durable_released = SimpleNamespace(holder="h", execution_id="e1", run=0, seq=1), True
+    attempt = SimpleNamespace(holder="h", execution_id="e1", run=0, seq=1)
+    step_task.request.durable_attempt, step_task.request.durable_released = attempt, True
     try:
         with pytest.raises(Retry):
             step_task.retry(countdown=5)
