@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ConfigurationError, ConflictError, DocumentTooLarge, PayloadValidationError
 from ..stores.base import RESERVED, Doc, Op, check_doc, strip_reserved
 from .cache import bump_generation
-from .schema import EXEC_ID, DueKind
+from .schema import EXEC_ID, PENDING_OP, DueKind
 
 if TYPE_CHECKING:
     from .parts import EngineParts as Engine
@@ -46,8 +46,7 @@ __all__ = [
     "settle",
 ]
 
-#: the exec field holding an operation's unfinished rest
-PENDING = "pending_op"
+PENDING = PENDING_OP  # the exec field holding an operation's unfinished rest
 #: the longest ``by`` and ``reason`` an operation records (refused beyond: never truncated)
 MAX_BY, MAX_REASON = 256, 4096
 
@@ -198,6 +197,9 @@ def finish_loaded(eng: Engine, ex: Doc, docs: dict[str, Doc]) -> None:
         _finish(eng, ex, docs)
     finally:
         eng.cache.invalidate(ex["pk"])
+    # the op's own process would have sent it: reopened, the execution is driven now (not only
+    # when the recovery scan finds it due, drive_timeout later)
+    eng.dispatcher.send_drive(ex["pk"])
 
 
 def _finish(eng: Engine, ex: Doc, docs: dict[str, Doc]) -> None:

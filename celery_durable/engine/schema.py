@@ -66,6 +66,8 @@ OPERATION_PREFIX = "op:"
 
 #: id of the execution document in its partition
 EXEC_ID = "exec"
+#: the exec field holding an operator operation's unfinished rest (engine/pending_ops.py)
+PENDING_OP = "pending_op"
 
 
 class DocType(StrEnum):

@@ -7,13 +7,23 @@ document: it is flagged (``corrupt``) and the others are still shown.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from ..stores.base import CORRUPT_KEY, Doc
 from .reruns import emit_state
-from .schema import EXEC_ID, SIGNAL_MARK_PREFIX, DocType, Status, StepKind, result_id, signal_outcome_id
+from .schema import (
+    EXEC_ID,
+    PENDING_OP,
+    SIGNAL_MARK_PREFIX,
+    DocType,
+    Status,
+    StepKind,
+    result_id,
+    signal_outcome_id,
+)
 from .superseded import SupersededStep, live_versions, superseded_of
 
 __all__ = [
@@ -282,7 +292,19 @@ def describe_docs(ex: Doc, docs: list[Doc]) -> ExecutionDetail:
         signals=tuple(signals),
         children=tuple(s.child_id for s in steps if s.kind == StepKind.CHILD and s.child_id),
         custom_status=ex.get("custom_status"),
-        operations=(ops := tuple(sorted((d for d in docs if d.get("type") == DocType.OPERATION), key=_op_order))),
+        operations=(ops := tuple(sorted(_operations(ex, docs, by_id), key=_op_order))),
         superseded=superseded_of(ops, live_versions(docs)),
         corrupt=((summary.corrupt,) if summary.corrupt else ()) + tuple(corrupt),
     )
+
+
+def _operations(ex: Doc, docs: Sequence[Doc], by_id: Mapping[str, Doc]) -> Iterator[Doc]:
+    """The operation records, with the one of an operation cut between its batches: it is held
+    in the exec's pending op until its last batch creates it, and its archive is already needed
+    (the steps it forgot may be deleted)."""
+    yield from (d for d in docs if d.get("type") == DocType.OPERATION)
+    pending = ex.get(PENDING_OP)
+    creates = pending.get("creates") if isinstance(pending, dict) else None
+    for doc in creates if isinstance(creates, list) else ():
+        if isinstance(doc, dict) and doc.get("type") == DocType.OPERATION and str(doc.get("id")) not in by_id:
+            yield doc
