@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 from ..errors import ConflictError, DurableError
 from ..stores.base import Doc, Op, strip_reserved
+from .pending_ops import check_field
 from .schema import EXEC_ID, OPERATION_PREFIX, DocType, StepKind, marker_id, operation_id
 from .superseded import version_of
 from .timeline import _int, _step
@@ -74,9 +75,10 @@ def actor() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
-def _check_text(value: Any, what: str) -> str | None:
-    if value is not None and not isinstance(value, str):
-        raise ValueError(f"{what} must be a string, not {type(value).__name__}")
+def _check_text(value: str | None, what: str) -> str | None:
+    """``value`` if an operation may record it as ``what`` (the same rules as reset's: pending_ops.py)."""
+    if value is not None or what == "reason":
+        check_field(ValueError, what, value)
     return value
 
 

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PENDING",
+    "check_field",
     "check_inputs",
     "check_purge",
     "check_signal_name",
@@ -56,13 +57,19 @@ def check_inputs(refuse: type[Exception], execution_id: object, **fields: object
     if not isinstance(execution_id, str) or not execution_id:
         raise refuse(f"execution_id must be a non-empty string, not {execution_id!r}")
     for name, value in fields.items():
-        limit = MAX_BY if name == "by" else MAX_REASON
-        if value is None and name == "reason":
-            continue
-        if not isinstance(value, str) or (name == "by" and not value.strip()):
-            raise refuse(f"{name} must be a {'non-empty ' if name == 'by' else ''}string, not {type(value).__name__}")
-        if len(value) > limit:
-            raise refuse(f"{name} is {len(value)} characters long: at most {limit}")
+        check_field(refuse, name, value)
+
+
+def check_field(refuse: type[Exception], name: str, value: object) -> None:
+    """``by`` (a non-empty string) or ``reason`` (None or a string), within its length: refused
+    (``refuse``), never truncated."""
+    limit = MAX_BY if name == "by" else MAX_REASON
+    if value is None and name == "reason":
+        return
+    if not isinstance(value, str) or (name == "by" and not value.strip()):
+        raise refuse(f"{name} must be a {'non-empty ' if name == 'by' else ''}string, not {type(value).__name__}")
+    if len(value) > limit:
+        raise refuse(f"{name} is {len(value)} characters long: at most {limit}")
 
 
 def check_signal_name(name: object) -> None:

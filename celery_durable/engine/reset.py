@@ -11,12 +11,10 @@ afresh.
 
 from __future__ import annotations
 
-import getpass
-import socket
 from typing import Any, Protocol
 
 from ..stores.base import Doc
-from .oplog import archive, children_archive, next_op
+from .oplog import actor, archive, children_archive, next_op
 from .schema import EXEC_ID, DocType, Status, marker_id, operation_id, result_id
 from .search import run_start as search_run_start
 from .timeline import _int
@@ -26,11 +24,7 @@ __all__ = ["plan_reset", "reset_by"]
 
 def reset_by() -> str:
     """Who resets, when the caller does not say: ``user@host`` of this process."""
-    try:
-        user = getpass.getuser()
-    except Exception:  # no user name in this environment (a container): still recorded
-        user = "?"
-    return f"{user}@{socket.gethostname()}"
+    return actor()
 
 
 class Rewrite(Protocol):

@@ -257,6 +257,13 @@ def test_reasons_and_actors_that_are_not_text_are_refused_before_any_write(env: 
     with pytest.raises(ValueError, match="reason must be a string"):
         Admin(env.engine).retry(h.id, reason={"not": "text"})  # type: ignore[arg-type]
     assert {d["id"] for d in env.store.query_partition(h.id).docs} == before and h.status() == "failed"
+    # the limits reset enforces hold for every recorded action: refused, never truncated
+    for bad in ({"reason": "r" * 5000}, {"by": ""}, {"by": "b" * 300}):
+        with pytest.raises(ValueError, match="(reason|by) (is|must)"):
+            Admin(env.engine).retry(h.id, **bad)  # type: ignore[arg-type]
+        with pytest.raises(ValueError):
+            Admin(env.engine).resume(h.id, **bad)  # type: ignore[arg-type]
+    assert {d["id"] for d in env.store.query_partition(h.id).docs} == before and h.status() == "failed"
 
 
 def test_a_child_the_retry_deletes_is_archived_with_its_steps(env: WorkflowEnvironment) -> None:
