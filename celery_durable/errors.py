@@ -10,6 +10,7 @@ from __future__ import annotations
 
 __all__ = [
     "DurableError",
+    "OperationRefused",
     "ConfigurationError",
     "StoreError",
     "ConflictError",
@@ -243,3 +244,9 @@ class HistoryUnavailableError(QueryFailedError):
 
     def __init__(self, workflow_id: str, query: str, message: str) -> None:
         super().__init__(workflow_id, query, "HistoryUnavailableError", message)
+
+
+class OperationRefused(DurableError, ValueError):
+    """An operator operation (retry, resume, reset, cancel, purge) does not apply to the
+    execution in its current state, or its input (``by``, ``reason``, ...) cannot be recorded as
+    given: nothing was written. Also importable from ``celery_durable.engine.admin``."""

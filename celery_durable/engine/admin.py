@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConflictError, CorruptDocument, DurableError, UnknownWorkflowError
+from ..errors import ConflictError, CorruptDocument, DurableError, OperationRefused, UnknownWorkflowError
 from ..stores.base import Doc, ExecFilter, Op, strip_reserved
 from ..stores.search import check_filter
 from .cache import bump_generation
@@ -73,10 +73,6 @@ __all__ = [
 
 #: how many reasons for kept executions a purge report carries (the latest)
 _KEPT_REASONS = 50
-
-
-class OperationRefused(DurableError):
-    """The operation does not apply to the execution in its current state."""
 
 
 # --- the operations ----------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from types import SimpleNamespace
 from typing import Any, Protocol
 
-from ..errors import ConflictError, DurableError
+from ..errors import ConflictError, DurableError, OperationRefused
 from ..stores.base import Doc, Op, strip_reserved
 from .pending_ops import check_field
 from .schema import EXEC_ID, OPERATION_PREFIX, DocType, StepKind, marker_id, operation_id
@@ -78,7 +78,7 @@ def actor() -> str:
 def _check_text(value: str | None, what: str) -> str | None:
     """``value`` if an operation may record it as ``what`` (the same rules as reset's: pending_ops.py)."""
     if value is not None or what == "reason":
-        check_field(ValueError, what, value)
+        check_field(OperationRefused, what, value)
     return value
 
 
