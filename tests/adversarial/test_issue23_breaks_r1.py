@@ -127,7 +127,6 @@ def test_a_purge_with_a_bad_by_deletes_then_raises(env: WorkflowEnvironment) -> 
     assert isinstance(raised, OperationRefused), raised
 
 
-@pytest.mark.xfail(strict=True, reason="issue 23 review r1: open break")
 @pytest.mark.parametrize(
     "call",
     [
