@@ -278,6 +278,7 @@ class Durable:
         tick gets the workflow id ``"{name}@{tick}"``, so two beats by mistake still start one
         execution per tick. The payload is validated now, not at the first tick.
         """
+        check_workflow_id(name, "schedule name")  # its ticks' ids start with it: checked the same way
         payload = workflow.definition.codec.encode_args(args, kwargs)
         period = every.total_seconds() if isinstance(every, timedelta) else 60.0
         if period <= 0:

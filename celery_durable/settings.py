@@ -125,12 +125,17 @@ def _redact_userinfo(url: str) -> str:
     return url if not colon else f"{url[: start + 2]}{user}:***{url[at:]}"
 
 
+_BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})|%00")
+
+
 def url_password_is_raw(url: str) -> bool:
     """Whether the password of ``url`` (as :func:`redact_url` sees it) holds a character a URL
-    parser cuts it at: then a parser's error quotes a piece of it, and must not be shown."""
+    parser cuts it at or cannot decode: then a parser's error quotes (a piece of) it, and must not
+    be shown."""
     start, at = url.find("//"), url.rfind("@")
     password = url[start + 2 : at].partition(":")[2] if 0 <= start < at else ""
-    return any(c in password for c in "#?/@")
+    # a '%' that is not an escape, or one decoding to NUL, and libpq quotes the whole password
+    return any(c in password for c in "#?/@") or _BAD_ESCAPE.search(password) is not None
 
 
 #: ``durable_store_url`` (and ``durable_result_push``, a ``redis://`` URL may hold a password) under

@@ -17,6 +17,7 @@ from celery import Celery
 from .activity import DURABLE_HEADER
 from .consistency import retry_stale, session_headers, use_session
 from .eager_activities import eagerly, keep
+from .engine.checks import check_workflow_id
 from .engine.dispatcher import ActivityRequest, ClockRequest
 from .engine.outbox.model import EffectRef, EffectSender
 from .errors import StoreUnavailable
@@ -176,7 +177,8 @@ def register_tasks(app: Celery, durable: DurableLike) -> None:
     @app.task(base=WireTask, name=START_SCHEDULED_TASK, ignore_result=True, shared=False)
     def start_scheduled(schedule_name: str, workflow: str, payload: dict[str, Any], period: float) -> str:
         engine = durable.engine
-        wid = tick_id(schedule_name, period, engine.clock.now())
+        # a message's arguments are not a caller's: the id gets the check start() gives one
+        wid = check_workflow_id(tick_id(schedule_name, period, engine.clock.now()), "scheduled workflow id")
         created = engine.create_execution(workflow, payload, wid, None)
         return f"{wid} {'started' if created else 'already started'}"
 

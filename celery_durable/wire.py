@@ -24,6 +24,11 @@ _JSON = frozenset({"json", "application/json"})
 def serializer(app: Celery) -> str:
     """The serializer of the library's messages on ``app``: its ``task_serializer``, unless pickle."""
     name = str(app.conf.task_serializer or "json")
+    if name.lower() == "auth" and _signed_inner() in _PICKLE:
+        raise ConfigurationError(
+            "app.setup_security(serializer='pickle') signs pickled bodies, which celery_durable never "
+            "sends: call setup_security(serializer='json') (the library's messages are JSON-native)"
+        )
     if name.lower() not in _PICKLE:
         return name
     accept = app.conf.accept_content
@@ -34,6 +39,15 @@ def serializer(app: Celery) -> str:
         f"({list(accept)!r}) has no 'json' to send its messages with instead: add 'json' to "
         "accept_content or use another task_serializer (e.g. 'json', or 'auth' for signed messages)"
     )
+
+
+def _signed_inner() -> str:
+    """The serializer Celery's ``auth`` wraps (``setup_security(serializer=...)``), "" if unknown."""
+    from kombu.serialization import registry
+
+    codec = registry._encoders.get("auth")  # kombu keeps no public accessor for an encoder
+    owner = getattr(getattr(codec, "encoder", None), "__self__", None)
+    return str(getattr(owner, "_serializer", "") or "").lower()
 
 
 def check(app: Celery, **_: Any) -> None:
@@ -50,3 +64,9 @@ class WireTask(Task):  # type: ignore[misc]
     @property
     def serializer(self) -> str:  # type: ignore[override]
         return serializer(self.app)
+
+    def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
+        # task_annotations set attributes on the task class (Task.annotate), which replaces the
+        # property above: the serializer is given with every send instead
+        options["serializer"] = serializer(self.app)
+        return super().apply_async(args, kwargs, **options)

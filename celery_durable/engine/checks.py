@@ -67,6 +67,13 @@ _DERIVED_CHILD_TAILS = re.compile(f"(?:{_TAIL})+\\Z")
 #: hyphens) and the line/paragraph separators are invisible or reorder text, so two ids that look
 #: the same in the UI and the CLI would name different executions (a phishing aid)
 _REFUSED_CATEGORIES = frozenset({"Cc", "Cs", "Cf", "Zl", "Zp"})
+#: Unicode's Default_Ignorable_Code_Point outside those categories (DerivedCoreProperties.txt):
+#: combining grapheme joiner, variation selectors, Mongolian and Khmer invisibles, Hangul fillers
+#: and the like, drawn as nothing
+_IGNORABLE = re.compile(
+    "[\u034f\u115f\u1160\u17b4\u17b5\u180b-\u180f\u3164\ufe00-\ufe0f\uffa0\ufff0-\ufff8"
+    "\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e0fff]"
+)
 
 
 def check_workflow_id(value: object, what: str = "workflow id", *, derived_ok: bool = False) -> str:
@@ -90,11 +97,17 @@ def check_workflow_id(value: object, what: str = "workflow id", *, derived_ok: b
         raise InvalidWorkflowId(
             f"a {what} may have at most {MAX_WORKFLOW_ID_LENGTH} characters, got {len(value)}: {value[:40]!r}..."
         )
-    bad = next((c for c in value if unicodedata.category(c) in _REFUSED_CATEGORIES), None)
+    bad = next((c for c in value if unicodedata.category(c) in _REFUSED_CATEGORIES or _IGNORABLE.match(c)), None)
+    if bad is None:  # a space other than ' ' (no-break, em, ideographic ...) looks like one
+        bad = next((c for c in value if c != " " and unicodedata.category(c) == "Zs"), None)
     if bad is not None:
         raise InvalidWorkflowId(
             f"a {what} may not contain {bad!r} (a control, invisible or bidi character, or a lone surrogate):"
             f" {value!r:.80}"
+        )
+    if unicodedata.normalize("NFC", value) != value:  # "café" twice: precomposed, and e + U+0301
+        raise InvalidWorkflowId(
+            f"a {what} must be in Unicode normal form NFC (unicodedata.normalize('NFC', id)), got {value!r:.80}"
         )
     reserved = next((p for p in RESERVED_ID_PREFIXES if value.startswith(p)), None)
     if reserved is not None:

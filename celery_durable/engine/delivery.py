@@ -40,9 +40,12 @@ __all__ = [
 STALE_EVENT = "activity_stale_delivery"
 
 
-def step_token(execution_id: str, run: int, seq: int, resets: int) -> str:
-    """The token of a marker first taken at step ``seq`` of ``run`` after ``resets`` resets."""
-    text = json.dumps([execution_id, run, seq, resets], separators=(",", ":"))
+def step_token(execution_id: str, run: int, seq: int, resets: int, life: str = "") -> str:
+    """The token of a marker first taken at step ``seq`` of ``run`` after ``resets`` resets, in
+    the execution's ``life`` (its ``incarnation``: an id purged and started again is a new life,
+    so a message of the purged execution cannot complete the new one's step)."""
+    key: list[Any] = [execution_id, run, seq, resets] + ([life] if life else [])
+    text = json.dumps(key, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
@@ -113,7 +116,7 @@ def refusal(marker: Doc, delivery: Delivery) -> str | None:
     return None
 
 
-def stamped(new_docs: Iterable[Doc], sends: list[Send], resets: int) -> tuple[list[Doc], list[Send]]:
+def stamped(new_docs: Iterable[Doc], sends: list[Send], resets: int, life: str = "") -> tuple[list[Doc], list[Send]]:
     """A replay's new documents and sends, each new activity marker given its token and each
     activity request the token of its marker (the replay's last step before the commit)."""
     docs = list(new_docs)
@@ -122,7 +125,7 @@ def stamped(new_docs: Iterable[Doc], sends: list[Send], resets: int) -> tuple[li
         if doc.get("kind") != "activity" or doc.get("local"):
             continue  # a local activity runs in the drive: no message to prove anything
         if doc.get("token") is None:
-            doc["token"] = step_token(str(doc["pk"]), int(doc.get("run") or 0), int(doc["seq"]), resets)
+            doc["token"] = step_token(str(doc["pk"]), int(doc.get("run") or 0), int(doc["seq"]), resets, life)
         tokens[int(doc["seq"])] = str(doc["token"])
     if not tokens:
         return docs, sends

@@ -165,7 +165,8 @@ def _decide(ex: Doc, wf: WorkflowDef, ctx: WorkflowContext, outcome: Outcome, re
         # "step" present (None: the workflow code, not a step, failed) tells retry not to guess
         error.setdefault("step", None)
         error["run"] = ctx.run
-    new_docs, sends = stamped(ctx.new_docs.values(), ctx.sends, ctx.resets)  # engine/delivery.py
+    life = str(ex.get("incarnation") or "")
+    new_docs, sends = stamped(ctx.new_docs.values(), ctx.sends, ctx.resets, life)  # engine/delivery.py
     if kind in ("failed", "continued"):
         new_docs, sends = _without_pending_work(new_docs, sends)
     return Replay(

@@ -58,7 +58,7 @@ class PgConfig:
     def scrub(self, text: str) -> str:
         """``text`` with the password (should a server or libpq message echo it) hidden."""
         if self.raw_password:
-            return "(libpq's message is not shown: a '#', '?', '/' or '@' in the password must be percent-encoded)"
+            return "(libpq's message is not shown: a '#', '?', '/', '@' or '%' in the password must be percent-encoded)"
         return text.replace(self.password, "***") if self.password else text
 
 
@@ -107,7 +107,8 @@ def parse_url(url: str, options: dict[str, Any]) -> PgConfig:
         # libpq quotes the part it cannot parse, which for a raw '?' is the password's tail
         if url_password_is_raw(url):
             raise ConfigurationError(
-                f"invalid postgresql URL {display!r}: a '#', '?', '/' or '@' in the password must be percent-encoded"
+                f"invalid postgresql URL {display!r}: a '#', '?', '/', '@' or '%' in the password must be"
+                " percent-encoded"
             ) from None
         raise ConfigurationError(f"invalid postgresql URL {display!r}: {exc}") from exc
     password = params.get("password")

@@ -49,7 +49,10 @@ class RedisNotifier(Hub):
         # redis-py cuts a password at a raw '#', '?', '/' or '@' and quotes the rest as a port or host
         if url_password_is_raw(self.url):
             return "(not shown: a '#', '?', '/' or '@' in the push URL's password must be percent-encoded)"
-        password = urlsplit(self.url).password
+        try:
+            password = urlsplit(self.url).password
+        except ValueError:  # e.g. a '[' in it reads as a bad IPv6 host: show nothing of the message
+            return "(not shown: the push URL does not parse; its password must be percent-encoded)"
         return text.replace(password, "***") if password else text
 
     def _redis(self) -> Any:

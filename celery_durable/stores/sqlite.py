@@ -32,6 +32,7 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from ..errors import ConfigurationError, ConflictError, StoreUnavailable
+from ..settings import redact_url
 from ._sql import decode_row as _decode
 from ._sql import due_columns, exec_page
 from ._sql import parse_etag as _parse_etag
@@ -554,9 +555,11 @@ def from_url(url: str, **options: Any) -> SqliteStore:
     """
     parts = urlsplit(url)
     if parts.scheme.lower() != "sqlite":
-        raise ConfigurationError(f"not a sqlite URL: {url!r}")
+        raise ConfigurationError(f"not a sqlite URL: {redact_url(url)!r}")
     if parts.netloc:
-        raise ConfigurationError(f"sqlite URL {url!r} has a host; use sqlite:///relative or sqlite:////absolute")
+        raise ConfigurationError(
+            f"sqlite URL {redact_url(url)!r} has a host; use sqlite:///relative or sqlite:////absolute"
+        )
     path = unquote(parts.path[1:] if parts.path.startswith("/") else parts.path)
     settings: dict[str, Any] = dict(parse_qsl(parts.query))
     settings.update(options)

@@ -80,7 +80,7 @@ def test_a_store_error_does_not_print_a_password_with_a_raw_special(special: str
     assert "Pr1vate" not in told and "x@" not in told and "percent-encoded" in str(caught.value), told
 
 
-@pytest.mark.parametrize("special", ["#", "?", "/", "@"])
+@pytest.mark.parametrize("special", ["#", "?", "/", "@", "[", "]"])
 def test_the_result_push_log_does_not_print_a_password_with_a_raw_special(
     special: str, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -102,6 +102,12 @@ BAD_IDS: list[Any] = [
     "\ufefforder-42",
     "order\u00ad-42",
     "order\u2028-42",
+    # drawn as nothing though not format characters (Default_Ignorable), other spaces, non-NFC
+    "order-1\u034f",
+    "order-1\ufe0f",
+    "order-1\u3164",
+    "order\u00a0-42",
+    "cafe\u0301",
     "fxq:lane-a",
     "fxid:some-effect",
     "_due:clock:123",
