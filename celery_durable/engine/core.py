@@ -256,8 +256,8 @@ class Engine:
             ex = self.read_exec(execution_id)
             if ex.get("status") in TERMINAL:
                 return False
-            if ex.get("cancel_requested"):
-                return True
+            if ex.get("cancel_requested") and by is None:
+                return True  # an operator's (by) is recorded all the same: who else asked, and why
             updated = strip_reserved(ex)
             updated.update(cancel_requested=True, wakeups=int(ex.get("wakeups") or 0) + 1)
             try:

@@ -203,7 +203,6 @@ def test_a_purge_killed_after_its_deletes_leaves_no_record(env: WorkflowEnvironm
 # --- promise 4: every operator action recorded -----------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="issue 23 review r1: open break")
 def test_a_second_operators_cancel_is_not_recorded(env: WorkflowEnvironment) -> None:
     """engine.cancel returns True without writing when a cancel is already requested: the second
     operator's action (who, reason) is recorded nowhere, though it reports success."""
