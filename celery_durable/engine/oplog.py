@@ -41,6 +41,7 @@ __all__ = [
     "cascade",
     "children_archive",
     "cancel_ops",
+    "signal_op",
     "forgotten_lines",
     "next_op",
     "note",
@@ -262,6 +263,15 @@ def cancel_ops(ex: Doc, body: Doc, by: str, reason: str | None, at: float) -> li
     _check_text(reason, "reason")
     body = body | {"operations": _int(ex.get("operations")) + 1}
     return [Op.replace(body, ex["_etag"]), Op.create(op_doc(ex, "cancel", by, reason, at))]
+
+
+def signal_op(ex: Doc, docs: dict[str, Doc], body: Doc, by: str, name: str, at: float) -> Op:
+    """The operation document recording that operator ``by`` sent signal ``name`` to ``ex``,
+    created in the batch that records the value (``body``: the exec's update, its counter set
+    here), so a delivered signal is never left unrecorded (a separate write could fail)."""
+    n = next_op(ex, docs)
+    body["operations"] = n
+    return Op.create(op_doc(ex, "signal", by, None, at, n, name=name))
 
 
 def tombstone(engine: Engine, ex: Doc, by: str | None, documents: int, reason: str | None = None) -> None:

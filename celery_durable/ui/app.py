@@ -27,7 +27,6 @@ from ..cli_render import ts
 from ..engine.admin import Admin, ExecutionDetail, OperationRefused
 from ..engine.core import Engine
 from ..engine.links import declared_signals
-from ..engine.oplog import note
 from ..engine.schema import Status
 from ..engine.timeline import STATUSES
 from ..errors import DurableError, PayloadValidationError, UnknownWorkflowError
@@ -272,12 +271,9 @@ class UI:
                 raise ValueError(f"the value is not valid JSON: {exc}") from exc
             except RecursionError as exc:
                 raise ValueError("the value is nested too deeply") from exc
-            if not self.engine.signal(execution_id, signal, value):
+            # who sent it is recorded in the same batch as the value (engine/oplog.py)
+            if not self.engine.signal(execution_id, signal, value, by=by):
                 return "signal-ignored"
-            try:
-                note(self.engine, execution_id, "signal", by, name=signal)
-            except DurableError as exc:  # delivered all the same: an error would invite a resend
-                log.warning("signal %r to %s delivered, its sender not recorded: %s", signal, execution_id, exc)
             return "signal-delivered"
         if name == "cancel":
             return "cancel-requested" if self.engine.cancel(execution_id, by=by) else "cancel-finished"
