@@ -34,7 +34,7 @@ from ..stores.base import MAX_PAGE_SIZE
 from ..stores.search import parse_pairs
 from .access import Access, Gate
 from .auth import COOKIE, Guard, safe_next
-from .views import chart, detail_json, duration, exec_url, lanes_of, parse_age, pretty, read_lane
+from .views import chart, confirms, detail_json, duration, exec_url, lanes_of, parse_age, pretty, read_lane
 
 __all__ = ["create_app", "ACTIONS"]
 
@@ -193,7 +193,8 @@ class UI:
         if detail is None:
             return self.page(request, "missing.html", 404, what=f"no execution with id {execution_id!r}")
         message = MESSAGES.get(request.query_params.get("msg", ""))
-        return self.page(request, "execution.html", message=message, **self.live_context(request, detail))
+        context = self.live_context(request, detail) | {"confirm": confirms(self.admin, detail)}
+        return self.page(request, "execution.html", message=message, **context)
 
     def execution_json(self, request: Request) -> Response:
         execution_id = request.path_params["execution_id"]
@@ -202,6 +203,7 @@ class UI:
             return JSONResponse({"error": f"no execution with id {execution_id!r}"}, 404, headers=_headers())
         data = detail_json(detail)
         data["html"] = self.env.get_template("live.html").render(**self.live_context(request, detail))
+        data["confirm"] = confirms(self.admin, detail)  # what retry/resume would forget now
         return JSONResponse(data, headers=_headers())
 
     def lane(self, request: Request) -> Response:

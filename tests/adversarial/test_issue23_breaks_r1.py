@@ -562,7 +562,6 @@ def saga_order(order_id: str) -> str:
         return label(order_id)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 23 review r1: open break")
 def test_the_ui_retry_prompt_does_not_say_a_refund_already_ran(env: WorkflowEnvironment) -> None:
     """The CLI's retry prompt lists the steps it forgets, flagging "it RAN" (cli_ops.prompt);
     the UI's retry confirmation is a fixed "Retry from the failed step?": the operator clicking it
