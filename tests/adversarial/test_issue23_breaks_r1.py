@@ -366,7 +366,6 @@ def trip(legs: int) -> str:
         return label("trip")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 23 review r1: open break")
 def test_a_retry_forgetting_more_than_200_refunds_keeps_only_a_count_of_the_rest(env: WorkflowEnvironment) -> None:
     """oplog.archive keeps at most MAX_ENTRIES (200) steps per operation and counts the rest in
     ``forgotten_more``: 50 refunds that ran leave neither their step, name nor value anywhere
