@@ -531,7 +531,6 @@ def fanout(n: int) -> int:
     return sum(wf.gather(*[step.start(i) for i in range(n)]))
 
 
-@pytest.mark.xfail(strict=True, reason="issue 23 review r1: open break")
 def test_resume_of_a_cancelled_fan_out_wider_than_a_batch_is_impossible(env: WorkflowEnvironment) -> None:
     """pending_ops.commit refuses an op with more markers to re-arm than fit in one batch
     ("nothing was changed"), whatever the inputs: a cancelled execution that was waiting on 120
