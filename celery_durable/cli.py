@@ -23,7 +23,7 @@ from .app import Durable
 from .cli_render import escape, print_table, ts
 from .engine.admin import ExecutionDetail, ExecutionSummary, OperationRefused, PurgeReport, StepRecord
 from .engine.links import declared_signals
-from .engine.oplog import actor, note
+from .engine.oplog import actor
 from .engine.schema import Status
 from .errors import DurableError, InvalidSearchAttribute, PayloadValidationError, UnknownWorkflowError
 from .stores.base import MAX_PAGE_SIZE
@@ -280,20 +280,16 @@ def signal(ctx: click.Context, execution_id: str, name: str, value: str) -> None
     except json.JSONDecodeError as exc:
         raise click.ClickException(f"VALUE is not valid JSON: {exc}") from exc
     try:
-        # the path of WorkflowHandle.signal: a name the workflow does not declare is refused there
-        delivered = d.signal(execution_id, name, data)
+        # the path of WorkflowHandle.signal (a name the workflow does not declare is refused
+        # there); who sent it is recorded in the same batch as the value
+        delivered = d.engine.signal(execution_id, name, data, by=actor())
     except PayloadValidationError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo("delivered" if delivered else "ignored: the execution has ended")
     try:
-        if delivered:
-            note(d.engine, execution_id, "signal", actor(), name=name)  # who sent it, recorded
-    except DurableError as exc:
-        click.echo(f"warning: the signal is delivered, but who sent it was not recorded: {exc}", err=True)
-    try:
         ex = d.engine.store.read(execution_id, "exec") if delivered else None
     except DurableError:
-        ex = None  # the value is recorded; only the note is lost
+        ex = None  # the value and its sender are recorded; only this hint is lost
     if ex is not None and declared_signals(ex, d.registry.workflow(str(ex.get("workflow")))) is None:
         # any name is accepted (typed where the workflow waits): a typo would wait forever
         click.echo(

@@ -19,6 +19,7 @@ from ..errors import (
     DurableError,
     DurableTimeoutError,
     LaneFull,
+    OperationRefused,
     StoreError,
     UnknownWorkflowError,
 )
@@ -38,7 +39,7 @@ from .model import DUE_EXEC, EXEC_ID, TERMINAL, Clock, Settings, SystemClock, ne
 from .oplog import cancel_ops
 from .outbox import DUE_ADMIT, OutboxEngine, OutboxSettings
 from .outbox.runtime import EffectKeeper
-from .pending_ops import check_signal_name
+from .pending_ops import check_field, check_signal_name
 from .recovery import Recovery
 from .registry import Registry, WorkflowDef
 from .search import start_fields
@@ -256,8 +257,8 @@ class Engine:
             ex = self.read_exec(execution_id)
             if ex.get("status") in TERMINAL:
                 return False
-            if ex.get("cancel_requested"):
-                return True
+            if ex.get("cancel_requested") and by is None:
+                return True  # an operator's (by) is recorded all the same: who else asked, and why
             updated = strip_reserved(ex)
             updated.update(cancel_requested=True, wakeups=int(ex.get("wakeups") or 0) + 1)
             try:
@@ -280,10 +281,13 @@ class Engine:
     def drive(self, execution_id: str) -> str:
         return self.driver.drive(execution_id)
 
-    def signal(self, execution_id: str, name: str, value: Any) -> bool:
-        """Send signal ``name`` (validated here; kept for the next wait); False once the execution ended."""
+    def signal(self, execution_id: str, name: str, value: Any, by: str | None = None) -> bool:
+        """Send signal ``name`` (validated here; kept for the next wait); False once the execution
+        ended. ``by``: an operator sending it, recorded with the value (engine/oplog.py)."""
         check_signal_name(name)
-        return self.links.signal(execution_id, name, value)
+        if by is not None:
+            check_field(OperationRefused, "by", by)  # refused before anything is written
+        return self.links.signal(execution_id, name, value, by=by)
 
     def fire_clock(self, execution_id: str, seq: int, run: int = 0) -> str:
         return self.links.fire_clock(execution_id, seq, run)

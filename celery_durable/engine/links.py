@@ -42,6 +42,7 @@ from .model import (
     result_id,
     settled,
 )
+from .oplog import signal_op
 from .outbox.model import DUE_ADMIT
 from .schema import DocType, run_prefixes, signal_key_id, signal_outcome_id
 from .sends import send_signal, send_signal_again
@@ -162,8 +163,10 @@ class Links:
         value: Any,
         signal_id: str | None = None,
         sender: dict[str, Any] | None = None,
+        by: str | None = None,
     ) -> bool:
         """Send signal ``name``; True when the value is recorded, False when it is ignored.
+        ``by``: the operator sending it, recorded in the same batch (engine/oplog.py).
 
         Every value is kept, in arrival order, and each ``wait_signal(name)`` consumes the next
         *valid* one (a channel, like DBOS ``recv`` and Temporal signal handlers). Validation
@@ -223,7 +226,8 @@ class Links:
             bumped = strip_reserved(ex) | {"signal_seq": n, "wakeups": int(ex.get("wakeups") or 0) + 1}
             if not ex.get("due_kind"):  # a lost drive message is recovered
                 bumped.update(due_kind=DUE_EXEC, due_at=now + eng.settings.drive_timeout)
-            ops = [Op.create(doc), Op.replace(bumped, if_match=ex["_etag"])]
+            record = [] if by is None else [signal_op(ex, docs, bumped, by, name, now)]
+            ops = [Op.create(doc), *record, Op.replace(bumped, if_match=ex["_etag"])]
             if key is not None:
                 doc.update(signal_id=signal_id, sender=sender)
                 ops.insert(

@@ -7,10 +7,12 @@ those steps (``forgotten``: seq, kind, name, state, value or error), copied from
 *before* they are deleted and written with the first batch of deletes (``Admin._commit`` puts
 creates first: a crash between batches leaves the record, never deletes without it; the last
 batch reopens the execution). So a compensation that really ran (a refund) stays visible after
-a retry: ``describe().superseded``, ``durable show``, the UI. The archive is capped (entries and
-bytes) to stay far under the store's document and batch limits: what does not fit is counted in
-``forgotten_more``, and a value too large is kept as the start of its JSON text with
-``value_truncated`` (never changed silently).
+a retry: ``describe().superseded``, ``durable show``, the UI. Each document of the archive stays
+far under the store's document and batch limits (entries and bytes): an archive larger than one
+spills over part documents ``op:<n>.<k>`` written with it (``archive_parts``; ``describe`` merges
+them). A value too large is kept as the start of its JSON text with ``value_truncated`` (never
+changed silently); past ``MAX_PARTS`` documents values are shortened further, and only what
+still does not fit is counted in ``forgotten_more``.
 
 A purge deletes the whole partition, so its record is a log line and a small ``purged`` tombstone
 document written in the emptied partition (``describe`` of a purged id says who purged it, when).
@@ -38,9 +40,11 @@ __all__ = [
     "TOMBSTONE_ID",
     "actor",
     "archive",
+    "archived",
     "cascade",
     "children_archive",
     "cancel_ops",
+    "signal_op",
     "forgotten_lines",
     "next_op",
     "note",
@@ -60,6 +64,10 @@ MAX_ENTRIES = 200
 MAX_ARCHIVE_BYTES = 64 * 1024
 #: a value whose JSON is longer is archived as its first this many characters (flagged)
 MAX_VALUE_CHARS = 2000
+#: documents one operation's archive may take (the op and its parts: all in its last batch)
+MAX_PARTS = 8
+#: the characters of a value kept when the whole archive would not fit in ``MAX_PARTS``
+SHORT_VALUE_CHARS = 120
 #: the id of the document a purge leaves in the emptied partition
 TOMBSTONE_ID = "purged"
 #: outcome documents of a step (a marker's own are found through it)
@@ -82,6 +90,16 @@ def _check_text(value: str | None, what: str) -> str | None:
     return value
 
 
+def _short(entry: dict[str, Any]) -> dict[str, Any]:
+    """``entry`` with its value cut to ``SHORT_VALUE_CHARS`` of JSON text (flagged)."""
+    if "value" not in entry:
+        return entry
+    text = entry["value"] if entry.get("value_truncated") else json.dumps(entry["value"], default=str)
+    if len(text) <= SHORT_VALUE_CHARS:
+        return entry
+    return entry | {"value": text[:SHORT_VALUE_CHARS], "value_truncated": True}
+
+
 def _entry(marker: Doc, by_id: dict[str, Doc], run: int) -> dict[str, Any]:
     step = _step(marker, by_id, run)
     entry: dict[str, Any] = {"seq": step.seq, "kind": step.kind, "name": step.name, "state": step.state, "run": run}
@@ -101,10 +119,13 @@ def _entry(marker: Doc, by_id: dict[str, Doc], run: int) -> dict[str, Any]:
     return entry
 
 
-def archive(docs: dict[str, Doc], deletes: Iterable[Doc], run: int, room: int = MAX_ARCHIVE_BYTES) -> dict[str, Any]:
+def archive(
+    docs: dict[str, Doc], deletes: Iterable[Doc], run: int, room: int = MAX_ARCHIVE_BYTES, parts: int = 1
+) -> dict[str, Any]:
     """The ``forgotten`` fields of an operation document: the steps of run ``run`` whose marker or
     outcome is among ``deletes``, as they are in ``docs`` (read before the deletes), by step,
-    taking at most ``room`` bytes of JSON."""
+    taking at most ``room`` bytes of JSON a document, over at most ``parts`` documents (the
+    entries past the first document's: ``spilled``, a list of lists)."""
     seqs = sorted(
         {
             _int(d.get("seq"))
@@ -113,22 +134,30 @@ def archive(docs: dict[str, Doc], deletes: Iterable[Doc], run: int, room: int = 
         }
     )
     entries: list[dict[str, Any]] = []
-    size, more = 0, 0
     for seq in seqs:
         marker = docs.get(marker_id(seq, run))
         if marker is None:
             continue  # an outcome without its marker: nothing to name it by (never written so)
         try:
-            entry = _entry(marker, docs, run)
+            entries.append(_entry(marker, docs, run))
         except (KeyError, TypeError, ValueError):
-            entry = {"seq": seq, "kind": "?", "name": str(marker.get("name")), "state": "corrupt", "run": run}
+            entries.append({"seq": seq, "kind": "?", "name": str(marker.get("name")), "state": "corrupt", "run": run})
+    if sum(len(json.dumps(e, default=str)) for e in entries) > room * parts:
+        entries = [_short(e) for e in entries]  # every step kept, its value shorter
+    chunks: list[list[dict[str, Any]]] = [[]]
+    size, more = 0, 0
+    for entry in entries:
         cost = len(json.dumps(entry, default=str))
-        if len(entries) >= MAX_ENTRIES or size + cost > room:
-            more += 1
-            continue
-        entries.append(entry)
+        if len(chunks[-1]) >= MAX_ENTRIES or size + cost > room:
+            if len(chunks) >= parts or cost > room:
+                more += 1
+                continue
+            chunks.append([])
+            size = 0
+        chunks[-1].append(entry)
         size += cost
-    return {"forgotten": entries, "forgotten_more": more}
+    out: dict[str, Any] = {"forgotten": chunks[0], "forgotten_more": more}
+    return out | ({"spilled": chunks[1:]} if parts > 1 else {})
 
 
 def next_op(ex: Doc, docs: dict[str, Doc] | None = None) -> int:
@@ -190,17 +219,35 @@ def recorded(
     @functools.wraps(plan)  # its name is the operation's kind (pending_ops.commit)
     def plan_and_record(ex: Doc, docs: dict[str, Doc]) -> Any:
         rewrite: _Rewrite = plan(ex, docs)
-        extra = archive(docs, rewrite.deletes, _int(ex.get("run")))
-        extra.update(children_archive(engine, rewrite.forget, extra))
         error = ex.get("error")
         if isinstance(error, dict):  # the exec keeps the traceback; the record, what it was
             error = {k: v for k, v in error.items() if k != "traceback"}
         n = next_op(ex, docs)
-        rewrite.creates.append(op_doc(ex, action, str(who), reason, engine.clock.now(), n, error=error, **extra))
+        op = op_doc(ex, action, str(who), reason, engine.clock.now(), n, error=error)
+        rewrite.creates += archived(engine, op, docs, rewrite.deletes, _int(ex.get("run")), rewrite.forget)
         rewrite.fields["operations"] = n
         return rewrite
 
     return plan_and_record
+
+
+def archived(
+    engine: Engine, op: Doc, docs: dict[str, Doc], deletes: list[Doc], run: int, forget: list[str]
+) -> list[Doc]:
+    """``op`` with the archive of the steps ``deletes`` forgets (and of the finished children
+    ``forget`` deletes), then the part documents its archive spilled over: the documents to
+    create (all in one batch)."""
+    extra = archive(docs, deletes, run, parts=MAX_PARTS)
+    spilled = extra.pop("spilled", [])
+    extra.update(children_archive(engine, forget, extra))
+    op.update(extra, archive_parts=len(spilled))
+    return [op, *(_part(op, k, chunk) for k, chunk in enumerate(spilled, 1))]
+
+
+def _part(op: Doc, k: int, entries: list[dict[str, Any]]) -> Doc:
+    """Part ``k`` of ``op``'s archive: forgotten steps that did not fit in the op document."""
+    doc_type = DocType.OPERATION_PART
+    return {"pk": op["pk"], "id": f"{op['id']}.{k}", "type": doc_type, "op": op["id"], "part": k, "forgotten": entries}
 
 
 def children_archive(engine: Engine, forget: list[str], archived: dict[str, Any]) -> dict[str, Any]:
@@ -262,6 +309,15 @@ def cancel_ops(ex: Doc, body: Doc, by: str, reason: str | None, at: float) -> li
     _check_text(reason, "reason")
     body = body | {"operations": _int(ex.get("operations")) + 1}
     return [Op.replace(body, ex["_etag"]), Op.create(op_doc(ex, "cancel", by, reason, at))]
+
+
+def signal_op(ex: Doc, docs: dict[str, Doc], body: Doc, by: str, name: str, at: float) -> Op:
+    """The operation document recording that operator ``by`` sent signal ``name`` to ``ex``,
+    created in the batch that records the value (``body``: the exec's update, its counter set
+    here), so a delivered signal is never left unrecorded (a separate write could fail)."""
+    n = next_op(ex, docs)
+    body["operations"] = n
+    return Op.create(op_doc(ex, "signal", by, None, at, n, name=name))
 
 
 def tombstone(engine: Engine, ex: Doc, by: str | None, documents: int, reason: str | None = None) -> None:

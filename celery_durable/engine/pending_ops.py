@@ -133,8 +133,10 @@ def commit(
         "final": final,
     }
     room = store.max_batch_ops - 1
-    if len(rearm) + len(rest["creates"]) > room:
-        raise refuse(f"{ex['pk']}: {len(rearm)} steps to re-arm do not fit in one batch; nothing was changed")
+    if len(rest["creates"]) > room:  # markers to re-arm span batches (_finish); the records do not
+        raise refuse(
+            f"{ex['pk']}: {len(rest['creates'])} documents to create do not fit in one batch; nothing was changed"
+        )
     pending = bump_generation(ex) | {
         PENDING: rest,
         "due_kind": DueKind.EXEC,  # the recovery scan finishes it if nobody else does
@@ -220,9 +222,15 @@ def _finish(eng: Engine, ex: Doc, docs: dict[str, Doc]) -> None:
     rearm = {i: f for i, f in dict(rest.get("rearm") or {}).items() if i in docs}
     body, etag = ex, str(ex["_etag"])
     while len(deletes) + len(rearm) + len(creates) > room:
+        # deletes first, then re-arms (idempotent: the same fields again); the exec stays
+        # terminal and pending until the last batch, so no drive sees a half re-armed history
         chunk, deletes = deletes[:room], deletes[room:]
-        new = bump_generation(body)
         ops = [Op.delete(d["id"], d["_etag"]) for d in chunk]
+        if not chunk and not rearm:
+            break  # more records than a batch holds: commit refuses such an op (never written)
+        if not chunk:
+            ops = [Op.replace(strip_reserved(docs[i]) | rearm.pop(i), docs[i]["_etag"]) for i in list(rearm)[:room]]
+        new = bump_generation(body)
         etag = str(store.batch(ex["pk"], [*ops, Op.replace(new, etag)])[-1])
         body = new
     _last(eng, body | {"_etag": etag}, docs, rest, deletes, rearm, creates)

@@ -39,7 +39,7 @@ from .model import (
     result_id,
     settled,
 )
-from .pending_ops import finish
+from .pending_ops import PENDING, finish
 
 if TYPE_CHECKING:
     from .parts import EngineParts
@@ -133,8 +133,8 @@ class Recovery:
         check_partition(pk, docs)
         marker = docs.get(marker_id(seq, run))
         ex = docs.get(EXEC_ID)
-        if marker is None:
-            return
+        if marker is None or (ex is not None and isinstance(ex.get(PENDING), dict)):
+            return  # an operation re-arming it is half done: its exec is finished first (due too)
         done = (
             result_id(seq, run) in docs or ex is None or ex.get("status") in TERMINAL or int(ex.get("run") or 0) != run
         )

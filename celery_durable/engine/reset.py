@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from ..stores.base import Doc
-from .oplog import actor, archive, children_archive, next_op
+from .oplog import actor, archived, next_op
 from .schema import EXEC_ID, DocType, Status, marker_id, operation_id, result_id
 from .search import run_start as search_run_start
 from .timeline import _int
@@ -90,24 +90,21 @@ def plan_reset(
                 admin._rearm(ex, marker, rewrite, fresh=True)
     n = next_op(ex, docs)
     now = admin.engine.clock.now()
-    rewrite.creates.append(
-        {
-            "pk": pk,
-            "id": operation_id(n),
-            "type": DocType.OPERATION,
-            "action": "reset",
-            "by": by,
-            "at": now,
-            "step": step,
-            "run": run,
-            "status": status,
-            "error": ex.get("error"),
-            "reason": reason,
-            # the steps it forgets, archived as they were (engine/oplog.py): nothing that ran is lost
-            **(kept := archive(docs, rewrite.deletes, run)),
-            **children_archive(admin.engine, list(getattr(rewrite, "forget", ())), kept),
-        }
-    )
+    op = {
+        "pk": pk,
+        "id": operation_id(n),
+        "type": DocType.OPERATION,
+        "action": "reset",
+        "by": by,
+        "at": now,
+        "step": step,
+        "run": run,
+        "status": status,
+        "error": ex.get("error"),
+        "reason": reason,
+    }
+    # the steps it forgets, archived as they were (engine/oplog.py): nothing that ran is lost
+    rewrite.creates += archived(admin.engine, op, docs, rewrite.deletes, run, list(getattr(rewrite, "forget", ())))
     # ``resets`` makes the ids of what the re-run sends again new (wf.signal_external's signal id)
     rewrite.fields.update(steps=step - 1, operations=n, resets=_int(ex.get("resets")) + 1, parent_notified=None)
     started_with = search_run_start(ex)  # the re-run's replay upserts again from what the run started with

@@ -87,6 +87,8 @@ class DocType(StrEnum):
     SIGNAL_KEY = "signal_key"
     #: an operator's recorded action (``op:…``): a reset
     OPERATION = "operation"
+    #: the rest of an operation's archive of forgotten steps (``op:<n>.<k>``: engine/oplog.py)
+    OPERATION_PART = "operation_part"
 
 
 class Status(StrEnum):

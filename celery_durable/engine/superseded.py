@@ -15,7 +15,7 @@ from typing import Any
 from ..stores.base import Doc
 from .schema import StepKind, result_id, signal_outcome_id
 
-__all__ = ["SupersededStep", "superseded_of", "version_of", "live_versions"]
+__all__ = ["SupersededStep", "superseded_of", "version_of", "live_versions", "with_parts"]
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,22 @@ class SupersededStep:
     #: the child execution the step was in, deleted with the forgotten step that started it
     #: (None: this execution)
     execution: str | None = None
+
+
+def with_parts(ops: list[Doc], parts: list[Doc]) -> list[Doc]:
+    """The operation documents ``ops``, each with the entries of its archive's part documents
+    (``op:<n>.<k>``, in ``parts``) appended to its ``forgotten``: one record an operation."""
+    extra: dict[str, list[Doc]] = {}
+    for p in parts:
+        if isinstance(p.get("op"), str) and isinstance(p.get("forgotten"), list) and isinstance(p.get("part"), int):
+            extra.setdefault(p["op"], []).append(p)
+    out = []
+    for op in ops:
+        mine = sorted(extra.get(str(op.get("id")), []), key=lambda p: int(p["part"]))
+        if mine and isinstance(op.get("forgotten"), list):
+            op = op | {"forgotten": [*op["forgotten"], *(e for p in mine for e in p["forgotten"])]}
+        out.append(op)
+    return out
 
 
 def _num(value: Any) -> float | None:

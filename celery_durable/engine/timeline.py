@@ -24,7 +24,7 @@ from .schema import (
     result_id,
     signal_outcome_id,
 )
-from .superseded import SupersededStep, live_versions, superseded_of
+from .superseded import SupersededStep, live_versions, superseded_of, with_parts
 
 __all__ = [
     "STATUSES",
@@ -302,9 +302,9 @@ def _operations(ex: Doc, docs: Sequence[Doc], by_id: Mapping[str, Doc]) -> Itera
     """The operation records, with the one of an operation cut between its batches: it is held
     in the exec's pending op until its last batch creates it, and its archive is already needed
     (the steps it forgot may be deleted)."""
-    yield from (d for d in docs if d.get("type") == DocType.OPERATION)
     pending = ex.get(PENDING_OP)
     creates = pending.get("creates") if isinstance(pending, dict) else None
-    for doc in creates if isinstance(creates, list) else ():
-        if isinstance(doc, dict) and doc.get("type") == DocType.OPERATION and str(doc.get("id")) not in by_id:
-            yield doc
+    held = [d for d in creates if isinstance(d, dict) and str(d.get("id")) not in by_id] if creates else []
+    found = [*docs, *held]  # an archive's part documents are merged into its op's (oplog.py)
+    ops = [d for d in found if d.get("type") == DocType.OPERATION]
+    yield from with_parts(ops, [d for d in found if d.get("type") == DocType.OPERATION_PART])

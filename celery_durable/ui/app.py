@@ -27,7 +27,6 @@ from ..cli_render import ts
 from ..engine.admin import Admin, ExecutionDetail, OperationRefused
 from ..engine.core import Engine
 from ..engine.links import declared_signals
-from ..engine.oplog import note
 from ..engine.schema import Status
 from ..engine.timeline import STATUSES
 from ..errors import DurableError, PayloadValidationError, UnknownWorkflowError
@@ -35,7 +34,7 @@ from ..stores.base import MAX_PAGE_SIZE
 from ..stores.search import parse_pairs
 from .access import Access, Gate
 from .auth import COOKIE, Guard, safe_next
-from .views import chart, detail_json, duration, exec_url, lanes_of, parse_age, pretty, read_lane
+from .views import chart, confirms, detail_json, duration, exec_url, lanes_of, parse_age, pretty, read_lane
 
 __all__ = ["create_app", "ACTIONS"]
 
@@ -194,7 +193,8 @@ class UI:
         if detail is None:
             return self.page(request, "missing.html", 404, what=f"no execution with id {execution_id!r}")
         message = MESSAGES.get(request.query_params.get("msg", ""))
-        return self.page(request, "execution.html", message=message, **self.live_context(request, detail))
+        context = self.live_context(request, detail) | {"confirm": confirms(self.admin, detail)}
+        return self.page(request, "execution.html", message=message, **context)
 
     def execution_json(self, request: Request) -> Response:
         execution_id = request.path_params["execution_id"]
@@ -203,6 +203,7 @@ class UI:
             return JSONResponse({"error": f"no execution with id {execution_id!r}"}, 404, headers=_headers())
         data = detail_json(detail)
         data["html"] = self.env.get_template("live.html").render(**self.live_context(request, detail))
+        data["confirm"] = confirms(self.admin, detail)  # what retry/resume would forget now
         return JSONResponse(data, headers=_headers())
 
     def lane(self, request: Request) -> Response:
@@ -272,12 +273,9 @@ class UI:
                 raise ValueError(f"the value is not valid JSON: {exc}") from exc
             except RecursionError as exc:
                 raise ValueError("the value is nested too deeply") from exc
-            if not self.engine.signal(execution_id, signal, value):
+            # who sent it is recorded in the same batch as the value (engine/oplog.py)
+            if not self.engine.signal(execution_id, signal, value, by=by):
                 return "signal-ignored"
-            try:
-                note(self.engine, execution_id, "signal", by, name=signal)
-            except DurableError as exc:  # delivered all the same: an error would invite a resend
-                log.warning("signal %r to %s delivered, its sender not recorded: %s", signal, execution_id, exc)
             return "signal-delivered"
         if name == "cancel":
             return "cancel-requested" if self.engine.cancel(execution_id, by=by) else "cancel-finished"

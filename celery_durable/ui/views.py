@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
+from ..cli_ops import prompt
 from ..cli_render import ts
 from ..engine.admin import ExecutionDetail, StepRecord
 from ..engine.core import Engine
@@ -31,6 +32,7 @@ __all__ = [
     "chart",
     "lanes_of",
     "detail_json",
+    "confirms",
     "exec_url",
     "duration",
     "pretty",
@@ -266,3 +268,24 @@ def detail_json(detail: ExecutionDetail) -> dict[str, Any]:
         "superseded": [dataclasses.asdict(s) for s in detail.superseded],
     }
     return json.loads(json.dumps(data, default=str))  # type: ignore[no-any-return]
+
+
+#: the confirmations of the actions that forget nothing (cancel's is fixed in the template)
+_HEADS = {
+    "retry": "Retry from the failed step?",
+    "resume": "Resume this execution?",
+    "resume cancelled": "Resume this execution: forget its cancellation and compensations?",
+}
+
+
+def confirms(admin: Any, detail: ExecutionDetail) -> dict[str, str]:
+    """What the retry and resume buttons ask, as ``durable retry``/``resume`` do: the steps the
+    action will forget, each that ran (a refund) flagged: forgetting it does not undo it."""
+    status, eid = detail.summary.status, detail.summary.id
+    resume = _HEADS["resume cancelled" if status == "cancelled" else "resume"]
+    out = {"retry": _HEADS["retry"], "resume": resume}
+    if status == "failed":
+        out["retry"] = prompt(admin, eid, "retry", _HEADS["retry"])
+    if status in ("failed", "cancelled"):
+        out["resume"] = prompt(admin, eid, "resume", resume)
+    return out

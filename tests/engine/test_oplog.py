@@ -223,20 +223,30 @@ def test_purge_leaves_a_record_that_describe_quotes(env: WorkflowEnvironment, ca
     assert env.result(h2) == "LBL-o-4" and durable.describe(h2.id).operations == ()
 
 
-def test_a_big_forgotten_history_is_archived_capped_never_failing(env: WorkflowEnvironment) -> None:
-    """Values too large are kept as the start of their JSON (flagged); steps past the cap are
-    counted (``forgotten_more``): the operation document stays small, the reset is not refused."""
+@durable_activity(name="ol.big")
+def big(i: int) -> str:
+    return "x" * 5000 + str(i)
+
+
+@durable.workflow(name="ol.many")
+def many(n: int) -> None:
+    for i in range(n):
+        big(i)
+    label("m")
+
+
+@pytest.mark.parametrize("parts", [None, 2, 1])
+def test_a_big_forgotten_history_is_archived_capped_never_failing(
+    env: WorkflowEnvironment, monkeypatch: pytest.MonkeyPatch, parts: int | None
+) -> None:
+    """Values too large are kept as the start of their JSON (flagged); an archive past one
+    document spills over part documents (each small), every step kept; past ``MAX_PARTS`` values
+    are shortened further, and only steps that still do not fit are counted (``forgotten_more``):
+    the reset is not refused (r1 break: 200 steps were kept, the rest only counted)."""
     from celery_durable.engine import oplog
 
-    @durable_activity(name="ol.big")
-    def big(i: int) -> str:
-        return "x" * 5000 + str(i)
-
-    @durable.workflow(name="ol.many")
-    def many(n: int) -> None:
-        for i in range(n):
-            big(i)
-        label("m")
+    if parts is not None:
+        monkeypatch.setattr(oplog, "MAX_PARTS", parts)
 
     n = oplog.MAX_ENTRIES + 30
     h = env.start(many, n)
@@ -244,11 +254,19 @@ def test_a_big_forgotten_history_is_archived_capped_never_failing(env: WorkflowE
     h.reset(step=1, by="frank")
     (op,) = Admin(env.engine).describe(h.id).operations
     entries = op["forgotten"]
-    assert len(json.dumps(op)) < 2 * oplog.MAX_ARCHIVE_BYTES
+    stored = [d for d in env.store.query_partition(h.id).docs if str(d["id"]).startswith("op:")]
+    assert all(len(json.dumps(d)) < 2 * oplog.MAX_ARCHIVE_BYTES for d in stored)
+    assert len(stored) == 1 + op["archive_parts"] <= oplog.MAX_PARTS
     assert len(entries) + op["forgotten_more"] == n + 1  # every step: archived or counted
+    assert sorted(e["seq"] for e in entries) == [e["seq"] for e in entries]  # in step order
     assert entries[0]["value_truncated"] is True and entries[0]["value"].startswith('"xxx')
+    assert op["forgotten_more"] == (oplog.MAX_PARTS == 1) * (n + 1 - oplog.MAX_ENTRIES)
+    if parts == 2:  # every step kept, its value shortened
+        assert len(entries[0]["value"]) == oplog.SHORT_VALUE_CHARS
     out = _cli("show", h.id).output
-    assert f"and {op['forgotten_more']} more superseded step(s)" in out and "(value truncated)" in out
+    assert "(value truncated)" in out and f"forgot {n + 1} step(s)" in out
+    if op["forgotten_more"]:
+        assert f"and {op['forgotten_more']} more superseded step(s)" in out
 
 
 def test_reasons_and_actors_that_are_not_text_are_refused_before_any_write(env: WorkflowEnvironment) -> None:

@@ -217,11 +217,40 @@ def _unpk(value: Any, pk: str) -> Any:
     return value.replace(pk, "<pk>") if isinstance(value, str) else value
 
 
+@durable.workflow(name="po.fanout")
+def fanout(n: int) -> int:
+    return sum(wf.gather(*[ok.start(i) for i in range(n)]))
+
+
+def _fanout_cancelled() -> tuple[WorkflowEnvironment, str]:
+    """Cancelled while waiting on ``N`` queued activities: a resume re-arms more markers than
+    one batch holds (refused before: "do not fit in one batch"; r1 break)."""
+    env = WorkflowEnvironment(durable)
+    real = env.dispatcher.handlers["activity"]
+    env.dispatcher.handlers["activity"] = lambda req: None  # still queued
+    h = env.start(fanout, N)
+    env.run_until_idle()
+    env.cancel(h)
+    env.run_until_idle()
+    env.dispatcher.handlers["activity"] = real
+    assert h.status() == "cancelled"
+    return env, h.id
+
+
 OPS: list[tuple[str, Callable[[], tuple[WorkflowEnvironment, str]], Callable[[Admin, str], object]]] = [
     ("reset", _long_failed, lambda a, e: a.reset(e, step=20, by="ops", reason="r")),
     ("retry", _saga_failed, lambda a, e: a.retry(e)),
     ("resume", _cancelled, lambda a, e: a.resume(e)),
+    ("resume-fan-out", _fanout_cancelled, lambda a, e: a.resume(e)),
 ]
+
+
+def test_a_resumed_fan_out_wider_than_a_batch_runs_each_activity_once() -> None:
+    env, eid = _fanout_cancelled()
+    Admin(env.engine).resume(eid, by="ops")
+    env.run_until_idle()
+    assert env.result(env.handle(eid)) == sum(range(N))
+    assert RUNS == Counter({f"ok{i}": 1 for i in range(N)})
 
 
 def _target(setup: Callable[[], tuple[WorkflowEnvironment, str]], op: Callable[[Admin, str], object]) -> Any:

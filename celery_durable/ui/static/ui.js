@@ -34,6 +34,11 @@
           last = data.html;
         }
         live.dataset.status = data.status;
+        // what retry and resume would forget now (text: set as a dataset value, never markup)
+        Object.keys(data.confirm || {}).forEach(function (action) {
+          var form = document.querySelector('form[data-action="' + action + '"]');
+          if (form) form.dataset.confirm = data.confirm[action];
+        });
         toggle(data.status);
         if (ended.indexOf(data.status) >= 0) delay = 5000; // a retry or resume may reopen it
         state.textContent = "live · checked " + new Date().toLocaleTimeString();
