@@ -181,9 +181,10 @@ def recorded(
     action: str,
     by: str | None,
     reason: str | None,
+    **fields: Any,
 ) -> Callable[[Doc, dict[str, Doc]], Any]:
-    """``plan`` (an ``Admin`` rewrite plan) that also records the action and archives the steps
-    it deletes, in the batch that reopens the execution. Inputs are checked before any write."""
+    """``plan`` (an ``Admin`` rewrite plan) that also records the action (and ``fields``) and
+    archives the steps it deletes, in the op's first batch. Inputs are checked before any write."""
     who = actor() if by is None else _check_text(by, "by")
     _check_text(reason, "reason")
 
@@ -196,7 +197,8 @@ def recorded(
         if isinstance(error, dict):  # the exec keeps the traceback; the record, what it was
             error = {k: v for k, v in error.items() if k != "traceback"}
         n = next_op(ex, docs)
-        rewrite.creates.append(op_doc(ex, action, str(who), reason, engine.clock.now(), n, error=error, **extra))
+        at = engine.clock.now()
+        rewrite.creates.append(op_doc(ex, action, str(who), reason, at, n, error=error, **extra, **fields))
         rewrite.fields["operations"] = n
         return rewrite
 
@@ -225,11 +227,11 @@ def _child(engine: Engine, execution_id: str, room: int) -> dict[str, Any]:
     return out | archive(docs, steps, run, room)
 
 
-def cascade(admin: Any, child: str, parent: str) -> Callable[[Doc, dict[str, Doc]], Any]:
+def cascade(admin: Any, child: str, parent: str, token: str | None = None) -> Callable[[Doc, dict[str, Doc]], Any]:
     """The plan reopening a failed or cancelled child of a step an action re-runs, recorded
-    (``by``: the parent) with what it forgets in the child."""
+    (``by``: the parent; ``parent_op``: the parent's op ``token``) with what it forgets in the child."""
     how = "resume" if admin._status(child) == "cancelled" else "retry"
-    return recorded(admin.engine, getattr(admin, f"_plan_{how}"), how, f"via parent {parent}", None)
+    return recorded(admin.engine, getattr(admin, f"_plan_{how}"), how, f"via parent {parent}", None, parent_op=token)
 
 
 def note(
@@ -295,7 +297,8 @@ def unknown(engine: Engine, execution_id: str) -> str:
         gone = engine.store.read(execution_id, TOMBSTONE_ID)
     except DurableError:
         gone = None
-    why = "" if gone is None else f" (purged by {gone.get('by')} at {gone.get('at')})"
+    how = "purged" if gone is None or not gone.get("parent") else str(gone.get("action"))
+    why = "" if gone is None else f" ({how} by {gone.get('by')} at {gone.get('at')})"
     return f"no execution with id {execution_id!r}{why}"
 
 
