@@ -32,7 +32,7 @@ from ..stores.base import Doc, Op, strip_reserved
 from .pending_ops import check_field
 from .schema import EXEC_ID, OPERATION_PREFIX, DocType, StepKind, marker_id, operation_id
 from .superseded import version_of
-from .timeline import _int, _step
+from .timeline import _int, _num, _step
 
 __all__ = [
     "TOMBSTONE_ID",
@@ -62,6 +62,10 @@ MAX_ARCHIVE_BYTES = 64 * 1024
 MAX_VALUE_CHARS = 2000
 #: the id of the document a purge leaves in the emptied partition
 TOMBSTONE_ID = "purged"
+#: what a forgotten child's own operation records keep in its parent's archive
+_OP_KEYS = ("id", "action", "by", "at", "reason", "status")
+#: a forgotten child's latest operation records its parent's archive keeps (the rest are counted)
+_MAX_CHILD_OPS = 10
 #: outcome documents of a step (a marker's own are found through it)
 _STEP_DOCS = (DocType.STEP, DocType.RESULT, DocType.SIGNAL)
 
@@ -224,7 +228,14 @@ def _child(engine: Engine, execution_id: str, room: int) -> dict[str, Any]:
     out: dict[str, Any] = {"id": execution_id, "workflow": ex.get("workflow"), "status": ex.get("status")}
     error = ex.get("error")
     out["error"] = f"{error.get('type')}: {error.get('message')}" if isinstance(error, dict) else error
-    return out | archive(docs, steps, run, room)
+    # who acted on it (an operator's cancel, say): deleted with it, so recorded here
+    ops = [d for d in docs.values() if d.get("type") == DocType.OPERATION]
+    ops.sort(key=lambda d: _num(d.get("at")) or 0.0)
+    out["operations"] = [{k: d.get(k) for k in _OP_KEYS} for d in ops[-_MAX_CHILD_OPS:]]
+    if len(ops) > _MAX_CHILD_OPS:
+        out["operations_more"] = len(ops) - _MAX_CHILD_OPS  # the earliest: counted, never dropped silently
+    room -= len(json.dumps(out["operations"], default=str))
+    return out | archive(docs, steps, run, max(0, room))
 
 
 def cascade(admin: Any, child: str, parent: str, token: str | None = None) -> Callable[[Doc, dict[str, Doc]], Any]:

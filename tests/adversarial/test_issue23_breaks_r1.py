@@ -598,7 +598,6 @@ def escalate(order_id: str) -> str:
         raise
 
 
-@pytest.mark.xfail(strict=True, reason="issue 23 review r1: open break")
 def test_a_retry_deletes_the_record_of_an_operators_cancel_of_a_forgotten_child(env: WorkflowEnvironment) -> None:
     """An operator (alice) cancelled a child, with a reason; that child belongs to the steps a
     later retry of the parent forgets, so it is deleted, its ``op:`` documents with it: the
