@@ -1,0 +1,148 @@
+"""An operation's children are part of its recorded op (engine/child_ops.py): a kill at any batch
+of a retry leaves the old state or a recorded op that recovery finishes; the forgotten child's
+refund stays recorded, once, and the failed child is retried, never told to the parent as is."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+from celery import Celery
+
+from celery_durable import Durable, NonRetryableError, durable_activity
+from celery_durable import workflow as wf
+from celery_durable.engine.admin import Admin
+from celery_durable.errors import ActivityError, UnknownWorkflowError
+from celery_durable.stores.base import Op
+from celery_durable.testing.env import WorkflowEnvironment
+
+app = Celery("child-ops", set_as_current=False, broker="memory://")
+durable = Durable(app, store="memory://")
+broken = {"label": True}
+
+
+@durable_activity(name="co.charge")
+def charge(order: str) -> str:
+    return "ch-" + order
+
+
+@durable_activity(name="co.refund")
+def refund(charge_id: str) -> str:
+    return "refunded " + charge_id
+
+
+@durable_activity(name="co.label")
+def label(order: str) -> str:
+    if broken["label"]:
+        raise NonRetryableError("printer out of paper")
+    return "LBL-" + order
+
+
+@durable.workflow(name="co.refund_flow")
+def refund_flow(charge_id: str) -> str:
+    return refund(charge_id)
+
+
+@durable.workflow(name="co.order")
+def order(order_id: str) -> str:
+    ch = charge(order_id)
+    try:
+        return label(order_id)
+    except ActivityError:
+        refund_flow.start_child(ch, _workflow_id=f"{wf.execution_id()}-refund").result()
+        raise
+
+
+@durable.workflow(name="co.labeller")
+def labeller(order_id: str) -> str:
+    return label(order_id)
+
+
+@durable.workflow(name="co.parent")
+def parent(order_id: str) -> str:
+    return labeller.start_child(order_id, _workflow_id=f"{wf.execution_id()}-kid").result()
+
+
+class Killed(BaseException):  # noqa: N818 - a process dying
+    pass
+
+
+@pytest.fixture
+def env() -> WorkflowEnvironment:
+    broken["label"] = True
+    return WorkflowEnvironment(durable)
+
+
+def _retry_killed_at(env: WorkflowEnvironment, eid: str, kill_at: int) -> bool:
+    """Retry ``eid`` with the process killed at its ``kill_at``-th store batch (any partition);
+    whether the kill happened. Then beat's recovery scans, as time goes on."""
+    real, seen = env.store.batch, [0]
+
+    def batch(pk: str, ops: Sequence[Op]) -> list[str | None]:
+        seen[0] += 1
+        if seen[0] == kill_at:
+            raise Killed(f"killed at batch {kill_at} ({pk})")
+        return real(pk, ops)
+
+    env.store.batch = batch  # type: ignore[method-assign]
+    killed = False
+    try:
+        Admin(env.engine).retry(eid, by="ops")
+    except Killed:
+        killed = True
+    finally:
+        env.store.batch = real  # type: ignore[method-assign]
+    for _ in range(4):
+        env.clock.advance(env.engine.settings.activity_queue_timeout + env.engine.settings.drive_timeout + 1)
+        env.engine.recovery.scan()
+        env.run_until_idle()
+    return killed
+
+
+@pytest.mark.parametrize("kill_at", range(1, 8))
+def test_a_retry_killed_at_any_batch_keeps_the_forgotten_childs_refund_recorded(
+    env: WorkflowEnvironment, kill_at: int
+) -> None:
+    eid = f"co-{kill_at}"
+    h = env.start(order, eid, _workflow_id=eid)
+    env.run_until_idle()
+    assert h.status() == "failed" and env.handle(f"{eid}-refund").status() == "completed"
+    broken["label"] = False
+    killed = _retry_killed_at(env, eid, kill_at)
+    if h.status() == "failed":  # killed before the first batch: the old state (no record), retry again
+        assert killed and not Admin(env.engine).describe(eid).operations, "a recorded retry was undone"
+        assert env.handle(f"{eid}-refund").status() == "completed"
+        Admin(env.engine).retry(eid, by="ops")
+        env.run_until_idle()
+    assert h.status() == "completed", (kill_at, h.status())
+    info = Admin(env.engine).describe(eid)
+    kept = [(s.execution, s.name, s.value) for s in info.superseded if s.execution]
+    assert kept == [(f"{eid}-refund", "co.refund", f"refunded ch-{eid}")], (kill_at, kept)
+
+
+@pytest.mark.parametrize("kill_at", range(1, 6))
+def test_a_retry_killed_at_any_batch_retries_the_failed_child(env: WorkflowEnvironment, kill_at: int) -> None:
+    eid = f"cp-{kill_at}"
+    h = env.start(parent, eid, _workflow_id=eid)
+    env.run_until_idle()
+    assert h.status() == "failed" and env.handle(f"{eid}-kid").status() == "failed"
+    broken["label"] = False
+    killed = _retry_killed_at(env, eid, kill_at)
+    if h.status() == "failed":  # killed before the first batch: the old state (no record), retry again
+        assert killed and not Admin(env.engine).describe(eid).operations, "a recorded retry was undone"
+        assert env.handle(f"{eid}-kid").status() == "failed"
+        Admin(env.engine).retry(eid, by="ops")
+        env.run_until_idle()
+    assert h.status() == "completed" and env.result(h) == f"LBL-{eid}", (kill_at, h.status())
+    kid_ops = [o["by"] for o in Admin(env.engine).describe(f"{eid}-kid").operations]
+    assert kid_ops == [f"via parent {eid}"], (kill_at, kid_ops)  # retried once, recorded
+
+
+def test_a_forgotten_childs_id_names_the_action_that_forgot_it(env: WorkflowEnvironment) -> None:
+    h = env.start(order, "co-x", _workflow_id="co-x")
+    env.run_until_idle()
+    broken["label"] = False
+    Admin(env.engine).retry(h.id, by="ops", reason="printer fixed")
+    env.run_until_idle()
+    with pytest.raises(UnknownWorkflowError, match="forgotten by the retry of co-x by ops"):
+        Admin(env.engine).describe("co-x-refund")
