@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import DurableError, OperationRefused
 from ..stores.base import Doc
-from .schema import EXEC_ID, DocType, Status
+from .schema import EXEC_ID, PENDING_OP, DocType, Status
 
 if TYPE_CHECKING:
     from .parts import EngineParts as Engine
@@ -93,6 +93,10 @@ def _reopen(admin: Any, cascade: Callable[..., Any], child: str, parent: str, to
     ex = next((d for d in docs if d.get("id") == EXEC_ID), None)
     if ex is None or ex.get("status") not in (Status.FAILED, Status.CANCELLED):
         return  # gone, or reopened already (by an earlier finisher of this op, or someone else)
-    if any(d.get("type") == DocType.OPERATION and d.get("parent_op") == token for d in docs):
-        return  # this op reopened it already: it ran and ended again, that is its own outcome
+    pending = ex.get(PENDING_OP)
+    made = [*docs, *((pending.get("creates") or ()) if isinstance(pending, dict) else ())]
+    if any(d.get("type") == DocType.OPERATION and d.get("parent_op") == token for d in made):
+        # this op reopened it already (it ran and ended again: its own outcome), or is doing so
+        # (the child's own op is pending: its finishers complete it)
+        return
     admin._operate(child, cascade(admin, child, parent, token))

@@ -146,3 +146,33 @@ def test_a_forgotten_childs_id_names_the_action_that_forgot_it(env: WorkflowEnvi
     env.run_until_idle()
     with pytest.raises(UnknownWorkflowError, match="forgotten by the retry of co-x by ops"):
         Admin(env.engine).describe("co-x-refund")
+
+
+@durable.workflow(name="co.grandparent")
+def grandparent(order_id: str) -> str:
+    return order.start_child(order_id, _workflow_id=f"{wf.execution_id()}-order").result()
+
+
+@pytest.mark.parametrize("kill_at", range(1, 8))
+def test_a_retry_killed_at_any_batch_of_a_child_that_forgets_its_own_child(
+    env: WorkflowEnvironment, kill_at: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The failed child's own retry forgets a grandchild (its refund): the child's commit is a
+    pending op too; a kill inside it leaves both recorded, finished by recovery in any order
+    (the parent's finisher does not retry a child whose own op, ours, is pending: it refused)."""
+    eid = f"cg-{kill_at}"
+    h = env.start(grandparent, eid, _workflow_id=eid)
+    env.run_until_idle()
+    assert h.status() == "failed" and env.handle(f"{eid}-order-refund").status() == "completed"
+    broken["label"] = False
+    killed = _retry_killed_at(env, eid, kill_at)
+    if h.status() == "failed":  # killed before the first batch: the old state (no record), retry again
+        assert killed and not Admin(env.engine).describe(eid).operations, "a recorded retry was undone"
+        Admin(env.engine).retry(eid, by="ops")
+        env.run_until_idle()
+    assert h.status() == "completed" and env.result(h) == f"LBL-{eid}", (kill_at, h.status())
+    assert not [r.getMessage() for r in caplog.records if r.levelname == "ERROR"], kill_at
+    info = Admin(env.engine).describe(f"{eid}-order")
+    assert [o["by"] for o in info.operations] == [f"via parent {eid}"], kill_at
+    kept = [(s.execution, s.value) for s in info.superseded if s.execution]
+    assert kept == [(f"{eid}-order-refund", f"refunded ch-{eid}")], (kill_at, kept)
