@@ -61,11 +61,15 @@ def run_children(eng: Engine, pk: str, rest: dict[str, Any]) -> None:
 def _forget(admin: Any, child: str, parent: str, record: Doc) -> None:
     eng = admin.engine
     ex = eng.store.read(child, EXEC_ID)
-    if ex is None:
-        return  # forgotten already (by an earlier finisher of this op)
-    why = admin._purge_one(child, force=True)
-    if isinstance(why, str) and admin._status(child) is not None:
-        raise OperationRefused(f"child {child} was not forgotten: {why}; try again")
+    if ex is None:  # forgotten already, by an earlier finisher of this op: its pointer too?
+        gone = eng.store.read(child, "purged")
+        if gone is not None and (gone.get("parent"), gone.get("op")) == (parent, record.get("id")):
+            return
+        ex, why = {}, 0  # killed between the purge and the pointer: written now, what is known
+    else:
+        why = admin._purge_one(child, force=True)
+        if isinstance(why, str) and admin._status(child) is not None:
+            raise OperationRefused(f"child {child} was not forgotten: {why}; try again")
     doc = {
         "pk": child,
         "id": "purged",  # oplog.TOMBSTONE_ID

@@ -176,3 +176,29 @@ def test_a_retry_killed_at_any_batch_of_a_child_that_forgets_its_own_child(
     assert [o["by"] for o in info.operations] == [f"via parent {eid}"], kill_at
     kept = [(s.execution, s.value) for s in info.superseded if s.execution]
     assert kept == [(f"{eid}-order-refund", f"refunded ch-{eid}")], (kill_at, kept)
+
+
+def test_a_retry_killed_between_forgetting_a_child_and_its_pointer_writes_the_pointer_when_finished(
+    env: WorkflowEnvironment,
+) -> None:
+    h = env.start(order, "co-p", _workflow_id="co-p")
+    env.run_until_idle()
+    broken["label"] = False
+    real = env.store.upsert
+
+    def upsert(doc: dict[str, object]) -> object:
+        if doc.get("pk") == "co-p-refund":
+            raise Killed("killed after the child's purge, before its pointer")
+        return real(doc)
+
+    env.store.upsert = upsert  # type: ignore[method-assign,assignment]
+    with pytest.raises(Killed):
+        Admin(env.engine).retry(h.id, by="ops")
+    env.store.upsert = real  # type: ignore[method-assign]
+    for _ in range(4):  # beat's recovery scans: it finishes the op, then re-sends the re-armed step
+        env.clock.advance(env.engine.settings.activity_queue_timeout + env.engine.settings.drive_timeout + 1)
+        env.engine.recovery.scan()
+        env.run_until_idle()
+    assert h.status() == "completed"
+    with pytest.raises(UnknownWorkflowError, match="forgotten by the retry of co-p by ops"):
+        Admin(env.engine).describe("co-p-refund")
