@@ -202,3 +202,35 @@ def test_a_retry_killed_between_forgetting_a_child_and_its_pointer_writes_the_po
     assert h.status() == "completed"
     with pytest.raises(UnknownWorkflowError, match="forgotten by the retry of co-p by ops"):
         Admin(env.engine).describe("co-p-refund")
+
+
+@durable.workflow(name="co.helper", signals={"answer": str})
+def helper(order_id: str) -> str:
+    return str(wf.wait_signal("answer"))
+
+
+@durable.workflow(name="co.escalate")
+def escalate(order_id: str) -> str:
+    try:
+        return label(order_id)
+    except ActivityError:
+        try:
+            helper.start_child(order_id, _workflow_id=f"{wf.execution_id()}-help").result()
+        except Exception:  # noqa: BLE001 - the helper was cancelled: give up as before
+            pass
+        raise
+
+
+def test_show_lists_who_cancelled_a_forgotten_child(env: WorkflowEnvironment) -> None:
+    from celery_durable.cli_ops import lines
+
+    h = env.start(escalate, "co-e", _workflow_id="co-e")
+    env.run_until_idle()
+    env.handle("co-e-help").cancel(by="alice", reason="nobody answers")
+    env.run_until_idle()
+    assert h.status() == "failed"
+    broken["label"] = False
+    Admin(env.engine).retry(h.id, by="bob")
+    env.run_until_idle()
+    shown = "\n".join(lines(Admin(env.engine).describe(h.id)))
+    assert "cancel by alice" in shown and "nobody answers" in shown, shown
