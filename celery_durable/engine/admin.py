@@ -20,7 +20,7 @@ from ..errors import ConflictError, CorruptDocument, DurableError, OperationRefu
 from ..stores.base import Doc, ExecFilter, Op, strip_reserved
 from ..stores.search import check_filter
 from .cache import bump_generation
-from .child_ops import register
+from .child_ops import check_reopen, register
 from .delivery import marker_token, rotated_token
 from .dispatcher import ActivityRequest, ClockRequest
 from .model import lease_live
@@ -513,6 +513,7 @@ class Admin:
         elif kind == StepKind.CHILD and marker.get("child_id"):
             updated.update(due_kind=DueKind.CHILD, due_at=now + eng.settings.activity_queue_timeout)
             if self._status(str(marker["child_id"])) in (Status.FAILED, Status.CANCELLED):
+                check_reopen(self, str(marker["child_id"]))  # its refusal, before anything is written
                 rewrite.children.append(str(marker["child_id"]))
         rewrite.replaces.append(updated)
 

@@ -28,7 +28,7 @@ from .schema import EXEC_ID, PENDING_OP, DocType, Status
 if TYPE_CHECKING:
     from .parts import EngineParts as Engine
 
-__all__ = ["register", "run_children"]
+__all__ = ["check_reopen", "register", "run_children"]
 
 log = logging.getLogger("celery_durable.operations")
 
@@ -56,6 +56,17 @@ def run_children(eng: Engine, pk: str, rest: dict[str, Any]) -> None:
         _forget(admin, str(child), pk, record)
     for child in reopen:
         _reopen(admin, cascade, str(child), pk, str(rest.get("token")))
+
+
+def check_reopen(admin: Any, child: str) -> None:
+    """Refuse (``OperationRefused``, before the parent's op writes anything) reopening ``child``
+    when its own retry or resume would be refused now: planned on a fresh read, nothing written.
+    Refused only once the parent's record was written, it left the parent's op pending."""
+    docs = {d["id"]: d for d in admin.engine.store.query_partition(child).docs}
+    ex = docs.get(EXEC_ID)
+    if ex is None or ex.get("status") not in (Status.FAILED, Status.CANCELLED) or ex.get(PENDING_OP):
+        return  # nothing to reopen now, or its own op is pending (finished first by its finisher)
+    (admin._plan_resume if ex.get("status") == Status.CANCELLED else admin._plan_retry)(ex, docs)
 
 
 def _forget(admin: Any, child: str, parent: str, record: Doc) -> None:

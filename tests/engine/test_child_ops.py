@@ -234,3 +234,27 @@ def test_show_lists_who_cancelled_a_forgotten_child(env: WorkflowEnvironment) ->
     env.run_until_idle()
     shown = "\n".join(lines(Admin(env.engine).describe(h.id)))
     assert "cancel by alice" in shown and "nobody answers" in shown, shown
+
+
+def test_a_retry_whose_failed_child_would_refuse_its_own_retry_is_refused_before_writing(
+    env: WorkflowEnvironment, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The failed child's retry is refused (say a step of it is still running): the parent's retry
+    is refused with nothing written, not left pending with its record until the child's ends."""
+    from celery_durable.engine.admin import OperationRefused
+
+    h = env.start(parent, "co-r", _workflow_id="co-r")
+    env.run_until_idle()
+    assert h.status() == "failed"
+    real = Admin._plan_retry
+
+    def plan_retry(self: Admin, ex: dict[str, object], docs: dict[str, dict[str, object]]) -> object:
+        if ex["pk"] == "co-r-kid":
+            raise OperationRefused("step 2 of co-r-kid is still running; retry later")
+        return real(self, ex, docs)  # type: ignore[arg-type]
+
+    before = {d["id"]: d for d in env.store.query_partition("co-r").docs}
+    monkeypatch.setattr(Admin, "_plan_retry", plan_retry)
+    with pytest.raises(OperationRefused, match="co-r-kid is still running"):
+        Admin(env.engine).retry(h.id, by="ops")
+    assert {d["id"]: d for d in env.store.query_partition("co-r").docs} == before
