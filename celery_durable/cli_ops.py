@@ -51,6 +51,10 @@ def lines(info: ExecutionDetail) -> list[str]:
             cid = child.get("id") if isinstance(child, dict) else child
             status = child.get("status") if isinstance(child, dict) else None
             out.append(f"  forgotten child execution {_cell(cid)} ({_cell(status)}, deleted), its steps:")
+            for o in (child.get("operations") or ()) if isinstance(child, dict) else ():
+                why = f" (reason: {_cell(o.get('reason'))})" if isinstance(o, dict) and o.get("reason") else ""
+                if isinstance(o, dict):  # who acted on the child (deleted with it): kept here
+                    out.append(f"    {_cell(o.get('action'))} by {_cell(o.get('by'))} at {ts(o.get('at'))}{why}")
             out += ["  " + _superseded(s) for s in mine if s.execution == cid]
             if isinstance(child, dict) and child.get("forgotten_more"):
                 out.append(f"    ... and {child['forgotten_more']} more not archived")

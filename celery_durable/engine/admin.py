@@ -20,6 +20,7 @@ from ..errors import ConflictError, CorruptDocument, DurableError, OperationRefu
 from ..stores.base import Doc, ExecFilter, Op, strip_reserved
 from ..stores.search import check_filter
 from .cache import bump_generation
+from .child_ops import check_reopen, register
 from .delivery import marker_token, rotated_token
 from .dispatcher import ActivityRequest, ClockRequest
 from .model import lease_live
@@ -87,7 +88,7 @@ class _Rewrite:
     sends: list[ActivityRequest | ClockRequest] = field(default_factory=list)
     children: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    #: finished child executions of forgotten steps, deleted before the commit
+    #: finished child executions of forgotten steps, deleted by the commit (engine/child_ops.py)
     forget: list[str] = field(default_factory=list)
     #: exec fields besides reopening it
     fields: dict[str, Any] = field(default_factory=dict)
@@ -328,8 +329,6 @@ class Admin:
                 if why is not None:
                     raise OperationRefused(f"{execution_id}: {why}; try again")
                 continue  # admission rewrote the intents: plan again on a fresh read
-            for child in rewrite.forget:
-                self._forget_execution(child)
             now = eng.clock.now()
             reopened = {
                 "status": Status.RUNNING,
@@ -352,8 +351,6 @@ class Admin:
             break
         else:
             raise OperationRefused(f"{execution_id} kept changing; try again")
-        for child in rewrite.children:
-            self._operate(child, cascade(self, child, execution_id))  # recorded in the child too
         for send in rewrite.sends:
             eng.dispatch(send)
         eng.dispatcher.send_drive(execution_id)
@@ -440,11 +437,6 @@ class Admin:
                 self._plan_forget(str(d["child_id"]), rewrite, depth + 1)
         rewrite.forget.append(execution_id)
 
-    def _forget_execution(self, execution_id: str) -> None:
-        why = self._purge_one(execution_id, force=True)
-        if isinstance(why, str) and self._status(execution_id) is not None:
-            raise OperationRefused(f"child {execution_id} was not forgotten: {why}; try again")
-
     def _plan_resume(self, ex: Doc, docs: dict[str, Doc]) -> _Rewrite:
         status = ex.get("status")
         rewrite = _Rewrite()
@@ -521,6 +513,7 @@ class Admin:
         elif kind == StepKind.CHILD and marker.get("child_id"):
             updated.update(due_kind=DueKind.CHILD, due_at=now + eng.settings.activity_queue_timeout)
             if self._status(str(marker["child_id"])) in (Status.FAILED, Status.CANCELLED):
+                check_reopen(self, str(marker["child_id"]))  # its refusal, before anything is written
                 rewrite.children.append(str(marker["child_id"]))
         rewrite.replaces.append(updated)
 
@@ -577,3 +570,6 @@ class Admin:
         finally:
             self.engine.cache.invalidate(execution_id)
         return len(docs)
+
+
+register(Admin, cascade)  # an op's children are forgotten/reopened by its finisher (engine/child_ops.py)

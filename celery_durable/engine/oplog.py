@@ -34,7 +34,7 @@ from ..stores.base import Doc, Op, strip_reserved
 from .pending_ops import check_field
 from .schema import EXEC_ID, OPERATION_PREFIX, DocType, StepKind, marker_id, operation_id
 from .superseded import version_of
-from .timeline import _int, _step
+from .timeline import _int, _num, _step
 
 __all__ = [
     "TOMBSTONE_ID",
@@ -70,6 +70,10 @@ MAX_PARTS = 8
 SHORT_VALUE_CHARS = 120
 #: the id of the document a purge leaves in the emptied partition
 TOMBSTONE_ID = "purged"
+#: what a forgotten child's own operation records keep in its parent's archive
+_OP_KEYS = ("id", "action", "by", "at", "reason", "status")
+#: a forgotten child's latest operation records its parent's archive keeps (the rest are counted)
+_MAX_CHILD_OPS = 10
 #: outcome documents of a step (a marker's own are found through it)
 _STEP_DOCS = (DocType.STEP, DocType.RESULT, DocType.SIGNAL)
 
@@ -210,9 +214,10 @@ def recorded(
     action: str,
     by: str | None,
     reason: str | None,
+    **fields: Any,
 ) -> Callable[[Doc, dict[str, Doc]], Any]:
-    """``plan`` (an ``Admin`` rewrite plan) that also records the action and archives the steps
-    it deletes, in the batch that reopens the execution. Inputs are checked before any write."""
+    """``plan`` (an ``Admin`` rewrite plan) that also records the action (and ``fields``) and
+    archives the steps it deletes, in the op's first batch. Inputs are checked before any write."""
     who = actor() if by is None else _check_text(by, "by")
     _check_text(reason, "reason")
 
@@ -223,7 +228,7 @@ def recorded(
         if isinstance(error, dict):  # the exec keeps the traceback; the record, what it was
             error = {k: v for k, v in error.items() if k != "traceback"}
         n = next_op(ex, docs)
-        op = op_doc(ex, action, str(who), reason, engine.clock.now(), n, error=error)
+        op = op_doc(ex, action, str(who), reason, engine.clock.now(), n, error=error, **fields)
         rewrite.creates += archived(engine, op, docs, rewrite.deletes, _int(ex.get("run")), rewrite.forget)
         rewrite.fields["operations"] = n
         return rewrite
@@ -269,14 +274,21 @@ def _child(engine: Engine, execution_id: str, room: int) -> dict[str, Any]:
     out: dict[str, Any] = {"id": execution_id, "workflow": ex.get("workflow"), "status": ex.get("status")}
     error = ex.get("error")
     out["error"] = f"{error.get('type')}: {error.get('message')}" if isinstance(error, dict) else error
-    return out | archive(docs, steps, run, room)
+    # who acted on it (an operator's cancel, say): deleted with it, so recorded here
+    ops = [d for d in docs.values() if d.get("type") == DocType.OPERATION]
+    ops.sort(key=lambda d: _num(d.get("at")) or 0.0)
+    out["operations"] = [{k: d.get(k) for k in _OP_KEYS} for d in ops[-_MAX_CHILD_OPS:]]
+    if len(ops) > _MAX_CHILD_OPS:
+        out["operations_more"] = len(ops) - _MAX_CHILD_OPS  # the earliest: counted, never dropped silently
+    room -= len(json.dumps(out["operations"], default=str))
+    return out | archive(docs, steps, run, max(0, room))
 
 
-def cascade(admin: Any, child: str, parent: str) -> Callable[[Doc, dict[str, Doc]], Any]:
+def cascade(admin: Any, child: str, parent: str, token: str | None = None) -> Callable[[Doc, dict[str, Doc]], Any]:
     """The plan reopening a failed or cancelled child of a step an action re-runs, recorded
-    (``by``: the parent) with what it forgets in the child."""
+    (``by``: the parent; ``parent_op``: the parent's op ``token``) with what it forgets in the child."""
     how = "resume" if admin._status(child) == "cancelled" else "retry"
-    return recorded(admin.engine, getattr(admin, f"_plan_{how}"), how, f"via parent {parent}", None)
+    return recorded(admin.engine, getattr(admin, f"_plan_{how}"), how, f"via parent {parent}", None, parent_op=token)
 
 
 def note(
@@ -351,7 +363,8 @@ def unknown(engine: Engine, execution_id: str) -> str:
         gone = engine.store.read(execution_id, TOMBSTONE_ID)
     except DurableError:
         gone = None
-    why = "" if gone is None else f" (purged by {gone.get('by')} at {gone.get('at')})"
+    how = "purged" if gone is None or not gone.get("parent") else str(gone.get("action"))
+    why = "" if gone is None else f" ({how} by {gone.get('by')} at {gone.get('at')})"
     return f"no execution with id {execution_id!r}{why}"
 
 

@@ -17,7 +17,9 @@ and nothing saying so (a later retry re-ran every forgotten activity). Now:
   ``drive_timeout`` after the op started). The exec stays terminal until the last batch, so no
   drive runs on a half-done history.
 
-An operation that fits in one batch is written in that one batch, as before (atomic already).
+An operation that fits in one batch is written in that one batch, as before (atomic already),
+unless it forgets or reopens child executions: those happen between its first batch (the record,
+the children's archive with it) and its last, by whoever finishes it (engine/child_ops.py).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ConfigurationError, ConflictError, DocumentTooLarge, PayloadValidationError
 from ..stores.base import RESERVED, Doc, Op, check_doc, strip_reserved
 from .cache import bump_generation
+from .child_ops import run_children
 from .schema import EXEC_ID, PENDING_OP, DueKind
 
 if TYPE_CHECKING:
@@ -131,6 +134,9 @@ def commit(
         "rearm": rearm,
         "creates": [strip_reserved(d) for d in rewrite.creates],
         "final": final,
+        # children to forget / reopen once the record is written, before it reopens (child_ops.py)
+        "forget": list(getattr(rewrite, "forget", ())),
+        "children": list(getattr(rewrite, "children", ())),
     }
     room = store.max_batch_ops - 1
     if len(rest["creates"]) > room:  # markers to re-arm span batches (_finish); the records do not
@@ -146,7 +152,7 @@ def commit(
     planned = [*(d for d in rewrite.replaces), *rest["creates"], reopened, pending]
     check_storable(refuse, [strip_reserved(d) for d in planned], store.max_doc_bytes)
     try:
-        if len(rewrite.deletes) + len(rearm) + len(rest["creates"]) <= room:
+        if len(rewrite.deletes) + len(rearm) + len(rest["creates"]) <= room and not rest["forget"] + rest["children"]:
             # one batch: atomic as it stands, no pending record needed
             _last(eng, ex, docs, rest)
         else:
@@ -233,6 +239,7 @@ def _finish(eng: Engine, ex: Doc, docs: dict[str, Doc]) -> None:
         new = bump_generation(body)
         etag = str(store.batch(ex["pk"], [*ops, Op.replace(new, etag)])[-1])
         body = new
+    run_children(eng, str(ex["pk"]), rest)
     _last(eng, body | {"_etag": etag}, docs, rest, deletes, rearm, creates)
 
 

@@ -150,7 +150,6 @@ def test_retry_records_inputs_that_reset_refuses(env: WorkflowEnvironment, call:
 # --- promise 3/4: crash-safe, nothing that ran is forgotten ----------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="issue 23 review r1: open break")
 def test_a_retry_killed_at_its_commit_loses_the_forgotten_child_without_a_record(env: WorkflowEnvironment) -> None:
     """The child is purged (its own batches) before the parent's first batch; a kill there leaves
     the parent's old state (failed, no pending op, no record) but the child and its refund gone.
@@ -292,7 +291,6 @@ def parent(order_id: str) -> str:
     return labeller.start_child(order_id, _workflow_id=f"{wf.execution_id()}-kid").result()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 23 review r1: open break")
 def test_a_retry_killed_before_it_reopens_the_failed_child_is_undone_by_recovery(env: WorkflowEnvironment) -> None:
     """A retry of a parent whose failed step is a failed child commits the parent (recorded,
     reopened, the child step re-armed) and only then retries the child (Admin._operate's
@@ -326,7 +324,6 @@ def test_a_retry_killed_before_it_reopens_the_failed_child_is_undone_by_recovery
 # --- promise 4: nothing that ran is forgotten ---------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="issue 23 review r1: open break")
 def test_a_retry_that_meets_a_conflict_records_nothing_of_the_child_it_deleted(env: WorkflowEnvironment) -> None:
     """No crash at all: the parent's exec changes between the retry's plan and its commit (the
     ConflictError _operate handles by planning again). The first round already purged the
@@ -432,7 +429,6 @@ def test_a_purge_cannot_record_why(env: WorkflowEnvironment) -> None:
     assert gone is not None and gone.get("reason") == "GDPR erasure request #77", gone
 
 
-@pytest.mark.xfail(strict=True, reason="issue 23 review r1: open break")
 def test_a_child_a_retry_deleted_answers_as_if_it_never_existed(env: WorkflowEnvironment) -> None:
     """A purged id says who purged it (oplog.unknown reads its tombstone); a child execution a
     retry forgot is deleted with no such record: ``describe``/``durable show`` of its id (the id
@@ -598,7 +594,6 @@ def escalate(order_id: str) -> str:
         raise
 
 
-@pytest.mark.xfail(strict=True, reason="issue 23 review r1: open break")
 def test_a_retry_deletes_the_record_of_an_operators_cancel_of_a_forgotten_child(env: WorkflowEnvironment) -> None:
     """An operator (alice) cancelled a child, with a reason; that child belongs to the steps a
     later retry of the parent forgets, so it is deleted, its ``op:`` documents with it: the
