@@ -12,8 +12,9 @@ bytes) to stay far under the store's document and batch limits: what does not fi
 ``forgotten_more``, and a value too large is kept as the start of its JSON text with
 ``value_truncated`` (never changed silently).
 
-A purge deletes the whole partition, so its record is a log line and a small ``purged`` tombstone
-document written in the emptied partition (``describe`` of a purged id says who purged it, when).
+A purge deletes the whole partition but its purge records, so its record is a log line and a
+small ``purged`` (``purged:<n>`` for a later purge of the same id) document created with the
+purge's first batch (engine/purging.py; ``describe`` of a purged id says who purged it, when).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any, Protocol
 from ..errors import ConflictError, DurableError, OperationRefused
 from ..stores.base import Doc, Op, strip_reserved
 from .pending_ops import check_field
+from .purging import RECORD_TYPE
 from .schema import EXEC_ID, OPERATION_PREFIX, DocType, StepKind, marker_id, operation_id
 from .superseded import version_of
 from .timeline import _int, _step
@@ -46,8 +48,8 @@ __all__ = [
     "note",
     "op_doc",
     "preview",
+    "purge_record",
     "recorded",
-    "tombstone",
     "unknown",
 ]
 
@@ -61,7 +63,7 @@ MAX_ARCHIVE_BYTES = 64 * 1024
 #: a value whose JSON is longer is archived as its first this many characters (flagged)
 MAX_VALUE_CHARS = 2000
 #: the id of the document a purge leaves in the emptied partition
-TOMBSTONE_ID = "purged"
+TOMBSTONE_ID = RECORD_TYPE
 #: outcome documents of a step (a marker's own are found through it)
 _STEP_DOCS = (DocType.STEP, DocType.RESULT, DocType.SIGNAL)
 
@@ -264,14 +266,17 @@ def cancel_ops(ex: Doc, body: Doc, by: str, reason: str | None, at: float) -> li
     return [Op.replace(body, ex["_etag"]), Op.create(op_doc(ex, "cancel", by, reason, at))]
 
 
-def tombstone(engine: Engine, ex: Doc, by: str | None, documents: int, reason: str | None = None) -> None:
-    """Record a purge where it survives: a log line and a small document in the emptied partition.
-    Best effort: the purge happened; a store error here is logged, not raised."""
-    at, by = engine.clock.now(), actor() if by is None else by
-    log.info("purged %s (%s, %s, %d documents) by %s", ex["pk"], ex.get("workflow"), ex.get("status"), documents, by)
-    doc = {
+def purge_record(ex: Doc, docs: Iterable[Doc], by: str, reason: str | None, at: float) -> Doc:
+    """The record of a purge of ``ex`` (``docs``: its partition), created with the purge's first
+    batch (engine/purging.py, which fills in ``documents``): ``purged`` for the first purge of
+    the id, ``purged:<n>`` for a later one (an id used again): no purge erases another's record."""
+    ids = {d["id"] for d in docs}
+    n = 1 + sum(1 for d in docs if d.get("type") == TOMBSTONE_ID)
+    while (rid := TOMBSTONE_ID if n == 1 else f"{TOMBSTONE_ID}:{n}") in ids:
+        n += 1
+    return {
         "pk": ex["pk"],
-        "id": TOMBSTONE_ID,
+        "id": rid,
         "type": TOMBSTONE_ID,
         "action": "purge",
         "by": by,
@@ -279,23 +284,17 @@ def tombstone(engine: Engine, ex: Doc, by: str | None, documents: int, reason: s
         "reason": reason,
         "workflow": ex.get("workflow"),
         "status": ex.get("status"),
-        "documents": documents,
     }
-    try:
-        engine.store.upsert(doc)
-    except DurableError as exc:
-        log.warning("the purge record of %s was not written: %s", ex["pk"], exc)
-    finally:
-        engine.cache.invalidate(str(ex["pk"]))
 
 
 def unknown(engine: Engine, execution_id: str) -> str:
-    """The message for an execution that does not exist: who purged it and when, if recorded."""
+    """The message for an execution that does not exist: who purged it last and when, if recorded."""
     try:
-        gone = engine.store.read(execution_id, TOMBSTONE_ID)
+        gone = [d for d in engine.store.query_partition(execution_id).docs if d.get("type") == TOMBSTONE_ID]
     except DurableError:
-        gone = None
-    why = "" if gone is None else f" (purged by {gone.get('by')} at {gone.get('at')})"
+        gone = []
+    last = max(gone, key=lambda d: (float(d.get("at") or 0.0), len(str(d["id"])), str(d["id"])), default=None)
+    why = "" if last is None else f" (purged by {last.get('by')} at {last.get('at')})"
     return f"no execution with id {execution_id!r}{why}"
 
 
