@@ -267,6 +267,18 @@ def test_purge_batches_each_partition_and_shows_progress_on_a_terminal(db, monke
     assert store.max_batch_ops == 100
 
 
+def test_purge_records_the_reason_given(db) -> None:  # type: ignore[no-untyped-def]
+    """Failed before: ``durable purge`` had no --reason (issue 23: every action says why)."""
+    store = basic.durable.store
+    store.create(_exec("gdpr"))
+    store.create(_step("gdpr", 1))
+    out = _cli("purge", "--older-than", "1d", "--yes", "--reason", "erasure request #77")
+    assert out.exit_code == 0, out.output
+    gone = store.read("gdpr", "purged")
+    assert gone is not None and gone["reason"] == "erasure request #77" and gone["documents"] == 2, gone
+    assert store.read("gdpr", "exec") is None
+
+
 # --- tables -----------------------------------------------------------------------------------------
 
 
