@@ -182,6 +182,9 @@ class Admin:
                 raise UnknownWorkflowError(f"no execution with id {execution_id!r}") from exc
             return self._salvage(ex, str(exc))
         ex = next((d for d in docs if d.get("id") == EXEC_ID), None)
+        if ex is not None and ex.get(PURGING):  # a recorded purge cut between its batches: it is gone
+            finish_purge(self.engine, execution_id)
+            ex = None
         if ex is None:
             raise UnknownWorkflowError(unknown(self.engine, execution_id))  # says who purged it
         return describe_docs(ex, docs)

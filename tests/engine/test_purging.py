@@ -1,7 +1,7 @@
 """A purge killed (or failing) between its batches is recorded and finished, never re-run (engine/purging.py).
 
 Seeded: executions of random sizes, a kill or a store error at a random batch of the purge, then
-a random one of those who touch the execution next (the recovery scan, the driver, retry,
+a random one of those who touch the execution next (the recovery scan, the driver, describe, retry,
 resume, reset, another purge). Afterwards either the execution is as it was (the first batch did
 not commit) or it is gone with its purge's record (who, why), and no finished activity ran again."""
 
@@ -53,6 +53,8 @@ def _touch(env: WorkflowEnvironment, how: str, eid: str) -> None:
         if how == "scan":
             env.clock.advance(env.engine.settings.drive_timeout + 1)
             env.engine.recovery.scan()  # what beat's periodic scan does
+        elif how == "describe":  # the CLI's show, the UI: a recorded purge is finished, not shown cut
+            admin.describe(eid)
         elif how == "drive":
             env.engine.drive(eid)
         elif how == "retry":
@@ -68,7 +70,7 @@ def _touch(env: WorkflowEnvironment, how: str, eid: str) -> None:
     env.run_until_idle()
 
 
-@pytest.mark.parametrize("seed", range(60))
+@pytest.mark.parametrize("seed", range(70))
 def test_a_purge_cut_at_any_batch_is_recorded_and_finished_by_whoever_comes_next(seed: int) -> None:
     rnd = random.Random(seed)
     env = WorkflowEnvironment(durable)
@@ -100,7 +102,7 @@ def test_a_purge_cut_at_any_batch_is_recorded_and_finished_by_whoever_comes_next
     env.store.batch = real  # type: ignore[method-assign]
     RAN.clear()
     BROKEN["last"] = False
-    how = ["scan", "drive", "retry", "resume", "reset", "purge"][seed % 6]  # each, at every kind of cut
+    how = ["scan", "drive", "retry", "resume", "reset", "purge", "describe"][seed % 7]  # each, at every kind of cut
     if cut == 1 and fault == "error":  # nothing was written: the old state, whatever comes next
         assert {d["id"]: d for d in env.store.query_partition(eid).docs} == before
         return
