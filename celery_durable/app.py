@@ -412,11 +412,12 @@ class Durable:
         dry_run: bool = False,
         progress: Callable[[PurgeReport], None] | None = None,
         by: str | None = None,
+        reason: str | None = None,
     ) -> PurgeReport:
         """Delete executions that ended more than ``older_than`` (seconds or a timedelta) ago; each
-        leaves a ``purged`` record (who, when) that ``describe`` quotes."""
+        leaves a ``purged`` record (who, when, ``reason``) that ``describe`` quotes."""
         seconds = older_than.total_seconds() if isinstance(older_than, timedelta) else float(older_than)
-        return self.admin.purge(seconds, dry_run=dry_run, progress=progress, by=by)
+        return self.admin.purge(seconds, dry_run=dry_run, progress=progress, by=by, reason=reason)
 
     # --- the in-workflow API, also reachable as durable.<name> ---------------------------
 

@@ -361,9 +361,10 @@ def retry(ctx: click.Context, execution_id: str, yes: bool, reason: str | None) 
 @durable.command()
 @click.option("--older-than", required=True, callback=_age_option, help="finished before this age ago (e.g. 30d)")
 @click.option("--dry-run", is_flag=True, help="only count what would be deleted")
+@click.option("--reason", default=None, help="recorded with each purge")
 @click.option("--yes", is_flag=True)
 @click.pass_context
-def purge(ctx: click.Context, older_than: float, dry_run: bool, yes: bool) -> None:
+def purge(ctx: click.Context, older_than: float, dry_run: bool, reason: str | None, yes: bool) -> None:
     """Delete finished executions (all their documents) that ended more than an age ago."""
     d = _durable(ctx)
     plan = d.purge(older_than, dry_run=True)
@@ -384,7 +385,7 @@ def purge(ctx: click.Context, older_than: float, dry_run: bool, yes: bool) -> No
         def advance(report: PurgeReport) -> None:
             update(report.purged + report.skipped)
 
-        report = d.purge(older_than, progress=advance, by=actor())
+        report = d.purge(older_than, progress=advance, by=actor(), reason=reason)
     click.echo(f"purged {report.purged} ({report.documents} documents)")
     if report.skipped:
         click.echo(f"kept {report.skipped} (the next purge looks again):")

@@ -17,16 +17,16 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConflictError, CorruptDocument, DurableError, OperationRefused, UnknownWorkflowError
-from ..stores.base import Doc, ExecFilter, Op, strip_reserved
+from ..stores.base import Doc, ExecFilter, strip_reserved
 from ..stores.search import check_filter
-from .cache import bump_generation
 from .child_ops import check_reopen, register
 from .delivery import marker_token, rotated_token
 from .dispatcher import ActivityRequest, ClockRequest
 from .model import lease_live
-from .oplog import cascade, note, recorded, tombstone, unknown
+from .oplog import actor, cascade, note, purge_record, recorded, unknown
 from .outbox import DUE_ADMIT
-from .pending_ops import check_inputs, check_purge, commit, settle
+from .pending_ops import check_field, check_inputs, check_purge, commit, settle
+from .purging import PURGING, finish_purge, purge_partition
 from .reruns import bump_reruns, children_of
 from .reset import plan_reset, reset_by
 from .salvage import salvage
@@ -183,6 +183,9 @@ class Admin:
                 raise UnknownWorkflowError(f"no execution with id {execution_id!r}") from exc
             return self._salvage(ex, str(exc))
         ex = next((d for d in docs if d.get("id") == EXEC_ID), None)
+        if ex is not None and ex.get(PURGING):  # a recorded purge cut between its batches: it is gone
+            finish_purge(self.engine, execution_id)
+            ex = None
         if ex is None:
             raise UnknownWorkflowError(unknown(self.engine, execution_id))  # says who purged it
         return describe_docs(ex, docs)
@@ -262,15 +265,20 @@ class Admin:
         progress: Callable[[PurgeReport], None] | None = None,
         page_size: int = 200,
         by: str | None = None,
+        reason: str | None = None,
     ) -> PurgeReport:
         """Delete terminal executions that ended more than ``older_than`` seconds ago.
 
         Found through the paged listing (never one read per execution of the store); each
         execution is deleted in batches of its own partition, the exec document last. A child
         whose parent has not been told its outcome yet is kept. ``progress`` gets the running
-        report after each execution.
+        report after each execution. Each purge is recorded (who, when, ``reason``) in its
+        first batch; one cut between its batches is finished by whoever comes next (purging.py).
         """
         check_purge(OperationRefused, older_than, dry_run, page_size)
+        who = actor() if by is None else by
+        check_field(OperationRefused, "by", who)  # before anything is written
+        check_field(OperationRefused, "reason", reason)
         cutoff = self.engine.clock.now() - older_than
         report = PurgeReport(dry_run=dry_run)
         for status in (Status.COMPLETED, Status.FAILED, Status.CANCELLED):
@@ -295,14 +303,13 @@ class Admin:
                     if dry_run:
                         continue
                     try:
-                        deleted = self._purge_one(s.id)
+                        deleted = self._purge_one(s.id, who=who, reason=reason)
                     except CorruptDocument as exc:
                         deleted = f"a document cannot be decoded, kept for inspection: {exc}"
                     if isinstance(deleted, str):
                         kept = (*report.kept, f"{s.id}: {deleted}")[-_KEPT_REASONS:]
                         report = replace(report, skipped=report.skipped + 1, kept=kept)
                     else:
-                        tombstone(self.engine, doc, by, deleted)
                         report = replace(report, purged=report.purged + 1, documents=report.documents + deleted)
                     if progress is not None:
                         progress(report)
@@ -531,9 +538,12 @@ class Admin:
                 return f"its effect intent {doc['id']} could not be admitted ({type(exc).__name__}: {exc})"
         return None
 
-    def _purge_one(self, execution_id: str, force: bool = False) -> int | str:
+    def _purge_one(
+        self, execution_id: str, force: bool = False, who: str | None = None, reason: str | None = None
+    ) -> int | str:
         """Delete every document of a terminal execution; how many, or why it was kept.
-        ``force``: even a child whose parent was not told (the parent forgets the step)."""
+        ``force``: even a child whose parent was not told (the parent forgets the step).
+        ``who``: recorded as its purger (None: no record, a forgotten child); engine/purging.py."""
         store = self.engine.store
         for _ in range(3):
             docs = store.query_partition(execution_id).docs
@@ -547,29 +557,22 @@ class Admin:
         ex = next((d for d in docs if d["id"] == EXEC_ID), None)
         if ex is None:
             return "it no longer exists"
+        if ex.get(PURGING):  # an earlier purge was cut between its batches (and recorded): finished
+            finish_purge(self.engine, execution_id)
+            return sum(1 for d in docs if d.get("type") != "purged")
         if settle(self.engine, ex, {d["id"]: d for d in docs}):
             return "an operation on it was half done: finished it"
         if ex.get("status") not in TERMINAL:
             return f"it is {ex.get('status')}"
         if ex.get("parent") and ex.get("parent_notified") is False and not force:
             return "its parent was not told its outcome yet"
-        others = [d for d in docs if d["id"] != EXEC_ID]
-        room = store.max_batch_ops - 1
+        record = None if who is None else purge_record(ex, docs, who, reason, self.engine.clock.now())
         try:
-            # all but the last batch carry the exec with a bumped generation; the last deletes it
-            while len(others) > room:
-                chunk, others = others[:room], others[room:]
-                new = bump_generation(ex) | {"purging": True}  # half purged, recorded as such
-                ops = [Op.delete(d["id"], d["_etag"]) for d in chunk]
-                etags = store.batch(execution_id, [*ops, Op.replace(new, ex["_etag"])])
-                ex = new | {"_etag": etags[-1]}
-            ops = [Op.delete(d["id"], d["_etag"]) for d in others]
-            store.batch(execution_id, [*ops, Op.delete(EXEC_ID, ex["_etag"])])
+            return purge_partition(self.engine, ex, docs, record)
         except ConflictError:
             return "it changed meanwhile"  # the next purge looks again
         finally:
             self.engine.cache.invalidate(execution_id)
-        return len(docs)
 
 
 register(Admin, cascade)  # an op's children are forgotten/reopened by its finisher (engine/child_ops.py)

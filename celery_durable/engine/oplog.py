@@ -14,8 +14,9 @@ them). A value too large is kept as the start of its JSON text with ``value_trun
 changed silently); past ``MAX_PARTS`` documents values are shortened further, and only what
 still does not fit is counted in ``forgotten_more``.
 
-A purge deletes the whole partition, so its record is a log line and a small ``purged`` tombstone
-document written in the emptied partition (``describe`` of a purged id says who purged it, when).
+A purge deletes the whole partition but its purge records, so its record is a log line and a
+small ``purged`` (``purged:<n>`` for a later purge of the same id) document created with the
+purge's first batch (engine/purging.py; ``describe`` of a purged id says who purged it, when).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from typing import Any, Protocol
 from ..errors import ConflictError, DurableError, OperationRefused
 from ..stores.base import Doc, Op, strip_reserved
 from .pending_ops import check_field
+from .purging import RECORD_TYPE
 from .schema import EXEC_ID, OPERATION_PREFIX, DocType, StepKind, marker_id, operation_id
 from .superseded import version_of
 from .timeline import _int, _num, _step
@@ -50,8 +52,8 @@ __all__ = [
     "note",
     "op_doc",
     "preview",
+    "purge_record",
     "recorded",
-    "tombstone",
     "unknown",
 ]
 
@@ -69,7 +71,7 @@ MAX_PARTS = 8
 #: the characters of a value kept when the whole archive would not fit in ``MAX_PARTS``
 SHORT_VALUE_CHARS = 120
 #: the id of the document a purge leaves in the emptied partition
-TOMBSTONE_ID = "purged"
+TOMBSTONE_ID = RECORD_TYPE
 #: what a forgotten child's own operation records keep in its parent's archive
 _OP_KEYS = ("id", "action", "by", "at", "reason", "status")
 #: a forgotten child's latest operation records its parent's archive keeps (the rest are counted)
@@ -332,14 +334,17 @@ def signal_op(ex: Doc, docs: dict[str, Doc], body: Doc, by: str, name: str, at: 
     return Op.create(op_doc(ex, "signal", by, None, at, n, name=name))
 
 
-def tombstone(engine: Engine, ex: Doc, by: str | None, documents: int, reason: str | None = None) -> None:
-    """Record a purge where it survives: a log line and a small document in the emptied partition.
-    Best effort: the purge happened; a store error here is logged, not raised."""
-    at, by = engine.clock.now(), actor() if by is None else by
-    log.info("purged %s (%s, %s, %d documents) by %s", ex["pk"], ex.get("workflow"), ex.get("status"), documents, by)
-    doc = {
+def purge_record(ex: Doc, docs: Iterable[Doc], by: str, reason: str | None, at: float) -> Doc:
+    """The record of a purge of ``ex`` (``docs``: its partition), created with the purge's first
+    batch (engine/purging.py, which fills in ``documents``): ``purged`` for the first purge of
+    the id, ``purged:<n>`` for a later one (an id used again): no purge erases another's record."""
+    ids = {d["id"] for d in docs}
+    n = 1 + sum(1 for d in docs if d.get("type") == TOMBSTONE_ID)
+    while (rid := TOMBSTONE_ID if n == 1 else f"{TOMBSTONE_ID}:{n}") in ids:
+        n += 1
+    return {
         "pk": ex["pk"],
-        "id": TOMBSTONE_ID,
+        "id": rid,
         "type": TOMBSTONE_ID,
         "action": "purge",
         "by": by,
@@ -347,24 +352,18 @@ def tombstone(engine: Engine, ex: Doc, by: str | None, documents: int, reason: s
         "reason": reason,
         "workflow": ex.get("workflow"),
         "status": ex.get("status"),
-        "documents": documents,
     }
-    try:
-        engine.store.upsert(doc)
-    except DurableError as exc:
-        log.warning("the purge record of %s was not written: %s", ex["pk"], exc)
-    finally:
-        engine.cache.invalidate(str(ex["pk"]))
 
 
 def unknown(engine: Engine, execution_id: str) -> str:
-    """The message for an execution that does not exist: who purged it and when, if recorded."""
+    """The message for an execution that does not exist: who purged it last and when, if recorded."""
     try:
-        gone = engine.store.read(execution_id, TOMBSTONE_ID)
+        gone = [d for d in engine.store.query_partition(execution_id).docs if d.get("type") == TOMBSTONE_ID]
     except DurableError:
-        gone = None
-    how = "purged" if gone is None or not gone.get("parent") else str(gone.get("action"))
-    why = "" if gone is None else f" ({how} by {gone.get('by')} at {gone.get('at')})"
+        gone = []
+    last = max(gone, key=lambda d: (float(d.get("at") or 0.0), len(str(d["id"])), str(d["id"])), default=None)
+    how = "purged" if last is None or not last.get("parent") else str(last.get("action"))
+    why = "" if last is None else f" ({how} by {last.get('by')} at {last.get('at')})"
     return f"no execution with id {execution_id!r}{why}"
 
 

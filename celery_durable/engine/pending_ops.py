@@ -32,6 +32,7 @@ from ..errors import ConfigurationError, ConflictError, DocumentTooLarge, Payloa
 from ..stores.base import RESERVED, Doc, Op, check_doc, strip_reserved
 from .cache import bump_generation
 from .child_ops import run_children
+from .purging import PURGING, finish_purge
 from .schema import EXEC_ID, PENDING_OP, DueKind
 
 if TYPE_CHECKING:
@@ -182,11 +183,15 @@ def _roll(eng: Engine, ex: Doc, docs: dict[str, Doc], token: str) -> None:
 
 def finish(eng: Engine, pk: str, known: Doc | None = None) -> bool:
     """Finish the operation pending on ``pk``, if any; whether there was one. ``known``: its exec
-    document as just read (the partition is read only when that has a pending op)."""
-    if known is not None and not isinstance(known.get(PENDING), dict):
+    document as just read (the partition is read only when that has a pending op). A purge cut
+    between its batches is finished too (engine/purging.py)."""
+    if known is not None and not isinstance(known.get(PENDING), dict) and not known.get(PURGING):
         return False
     docs = {d["id"]: d for d in eng.store.query_partition(pk).docs}
     ex = docs.get(EXEC_ID)
+    if ex is not None and ex.get(PURGING):
+        finish_purge(eng, pk)
+        return True
     if ex is None or not isinstance(ex.get(PENDING), dict):
         return False
     finish_loaded(eng, ex, docs)
@@ -195,7 +200,11 @@ def finish(eng: Engine, pk: str, known: Doc | None = None) -> bool:
 
 def settle(eng: Engine, ex: Doc, docs: dict[str, Doc]) -> bool:
     """Finish the op pending on ``ex`` (partition ``docs``) if there is one; whether there was
-    (then read again: it changed, or a conflict says someone else is moving it on)."""
+    (then read again: it changed, or a conflict says someone else is moving it on). A purge
+    cut between its batches is finished, never operated on (engine/purging.py)."""
+    if ex.get(PURGING):
+        finish_purge(eng, str(ex["pk"]))
+        return True
     if not isinstance(ex.get(PENDING), dict):
         return False
     try:

@@ -109,7 +109,6 @@ def test_a_refused_retry_has_already_deleted_the_child_it_would_forget(env: Work
     assert _snapshot(env, "o-1-refund") == child_before, "the refused retry deleted the child execution"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 23 review r1: open break")
 def test_a_purge_with_a_bad_by_deletes_then_raises(env: WorkflowEnvironment) -> None:
     """check_purge does not look at ``by``: the execution is deleted, then the tombstone cannot
     be written (bytes are not JSON) and a raw TypeError escapes; the purge left no record."""
@@ -178,7 +177,6 @@ def test_a_retry_killed_at_its_commit_loses_the_forgotten_child_without_a_record
     )
 
 
-@pytest.mark.xfail(strict=True, reason="issue 23 review r1: open break")
 def test_a_purge_killed_after_its_deletes_leaves_no_record(env: WorkflowEnvironment) -> None:
     """The purge's record (tombstone) is a separate write after the last delete batch, and a
     store error there is only logged: the execution is gone and nothing says who purged it."""
@@ -417,7 +415,6 @@ def test_resume_clears_the_live_lease_of_a_running_attempt(env: WorkflowEnvironm
     assert calls == [], f"a second attempt ran while the first still held its live lease: {calls}"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 23 review r1: open break")
 def test_a_purge_cannot_record_why(env: WorkflowEnvironment) -> None:
     """Every operator action is recorded with who, when and *reason*: Admin.purge takes no
     ``reason`` (tombstone() has the field, nobody fills it; the CLI has no --reason)."""
@@ -487,7 +484,6 @@ def long_(n: int) -> int:
     return sum(step(i) for i in range(n)) + len(label("x"))
 
 
-@pytest.mark.xfail(strict=True, reason="issue 23 review r1: open break")
 def test_a_purge_killed_between_its_batches_leaves_a_history_a_retry_reruns(env: WorkflowEnvironment) -> None:
     """_purge_one deletes a partition in batches, the exec last ("purging": True on it, which
     nothing reads). Killed after its first batch, the execution looks like an ordinary failed one
@@ -628,7 +624,6 @@ def test_cancel_records_inputs_that_reset_refuses(env: WorkflowEnvironment, by: 
     assert _snapshot(env, h.id) == before
 
 
-@pytest.mark.xfail(strict=True, reason="issue 23 review r1: open break")
 def test_a_second_purge_of_a_reused_id_erases_the_record_of_the_first(env: WorkflowEnvironment) -> None:
     """The purge record is one document with a fixed id (``purged``) in the emptied partition: an
     id started again after a purge and purged again deletes the first tombstone with the rest,

@@ -260,10 +260,23 @@ def test_purge_batches_each_partition_and_shows_progress_on_a_terminal(db, monke
     assert "purged 2 (243 documents)" in out.stdout
     assert "purging" in out.stdout and "2/2" in out.stdout
     # 241 documents of "big" in ceil(241 / 100) all-or-nothing batches; one for "small"
-    # "big": 240 documents and its exec in 3 all-or-nothing batches (99 deletes + the exec's bumped
-    # generation, twice, then the last 42 and the exec), newest execution first
-    assert batches == [("small", 2), ("big", 100), ("big", 100), ("big", 43)]
+    # "big": 240 documents and its exec in 3 all-or-nothing batches (98 deletes + the purge's record
+    # + the exec marked purging, then 99 + the exec, then the last 43 and the exec), newest first;
+    # "small": its step, its purge record and its exec in one
+    assert batches == [("small", 3), ("big", 100), ("big", 100), ("big", 44)]
     assert store.max_batch_ops == 100
+
+
+def test_purge_records_the_reason_given(db) -> None:  # type: ignore[no-untyped-def]
+    """Failed before: ``durable purge`` had no --reason (issue 23: every action says why)."""
+    store = basic.durable.store
+    store.create(_exec("gdpr"))
+    store.create(_step("gdpr", 1))
+    out = _cli("purge", "--older-than", "1d", "--yes", "--reason", "erasure request #77")
+    assert out.exit_code == 0, out.output
+    gone = store.read("gdpr", "purged")
+    assert gone is not None and gone["reason"] == "erasure request #77" and gone["documents"] == 2, gone
+    assert store.read("gdpr", "exec") is None
 
 
 # --- tables -----------------------------------------------------------------------------------------
