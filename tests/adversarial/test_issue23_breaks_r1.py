@@ -234,7 +234,6 @@ def shipper() -> str:
     return ship(ADDR["to"])  # the address is what the operator fixes before the reset
 
 
-@pytest.mark.xfail(strict=True, reason="issue 23 review r1: open break")
 def test_an_old_attempt_still_running_completes_the_reset_step(env: WorkflowEnvironment) -> None:
     """The token is checked only when an attempt *begins* (ActivityRunner.begin); its outcome is
     then written by drive(carry=...) on whatever marker holds that step number now. An attempt of
