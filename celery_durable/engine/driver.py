@@ -199,7 +199,20 @@ class Driver:
                 if settle(eng, ex, dict(docs.items())):
                     continue  # an operator's op was left half done: finish it before driving
                 if ex.get("status") in TERMINAL:
-                    self._record(carry_new)
+                    if not (tokens and carry_new):
+                        self._record(carry_new)
+                        return "terminal"
+                    try:  # an attempt's late outcome: fenced by the exec etag an operation changes
+                        store.batch(
+                            execution_id, [*map(Op.create, carry_new), Op.replace(strip_reserved(ex), ex["_etag"])]
+                        )
+                    except ConflictError:
+                        eng.cache.suspect(execution_id)  # a retry or reset meanwhile: check again
+                        continue
+                    except DocumentTooLarge as exc:
+                        carry = _oversized(exc, carry)
+                        continue
+                    eng.cache.suspect(execution_id)
                     return "terminal"
                 now = eng.clock.now()
                 lease: dict[str, Any] = ex.get("lease") or {}

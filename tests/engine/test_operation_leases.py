@@ -215,3 +215,47 @@ def test_stale_outcomes_names_outcomes_whose_marker_is_another_or_gone() -> None
     assert stale_outcomes(docs, 0, [result(3)], {3: "t3"}) == {3}  # forgotten, not taken again yet
     assert stale_outcomes(docs, 0, [result(3, run=1)], {3: "t3"}) == set()  # another run: not ours
     assert stale_outcomes(docs, 0, [result(1)], {}) == set()  # no attempt's: not checked
+
+
+def test_an_outcome_recorded_on_a_failed_execution_as_a_retry_commits_is_fenced(
+    env: WorkflowEnvironment, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A late outcome on a terminal execution was created as it stood: a retry committing between
+    the drive's read (the old marker there: the check passes) and that write left it on the
+    forgotten step's number, where the re-run took it as its own step's outcome. The write is
+    conditional on the exec's etag (which the retry changes): it conflicts, is read again, dropped."""
+    import celery_durable.engine.driver as driver_module
+
+    held: list[Any] = []
+    deliver = _stall(env, "opl.ship", held)
+    labels: list[Any] = []
+    stall = env.dispatcher.handlers["activity"]
+    env.dispatcher.handlers["activity"] = lambda req: labels.append(req) if req.name == "opl.label" else stall(req)
+    h = env.start(notify, _workflow_id="opl-5")
+    env.run_until_idle()
+    env.dispatcher.handlers["activity"] = stall
+    deliver(labels[0])
+    env.run_until_idle()
+    assert h.status() == "failed" and len(held) == 1
+    env.clock.advance(env.engine.settings.lease_ttl + 1)
+    broken["label"] = False
+    real_settle = driver_module.settle
+    fired: list[bool] = []
+
+    def settle_then_retry(eng: Any, ex: Any, docs: Any) -> bool:
+        if not fired:  # the operator's retry commits just after the drive read the partition
+            fired.append(True)
+            Admin(env.engine).retry(h.id, by="ops")
+        return real_settle(eng, ex, docs)
+
+    monkeypatch.setattr(driver_module, "settle", settle_then_retry)
+    env.engine.cache.invalidate(h.id)  # the drive reads the failed execution (not begin's copy)
+    old = held[0]
+    env.engine.activities.complete(old, env.engine.activities.result_doc(old, value="from the old run"))
+    monkeypatch.setattr(driver_module, "settle", real_settle)
+    assert fired
+    env.run_until_idle()
+    assert not any(d.get("value") == "from the old run" for d in env.store.query_partition(h.id).docs)
+    deliver(held[-1])
+    env.run_until_idle()
+    assert env.result(h) == "shipped to the customer" and calls == ["ship the customer"]
