@@ -9,6 +9,8 @@ it (random): an old message of the failed attempt is then stale too. ``resume`` 
 same call goes on). A delivery must bring the marker's token, its activity name and its input
 (compared by digest): anything else is stale and dropped. A legacy marker (written before
 tokens) has none and accepts only a token-less message: a rolling upgrade keeps working.
+The attempt keeps the token it began on, and its outcome is recorded only while its step's
+marker still has it (:func:`stale_outcomes`): an operation may forget the step meanwhile.
 """
 
 from __future__ import annotations
