@@ -20,6 +20,7 @@ from ..errors import ConflictError, CorruptDocument, DurableError, OperationRefu
 from ..stores.base import Doc, ExecFilter, Op, strip_reserved
 from ..stores.search import check_filter
 from .cache import bump_generation
+from .cascade_check import check_cascade
 from .delivery import marker_token, rotated_token
 from .dispatcher import ActivityRequest, ClockRequest
 from .model import lease_live
@@ -328,6 +329,7 @@ class Admin:
                 if why is not None:
                     raise OperationRefused(f"{execution_id}: {why}; try again")
                 continue  # admission rewrote the intents: plan again on a fresh read
+            check_cascade(self, rewrite.children, execution_id)  # a child's refusal refuses it now
             for child in rewrite.forget:
                 self._forget_execution(child)
             now = eng.clock.now()

@@ -259,3 +259,40 @@ def test_an_outcome_recorded_on_a_failed_execution_as_a_retry_commits_is_fenced(
     deliver(held[-1])
     env.run_until_idle()
     assert env.result(h) == "shipped to the customer" and calls == ["ship the customer"]
+
+
+@durable.workflow(name="opl.kid")
+def kid() -> str:
+    return ship("kid")
+
+
+@durable.workflow(name="opl.mom")
+def mom() -> str:
+    return kid.start_child(_workflow_id=f"{wf.execution_id()}-kid").result()
+
+
+def test_resume_of_a_parent_whose_cancelled_child_still_runs_a_step_is_refused_before_any_write(
+    env: WorkflowEnvironment,
+) -> None:
+    """resume reopens the parent, then resumes its cancelled child (a cascade after the parent's
+    commit). The child's step still running refuses the child's resume: refused only then, the
+    parent was left reopened, waiting on a child still cancelled. The cascade is planned first."""
+    held: list[Any] = []
+    deliver = _stall(env, "opl.ship", held)
+    h = env.start(mom, _workflow_id="opl-6")
+    env.run_until_idle()
+    assert len(held) == 1
+    env.engine.cancel(h.id, by="ops")
+    env.run_until_idle()
+    child = env.handle("opl-6-kid")
+    assert (h.status(), child.status()) == ("cancelled", "cancelled")
+    with pytest.raises(OperationRefused, match="running"):
+        Admin(env.engine).resume(h.id, by="ops")
+    assert (h.status(), child.status()) == ("cancelled", "cancelled")
+    assert [o["action"] for o in Admin(env.engine).describe(h.id).operations] == ["cancel"]
+    env.clock.advance(env.engine.settings.lease_ttl + 1)  # the stalled attempt is gone
+    Admin(env.engine).resume(h.id, by="ops")
+    env.run_until_idle()
+    deliver(held[-1])
+    env.run_until_idle()
+    assert env.result(h) == "shipped to kid" and calls == ["ship kid"]
