@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConflictError, StoreError
 from ..stores.base import Doc, strip_reserved
-from .delivery import STALE_EVENT, Delivery, refusal
+from .delivery import STALE_EVENT, Delivery, marker_token, refusal
 from .model import DUE_ACTIVITY, EXEC_ID, TERMINAL, Attempt, error_info, lease_live, marker_id, result_id
 
 if TYPE_CHECKING:
@@ -154,7 +154,7 @@ class ActivityRunner:
                 eng.cache.suspect(execution_id)  # changed, or deleted (purged)
                 continue
             eng.cache.put(execution_id, claimed | {"_etag": etag})
-            attempt = Attempt(execution_id, seq, str(marker["name"]), etag, me, number, run)
+            attempt = Attempt(execution_id, seq, str(marker["name"]), etag, me, number, run, token=marker_token(marker))
             eng.leases.track(attempt)
             return attempt, "started"
         return None, "the step kept changing under us"
@@ -189,8 +189,14 @@ class ActivityRunner:
             attempts=attempt.number,
         )
         # Inline continuation on the partition read by ``begin`` (if recent): no second read.
+        # ``tokens``: recorded only on the marker it began on (a reset or retry may have
+        # forgotten that one and the re-run taken the step number anew: engine/delivery.py).
         return eng.driver.drive(
-            attempt.execution_id, carry=[result], release=[attempt.seq], trust_cache=eng.settings.trust_cache_for
+            attempt.execution_id,
+            carry=[result],
+            release=[attempt.seq],
+            trust_cache=eng.settings.trust_cache_for,
+            tokens={attempt.seq: attempt.token},
         )
 
     def retrying(self, attempt: Attempt, countdown: float, exc: BaseException | None) -> None:

@@ -465,6 +465,8 @@ class Admin:
             # outcomes: the cancelled ones; every document of a later step (marker, outcome,
             # wait decision, the settlement of the signal value it consumed)
             if d.get("cancelled") or _int(d.get("seq"), -1) > at:
+                if d.get("type") == DocType.STEP and lease_live(d, self.engine.clock.now()):
+                    raise OperationRefused(f"step {d['seq']} ({d.get('name')}) of {ex['pk']} is running; try later")
                 rewrite.deletes.append(d)
         for child in children_of(rewrite.deletes):  # of the compensations: their re-run starts its own
             self._plan_forget(child, rewrite, depth=0)
@@ -489,6 +491,8 @@ class Admin:
         eng = self.engine
         now = eng.clock.now()
         kind, seq, run = marker.get("kind"), int(marker["seq"]), _int(ex.get("run"))
+        if lease_live(marker, now):  # sent again, it would run twice at once (as reset and retry refuse)
+            raise OperationRefused(f"step {seq} ({marker.get('name')}) of {ex['pk']} is still running; try again later")
         updated = strip_reserved(marker) | {"lease": None, "last_error": None, "_etag": marker["_etag"]}
         if kind == StepKind.ACTIVITY and marker.get("local"):
             # run by the drive _operate sends (engine/local_steps.py): no message, no timer

@@ -9,6 +9,8 @@ it (random): an old message of the failed attempt is then stale too. ``resume`` 
 same call goes on). A delivery must bring the marker's token, its activity name and its input
 (compared by digest): anything else is stale and dropped. A legacy marker (written before
 tokens) has none and accepts only a token-less message: a rolling upgrade keeps working.
+The attempt keeps the token it began on, and its outcome is recorded only while its step's
+marker still has it (:func:`stale_outcomes`): an operation may forget the step meanwhile.
 """
 
 from __future__ import annotations
@@ -18,12 +20,13 @@ import hashlib
 import hmac
 import json
 import secrets
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ..stores.base import Doc
 from .dispatcher import ActivityRequest, Send
+from .schema import marker_id
 
 __all__ = [
     "Delivery",
@@ -33,6 +36,7 @@ __all__ = [
     "refusal",
     "stamped",
     "marker_token",
+    "stale_outcomes",
     "STALE_EVENT",
 ]
 
@@ -142,3 +146,26 @@ def marker_token(marker: Doc) -> str | None:
     """The token a message for ``marker`` carries (None: a legacy marker, a token-less message)."""
     token = marker.get("token")
     return str(token) if token is not None else None
+
+
+def stale_outcomes(
+    docs: Mapping[str, Doc], run: int, carry: Iterable[Doc], tokens: Mapping[int, str | None]
+) -> set[int]:
+    """The steps of the outcomes in ``carry`` (of run ``run``) whose marker in ``docs`` is not
+    the one their attempt began on (``tokens``: step -> that marker's token), or is gone.
+
+    An attempt's token is checked when it begins; but an operator's reset or retry may forget
+    its step while it runs, and the re-run take the step number anew: its outcome must not be
+    recorded there. The caller's commit is conditional on the exec's etag, which every such
+    operation changes, so this check and that write are one."""
+    stale: set[int] = set()
+    for doc in carry:
+        seq = doc.get("seq")
+        if doc.get("type") != "result" or int(doc.get("run") or 0) != run or not isinstance(seq, int):
+            continue
+        if seq not in tokens:
+            continue
+        marker = docs.get(marker_id(seq, run))
+        if marker is None or marker.get("kind") != "activity" or marker_token(marker) != tokens[seq]:
+            stale.add(seq)
+    return stale

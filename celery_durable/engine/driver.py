@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConflictError, CorruptDocument, DocumentTooLarge
@@ -25,6 +25,7 @@ from ..observability import span
 from ..stores.base import Doc, Op, strip_reserved
 from .cache import Partition
 from .checks import check_partition
+from .delivery import STALE_EVENT, stale_outcomes
 from .dispatcher import ActivityRequest, CancelRequest, ClockRequest, Send
 from .local_steps import LocalRun, LocalRunner
 from .model import (
@@ -132,6 +133,7 @@ class Driver:
         trust_cache: float = 0.0,
         eager: bool = False,
         known: Doc | None = None,
+        tokens: Mapping[int, str | None] | None = None,
     ) -> str:
         """Drive once to a suspension or an end; ``carry`` are documents to record with it, and
         ``release`` the steps whose markers they settle (both of the run the documents name: a
@@ -152,6 +154,8 @@ class Driver:
         document ``start()`` just created, the whole partition as far as it knows: the first
         round reads nothing (its commit is conditional on that exec's etag and creates the new
         steps' documents, so anything else there only costs a conflict and a second round).
+        ``tokens``: step -> the token of the marker the carried outcome's attempt began on; an
+        outcome whose step's marker is now another is dropped (:func:`.delivery.stale_outcomes`).
         """
         eng = self.engine
         store = eng.store
@@ -189,11 +193,26 @@ class Driver:
                     # number (releasing those settled a live step: stranded).
                     carry = [d for d in carry if int(d.get("run") or 0) == run]
                     release = []
+                if tokens and (stale := stale_outcomes(docs, run, carry, tokens)):
+                    carry, release = self._drop_stale(execution_id, carry, release, stale)
                 carry_new = [_as_of(d, ex) for d in carry if d["id"] not in docs]
                 if settle(eng, ex, dict(docs.items())):
                     continue  # an operator's op was left half done: finish it before driving
                 if ex.get("status") in TERMINAL:
-                    self._record(carry_new)
+                    if not (tokens and carry_new):
+                        self._record(carry_new)
+                        return "terminal"
+                    try:  # an attempt's late outcome: fenced by the exec etag an operation changes
+                        store.batch(
+                            execution_id, [*map(Op.create, carry_new), Op.replace(strip_reserved(ex), ex["_etag"])]
+                        )
+                    except ConflictError:
+                        eng.cache.suspect(execution_id)  # a retry or reset meanwhile: check again
+                        continue
+                    except DocumentTooLarge as exc:
+                        carry = _oversized(exc, carry)
+                        continue
+                    eng.cache.suspect(execution_id)
                     return "terminal"
                 now = eng.clock.now()
                 lease: dict[str, Any] = ex.get("lease") or {}
@@ -476,6 +495,19 @@ class Driver:
             and d.get("child_id") in cancels
         ]
         self.engine.links.fence_children(ex, markers)
+
+    def _drop_stale(
+        self, execution_id: str, carry: list[Doc], release: list[int], stale: set[int]
+    ) -> tuple[list[Doc], list[int]]:
+        """``carry`` and ``release`` without the outcomes of the ``stale`` steps (logged, counted)."""
+        kept: list[Doc] = []
+        for d in carry:
+            if d.get("type") != "result" or d.get("seq") not in stale:
+                kept.append(d)
+                continue
+            log.warning("outcome of %s step %s dropped: its step was forgotten, taken anew", execution_id, d["seq"])
+            self.engine.emit(STALE_EVENT, execution_id=execution_id, seq=d["seq"], activity=d.get("name"))
+        return kept, [s for s in release if s not in stale]
 
     def _record(self, docs: list[Doc]) -> None:
         for d in docs:

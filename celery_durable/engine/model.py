@@ -68,6 +68,8 @@ class Attempt:
     run: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     lost: bool = False
+    #: the token of the marker it began on (engine/delivery.py): its outcome completes only that marker
+    token: str | None = None
 
 
 class Clock(Protocol):

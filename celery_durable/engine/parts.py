@@ -8,7 +8,7 @@ keeps the import graph one way (``core`` → components → ``parts``), with no 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -25,7 +25,13 @@ __all__ = ["EngineParts", "DriverPort", "LinksPort", "LeasesPort"]
 
 class DriverPort(Protocol):
     def drive(
-        self, execution_id: str, carry: Sequence[Doc] = (), release: Sequence[int] = (), trust_cache: float = 0.0
+        self,
+        execution_id: str,
+        carry: Sequence[Doc] = (),
+        release: Sequence[int] = (),
+        trust_cache: float = 0.0,
+        *,
+        tokens: Mapping[int, str | None] | None = None,
     ) -> str: ...
 
     def fail_corrupt(self, execution_id: str, error: Exception) -> None: ...

@@ -230,7 +230,6 @@ def shipper() -> str:
     return ship(ADDR["to"])  # the address is what the operator fixes before the reset
 
 
-@pytest.mark.xfail(strict=True, reason="issue 23 review r1: open break")
 def test_an_old_attempt_still_running_completes_the_reset_step(env: WorkflowEnvironment) -> None:
     """The token is checked only when an attempt *begins* (ActivityRunner.begin); its outcome is
     then written by drive(carry=...) on whatever marker holds that step number now. An attempt of
@@ -378,7 +377,6 @@ def test_a_retry_forgetting_more_than_200_refunds_keeps_only_a_count_of_the_rest
     assert not missing, f"{len(missing)} refunds that ran are gone from the record (e.g. {missing[:3]})"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 23 review r1: open break")
 def test_resume_clears_the_live_lease_of_a_running_attempt(env: WorkflowEnvironment) -> None:
     """reset and retry refuse while a step's attempt is still running ("its outcome would land
     on whatever step the re-run records"); resume of a cancelled execution does not look: it
