@@ -82,7 +82,8 @@ KNOWN_BUGS = {
     "stranded. Not a trigger but a signature: a stranded execution with an outcome written after its exec's "
     "last write is reported as tolerated (not a violation) unless this is on",
     "operator_compensations": "issue 23: operator calls on sagas and parents (sim_ops.py). Without faults, "
-    "resume of a cancelled parent whose children were cancelled ends it failed (ChildWorkflowError), and a reset "
+    "resume of a cancelled parent whose child has not honoured the cancel yet (running, cancel requested) ends "
+    "it failed (ChildWorkflowError: admin._rearm resumes only a failed or cancelled child), and a reset "
     "of a cancelled saga to a step after the cancel point keeps the compensations it recorded, so the re-run "
     "is non-deterministic (the cancel point is unknown when the cancel interrupted no pending step)",
     "signal_error_after_write": "signal() whose write applied but raised (or a client dying before wake()) "
