@@ -105,15 +105,17 @@ def check_storable(refuse: type[Exception], docs: Sequence[Doc], limit: int) -> 
             raise refuse(f"document {doc.get('id')!r} of this operation cannot be stored: {exc}") from None
 
 
-#: the fields that make a re-armed step pending: always redone, even where the marker as planned
-#: had them already, since finishing applies them to the marker as it is *then* (an attempt that
-#: began or a scan in between may have changed it: a re-arm without its due time is never re-sent)
-_REARM_KEYS = frozenset({"due_kind", "due_at", "lease", "attempts", "lost", "token", "last_error", "fire_at"})
+#: a re-armed marker's fields that make its step due: recorded even when the marker read
+#: already had them, since the recovery scan may settle it (due None) from a view read before
+#: the op's first batch, and a diff without them left the step with nothing due (sim seed 401).
+#: Not the lease: an attempt begun since keeps its lease (a re-arm never clears a live one).
+ARMED = ("due_kind", "due_at")
 
 
 def _diff(old: Doc, new: Doc) -> dict[str, Any]:
-    """The fields ``new`` (a re-armed marker) changes of ``old``: all that finishing must redo."""
-    return {k: v for k, v in new.items() if k not in RESERVED and (k in _REARM_KEYS or k not in old or old[k] != v)}
+    """The fields ``new`` (a re-armed marker) changes of ``old``, and its ``ARMED`` fields: all
+    that finishing must redo."""
+    return {k: v for k, v in new.items() if k not in RESERVED and (k in ARMED or k not in old or old[k] != v)}
 
 
 def commit(
