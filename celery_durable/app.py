@@ -11,6 +11,7 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 from celery import Celery
 
 from . import workflow as _wf
+from .beat_shutdown import install_beat_shutdown
 from .bootsteps import DurableMetricsStep, DurableShutdownStep, DurableStep
 from .engine.admin import Admin, ExecutionDetail, ExecutionPage, PurgeReport, StepRecord
 from .engine.checks import check_workflow_id
@@ -186,6 +187,7 @@ class Durable:
         #: the effect outbox (docs/architecture.md §9): ``durable.outbox.enqueue(...)``, ``@durable.effect``
         self.outbox = Outbox(self)
         install(self)
+        install_beat_shutdown()  # celery beat: SIGTERM mid-publish exits 0, the schedule saved
         if app.configured:  # the config was already read (e.g. app.conf.update() ran first)
             check_wire(app)  # a serializer it cannot send with fails here, not at the first send
             self._install_beat()

@@ -26,6 +26,7 @@ LAYERS = {
     "handle": 3,
     "extension": 4,
     "bootsteps": 4,
+    "beat_shutdown": 4,
     "activity": 4,
     "tasks": 4,
     "consistency": 4,
