@@ -12,6 +12,7 @@ order ended as its scenario predicts, 1 otherwise, 130 on Ctrl-C (``--ui``: 0 af
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import io
 import os
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
     from .models import Order, Shipment
 
 PACKAGE_PARENT = Path(__file__).resolve().parent.parent
+#: app.STACK_DUMP_SIGNAL (not imported: the app is imported only once the environment is set)
+STACK_DUMP_SIGNAL = signal.SIGUSR2
 
 
 # --- scenarios ------------------------------------------------------------------------------
@@ -125,6 +128,8 @@ class WorkerProc:
     ready: Path
     #: killed on purpose (the crash scenario): its exit status is no failure
     killed: bool = False
+    #: did not stop on SIGTERM: its log ends with the stacks of its processes, printed whole
+    stuck: bool = False
     metrics_port: int | None = None
 
     def tail(self, lines: int = 30) -> str:
@@ -225,8 +230,13 @@ def stop_workers(workers: list[WorkerProc], timeout: float = 15.0) -> list[str]:
         try:
             w.proc.wait(max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            problems.append(f"{w.name} ignored SIGTERM for {timeout:.0f}s: killed")
+            problems.append(f"{w.name} ignored SIGTERM for {timeout:.0f}s: killed (its stacks are in {w.log})")
             # not reaped yet, so the group id is still ours: the main process and its pool children
+            # first write where each of their threads stands (app.STACK_DUMP_SIGNAL), then die
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(w.proc.pid, STACK_DUMP_SIGNAL)
+            time.sleep(1.0)
+            w.stuck = True
             os.killpg(w.proc.pid, signal.SIGKILL)
             w.proc.wait()
             continue
@@ -361,7 +371,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if failures and not interrupted:
         print("\nFAILED:\n  " + "\n  ".join(failures), file=sys.stderr)
         for w in fleet.workers + fleet.others:
-            print(f"\n--- last lines of {w.log} ---\n{w.tail()}", file=sys.stderr)
+            print(f"\n--- last lines of {w.log} ---\n{w.tail(400 if w.stuck else 30)}", file=sys.stderr)
     ok = not failures and not interrupted
     verdict = "all outcomes as expected" if ok else "interrupted" if interrupted else "FAILED"
     print(f"\ndone in {time.monotonic() - t0:.1f}s: {verdict}")

@@ -18,7 +18,10 @@ Configured from the environment, so the same module serves ``python -m example_p
 
 from __future__ import annotations
 
+import faulthandler
 import os
+import signal
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -87,6 +90,20 @@ if BROKER_URL.startswith("filesystem:"):
     app.conf.broker_transport = "celery_durable.contrib.filesystem:Transport"
     app.conf.broker_transport_options = broker_folders(RUN_DIR)
 durable = Durable(app)
+
+
+#: a worker stuck in its shutdown is sent this before it is killed: every process of it (the main
+#: process and each pool child) writes the stack of each of its threads to its log (stderr)
+STACK_DUMP_SIGNAL = signal.SIGUSR2
+
+
+@signals.worker_init.connect  # type: ignore[untyped-decorator]
+@signals.worker_process_init.connect  # type: ignore[untyped-decorator]
+def _dump_stacks_on_signal(**_: object) -> None:
+    # faulthandler writes from the signal handler itself, so a process whose main thread is
+    # blocked (a lock, a socket read) still shows where; prefork children inherit the worker's
+    # stderr, the log file
+    faulthandler.register(STACK_DUMP_SIGNAL, file=sys.__stderr__, all_threads=True)
 
 
 @signals.worker_ready.connect  # type: ignore[untyped-decorator]

@@ -194,3 +194,38 @@ def test_ui_keeps_running_with_its_urls_until_ctrl_c(tmp_path: Path) -> None:
             proc.kill()
             proc.wait()
     assert "done in" in out.read_text() and "all outcomes as expected" in out.read_text()
+
+
+def test_a_worker_stuck_in_its_shutdown_shows_its_stacks_before_it_is_killed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker that does not stop on SIGTERM is killed, but first each of its processes writes
+    where its threads stand (app.STACK_DUMP_SIGNAL): the only clue a CI run keeps of a hang.
+    A SIGSTOPped pool child makes the warm shutdown wait for ever, as a hung one would."""
+    import signal
+
+    monkeypatch.syspath_prepend(str(REPO))
+    monkeypatch.setenv("EXAMPLE_RUN_DIR", str(tmp_path))
+    from example_project.__main__ import Fleet, stop_workers, wait_ready
+
+    fleet = Fleet(tmp_path, "example", "stuck", concurrency=2)
+    worker = fleet.start_worker()
+    try:
+        wait_ready([worker], timeout=60)
+        children = subprocess.run(
+            ["pgrep", "-P", str(worker.proc.pid)], capture_output=True, text=True, check=True
+        ).stdout.split()
+        assert len(children) == 2, children
+        os.kill(int(children[0]), signal.SIGSTOP)
+        problems = stop_workers([worker], timeout=3)
+    finally:
+        if worker.proc.poll() is None:
+            os.killpg(worker.proc.pid, signal.SIGKILL)
+            worker.proc.wait()
+    assert problems == [f"worker1 ignored SIGTERM for 3s: killed (its stacks are in {worker.log})"]
+    log = worker.log.read_text()
+    # the main process dumps its threads (the other child had exited, the stopped one cannot)
+    assert "Warm shutdown" in log
+    dump = log[log.index("Warm shutdown") :]
+    assert dump.count("Current thread") == 1 and "celery/worker/" in dump, log[-3000:]
+    assert worker.stuck and "Current thread" in worker.tail(400)
