@@ -219,8 +219,12 @@ def wait_logged(proc: WorkerProc, text: str, timeout: float) -> None:
         time.sleep(0.05)
 
 
-def stop_workers(workers: list[WorkerProc], timeout: float = 15.0) -> list[str]:
-    """SIGTERM (Celery's warm shutdown), then SIGKILL the process group on timeout."""
+def stop_workers(workers: list[WorkerProc], timeout: float = 30.0) -> list[str]:
+    """SIGTERM (Celery's warm shutdown), then SIGKILL the process group on timeout.
+
+    A warm shutdown waits for the running tasks, and then each pool child gives its leases back:
+    one store call may take up to its deadline (Cosmos: 10 s) before it fails, so the grace is
+    30 s (Kubernetes' default), not less; a stop usually takes 2-3 s."""
     problems = []
     for w in workers:
         if w.proc.poll() is None:
