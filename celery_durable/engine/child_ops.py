@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import DurableError, OperationRefused
 from ..stores.base import Doc
+from .reruns import RERUNS, rerun_count
 from .schema import EXEC_ID, PENDING_OP, DocType, Status
 
 if TYPE_CHECKING:
@@ -93,6 +94,7 @@ def _forget(admin: Any, child: str, parent: str, record: Doc) -> None:
         "reason": record.get("reason"),
         "workflow": ex.get("workflow"),
         "status": ex.get("status"),
+        RERUNS: rerun_count(ex),  # reruns.reborn
         "documents": why if isinstance(why, int) else 0,
     }
     try:

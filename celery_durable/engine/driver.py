@@ -43,6 +43,7 @@ from .model import (
 )
 from .pending_ops import settle
 from .replay import Replay, replay
+from .reruns import reborn
 from .search import apply_updates as apply_search_updates
 from .sticky import StickyCache
 
@@ -185,6 +186,7 @@ class Driver:
                 if ex is None:
                     log.error("drive %s: no such execution", execution_id)
                     return "missing"
+                ex = reborn(ex, docs)  # a new life of a purged id takes no id an earlier one took
                 run = int(ex.get("run") or 0)
                 if any(int(d.get("run") or 0) != run for d in carry):
                     # A late outcome of a run that has continued as new (an attempt whose lease

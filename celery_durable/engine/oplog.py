@@ -34,6 +34,7 @@ from ..errors import ConflictError, DurableError, OperationRefused
 from ..stores.base import Doc, Op, strip_reserved
 from .pending_ops import check_field
 from .purging import RECORD_TYPE
+from .reruns import RERUNS, rerun_count
 from .schema import EXEC_ID, OPERATION_PREFIX, DocType, StepKind, marker_id, operation_id
 from .superseded import version_of
 from .timeline import _int, _num, _step
@@ -352,6 +353,8 @@ def purge_record(ex: Doc, docs: Iterable[Doc], by: str, reason: str | None, at: 
         "reason": reason,
         "workflow": ex.get("workflow"),
         "status": ex.get("status"),
+        # the ids it took: a new life of the id counts on past them (reruns.reborn)
+        RERUNS: rerun_count(ex),
     }
 
 

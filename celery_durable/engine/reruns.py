@@ -6,6 +6,12 @@ sent, and the new send would be taken for a repeat of the old one (an ``emit`` d
 joined, a signal deduplicated). So every operation bumps the exec's ``reruns`` and default ids
 of steps taken afterwards carry ``~<n>`` (``schema.rerun_suffix``). An id is recorded in its
 step's marker when the step is first taken: a replay of a kept step finds it there, never anew.
+
+The same holds for an id purged and started again (a new *life* of the id): its steps number
+from 1 again, and the effects, children and signals of the purged life outlive it (an outbox
+row until its retention, a child purged on its own schedule, a receiver's ``sgk:`` record). So a
+purge's record keeps the rerun count of what it purged, and a new life counts on from the
+highest one recorded (:func:`reborn`): its ids are new from its first step.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from typing import Any
 
 from ..stores.base import Doc
 
-__all__ = ["RERUNS", "rerun_count", "bump_reruns", "emit_state", "children_of"]
+__all__ = ["RERUNS", "rerun_count", "bump_reruns", "reborn", "emit_state", "children_of"]
 
 #: the exec field counting operator operations that re-ran the execution
 RERUNS = "reruns"
@@ -29,6 +35,21 @@ def rerun_count(ex: Mapping[str, Any]) -> int:
     """How many operations re-ran ``ex``; never below the older ``resets`` (counted by resets
     only), so the ids executions took before ``reruns`` existed stay theirs."""
     return max(_int(ex.get(RERUNS)), _int(ex.get("resets")))
+
+
+#: the id of the first purge's record in a partition (engine/purging.py RECORD_TYPE, also its
+#: type); later purges of the id record ``purged:<n>``
+_PURGED = "purged"
+
+
+def reborn(ex: Doc, docs: Mapping[str, Doc]) -> Doc:
+    """``ex`` as the driver replays it: an execution created under a purged id (its partition
+    ``docs`` hold purge records) counts its reruns on past every count a purged life of the id
+    recorded, so none of its ids is one an earlier life took. Written with its first commit."""
+    if _PURGED not in docs:  # the common case, without a scan of the history
+        return ex
+    base = max((_int(d.get(RERUNS)) + 1 for d in docs.values() if d.get("type") == _PURGED), default=0)
+    return ex if base <= rerun_count(ex) else {**ex, RERUNS: base}
 
 
 def bump_reruns(ex: Mapping[str, Any]) -> dict[str, int]:

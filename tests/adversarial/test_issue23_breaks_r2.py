@@ -279,16 +279,12 @@ def mailer(to: str) -> str:
     return wf.emit("adv_r2.mail", to)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 23 review r2: open (default effect ids do not name the execution's life)",
-)
-def test_an_execution_started_again_under_a_purged_id_has_its_effect_silently_dropped() -> None:
+def test_an_execution_started_again_under_a_purged_id_runs_its_own_effect() -> None:
     """Issue 23 item 2 ("a re-run's effect is a new effect, or the user is told — never a silent
-    drop"), for an id purged and started again: the default effect id is ``<id>:<step>``, the
+    drop"), for an id purged and started again: the default effect id was ``<id>:<step>``, the
     purged execution's outbox row outlives it (outbox_retention), so the new execution's
-    ``emit`` returns the same effect id, is taken for the old effect and never runs; the new
-    execution completes as if it had."""
+    ``emit`` returned the same effect id, was taken for the old effect and never ran; the new
+    execution completed as if it had (xfail until reruns.reborn)."""
     from celery_durable.engine.admin import Admin
 
     env = WorkflowEnvironment(fdurable)
