@@ -86,7 +86,7 @@ def main() -> int:
     parser.add_argument(
         "--known-bugs",
         default="fixed",
-        help=f"fixed (default: all but the open {', '.join(OPEN_BUGS)}), all, none or a comma list of: "
+        help=f"fixed (default: all but the open ones: {', '.join(OPEN_BUGS) or 'none'}), all, none or a comma list of: "
         + ", ".join(KNOWN_BUGS),
     )
     parser.add_argument("--show", type=int, default=5, help="print this many failing seeds")

@@ -19,18 +19,21 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ConflictError, CorruptDocument, DurableError, OperationRefused, UnknownWorkflowError
 from ..stores.base import Doc, ExecFilter, strip_reserved
 from ..stores.search import check_filter
+from .cancel_withdrawal import cascaded, rearm_waiting_children
 from .child_ops import check_reopen, register
 from .delivery import marker_token, rotated_token
 from .dispatcher import ActivityRequest, ClockRequest
+from .kin import CHILD_RERUNS
 from .model import lease_live
 from .oplog import actor, cascade, note, purge_record, recorded, unknown
 from .outbox import DUE_ADMIT
 from .pending_ops import check_field, check_inputs, check_purge, commit, settle
 from .purging import PURGING, finish_purge, purge_partition
-from .reruns import bump_reruns, children_of
-from .reset import plan_reset, reset_by
+from .reruns import bump_reruns, children_of, rerun_count
+from .reset import cancel_point, plan_reset, reset_by
 from .salvage import salvage
 from .schema import (
+    CANCELLED_BY_PARENT,
     EXEC_ID,
     TERMINAL,
     DocType,
@@ -116,16 +119,6 @@ def _settled_between(docs: dict[str, Doc], run: int, seq: int, taken: int) -> se
         and seq < (s := _int(d.get("seq"))) <= taken
         and (s in done or d.get("kind") not in work)
     }
-
-
-def _cancel_point(cancelled: list[Doc]) -> int:
-    """The last step taken before the cancel that recorded these (cancelled) outcomes.
-
-    Recorded as ``cancel_at``. Outcomes written before that was recorded fall back on the
-    highest of their own steps: they are those pending at the suspension point, all taken
-    before it (a step after them but before the point is forgotten: the best order can tell)."""
-    points = [d["cancel_at"] for d in cancelled if isinstance(d.get("cancel_at"), int)]
-    return min(points) if points else max(_int(d.get("seq")) for d in cancelled)
 
 
 class Admin:
@@ -344,6 +337,7 @@ class Admin:
                 "lease": None,
                 "last_error": None,
                 "cancel_requested": False,
+                CANCELLED_BY_PARENT: None,
                 "retried": _int(ex.get("retried")) + 1,
                 "wakeups": _int(ex.get("wakeups")) + 1,
                 **bump_reruns(ex),  # the ids of steps the re-run takes anew are new (engine/reruns.py)
@@ -456,15 +450,17 @@ class Admin:
         cancelled = [d for d in current if d.get("cancelled")]
         if not cancelled:
             return rewrite
+        caused = cascaded(self.engine, ex, docs)
+        cancelled += caused
         # The cancel was delivered at one suspension point: the steps taken up to it were
         # recorded before (kept, with their results); the steps after it are the cancellation's
         # own work (compensations). Decided by step order, never by clocks: the cancelling
         # drive's clock may read the same as (or less than) that of the step before it.
-        at = _cancel_point(cancelled)
+        at = cancel_point(cancelled)
         for d in current:
             # outcomes: the cancelled ones; every document of a later step (marker, outcome,
             # wait decision, the settlement of the signal value it consumed)
-            if d.get("cancelled") or _int(d.get("seq"), -1) > at:
+            if d.get("cancelled") or _int(d.get("seq"), -1) > at or any(d is c for c in caused):
                 if d.get("type") == DocType.STEP and lease_live(d, self.engine.clock.now()):
                     raise OperationRefused(f"step {d['seq']} ({d.get('name')}) of {ex['pk']} is running; try later")
                 rewrite.deletes.append(d)
@@ -477,6 +473,7 @@ class Admin:
             marker = docs.get(marker_id(_int(d.get("seq")), run))
             if marker is not None and marker["id"] not in gone:
                 self._rearm(ex, marker, rewrite)
+        rearm_waiting_children(self, ex, docs, rewrite)
         return rewrite
 
     def _rerun(self, ex: Doc, docs: dict[str, Doc], outcome: Doc, rewrite: _Rewrite) -> None:
@@ -522,10 +519,16 @@ class Admin:
             updated.update(due_kind=DueKind.CLOCK, due_at=fire_at)
             rewrite.sends.append(ClockRequest(str(ex["pk"]), seq, fire_at, run))
         elif kind == StepKind.CHILD and marker.get("child_id"):
+            child = str(marker["child_id"])
             updated.update(due_kind=DueKind.CHILD, due_at=now + eng.settings.activity_queue_timeout)
-            if self._status(str(marker["child_id"])) in (Status.FAILED, Status.CANCELLED):
-                check_reopen(self, str(marker["child_id"]))  # its refusal, before anything is written
-                rewrite.children.append(str(marker["child_id"]))
+            cex = eng.store.read(child, EXEC_ID) or {}
+            if cex.get("status") in (Status.FAILED, Status.CANCELLED):
+                check_reopen(self, child)  # its refusal, before anything is written
+                rewrite.children.append(child)
+                # reopened, it counts one rerun more: an end of the life before is not the step's
+                updated[CHILD_RERUNS] = rerun_count(cex) + 1
+            # a child still running on a cancel of ours (pending): when it ends so, the parent's
+            # drive resumes it (kin.withdrawn_cancels), the cancel being withdrawn now
         rewrite.replaces.append(updated)
 
     def _admit_intents(self, docs: list[Doc]) -> str | None:

@@ -29,7 +29,7 @@ from .schema import EXEC_ID, PENDING_OP, DocType, Status
 if TYPE_CHECKING:
     from .parts import EngineParts as Engine
 
-__all__ = ["check_reopen", "register", "run_children"]
+__all__ = ["check_reopen", "register", "resume_child", "run_children"]
 
 log = logging.getLogger("celery_durable.operations")
 
@@ -57,6 +57,14 @@ def run_children(eng: Engine, pk: str, rest: dict[str, Any]) -> None:
         _forget(admin, str(child), pk, record)
     for child in reopen:
         _reopen(admin, cascade, str(child), pk, str(rest.get("token")))
+
+
+def resume_child(eng: Engine, child: str, parent: str) -> None:
+    """Resume ``child``, ended cancelled by a cancel of ``parent`` that an operator withdrew since
+    (engine/kin.py ``withdrawn_cancels``): recorded on the child like any resume."""
+    if _ADMIN is None:  # never in a Durable app's process (it imports engine/admin.py)
+        raise DurableError(f"{child}: resuming it needs engine/admin.py; import it")
+    _ADMIN[0](eng).resume(child, by=f"via parent {parent}", reason="its parent's cancel was withdrawn")
 
 
 def check_reopen(admin: Any, child: str) -> None:

@@ -30,6 +30,7 @@ from ..stores.push import READY_TIMEOUT, NoPush, Notifier
 from .activity import ActivityRunner
 from .cache import PartitionCache
 from .checks import check_workflow_id
+from .child_ops import resume_child
 from .dispatcher import ActivityRequest, AdmitRequest, ChildRequest, ClockRequest, Dispatcher, Send, SignalRequest
 from .driver import Driver
 from .heartbeat import Heartbeat
@@ -42,6 +43,7 @@ from .outbox.runtime import EffectKeeper
 from .pending_ops import check_field, check_signal_name
 from .recovery import Recovery
 from .registry import Registry, WorkflowDef
+from .schema import CANCELLED_BY_PARENT
 from .search import start_fields
 
 __all__ = ["Engine"]
@@ -249,9 +251,12 @@ class Engine:
         finally:
             waiter.close()
 
-    def cancel(self, execution_id: str, by: str | None = None, reason: str | None = None) -> bool:
+    def cancel(
+        self, execution_id: str, by: str | None = None, reason: str | None = None, from_parent: bool = False
+    ) -> bool:
         """Persist a cancel request (never downgraded) and wake the execution; an operator's
         (``by``: who) is recorded with it (engine/oplog.py). False when it had already ended.
+        ``from_parent``: the cascade of its parent's cancel, marked on it (``CANCELLED_BY_PARENT``).
         """
         for _ in range(100):
             ex = self.read_exec(execution_id)
@@ -263,6 +268,8 @@ class Engine:
             updated.update(cancel_requested=True, wakeups=int(ex.get("wakeups") or 0) + 1)
             try:
                 if by is None:  # a parent cancelling its child: its own history says so
+                    if from_parent:  # the child's too: resuming the parent resumes it (cancel_withdrawal.py)
+                        updated[CANCELLED_BY_PARENT] = True
                     self.store.replace(updated, if_match=ex["_etag"])
                 else:
                     self.store.batch(execution_id, cancel_ops(ex, updated, by, reason, self.clock.now()))
@@ -271,6 +278,16 @@ class Engine:
             self.dispatcher.send_drive(execution_id)
             return True
         raise DurableError(f"could not record the cancel request of {execution_id!r}: too much contention")
+
+    def reopen_child(self, child_id: str, parent_id: str) -> None:
+        """Resume ``child_id``, which ended cancelled by its parent's cancel after an operator
+        withdrew that cancel (the parent waits for it again: engine/kin.py ``withdrawn_cancels``).
+        Recorded on the child like any resume; refused or failing, the parent's child scan asks
+        again (the step stays due)."""
+        try:
+            resume_child(self, child_id, parent_id)
+        except DurableError as exc:
+            log.warning("child %s of %s not resumed yet: %s", child_id, parent_id, exc)
 
     def shutdown(self, release: bool = True) -> None:
         """Stop the heartbeat (and the result push listener); with ``release`` give back the
@@ -308,7 +325,7 @@ class Engine:
             self.links.cancel_child(send.execution_id, send.parent)
         else:
             try:
-                self.cancel(send.execution_id)
+                self.cancel(send.execution_id, from_parent=True)
             except UnknownWorkflowError:
                 pass
 

@@ -27,6 +27,7 @@ from .cache import Partition
 from .checks import check_partition
 from .delivery import STALE_EVENT, stale_outcomes
 from .dispatcher import ActivityRequest, CancelRequest, ClockRequest, Send
+from .kin import stale_child_outcomes, withdrawn_cancels
 from .local_steps import LocalRun, LocalRunner
 from .model import (
     CANCELLED,
@@ -166,6 +167,7 @@ class Driver:
         carry = list(carry)
         release = list(release)
         orphan_sends: dict[str, Send] = {}
+        reopen: set[str] = set()  # children ended by a cancel of ours an operator withdrew since
         local = LocalRun()  # local activity steps run by this drive (kept across its rounds)
         committed: tuple[Doc, Replay] | None = None
         #: why this drive fails the execution: a document it must write is too large to store
@@ -197,14 +199,21 @@ class Driver:
                     release = []
                 if tokens and (stale := stale_outcomes(docs, run, carry, tokens)):
                     carry, release = self._drop_stale(execution_id, carry, release, stale)
+                if stale := stale_child_outcomes(docs, run, carry):
+                    carry, release = self._drop_stale(execution_id, carry, release, stale)
+                if withdrawn := withdrawn_cancels(ex, docs, carry):
+                    carry = [d for d in carry if d.get("type") != "result" or d.get("seq") not in withdrawn]
+                    release = [s for s in release if s not in withdrawn]
+                    reopen.update(withdrawn.values())
                 carry_new = [_as_of(d, ex) for d in carry if d["id"] not in docs]
                 if settle(eng, ex, dict(docs.items())):
                     continue  # an operator's op was left half done: finish it before driving
                 if ex.get("status") in TERMINAL:
-                    if not (tokens and carry_new):
-                        self._record(carry_new)
+                    if not carry_new:
                         return "terminal"
-                    try:  # an attempt's late outcome: fenced by the exec etag an operation changes
+                    # a late outcome (an attempt's, a child's): fenced by the exec etag an operation
+                    # changes, or it could land on the execution that operation reopened meanwhile
+                    try:
                         store.batch(
                             execution_id, [*map(Op.create, carry_new), Op.replace(strip_reserved(ex), ex["_etag"])]
                         )
@@ -332,6 +341,8 @@ class Driver:
                 eng.dispatch(req)
             if committed is not None:
                 self._after_commit(*committed)
+            for child in sorted(reopen):
+                eng.reopen_child(child, execution_id)
 
     def fail_corrupt(self, execution_id: str, error: Exception) -> None:
         """Fail the execution owning a document the engine cannot read, with a clear error.
@@ -510,13 +521,6 @@ class Driver:
             log.warning("outcome of %s step %s dropped: its step was forgotten, taken anew", execution_id, d["seq"])
             self.engine.emit(STALE_EVENT, execution_id=execution_id, seq=d["seq"], activity=d.get("name"))
         return kept, [s for s in release if s not in stale]
-
-    def _record(self, docs: list[Doc]) -> None:
-        for d in docs:
-            try:
-                self.engine.store.create(d)
-            except DocumentTooLarge as exc:
-                self.engine.store.create(_oversized(exc, [d])[0])
 
     @staticmethod
     def _release_ops(docs: dict[str, Doc], release: list[int], run: int) -> list[Op]:

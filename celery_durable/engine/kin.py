@@ -12,9 +12,21 @@ from typing import Any
 from ..codecs import same_json
 from ..stores.base import Doc
 from .dispatcher import ChildRequest
-from .model import CANCELLED, COMPLETED, result_id
+from .model import CANCELLED, COMPLETED, marker_id, result_id
+from .reruns import rerun_count
+from .schema import CANCELLED_BY_PARENT
 
-__all__ = ["is_child_of", "joinable", "joiners_of", "child_outcome", "describe_holder", "is_fence"]
+__all__ = [
+    "CHILD_RERUNS",
+    "is_child_of",
+    "joinable",
+    "joiners_of",
+    "child_outcome",
+    "describe_holder",
+    "is_fence",
+    "stale_child_outcomes",
+    "withdrawn_cancels",
+]
 
 
 def is_child_of(child: Doc, parent_id: str, run: int, seq: int) -> bool:
@@ -66,7 +78,62 @@ def child_outcome(child_id: str, child: Doc, link: dict[str, Any], now: float) -
         "value": child.get("result"),
         "error": None if status == COMPLETED else err,
         "completed_at": now,
+        # which life of the child ended so (stale_child_outcomes): an operator may reopen it
+        CHILD_RERUNS: rerun_count(child),
+        # ended by its parent's cancel (withdrawn_cancels)
+        CANCELLED_BY_PARENT: status == CANCELLED and bool(child.get(CANCELLED_BY_PARENT)),
     }
+
+
+def withdrawn_cancels(ex: Doc, docs: dict[str, Doc], carry: list[Doc]) -> dict[int, str]:
+    """Step -> child of the outcomes in ``carry`` that record a cancel of ``ex``'s own that an
+    operator has withdrawn since (resume, reset): the child, pending when ``ex`` was cancelled,
+    ended cancelled by it, but ``ex`` runs again and waits for the step. Recorded, the step would
+    fail on a cancel nobody wants any more; the child is resumed instead (``Engine.reopen_child``).
+    The caller's commit is conditional on ``ex``'s etag, which that operation changed."""
+    if ex.get("cancel_requested"):
+        return {}
+    run = int(ex.get("run") or 0)
+    return {
+        int(d["seq"]): str(d["child_id"])
+        for d in carry
+        if d.get("type") == "result"
+        and d.get(CANCELLED_BY_PARENT)
+        and int(d.get("run") or 0) == run
+        and isinstance(d.get("seq"), int)
+        and result_id(int(d["seq"]), run) not in docs
+    }
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+#: the field of a child step's marker (the child's reruns an operation that reopens it expects)
+#: and of a child's outcome (the reruns of the child that ended so)
+CHILD_RERUNS = "child_reruns"
+
+
+def stale_child_outcomes(docs: dict[str, Doc], run: int, carry: list[Doc]) -> set[int]:
+    """The steps of the child outcomes in ``carry`` that an earlier life of their child reached:
+    an operation reopened the child (resume, retry, reset of the parent) after its end was read,
+    and its marker expects a later one. Recorded, the old end would decide the step the reopened
+    child is running for. The caller's commit is conditional on the parent's exec etag, which
+    that operation changed, so this check and that write are one."""
+    stale = set()
+    for d in carry:
+        seq = d.get("seq")
+        if (
+            d.get("type") != "result"
+            or "child_id" not in d
+            or not isinstance(seq, int)
+            or int(d.get("run") or 0) != run
+        ):
+            continue
+        marker = docs.get(marker_id(seq, run)) or {}
+        if _count(d.get(CHILD_RERUNS)) < _count(marker.get(CHILD_RERUNS)):
+            stale.add(seq)
+    return stale
 
 
 def describe_holder(ex: Doc) -> str:

@@ -320,7 +320,7 @@ class Links:
         if why is not None:
             log.warning("child %s of %s cancelled right after its start: %s", req.child_id, req.parent_id, why)
             try:
-                eng.cancel(req.child_id)
+                eng.cancel(req.child_id, from_parent=True)
             except UnknownWorkflowError:
                 pass
         return True
@@ -396,8 +396,14 @@ class Links:
         pk, run, seq = link
         if child is None or not (is_child_of(child, *link) or {"pk": pk, "run": run, "seq": seq} in joiners_of(child)):
             return
+        parent = self.engine.store.read(pk, EXEC_ID) or {}
+        if not parent.get("cancel_requested") or int(parent.get("run") or 0) != run:
+            # the parent's cancel was withdrawn since (an operator's resume or reset reopened it,
+            # and waits for this child again) or its run moved on: a late cancel must not fail it
+            log.info("cancel of child %s not sent on: %s no longer cancels run %d", child_id, pk, run)
+            return
         try:
-            self.engine.cancel(child_id)
+            self.engine.cancel(child_id, from_parent=True)
         except UnknownWorkflowError:
             pass
 
@@ -533,7 +539,7 @@ class Links:
             parent = eng.store.read(parent_id, EXEC_ID) or {}
             outcome = eng.store.read(parent_id, result_id(seq, run)) or {}
             if child is not None and (parent.get("status") == CANCELLED or outcome.get("cancelled")):
-                eng.cancel(child_id)  # the parent's cancel message to it was lost
+                eng.cancel(child_id, from_parent=True)  # the parent's cancel message to it was lost
             self._clear_due(marker)
             return
         if child is None:

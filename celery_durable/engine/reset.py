@@ -14,12 +14,13 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from ..stores.base import Doc
+from .cancel_withdrawal import cascaded, rearm_waiting_children
 from .oplog import actor, archived, next_op
 from .schema import EXEC_ID, DocType, Status, marker_id, operation_id, result_id
 from .search import run_start as search_run_start
 from .timeline import _int
 
-__all__ = ["plan_reset", "reset_by"]
+__all__ = ["cancel_point", "plan_reset", "reset_by"]
 
 
 def reset_by() -> str:
@@ -27,8 +28,36 @@ def reset_by() -> str:
     return actor()
 
 
+def cancel_point(cancelled: list[Doc]) -> int:
+    """The last step taken before the cancel that recorded these (cancelled) outcomes.
+
+    Recorded as ``cancel_at``. Outcomes written before that was recorded fall back on the
+    highest of their own steps: they are those pending at the suspension point, all taken
+    before it (a step after them but before the point is forgotten: the best order can tell)."""
+    points = [d["cancel_at"] for d in cancelled if isinstance(d.get("cancel_at"), int)]
+    return min(points) if points else max(_int(d.get("seq")) for d in cancelled)
+
+
+def _refuse_inside_compensations(refuse: type[Exception], ex: Doc, docs: dict[str, Doc], step: int) -> None:
+    """A cancelled execution is not reset to a step after its cancel point: the steps between are
+    what the cancel ran (compensations), which the re-run, its cancel withdrawn, would not take
+    (it would meet them as steps its code does not call: non-deterministic)."""
+    run = _int(ex.get("run"))
+    cancelled = [d for d in docs.values() if d["id"] != EXEC_ID and d.get("cancelled") and _int(d.get("run")) == run]
+    if ex.get("status") != Status.CANCELLED or not cancelled:
+        return
+    at = cancel_point(cancelled)
+    if step > at + 1:
+        raise refuse(
+            f"{ex['pk']} was cancelled after step {at}: its steps from {at + 1} on are what the cancel ran "
+            f"(compensations), which a run without the cancel does not take; reset it to step {at + 1} or "
+            f"earlier, or resume it"
+        )
+
+
 class Rewrite(Protocol):
     deletes: list[Doc]
+    replaces: list[Doc]
     creates: list[Doc]
     fields: dict[str, Any]
 
@@ -79,15 +108,22 @@ def plan_reset(
     if not 1 <= step <= steps + 1:
         raise OperationRefused(f"{pk} has steps 1 to {steps} in its current run: cannot reset to step {step}")
     _refuse_told_child(admin, refuse, ex)
+    _refuse_inside_compensations(refuse, ex, docs, step)
     admin._forget_after(ex, docs, step - 1, rewrite, keep=set())
     gone = {d["id"] for d in rewrite.deletes}
+    caused = {d["id"] for d in cascaded(admin.engine, ex, docs)} if status == Status.CANCELLED else set()
     for d in list(docs.values()):
-        # a cancel delivered before the step: its cancelled outcomes go, their steps run again
-        if d["id"] != EXEC_ID and d.get("cancelled") and _int(d.get("run")) == run and d["id"] not in gone:
+        # a cancel delivered before the step: its cancelled outcomes go (and those of the children
+        # it cancelled), their steps run again
+        if d["id"] in gone or _int(d.get("run")) != run:
+            continue
+        if (d["id"] != EXEC_ID and d.get("cancelled")) or d["id"] in caused:
             rewrite.deletes.append(d)
             marker = docs.get(marker_id(_int(d.get("seq")), run))
             if marker is not None and marker["id"] not in gone:
                 admin._rearm(ex, marker, rewrite, fresh=True)
+    if status == Status.CANCELLED:
+        rearm_waiting_children(admin, ex, docs, rewrite)
     n = next_op(ex, docs)
     now = admin.engine.clock.now()
     op = {

@@ -57,6 +57,7 @@ __all__ = [
     "default_effect_id",
     "OPERATION_PREFIX",
     "operation_id",
+    "CANCELLED_BY_PARENT",
 ]
 
 SIGNAL_VALUE_PREFIX = "sgv:"
@@ -68,6 +69,9 @@ OPERATION_PREFIX = "op:"
 EXEC_ID = "exec"
 #: the exec field holding an operator operation's unfinished rest (engine/pending_ops.py)
 PENDING_OP = "pending_op"
+#: the exec field of a child whose cancel came from its parent's (not from an operator): a resume
+#: or reset of the parent that withdraws its cancel withdraws the child's too (engine/admin.py)
+CANCELLED_BY_PARENT = "cancelled_by_parent"
 
 
 class DocType(StrEnum):

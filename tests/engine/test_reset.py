@@ -130,3 +130,44 @@ def test_a_warm_cache_elsewhere_sees_the_reset_not_a_mix() -> None:
     docs = other.cache.load(h.id)
     assert not {"s:000002", "w:000002", "r:000003", "s:000003"} & set(docs)
     assert docs["exec"]["status"] == "running" and docs["exec"]["steps"] == 1
+
+
+@durable_activity(name="rs.refund")
+def refund(order: str) -> str:
+    ran.append("refund")
+    return f"refunded {order}"
+
+
+@durable.workflow(name="rs.saga", signals={"go": str})
+def saga(o: str) -> list[str]:
+    done = []
+    with wf.Saga() as s:
+        done.append(charge(o))
+        s.add(refund, o)
+        done.append(wf.wait_signal("go"))  # the cancel lands here (step 3)
+    return done
+
+
+def test_reset_of_a_cancelled_saga_into_its_compensations_is_refused() -> None:
+    """Found by the simulation (trigger operator_compensations): reset to a step after the cancel
+    point kept the compensations recorded before it while it withdrew the cancel, so the re-run
+    (not cancelled) met a refund step where its code waits for a signal: it failed with
+    NonDeterminismError. Now refused, nothing written; a reset to the step after the cancel
+    point forgets the compensations and re-runs cleanly."""
+    env = WorkflowEnvironment(durable)
+    broken["charge"] = False
+    h = env.start(saga, "o9")
+    env.run_until_idle()
+    env.cancel(h)
+    assert h.status() == "cancelled"
+    assert ran == ["charge", "refund"]
+    steps = [(s.seq, s.name) for s in Admin(env.engine).describe(h.id).steps]
+    assert steps[:2] == [(1, "rs.charge"), (2, "go")] and steps[2][1] == "rs.refund", steps
+    before = env.engine.store.query_partition(h.id).docs
+    with pytest.raises(OperationRefused, match="cancelled after step 2: its steps from 3 on"):
+        h.reset(step=4)
+    assert env.engine.store.query_partition(h.id).docs == before  # nothing written
+    h.reset(step=3)
+    env.signal(h, "go", "now")
+    assert env.result(h) == ["charged o9", "now"]
+    assert ran == ["charge", "refund"]  # the refund that ran is recorded as forgotten, not re-run

@@ -8,16 +8,14 @@ child ended cancelled and the parent failed on it. That is the open bug ``operat
 (the last test below, xfail). The harness keeps that trigger's targets (w_parent, w_saga) out of
 the operator calls, but it missed w_generations, which starts a child as well, so the open bug
 counted as a violation. Only the random draws differ between a forging run and a plain one, so a
-plain seed can end the same way."""
+plain seed can end the same way. The bug is fixed now and the trigger runs by default."""
 
 from __future__ import annotations
-
-import pytest
 
 from celery_durable import workflow as wf
 from celery_durable.engine.admin import Admin
 from celery_durable.testing.sim import KNOWN_BUGS, Faults, Sim
-from celery_durable.testing.sim_forge import ForgingSim, run_forged_seed
+from celery_durable.testing.sim_forge import run_forged_seed
 from celery_durable.testing.sim_ops import OPEN_BUG_TARGETS, _OperatorCall
 from celery_durable.testing.sim_store import OPEN_BUGS, replay_command
 from tests.engine.inprocess import FakeClock, InProcess
@@ -31,12 +29,14 @@ def _targets(sim: Sim) -> set[str]:
     return {kind[op.eid] for _, _, op in sim.ops if isinstance(op, _OperatorCall)}
 
 
-def test_no_operator_call_targets_a_parent_or_a_saga_while_the_trigger_is_off() -> None:
-    assert set(PARENTS) <= set(OPEN_BUG_TARGETS)
-    for seed in range(400):
-        for cls in (Sim, ForgingSim):
-            hit = _targets(cls(seed, Faults(), ENABLED)) & set(OPEN_BUG_TARGETS)
-            assert not hit, f"{cls.__name__} seed {seed} plans operator calls on {hit}"
+def test_operator_calls_target_parents_and_sagas_by_default() -> None:
+    """The trigger is fixed (no open bug): the default run puts parents and sagas under operator
+    calls too. While it was open, they were kept out of them."""
+    assert "operator_compensations" in ENABLED and not OPEN_BUGS
+    hit: set[str] = set()
+    for seed in range(200):
+        hit |= _targets(Sim(seed, Faults(), ENABLED))
+    assert set(OPEN_BUG_TARGETS) <= hit
 
 
 def test_the_trigger_still_puts_parents_under_operator_calls() -> None:
@@ -90,13 +90,13 @@ def test_resume_of_a_cancelled_parent_resumes_its_cancelled_child() -> None:
     assert (env.status(eid), env.ex(eid).get("result")) == ("completed", "kid")
 
 
-@pytest.mark.xfail(reason=KNOWN_BUGS["operator_compensations"], strict=True)
 def test_resume_of_a_cancelled_parent_whose_child_has_not_honoured_the_cancel_yet() -> None:
     """What seed 137 ran into, with no forged message and no fault: the parent is cancelled and
     the cancel is sent on to its child, whose drive has not run yet (running, cancel requested)
-    when an operator resumes the parent. The resume re-arms the child step but leaves the child
-    alone (engine/admin.py ``_rearm`` resumes only a failed or cancelled child), so the child then
-    ends cancelled and the resumed parent fails on it (ChildWorkflowError)."""
+    when an operator resumes the parent. The resume re-armed the child step but left the child
+    alone (engine/admin.py ``_rearm`` reopened only a failed or cancelled child), so the child then
+    ended cancelled and the resumed parent failed on it (ChildWorkflowError). Now the parent's
+    drive that receives that end resumes the child (kin.withdrawn_cancels), recorded on it."""
     env = InProcess(step_time=1.0)
     eid = _kid_and_parent(env)
     assert env.engine.cancel(eid) is True
@@ -113,5 +113,6 @@ def test_resume_of_a_cancelled_parent_whose_child_has_not_honoured_the_cancel_ye
     queue.extend(held)
     _finish(env)
     error = (env.ex(eid).get("error") or {}).get("type")
-    # today: ("failed", None, "ChildWorkflowError")
     assert (env.status(eid), env.ex(eid).get("result"), error) == ("completed", "kid", None)
+    ops = [d for d in env.store.query_partition(child).docs if d.get("type") == "operation"]
+    assert [(o["action"], o["by"]) for o in ops] == [("resume", f"via parent {eid}")]
