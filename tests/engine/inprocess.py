@@ -62,6 +62,16 @@ class InProcess:
             self.clock.advance(self.step_time)
         self.worker.run()
 
+    def finish(self, rounds: int = 6, hours: float = 1.0) -> None:
+        """Run on as workers and beat would: each round ``hours`` later, due timers fired and the
+        recovery scan run (a child's end reported, a lost message re-sent)."""
+        assert isinstance(self.clock, FakeClock)
+        for _ in range(rounds):
+            self.clock.advance(3600 * hours)
+            self.engine.links.fire_due_clocks()
+            self.engine.recovery.scan()
+            self.run()
+
     def ex(self, eid: str) -> Doc:
         return self.engine.read_exec(eid)
 

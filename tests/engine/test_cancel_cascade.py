@@ -9,7 +9,7 @@ from celery_durable.engine.admin import Admin
 from celery_durable.engine.context import require_context
 from celery_durable.engine.kin import CHILD_RERUNS, stale_child_outcomes, withdrawn_cancels
 from celery_durable.engine.schema import CANCELLED_BY_PARENT, EXEC_ID, marker_id, result_id
-from tests.engine.inprocess import FakeClock, InProcess
+from tests.engine.inprocess import InProcess
 
 
 def _family(env: InProcess, kids: int) -> str:
@@ -29,15 +29,6 @@ def _family(env: InProcess, kids: int) -> str:
         return [str(f.result()) for f in futures]
 
     return env.start(env.workflow(parent))
-
-
-def _finish(env: InProcess) -> None:
-    assert isinstance(env.clock, FakeClock)
-    for _ in range(6):
-        env.clock.advance(3600)
-        env.engine.links.fire_due_clocks()
-        env.engine.recovery.scan()  # the child scan beat runs
-        env.run()
 
 
 def _children(env: InProcess, eid: str) -> list[str]:
@@ -65,7 +56,7 @@ def test_resume_of_a_cancelled_parent_reopens_every_child_its_cancel_ended() -> 
     env.run()
     assert env.status(eid) == "cancelled"
     Admin(env.engine).resume(eid)
-    _finish(env)
+    env.finish()
     assert (env.status(eid), env.ex(eid).get("result")) == ("completed", ["kid0", "kid1", "kid2"])
     for k in _children(env, eid):
         ops = [d for d in env.store.query_partition(k).docs if d.get("type") == "operation"]
@@ -78,7 +69,7 @@ def test_reset_of_a_cancelled_parent_reopens_the_children_its_cancel_ended() -> 
     env.engine.cancel(eid)
     env.run()
     Admin(env.engine).reset(eid, 3)  # keeps both child steps: they run again, not as failures
-    _finish(env)
+    env.finish()
     assert (env.status(eid), env.ex(eid).get("result")) == ("completed", ["kid0", "kid1"])
 
 

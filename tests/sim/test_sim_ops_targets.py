@@ -18,7 +18,7 @@ from celery_durable.testing.sim import KNOWN_BUGS, Faults, Sim
 from celery_durable.testing.sim_forge import run_forged_seed
 from celery_durable.testing.sim_ops import OPEN_BUG_TARGETS, _OperatorCall
 from celery_durable.testing.sim_store import OPEN_BUGS, replay_command
-from tests.engine.inprocess import FakeClock, InProcess
+from tests.engine.inprocess import InProcess
 
 ENABLED = tuple(b for b in KNOWN_BUGS if b not in OPEN_BUGS)
 PARENTS = ("w_parent", "w_generations")  # the workload's workflows that start children
@@ -70,14 +70,6 @@ def _kid_and_parent(env: InProcess) -> str:
     return env.start(env.workflow(parent))
 
 
-def _finish(env: InProcess) -> None:
-    assert isinstance(env.clock, FakeClock)
-    for _ in range(4):
-        env.clock.advance(3600)
-        env.engine.links.fire_due_clocks()
-        env.run()
-
-
 def test_resume_of_a_cancelled_parent_resumes_its_cancelled_child() -> None:
     """The part of the open bug that holds now: the child had honoured the cancel."""
     env = InProcess(step_time=1.0)
@@ -86,7 +78,7 @@ def test_resume_of_a_cancelled_parent_resumes_its_cancelled_child() -> None:
     env.run()
     assert [env.status(pk) for pk in sorted(env.store.scan_partitions("", 10))] == ["cancelled", "cancelled"]
     Admin(env.engine).resume(eid)
-    _finish(env)
+    env.finish()
     assert (env.status(eid), env.ex(eid).get("result")) == ("completed", "kid")
 
 
@@ -111,7 +103,7 @@ def test_resume_of_a_cancelled_parent_whose_child_has_not_honoured_the_cancel_ye
     assert (env.status(eid), env.status(child), env.ex(child)["cancel_requested"]) == ("cancelled", "running", True)
     Admin(env.engine).resume(eid)
     queue.extend(held)
-    _finish(env)
+    env.finish()
     error = (env.ex(eid).get("error") or {}).get("type")
     assert (env.status(eid), env.ex(eid).get("result"), error) == ("completed", "kid", None)
     ops = [d for d in env.store.query_partition(child).docs if d.get("type") == "operation"]
