@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ConflictError, CorruptDocument, DurableError, OperationRefused, UnknownWorkflowError
 from ..stores.base import Doc, ExecFilter, strip_reserved
 from ..stores.search import check_filter
-from .cancel_withdrawal import cascaded, rearm_waiting_children
+from .cancel_withdrawal import cascaded, ended_by_parent, rearm_waiting_children
 from .child_ops import check_reopen, register
 from .delivery import marker_token, rotated_token
 from .dispatcher import ActivityRequest, ClockRequest
@@ -400,6 +400,10 @@ class Admin:
             self._rerun(ex, docs, failed[-1], rewrite)
             # a re-run that returns earlier than the forgotten steps is not non-deterministic
             rewrite.fields["steps"] = max([seq, *keep])
+        if ex.get("cancel_requested"):
+            # it failed in what its cancel ran (a compensation): a retry re-runs that and keeps
+            # the cancel (never downgraded), so it ends cancelled, as it would have
+            rewrite.fields.update(cancel_requested=True, **{CANCELLED_BY_PARENT: ex.get(CANCELLED_BY_PARENT)})
         return rewrite
 
     def _forget_after(self, ex: Doc, docs: dict[str, Doc], seq: int, rewrite: _Rewrite, keep: set[int]) -> None:
@@ -522,7 +526,9 @@ class Admin:
             child = str(marker["child_id"])
             updated.update(due_kind=DueKind.CHILD, due_at=now + eng.settings.activity_queue_timeout)
             cex = eng.store.read(child, EXEC_ID) or {}
-            if cex.get("status") in (Status.FAILED, Status.CANCELLED):
+            # a failed child is retried with its step; a cancelled one is resumed only if the
+            # cancel was its parent's: an operator's cancel of it stands (the step takes its end)
+            if cex.get("status") == Status.FAILED or ended_by_parent(cex):
                 check_reopen(self, child)  # its refusal, before anything is written
                 rewrite.children.append(child)
                 # reopened, it counts one rerun more: an end of the life before is not the step's

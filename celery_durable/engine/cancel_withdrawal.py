@@ -21,7 +21,7 @@ from .kin import is_fence
 from .schema import CANCELLED_BY_PARENT, EXEC_ID, DocType, DueKind, Status, StepKind, marker_id, result_id
 from .timeline import _int, _str
 
-__all__ = ["cascaded", "rearm_waiting_children"]
+__all__ = ["cascaded", "ended_by_parent", "rearm_waiting_children"]
 
 
 class _Rewrite(Protocol):
@@ -36,7 +36,8 @@ class _Admin(Protocol):
     def _rearm(self, ex: Doc, marker: Doc, rewrite: Any, fresh: bool = False) -> None: ...
 
 
-def _ended_by_parent(child: Doc) -> bool:
+def ended_by_parent(child: Doc) -> bool:
+    """``child`` ended cancelled by its parent's cancel (or is a fence of it), not an operator's."""
     return child.get("status") == Status.CANCELLED and (bool(child.get(CANCELLED_BY_PARENT)) or is_fence(child))
 
 
@@ -53,7 +54,7 @@ def cascaded(engine: Any, ex: Doc, docs: dict[str, Doc]) -> list[Doc]:
         marker = docs.get(marker_id(_int(d.get("seq")), run)) or {}
         if marker.get("kind") != StepKind.CHILD or not _str(marker.get("child_id")):
             continue
-        if _ended_by_parent(engine.store.read(str(marker["child_id"]), EXEC_ID) or {}):
+        if ended_by_parent(engine.store.read(str(marker["child_id"]), EXEC_ID) or {}):
             found.append(d)
     return found
 
@@ -72,7 +73,7 @@ def rearm_waiting_children(admin: _Admin, ex: Doc, docs: dict[str, Doc], rewrite
             continue
         if m["id"] in taken or result_id(_int(m.get("seq")), run) in docs or not _str(m.get("child_id")):
             continue
-        if _ended_by_parent(eng.store.read(str(m["child_id"]), EXEC_ID) or {}):
+        if ended_by_parent(eng.store.read(str(m["child_id"]), EXEC_ID) or {}):
             admin._rearm(ex, m, rewrite)
         else:
             due = {"due_kind": DueKind.CHILD, "due_at": eng.clock.now() + eng.settings.activity_queue_timeout}

@@ -21,8 +21,9 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..errors import DurableError, OperationRefused
+from ..errors import ConflictError, DurableError, OperationRefused
 from ..stores.base import Doc
+from .purging import record_id
 from .reruns import RERUNS, rerun_count
 from .schema import EXEC_ID, PENDING_OP, DocType, Status
 
@@ -82,8 +83,7 @@ def _forget(admin: Any, child: str, parent: str, record: Doc) -> None:
     eng = admin.engine
     ex = eng.store.read(child, EXEC_ID)
     if ex is None:  # forgotten already, by an earlier finisher of this op: its pointer too?
-        gone = eng.store.read(child, "purged")
-        if gone is not None and (gone.get("parent"), gone.get("op")) == (parent, record.get("id")):
+        if any(_points(d, parent, record) for d in eng.store.query_partition(child).docs):
             return
         ex, why = {}, 0  # killed between the purge and the pointer: written now, what is known
     else:
@@ -92,8 +92,7 @@ def _forget(admin: Any, child: str, parent: str, record: Doc) -> None:
             raise OperationRefused(f"child {child} was not forgotten: {why}; try again")
     doc = {
         "pk": child,
-        "id": "purged",  # oplog.TOMBSTONE_ID
-        "type": "purged",
+        "type": "purged",  # oplog.TOMBSTONE_ID
         "action": f"forgotten by the {record.get('action', 'operation')} of {parent}",
         "parent": parent,
         "op": record.get("id"),
@@ -106,11 +105,21 @@ def _forget(admin: Any, child: str, parent: str, record: Doc) -> None:
         "documents": why if isinstance(why, int) else 0,
     }
     try:
-        eng.store.upsert(doc)
+        for _ in range(5):  # create-only, beside the records already there (an operator's purge)
+            try:
+                eng.store.create(doc | {"id": record_id(eng.store.query_partition(child).docs)})
+                break
+            except ConflictError:
+                continue
     except DurableError as exc:  # the child is archived in the parent's record: this is a pointer
         log.warning("the forget record of %s was not written: %s", child, exc)
     finally:
         eng.cache.invalidate(child)
+
+
+def _points(doc: Doc, parent: str, record: Doc) -> bool:
+    """``doc`` is the pointer this op of ``parent`` left in a child it forgot."""
+    return doc.get("type") == "purged" and (doc.get("parent"), doc.get("op")) == (parent, record.get("id"))
 
 
 def _reopen(admin: Any, cascade: Callable[..., Any], child: str, parent: str, token: str) -> None:

@@ -272,6 +272,9 @@ class Engine:
                         updated[CANCELLED_BY_PARENT] = True
                     self.store.replace(updated, if_match=ex["_etag"])
                 else:
+                    # an operator's cancel is the operator's, whoever asked first: no resume of
+                    # a parent withdraws it
+                    updated[CANCELLED_BY_PARENT] = None
                     self.store.batch(execution_id, cancel_ops(ex, updated, by, reason, self.clock.now()))
             except ConflictError:
                 continue

@@ -532,6 +532,11 @@ class Links:
                 self.wake(parent_id)  # never a real outcome: the parent's cancel drive records the step's
             else:
                 self.notify_parent(child_id)
+                if eng.store.read(parent_id, result_id(seq, run)) is None:
+                    # not taken: a cancelled end of a cancel the parent withdrew, whose child could
+                    # not be resumed yet (a step of it still running): ask again later
+                    self._push_due(marker)
+                    return
             self._clear_due(marker)
             return
         why = self._child_unwanted(req)
@@ -544,6 +549,10 @@ class Links:
             return
         if child is None:
             self.start_child(req)
+        self._push_due(marker)
+
+    def _push_due(self, marker: Doc) -> None:
+        eng = self.engine
         pushed = strip_reserved(marker) | {"due_at": eng.clock.now() + eng.settings.activity_queue_timeout}
         try:
             eng.store.replace(pushed, if_match=marker["_etag"])

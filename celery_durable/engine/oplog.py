@@ -33,7 +33,7 @@ from typing import Any, Protocol
 from ..errors import ConflictError, DurableError, OperationRefused
 from ..stores.base import Doc, Op, strip_reserved
 from .pending_ops import check_field
-from .purging import RECORD_TYPE
+from .purging import RECORD_TYPE, record_id
 from .reruns import RERUNS, rerun_count
 from .schema import EXEC_ID, OPERATION_PREFIX, DocType, StepKind, marker_id, operation_id
 from .superseded import version_of
@@ -339,13 +339,9 @@ def purge_record(ex: Doc, docs: Iterable[Doc], by: str, reason: str | None, at: 
     """The record of a purge of ``ex`` (``docs``: its partition), created with the purge's first
     batch (engine/purging.py, which fills in ``documents``): ``purged`` for the first purge of
     the id, ``purged:<n>`` for a later one (an id used again): no purge erases another's record."""
-    ids = {d["id"] for d in docs}
-    n = 1 + sum(1 for d in docs if d.get("type") == TOMBSTONE_ID)
-    while (rid := TOMBSTONE_ID if n == 1 else f"{TOMBSTONE_ID}:{n}") in ids:
-        n += 1
     return {
         "pk": ex["pk"],
-        "id": rid,
+        "id": record_id(docs),
         "type": TOMBSTONE_ID,
         "action": "purge",
         "by": by,

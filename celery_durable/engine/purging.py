@@ -14,6 +14,7 @@ record with it (atomic as it stands).
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from ..errors import ConflictError
@@ -24,7 +25,7 @@ from .schema import EXEC_ID, DueKind
 if TYPE_CHECKING:
     from .parts import EngineParts as Engine
 
-__all__ = ["PURGING", "RECORD_TYPE", "finish_purge", "purge_partition"]
+__all__ = ["PURGING", "RECORD_TYPE", "finish_purge", "purge_partition", "record_id"]
 
 log = logging.getLogger("celery_durable.operations")
 
@@ -32,6 +33,18 @@ log = logging.getLogger("celery_durable.operations")
 PURGING = "purging"
 #: the type (and the first id) of a purge's record document; later purges of the id: ``purged:<n>``
 RECORD_TYPE = "purged"
+
+
+def record_id(docs: Iterable[Doc]) -> str:
+    """The id of a new purge record in a partition holding ``docs``: ``purged`` for the first,
+    ``purged:<n>`` after it (a purge of an id used again, a forgotten child's pointer): none
+    is ever written over another (``reruns.reborn`` reads them all)."""
+    docs = list(docs)
+    ids = {d["id"] for d in docs}
+    n = 1 + sum(1 for d in docs if d.get("type") == RECORD_TYPE)
+    while (rid := RECORD_TYPE if n == 1 else f"{RECORD_TYPE}:{n}") in ids:
+        n += 1
+    return rid
 
 
 def _doomed(docs: list[Doc]) -> list[Doc]:

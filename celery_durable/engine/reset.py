@@ -39,12 +39,13 @@ def cancel_point(cancelled: list[Doc]) -> int:
 
 
 def _refuse_inside_compensations(refuse: type[Exception], ex: Doc, docs: dict[str, Doc], step: int) -> None:
-    """A cancelled execution is not reset to a step after its cancel point: the steps between are
+    """An execution whose run was cancelled (ended cancelled, or failed in a compensation) is not
+    reset to a step after its cancel point: the steps between are
     what the cancel ran (compensations), which the re-run, its cancel withdrawn, would not take
     (it would meet them as steps its code does not call: non-deterministic)."""
     run = _int(ex.get("run"))
     cancelled = [d for d in docs.values() if d["id"] != EXEC_ID and d.get("cancelled") and _int(d.get("run")) == run]
-    if ex.get("status") != Status.CANCELLED or not cancelled:
+    if not cancelled:  # no cancel delivered in this run (it may have ended failed in a compensation)
         return
     at = cancel_point(cancelled)
     if step > at + 1:

@@ -184,17 +184,17 @@ def test_a_retry_killed_between_forgetting_a_child_and_its_pointer_writes_the_po
     h = env.start(order, "co-p", _workflow_id="co-p")
     env.run_until_idle()
     broken["label"] = False
-    real = env.store.upsert
+    real = env.store.create
 
-    def upsert(doc: dict[str, object]) -> object:
-        if doc.get("pk") == "co-p-refund":
+    def create(doc: dict[str, object]) -> object:
+        if doc.get("pk") == "co-p-refund" and doc.get("type") == "purged":  # the pointer
             raise Killed("killed after the child's purge, before its pointer")
         return real(doc)
 
-    env.store.upsert = upsert  # type: ignore[method-assign,assignment]
+    env.store.create = create  # type: ignore[method-assign,assignment]
     with pytest.raises(Killed):
         Admin(env.engine).retry(h.id, by="ops")
-    env.store.upsert = real  # type: ignore[method-assign]
+    env.store.create = real  # type: ignore[method-assign]
     for _ in range(4):  # beat's recovery scans: it finishes the op, then re-sends the re-armed step
         env.clock.advance(env.engine.settings.activity_queue_timeout + env.engine.settings.drive_timeout + 1)
         env.engine.recovery.scan()
