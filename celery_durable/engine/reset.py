@@ -112,7 +112,10 @@ def plan_reset(
     _refuse_inside_compensations(refuse, ex, docs, step)
     admin._forget_after(ex, docs, step - 1, rewrite, keep=set())
     gone = {d["id"] for d in rewrite.deletes}
-    caused = {d["id"] for d in cascaded(admin.engine, ex, docs)} if status == Status.CANCELLED else set()
+    # a cancel delivered in this run (it ended cancelled, or failed in a compensation): withdrawn
+    # with it, what it did to the children
+    delivered = any(d["id"] != EXEC_ID and d.get("cancelled") and _int(d.get("run")) == run for d in docs.values())
+    caused = {d["id"] for d in cascaded(admin.engine, ex, docs)} if delivered else set()
     for d in list(docs.values()):
         # a cancel delivered before the step: its cancelled outcomes go (and those of the children
         # it cancelled), their steps run again
@@ -123,7 +126,7 @@ def plan_reset(
             marker = docs.get(marker_id(_int(d.get("seq")), run))
             if marker is not None and marker["id"] not in gone:
                 admin._rearm(ex, marker, rewrite, fresh=True)
-    if status == Status.CANCELLED:
+    if delivered:
         rearm_waiting_children(admin, ex, docs, rewrite)
     n = next_op(ex, docs)
     now = admin.engine.clock.now()
