@@ -12,7 +12,7 @@ from typing import Any
 from ..codecs import same_json
 from ..stores.base import Doc
 from .dispatcher import ChildRequest
-from .model import CANCELLED, COMPLETED, marker_id, result_id
+from .model import CANCELLED, COMPLETED, TERMINAL, marker_id, result_id
 from .reruns import rerun_count
 from .schema import CANCELLED_BY_PARENT
 
@@ -90,8 +90,9 @@ def withdrawn_cancels(ex: Doc, docs: dict[str, Doc], carry: list[Doc]) -> dict[i
     operator has withdrawn since (resume, reset): the child, pending when ``ex`` was cancelled,
     ended cancelled by it, but ``ex`` runs again and waits for the step. Recorded, the step would
     fail on a cancel nobody wants any more; the child is resumed instead (``Engine.reopen_child``).
-    The caller's commit is conditional on ``ex``'s etag, which that operation changed."""
-    if ex.get("cancel_requested"):
+    The caller's commit is conditional on ``ex``'s etag, which that operation changed. An ``ex``
+    that has ended since waits for nothing: the end is recorded as it is, the child left alone."""
+    if ex.get("cancel_requested") or ex.get("status") in TERMINAL:
         return {}
     run = int(ex.get("run") or 0)
     return {

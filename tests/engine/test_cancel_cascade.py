@@ -92,3 +92,4 @@ def test_a_cancelled_end_of_a_withdrawn_cancel_is_not_recorded() -> None:
     assert withdrawn_cancels(running | {"cancel_requested": True}, {}, [out]) == {}  # still cancelling
     assert withdrawn_cancels(running, {out["id"]: out}, [out]) == {}  # the step has its outcome
     assert withdrawn_cancels(running, {}, [out | {CANCELLED_BY_PARENT: False}]) == {}  # an operator's cancel
+    assert withdrawn_cancels(running | {"status": "failed"}, {}, [out]) == {}  # it ended since: waits for nothing
