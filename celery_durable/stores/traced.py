@@ -21,9 +21,24 @@ T = TypeVar("T")
 class TracedStore(Store):
     def __init__(self, inner: Store) -> None:
         self.inner = inner
-        self.max_doc_bytes = inner.max_doc_bytes
-        self.max_batch_ops = inner.max_batch_ops
         self._backend = type(inner).__name__
+
+    # the inner store's limits, read through (not copied: what it holds now is what it enforces)
+    @property  # type: ignore[override]
+    def max_doc_bytes(self) -> int:
+        return self.inner.max_doc_bytes
+
+    @max_doc_bytes.setter
+    def max_doc_bytes(self, value: int) -> None:
+        self.inner.max_doc_bytes = value
+
+    @property  # type: ignore[override]
+    def max_batch_ops(self) -> int:
+        return self.inner.max_batch_ops
+
+    @max_batch_ops.setter
+    def max_batch_ops(self, value: int) -> None:
+        self.inner.max_batch_ops = value
 
     def __repr__(self) -> str:
         return f"TracedStore({self.inner!r})"
