@@ -30,7 +30,7 @@ from .outbox import DUE_ADMIT
 from .pending_ops import check_field, check_inputs, check_purge, commit, settle
 from .purging import PURGING, finish_purge, purge_partition
 from .reruns import bump_reruns, children_of, rerun_count
-from .reset import cancel_point, plan_reset, reset_by
+from .reset import cancel_point, delivered_cancel, plan_reset, reset_by
 from .salvage import salvage
 from .schema import (
     CANCELLED_BY_PARENT,
@@ -451,11 +451,12 @@ class Admin:
             raise OperationRefused(f"{ex['pk']} is {status}; resume applies to running, failed or cancelled")
         run = _int(ex.get("run"))
         current = [d for d in docs.values() if d["id"] != EXEC_ID and _int(d.get("run")) == run]
-        cancelled = [d for d in current if d.get("cancelled")]
+        cancelled = delivered_cancel(docs, run)
         if not cancelled:
             return rewrite
         caused = cascaded(self.engine, ex, docs)
         cancelled += caused
+        forgotten = {d["id"] for d in cancelled}
         # The cancel was delivered at one suspension point: the steps taken up to it were
         # recorded before (kept, with their results); the steps after it are the cancellation's
         # own work (compensations). Decided by step order, never by clocks: the cancelling
@@ -464,7 +465,7 @@ class Admin:
         for d in current:
             # outcomes: the cancelled ones; every document of a later step (marker, outcome,
             # wait decision, the settlement of the signal value it consumed)
-            if d.get("cancelled") or _int(d.get("seq"), -1) > at or any(d is c for c in caused):
+            if d["id"] in forgotten or _int(d.get("seq"), -1) > at:
                 if d.get("type") == DocType.STEP and lease_live(d, self.engine.clock.now()):
                     raise OperationRefused(f"step {d['seq']} ({d.get('name')}) of {ex['pk']} is running; try later")
                 rewrite.deletes.append(d)

@@ -20,12 +20,18 @@ from .schema import EXEC_ID, DocType, Status, marker_id, operation_id, result_id
 from .search import run_start as search_run_start
 from .timeline import _int
 
-__all__ = ["cancel_point", "plan_reset", "reset_by"]
+__all__ = ["cancel_point", "delivered_cancel", "plan_reset", "reset_by"]
 
 
 def reset_by() -> str:
     """Who resets, when the caller does not say: ``user@host`` of this process."""
     return actor()
+
+
+def delivered_cancel(docs: dict[str, Doc], run: int) -> list[Doc]:
+    """The outcomes a cancel delivered in ``run`` recorded (``cancelled``): empty when none was
+    (the run may still have ended failed in a compensation, after one)."""
+    return [d for d in docs.values() if d["id"] != EXEC_ID and d.get("cancelled") and _int(d.get("run")) == run]
 
 
 def cancel_point(cancelled: list[Doc]) -> int:
@@ -43,9 +49,8 @@ def _refuse_inside_compensations(refuse: type[Exception], ex: Doc, docs: dict[st
     reset to a step after its cancel point: the steps between are
     what the cancel ran (compensations), which the re-run, its cancel withdrawn, would not take
     (it would meet them as steps its code does not call: non-deterministic)."""
-    run = _int(ex.get("run"))
-    cancelled = [d for d in docs.values() if d["id"] != EXEC_ID and d.get("cancelled") and _int(d.get("run")) == run]
-    if not cancelled:  # no cancel delivered in this run (it may have ended failed in a compensation)
+    cancelled = delivered_cancel(docs, _int(ex.get("run")))
+    if not cancelled:
         return
     at = cancel_point(cancelled)
     if step > at + 1:
@@ -112,16 +117,12 @@ def plan_reset(
     _refuse_inside_compensations(refuse, ex, docs, step)
     admin._forget_after(ex, docs, step - 1, rewrite, keep=set())
     gone = {d["id"] for d in rewrite.deletes}
-    # a cancel delivered in this run (it ended cancelled, or failed in a compensation): withdrawn
-    # with it, what it did to the children
-    delivered = any(d["id"] != EXEC_ID and d.get("cancelled") and _int(d.get("run")) == run for d in docs.values())
-    caused = {d["id"] for d in cascaded(admin.engine, ex, docs)} if delivered else set()
-    for d in list(docs.values()):
-        # a cancel delivered before the step: its cancelled outcomes go (and those of the children
-        # it cancelled), their steps run again
-        if d["id"] in gone or _int(d.get("run")) != run:
-            continue
-        if (d["id"] != EXEC_ID and d.get("cancelled")) or d["id"] in caused:
+    # a cancel delivered in this run (it ended cancelled, or failed in a compensation): its
+    # cancelled outcomes go, and those of the children it cancelled; their steps run again
+    delivered = delivered_cancel(docs, run)
+    caused = cascaded(admin.engine, ex, docs) if delivered else []
+    for d in delivered + caused:
+        if d["id"] not in gone:
             rewrite.deletes.append(d)
             marker = docs.get(marker_id(_int(d.get("seq")), run))
             if marker is not None and marker["id"] not in gone:
