@@ -10,9 +10,9 @@
 >>> fulfil.start("o-1", _workflow_id="order-o-1").result(timeout=60)
 """
 
-from .activity import durable_activity
-from .app import Durable, Workflow, WorkflowOptions
-from .errors import (
+from celery_durable.activity import durable_activity
+from celery_durable.app import Durable, Workflow, WorkflowOptions
+from celery_durable.errors import (
     ActivityError,
     ChildWorkflowError,
     ConfigurationError,
@@ -36,10 +36,10 @@ from .errors import (
     WorkflowCancelledError,
     WorkflowFailedError,
 )
-from .handle import ExecutionInfo, WorkflowHandle
-from .retry import RetryPolicy
-from .settings import DurableSettings
-from .workflow import DurableFuture
+from celery_durable.handle import ExecutionInfo, WorkflowHandle
+from celery_durable.retry import RetryPolicy
+from celery_durable.settings import DurableSettings
+from celery_durable.workflow import DurableFuture
 
 __version__ = "0.1.0"
 

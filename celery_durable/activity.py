@@ -22,20 +22,20 @@ from celery.app.autoretry import add_autoretry_behaviour
 from celery.exceptions import Retry
 from celery.local import PromiseProxy, Proxy
 
-from .codecs import codec_for
-from .consistency import retry_stale, use_session
-from .eager_activities import eagerly
-from .engine import seals
-from .engine.activity import may_be_stale, run_awaitable, sync_callable
-from .engine.context import DurableFuture, current_context, require_context
-from .engine.delivery import Delivery
-from .engine.model import Attempt
-from .engine.registry import GLOBAL_ACTIVITIES, ActivityDef
-from .errors import ConfigurationError, NonRetryableError, StoreUnavailable
-from .extension import durable_of
-from .observability import span
-from .retry import TaskRetry
-from .wire import serializer
+from celery_durable.codecs import codec_for
+from celery_durable.consistency import retry_stale, use_session
+from celery_durable.eager_activities import eagerly
+from celery_durable.engine import seals
+from celery_durable.engine.activity import may_be_stale, run_awaitable, sync_callable
+from celery_durable.engine.context import DurableFuture, current_context, require_context
+from celery_durable.engine.delivery import Delivery
+from celery_durable.engine.model import Attempt
+from celery_durable.engine.registry import GLOBAL_ACTIVITIES, ActivityDef
+from celery_durable.errors import ConfigurationError, NonRetryableError, StoreUnavailable
+from celery_durable.extension import durable_of
+from celery_durable.observability import span
+from celery_durable.retry import TaskRetry
+from celery_durable.wire import serializer
 
 __all__ = ["durable_activity", "ActivityTask", "DurableActivityTask", "DURABLE_HEADER", "task_retry"]
 

@@ -10,28 +10,34 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from celery import Celery
 
-from . import workflow as _wf
-from .beat_shutdown import install_beat_shutdown
-from .bootsteps import DurableMetricsStep, DurableShutdownStep, DurableStep
-from .engine.admin import Admin, ExecutionDetail, ExecutionPage, PurgeReport, StepRecord
-from .engine.checks import check_workflow_id
-from .engine.context import DurableFuture, current_context, require_context
-from .engine.core import Engine
-from .engine.model import TERMINAL
-from .engine.registry import Registry, WorkflowDef
-from .engine.search import start_fields
-from .errors import ConfigurationError
-from .extension import EXTENSION_ATTR, durable_of
-from .handle import WorkflowHandle
-from .observability import Counters
-from .outbox import OUTBOX_SCAN_TASK, CeleryEffectSender, Outbox
-from .settings import Settings
-from .signals.receivers import forward_event, install
-from .stores import Store, store_from_url
-from .stores.notifiers import build_notifier
-from .stores.push import REDIS_SCHEMES
-from .tasks import FIRE_DUE_CLOCKS_TASK, RECOVER_TASK, START_SCHEDULED_TASK, CeleryDispatcher, register_tasks
-from .wire import check as check_wire
+from celery_durable import workflow as _wf
+from celery_durable.beat_shutdown import install_beat_shutdown
+from celery_durable.bootsteps import DurableMetricsStep, DurableShutdownStep, DurableStep
+from celery_durable.engine.admin import Admin, ExecutionDetail, ExecutionPage, PurgeReport, StepRecord
+from celery_durable.engine.checks import check_workflow_id
+from celery_durable.engine.context import DurableFuture, current_context, require_context
+from celery_durable.engine.core import Engine
+from celery_durable.engine.model import TERMINAL
+from celery_durable.engine.registry import Registry, WorkflowDef
+from celery_durable.engine.search import start_fields
+from celery_durable.errors import ConfigurationError
+from celery_durable.extension import EXTENSION_ATTR, durable_of
+from celery_durable.handle import WorkflowHandle
+from celery_durable.observability import Counters
+from celery_durable.outbox import OUTBOX_SCAN_TASK, CeleryEffectSender, Outbox
+from celery_durable.settings import Settings
+from celery_durable.signals.receivers import forward_event, install
+from celery_durable.stores import Store, store_from_url
+from celery_durable.stores.notifiers import build_notifier
+from celery_durable.stores.push import REDIS_SCHEMES
+from celery_durable.tasks import (
+    FIRE_DUE_CLOCKS_TASK,
+    RECOVER_TASK,
+    START_SCHEDULED_TASK,
+    CeleryDispatcher,
+    register_tasks,
+)
+from celery_durable.wire import check as check_wire
 
 __all__ = ["Durable", "Workflow", "WorkflowOptions"]
 

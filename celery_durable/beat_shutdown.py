@@ -21,7 +21,7 @@ from typing import Any
 from celery import platforms
 from celery import signals as celery_signals
 
-from .extension import EXTENSION_ATTR
+from celery_durable.extension import EXTENSION_ATTR
 
 __all__ = ["install_beat_shutdown", "raise_system_exit"]
 

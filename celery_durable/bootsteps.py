@@ -34,10 +34,10 @@ from typing import Any
 import celery.app.utils as celery_app_utils
 from celery import bootsteps
 
-from .engine import seals
-from .extension import DurableLike, durable_of
-from .pools import check_worker, note_worker_limits, pool_name
-from .settings import censor_conf, redact_url
+from celery_durable.engine import seals
+from celery_durable.extension import DurableLike, durable_of
+from celery_durable.pools import check_worker, note_worker_limits, pool_name
+from celery_durable.settings import censor_conf, redact_url
 
 __all__ = ["DurableStep", "DurableShutdownStep", "DurableMetricsStep", "check_store", "install_censoring"]
 
@@ -161,7 +161,7 @@ class DurableMetricsStep(bootsteps.StartStopStep):
             port = durable.settings.metrics_port
             if port is None:
                 return
-            from .metrics import WorkerExporter
+            from celery_durable.metrics import WorkerExporter
 
             self.exporter = WorkerExporter(durable, port, pool_name(getattr(worker, "pool_cls", None)))
         except Exception as exc:  # bad port, prometheus_client missing, store unusable

@@ -18,16 +18,16 @@ from typing import Any
 
 import click
 
-from . import cli_ops, cli_render
-from .app import Durable
-from .cli_render import escape, print_table, ts
-from .engine.admin import ExecutionDetail, ExecutionSummary, OperationRefused, PurgeReport, StepRecord
-from .engine.links import declared_signals
-from .engine.oplog import actor
-from .engine.schema import Status
-from .errors import DurableError, InvalidSearchAttribute, PayloadValidationError, UnknownWorkflowError
-from .stores.base import MAX_PAGE_SIZE
-from .stores.search import parse_pairs
+from celery_durable import cli_ops, cli_render
+from celery_durable.app import Durable
+from celery_durable.cli_render import escape, print_table, ts
+from celery_durable.engine.admin import ExecutionDetail, ExecutionSummary, OperationRefused, PurgeReport, StepRecord
+from celery_durable.engine.links import declared_signals
+from celery_durable.engine.oplog import actor
+from celery_durable.engine.schema import Status
+from celery_durable.errors import DurableError, InvalidSearchAttribute, PayloadValidationError, UnknownWorkflowError
+from celery_durable.stores.base import MAX_PAGE_SIZE
+from celery_durable.stores.search import parse_pairs
 
 __all__ = ["durable", "parse_age"]
 
@@ -494,7 +494,7 @@ def ui(
 ) -> None:
     """Serve the web timeline: executions, step timelines, outbox lanes and actions (the [ui] extra)."""
     try:
-        from .ui import serve
+        from celery_durable.ui import serve
     except ImportError as exc:
         raise click.ClickException(f"the web UI needs the ui extra: pip install 'celery-durable[ui]' ({exc})") from exc
     try:
@@ -503,6 +503,6 @@ def ui(
         raise click.UsageError(str(exc)) from exc
 
 
-from .cli_cosmos import cosmos as _cosmos  # noqa: E402 - the `durable cosmos …` subgroup
+from celery_durable.cli_cosmos import cosmos as _cosmos  # noqa: E402 - the `durable cosmos …` subgroup
 
 durable.add_command(_cosmos)

@@ -14,19 +14,19 @@ from typing import TYPE_CHECKING
 
 import click
 
-from .stores._cosmos_migrate import ContainerState, apply_indexing_policy, inspect_container
-from .stores._cosmos_provision import PK_MIGRATION
-from .stores.base import find_inner
+from celery_durable.stores._cosmos_migrate import ContainerState, apply_indexing_policy, inspect_container
+from celery_durable.stores._cosmos_provision import PK_MIGRATION
+from celery_durable.stores.base import find_inner
 
 if TYPE_CHECKING:
-    from .stores.cosmos import CosmosStore
+    from celery_durable.stores.cosmos import CosmosStore
 
 __all__ = ["cosmos"]
 
 
 def _store(ctx: click.Context) -> CosmosStore:
-    from .app import Durable  # noqa: PLC0415 - the app layer, only when a command runs
-    from .stores.cosmos import CosmosStore  # noqa: PLC0415 - the azure SDK is an optional dependency
+    from celery_durable.app import Durable  # noqa: PLC0415 - the app layer, only when a command runs
+    from celery_durable.stores.cosmos import CosmosStore  # noqa: PLC0415 - the azure SDK is an optional dependency
 
     root = ctx.find_root()
     app = getattr(root.obj, "app", None) if root.obj is not None else None

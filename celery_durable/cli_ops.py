@@ -7,11 +7,11 @@ import dataclasses
 import json
 from typing import Any
 
-from .cli_render import escape, ts
-from .engine.admin import ExecutionDetail
-from .engine.oplog import preview
-from .engine.reset import plan_reset
-from .engine.superseded import SupersededStep
+from celery_durable.cli_render import escape, ts
+from celery_durable.engine.admin import ExecutionDetail
+from celery_durable.engine.oplog import preview
+from celery_durable.engine.reset import plan_reset
+from celery_durable.engine.superseded import SupersededStep
 
 __all__ = ["json_fields", "lines", "prompt"]
 

@@ -34,7 +34,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, PydanticUserError, TypeAdapter, ValidationError
 from pydantic_core import PydanticSerializationError, to_json
 
-from .errors import NonRetryableError, PayloadValidationError
+from celery_durable.errors import NonRetryableError, PayloadValidationError
 
 __all__ = ["ValueCodec", "CallCodec", "codec_for", "fresh", "MAX_JSON_INT", "ResultPayloadValidationError"]
 

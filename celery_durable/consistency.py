@@ -20,9 +20,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .errors import ConfigurationError
-from .extension import durable_of
-from .wire import serializer
+from celery_durable.errors import ConfigurationError
+from celery_durable.extension import durable_of
+from celery_durable.wire import serializer
 
 __all__ = ["SESSION_HEADER", "STALE_HEADER", "STALE_COUNTDOWNS", "session_headers", "use_session", "retry_stale"]
 

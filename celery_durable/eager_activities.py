@@ -46,8 +46,8 @@ from celery._state import get_current_task
 from celery.app.task import Context
 from celery.app.trace import trace_task
 
-from .engine.dispatcher import ActivityRequest
-from .pools import time_limit
+from celery_durable.engine.dispatcher import ActivityRequest
+from celery_durable.pools import time_limit
 
 __all__ = [
     "ActivitySender",

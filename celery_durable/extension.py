@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .errors import ConfigurationError
+from celery_durable.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from celery import Celery
 
-    from .engine.core import Engine
-    from .engine.registry import Registry
-    from .settings import Settings
+    from celery_durable.engine.core import Engine
+    from celery_durable.engine.registry import Registry
+    from celery_durable.settings import Settings
 
 __all__ = ["DurableLike", "durable_of", "EXTENSION_ATTR"]
 

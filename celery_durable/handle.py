@@ -5,16 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from .engine.admin import Admin
-from .engine.model import CANCELLED, COMPLETED, FAILED
-from .engine.oplog import actor
-from .engine.queries import answer_query
-from .errors import WorkflowCancelledError, WorkflowFailedError
+from celery_durable.engine.admin import Admin
+from celery_durable.engine.model import CANCELLED, COMPLETED, FAILED
+from celery_durable.engine.oplog import actor
+from celery_durable.engine.queries import answer_query
+from celery_durable.errors import WorkflowCancelledError, WorkflowFailedError
 
 if TYPE_CHECKING:
-    from .engine.core import Engine
-    from .engine.registry import WorkflowDef
-    from .engine.timeline import StepRecord
+    from celery_durable.engine.core import Engine
+    from celery_durable.engine.registry import WorkflowDef
+    from celery_durable.engine.timeline import StepRecord
 
 __all__ = ["WorkflowHandle", "ExecutionInfo"]
 

@@ -63,10 +63,10 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "celery_durable.metrics needs prometheus_client: pip install 'celery-durable[prometheus]'"
     ) from exc
 
-from .engine.core import Engine
-from .errors import ConfigurationError
-from .extension import DurableLike, durable_of
-from .stores.base import Store
+from celery_durable.engine.core import Engine
+from celery_durable.errors import ConfigurationError
+from celery_durable.extension import DurableLike, durable_of
+from celery_durable.stores.base import Store
 
 __all__ = ["Metrics", "MetricsServer", "metrics", "instrument", "serve", "check_port", "WorkerExporter"]
 

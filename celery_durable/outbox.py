@@ -42,10 +42,10 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from celery import Celery
 
-from .codecs import ValueCodec
-from .consistency import header, retry_stale, session_headers, use_session
-from .engine import seals
-from .engine.outbox import (
+from celery_durable.codecs import ValueCodec
+from celery_durable.consistency import header, retry_stale, session_headers, use_session
+from celery_durable.engine import seals
+from celery_durable.engine.outbox import (
     Admitted,
     Claim,
     ClaimUnknown,
@@ -54,8 +54,8 @@ from .engine.outbox import (
     OutboxSettings,
     ScanReport,
 )
-from .engine.outbox.model import RETRY, TERMINAL, adopt_of, intent_id, lane_pk
-from .engine.outbox.runtime import (
+from celery_durable.engine.outbox.model import RETRY, TERMINAL, adopt_of, intent_id, lane_pk
+from celery_durable.engine.outbox.runtime import (
     EffectCancelled,
     EffectContext,
     EffectDef,
@@ -67,7 +67,7 @@ from .engine.outbox.runtime import (
     execute,
     shielded,
 )
-from .errors import (
+from celery_durable.errors import (
     ConfigurationError,
     DurableTimeoutError,
     IdempotencyConflict,
@@ -75,13 +75,13 @@ from .errors import (
     StoreError,
     StoreUnavailable,
 )
-from .pools import effect_refusal, time_limit
-from .retry import RetryPolicy
-from .stores.base import Doc, Op
-from .wire import WireTask, serializer
+from celery_durable.pools import effect_refusal, time_limit
+from celery_durable.retry import RetryPolicy
+from celery_durable.stores.base import Doc, Op
+from celery_durable.wire import WireTask, serializer
 
 if TYPE_CHECKING:
-    from .extension import DurableLike
+    from celery_durable.extension import DurableLike
 
 __all__ = [
     "Outbox",

@@ -21,9 +21,9 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
-from .engine.outbox.runtime import EffectDef, effects_of
-from .errors import ConfigurationError
-from .extension import DurableLike
+from celery_durable.engine.outbox.runtime import EffectDef, effects_of
+from celery_durable.errors import ConfigurationError
+from celery_durable.extension import DurableLike
 
 __all__ = [
     "GREEN_POOLS",

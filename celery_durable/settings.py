@@ -63,7 +63,7 @@ from datetime import timedelta
 from typing import Any
 from urllib.parse import unquote
 
-from .errors import ConfigurationError
+from celery_durable.errors import ConfigurationError
 
 #: values of ``durable_result_push`` besides a ``redis://`` / ``rediss://`` URL (stores/push.py)
 PUSH_MODES = ("auto", "off")

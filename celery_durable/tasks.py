@@ -14,17 +14,17 @@ from typing import TYPE_CHECKING, Any
 
 from celery import Celery
 
-from .activity import DURABLE_HEADER
-from .consistency import retry_stale, session_headers, use_session
-from .eager_activities import eagerly, keep
-from .engine.checks import check_workflow_id
-from .engine.dispatcher import ActivityRequest, ClockRequest
-from .engine.outbox.model import EffectRef, EffectSender
-from .errors import StoreUnavailable
-from .wire import WireTask, serializer
+from celery_durable.activity import DURABLE_HEADER
+from celery_durable.consistency import retry_stale, session_headers, use_session
+from celery_durable.eager_activities import eagerly, keep
+from celery_durable.engine.checks import check_workflow_id
+from celery_durable.engine.dispatcher import ActivityRequest, ClockRequest
+from celery_durable.engine.outbox.model import EffectRef, EffectSender
+from celery_durable.errors import StoreUnavailable
+from celery_durable.wire import WireTask, serializer
 
 if TYPE_CHECKING:
-    from .extension import DurableLike
+    from celery_durable.extension import DurableLike
 
 __all__ = [
     "CeleryDispatcher",

@@ -13,7 +13,7 @@ from typing import Any
 
 from celery import Celery, Task
 
-from .errors import ConfigurationError
+from celery_durable.errors import ConfigurationError
 
 __all__ = ["serializer", "check", "WireTask"]
 

@@ -13,9 +13,9 @@ from datetime import UTC, datetime, timedelta
 from types import TracebackType
 from typing import Any, Literal, TypeVar, overload
 
-from .codecs import ValueCodec
-from .engine import channels, search, versioning
-from .engine.context import ContinueAsNew, DurableFuture, in_workflow, require_context
+from celery_durable.codecs import ValueCodec
+from celery_durable.engine import channels, search, versioning
+from celery_durable.engine.context import ContinueAsNew, DurableFuture, in_workflow, require_context
 
 __all__ = [
     "now",
@@ -264,7 +264,7 @@ class Saga:
 
     def compensate(self) -> None:
         """Run the registered compensations, last first."""
-        from .errors import ActivityError
+        from celery_durable.errors import ActivityError
 
         for compensation, args, kwargs in reversed(self._compensations):
             try:

@@ -33,8 +33,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from celery_durable import ExecutionInfo, WorkflowHandle
-
-    from .models import Order, Shipment
+    from example_project.models import Order, Shipment
 
 PACKAGE_PARENT = Path(__file__).resolve().parent.parent
 #: app.STACK_DUMP_SIGNAL (not imported: the app is imported only once the environment is set)
@@ -79,15 +78,21 @@ SCENARIOS = [
     Scenario("standard", "tok_visa", "1 Main St, Springfield", _expect("shipped", attempts=1)),
     Scenario("flaky-gateway", "tok_flaky", "2 Elm St, Springfield", _expect("shipped", attempts=2)),
     Scenario(
-        "gateway-down", "tok_gateway_down", "3 Oak St, Springfield",
+        "gateway-down",
+        "tok_gateway_down",
+        "3 Oak St, Springfield",
         _expect("cancelled", error="PaymentGatewayError", undone=["released"]),
     ),
     Scenario(
-        "card-declined", "tok_declined", "4 Pine St, Springfield",
+        "card-declined",
+        "tok_declined",
+        "4 Pine St, Springfield",
         _expect("cancelled", error="CardDeclined", undone=["released"]),
     ),
     Scenario(
-        "bad-address", "tok_visa", "Nowhere Island",
+        "bad-address",
+        "tok_visa",
+        "Nowhere Island",
         _expect("cancelled", error="AddressRejected", undone=["refunded", "released"]),
     ),
     Scenario("pre-order", "tok_visa", "6 Birch St, Springfield", _expect("shipped", attempts=1), release_in=3.0),
@@ -98,7 +103,7 @@ CATALOGUE = [("MUG-01", "12.50"), ("TEE-M", "19.99"), ("CAP-02", "15.00"), ("BAG
 
 
 def make_order(i: int, scenario: Scenario) -> Order:
-    from .models import LineItem, Order
+    from example_project.models import LineItem, Order
 
     n_items = 2 + i % 3
     items = [
@@ -146,8 +151,12 @@ def _spawn(name: str, args: list[str], run_dir: Path, env: dict[str, str] | None
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "example_project.app", *args],
-            cwd=run_dir, env=full_env | {"EXAMPLE_READY_FILE": str(ready)},
-            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            cwd=run_dir,
+            env=full_env | {"EXAMPLE_READY_FILE": str(ready)},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
     return WorkerProc(name, proc, log, ready)
 
@@ -169,8 +178,18 @@ class Fleet:
     def start_worker(self) -> WorkerProc:
         name = f"worker{len(self.workers) + 1}"
         args = [
-            "worker", "-P", "prefork", "-c", str(self.concurrency), "-Q", self.queue,
-            "-n", f"{name}@example-{self.tag}", "--loglevel=INFO", "--without-gossip", "--without-mingle",
+            "worker",
+            "-P",
+            "prefork",
+            "-c",
+            str(self.concurrency),
+            "-Q",
+            self.queue,
+            "-n",
+            f"{name}@example-{self.tag}",
+            "--loglevel=INFO",
+            "--without-gossip",
+            "--without-mingle",
         ] + (["-E"] if self.events else [])
         env = {}
         port = None if self.metrics_from is None else self.metrics_from + len(self.workers)
@@ -293,14 +312,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=2, help="celery worker processes to start")
     p.add_argument("--concurrency", type=int, default=2, help="prefork pool size of each worker")
     p.add_argument(
-        "--run-dir", type=Path, default=os.environ.get("EXAMPLE_RUN_DIR") or None,
+        "--run-dir",
+        type=Path,
+        default=os.environ.get("EXAMPLE_RUN_DIR") or None,
         help="directory for the store, broker folders and logs, kept (default: $EXAMPLE_RUN_DIR, else a fresh "
         "temporary directory removed at exit)",
     )
     p.add_argument("--keep", action="store_true", help="keep the temporary run directory")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for all orders")
     p.add_argument(
-        "--ui", action="store_true",
+        "--ui",
+        action="store_true",
         help="then keep running with the web timeline, Flower and the workers' metrics until Ctrl-C",
     )
     p.add_argument("--ui-port", type=int, default=8765, help="port of the web timeline (--ui)")
@@ -329,7 +351,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # a shared broker may hold messages of earlier runs: use a queue of our own
         os.environ.setdefault("EXAMPLE_QUEUE", f"example-{tag}")
 
-    from .app import QUEUE, STORE_URL, app, durable
+    from example_project.app import QUEUE, STORE_URL, app, durable
 
     print(f"celery_durable example: {args.orders} order(s), {args.workers} worker(s) x {args.concurrency} processes")
     where = f"folders in {run_dir / 'broker'}" if broker.startswith("filesystem:") else f"queue {QUEUE}"
@@ -420,8 +442,10 @@ def crash_worker(t: Tracked, fleet: Fleet, elapsed: float) -> None:
     name = taken.read_text().strip()
     victim = next(w for w in fleet.workers if w.name == name)
     fleet.kill(victim)
-    print(f"{elapsed:6.2f}s  {t.order.id}  {victim.name} killed (SIGKILL) while packing: its lease lapses, "
-          f"beat's recovery re-sends the step")
+    print(
+        f"{elapsed:6.2f}s  {t.order.id}  {victim.name} killed (SIGKILL) while packing: its lease lapses, "
+        f"beat's recovery re-sends the step"
+    )
     if not fleet.alive():
         spare = fleet.start_worker()
         print(f"{elapsed:6.2f}s  {t.order.id}  no worker left: {spare.name} started")
@@ -429,7 +453,7 @@ def crash_worker(t: Tracked, fleet: Fleet, elapsed: float) -> None:
 
 def run_orders(args: argparse.Namespace, tag: str, fleet: Fleet) -> list[str]:
     """Start the orders, print status changes until all end, then the summary; return failures."""
-    from .workflows import fulfil_order
+    from example_project.workflows import fulfil_order
 
     t0 = time.monotonic()
     tracked: list[Tracked] = []
@@ -444,8 +468,10 @@ def run_orders(args: argparse.Namespace, tag: str, fleet: Fleet) -> list[str]:
         tracked.append(Tracked(order, scenario, handle))
         extra = f", released in {scenario.release_in:.0f}s (a timer beat fires)" if scenario.release_in else ""
         extra += ", its worker will be killed" if scenario.crash else ""
-        print(f"{0.0:6.2f}s  {order.id}  started    {scenario.name}: {len(order.items)} item(s), "
-              f"{order.total} {order.currency}, workflow id {handle.id}{extra}")
+        print(
+            f"{0.0:6.2f}s  {order.id}  started    {scenario.name}: {len(order.items)} item(s), "
+            f"{order.total} {order.currency}, workflow id {handle.id}{extra}"
+        )
 
     deadline = t0 + args.timeout
     pending = list(tracked)

@@ -24,9 +24,8 @@ from typing import Any
 from celery import current_task
 
 from celery_durable import NonRetryableError, durable_activity
-
-from .app import RUN_DIR
-from .models import LineItem, Order, Parcel, Receipt, Reservation, Shipment
+from example_project.app import RUN_DIR
+from example_project.models import LineItem, Order, Parcel, Receipt, Reservation, Shipment
 
 log = logging.getLogger(__name__)
 

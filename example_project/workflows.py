@@ -15,10 +15,17 @@ from datetime import timedelta
 
 from celery_durable import ActivityError
 from celery_durable import workflow as wf
-
-from .activities import charge_card, pack_item, refund, release_stock, reserve_stock, send_confirmation, ship
-from .app import durable
-from .models import Failure, Order, Parcel, Shipment, ShipmentStatus
+from example_project.activities import (
+    charge_card,
+    pack_item,
+    refund,
+    release_stock,
+    reserve_stock,
+    send_confirmation,
+    ship,
+)
+from example_project.app import durable
+from example_project.models import Failure, Order, Parcel, Shipment, ShipmentStatus
 
 __all__ = ["fulfil_order"]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from celery import signals
 
-from .benchapp import app, durable, sequential
+from apps.benchapp import app, durable, sequential
 
 __all__ = ["app", "durable", "sequential"]
 

@@ -20,13 +20,22 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConflictError, StoreError
-from ..stores.base import Doc, strip_reserved
-from .delivery import STALE_EVENT, Delivery, marker_token, refusal
-from .model import DUE_ACTIVITY, EXEC_ID, TERMINAL, Attempt, error_info, lease_live, marker_id, result_id
+from celery_durable.engine.delivery import STALE_EVENT, Delivery, marker_token, refusal
+from celery_durable.engine.model import (
+    DUE_ACTIVITY,
+    EXEC_ID,
+    TERMINAL,
+    Attempt,
+    error_info,
+    lease_live,
+    marker_id,
+    result_id,
+)
+from celery_durable.errors import ConflictError, StoreError
+from celery_durable.stores.base import Doc, strip_reserved
 
 if TYPE_CHECKING:
-    from .parts import EngineParts
+    from celery_durable.engine.parts import EngineParts
 
 __all__ = ["Attempt", "ActivityRunner", "run_awaitable", "sync_callable", "may_be_stale"]
 

@@ -16,23 +16,20 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConflictError, CorruptDocument, DurableError, OperationRefused, UnknownWorkflowError
-from ..stores.base import Doc, ExecFilter, strip_reserved
-from ..stores.search import check_filter
-from .cancel_withdrawal import cascaded, ended_by_parent, rearm_waiting_children
-from .child_ops import check_reopen, register
-from .delivery import marker_token, rotated_token
-from .dispatcher import ActivityRequest, ClockRequest
-from .kin import CHILD_RERUNS
-from .model import lease_live
-from .oplog import actor, cascade, note, purge_record, recorded, unknown
-from .outbox import DUE_ADMIT
-from .pending_ops import check_field, check_inputs, check_purge, commit, settle
-from .purging import PURGING, finish_purge, purge_partition
-from .reruns import bump_reruns, children_of, rerun_count
-from .reset import cancel_point, delivered_cancel, plan_reset, reset_by
-from .salvage import salvage
-from .schema import (
+from celery_durable.engine.cancel_withdrawal import cascaded, ended_by_parent, rearm_waiting_children
+from celery_durable.engine.child_ops import check_reopen, register
+from celery_durable.engine.delivery import marker_token, rotated_token
+from celery_durable.engine.dispatcher import ActivityRequest, ClockRequest
+from celery_durable.engine.kin import CHILD_RERUNS
+from celery_durable.engine.model import lease_live
+from celery_durable.engine.oplog import actor, cascade, note, purge_record, recorded, unknown
+from celery_durable.engine.outbox import DUE_ADMIT
+from celery_durable.engine.pending_ops import check_field, check_inputs, check_purge, commit, settle
+from celery_durable.engine.purging import PURGING, finish_purge, purge_partition
+from celery_durable.engine.reruns import bump_reruns, children_of, rerun_count
+from celery_durable.engine.reset import cancel_point, delivered_cancel, plan_reset, reset_by
+from celery_durable.engine.salvage import salvage
+from celery_durable.engine.schema import (
     CANCELLED_BY_PARENT,
     EXEC_ID,
     TERMINAL,
@@ -42,7 +39,7 @@ from .schema import (
     StepKind,
     marker_id,
 )
-from .timeline import (
+from celery_durable.engine.timeline import (
     STATUSES,
     ExecutionDetail,
     ExecutionPage,
@@ -57,9 +54,12 @@ from .timeline import (
     describe_docs,
     summary_of,
 )
+from celery_durable.errors import ConflictError, CorruptDocument, DurableError, OperationRefused, UnknownWorkflowError
+from celery_durable.stores.base import Doc, ExecFilter, strip_reserved
+from celery_durable.stores.search import check_filter
 
 if TYPE_CHECKING:
-    from .core import Engine
+    from celery_durable.engine.core import Engine
 
 __all__ = [
     "Admin",

@@ -18,8 +18,8 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
-from ..stores.base import Doc, Store, strip_reserved
-from .model import EXEC_ID
+from celery_durable.engine.model import EXEC_ID
+from celery_durable.stores.base import Doc, Store, strip_reserved
 
 __all__ = ["Partition", "PartitionCache", "bump_generation", "lineage"]
 

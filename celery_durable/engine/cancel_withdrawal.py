@@ -16,10 +16,19 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from ..stores.base import Doc, strip_reserved
-from .kin import is_fence
-from .schema import CANCELLED_BY_PARENT, EXEC_ID, DocType, DueKind, Status, StepKind, marker_id, result_id
-from .timeline import _int, _str
+from celery_durable.engine.kin import is_fence
+from celery_durable.engine.schema import (
+    CANCELLED_BY_PARENT,
+    EXEC_ID,
+    DocType,
+    DueKind,
+    Status,
+    StepKind,
+    marker_id,
+    result_id,
+)
+from celery_durable.engine.timeline import _int, _str
+from celery_durable.stores.base import Doc, strip_reserved
 
 __all__ = ["cascaded", "ended_by_parent", "rearm_waiting_children"]
 

@@ -18,13 +18,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..codecs import ValueCodec, fresh
-from ..errors import ConfigurationError, NonDeterminismError
-from .checks import check_workflow_id
-from .context import DurableFuture, Fatal, WorkflowContext
-from .dispatcher import ClockRequest, SignalRequest
-from .model import DUE_CHILD, DUE_CLOCK
-from .schema import external_signal_id, signal_outcome_id, wait_decision_id
+from celery_durable.codecs import ValueCodec, fresh
+from celery_durable.engine.checks import check_workflow_id
+from celery_durable.engine.context import DurableFuture, Fatal, WorkflowContext
+from celery_durable.engine.dispatcher import ClockRequest, SignalRequest
+from celery_durable.engine.model import DUE_CHILD, DUE_CLOCK
+from celery_durable.engine.schema import external_signal_id, signal_outcome_id, wait_decision_id
+from celery_durable.errors import ConfigurationError, NonDeterminismError
 
 __all__ = ["wait_any", "signal_external", "ANY_SEPARATOR"]
 

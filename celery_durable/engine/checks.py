@@ -18,12 +18,9 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import CorruptDocument, InvalidWorkflowId
-from ..stores._cosmos_index import lwm_pk
-from ..stores.base import Doc
-from .cache import Partition
-from .outbox.model import index_pk, lane_pk
-from .schema import (
+from celery_durable.engine.cache import Partition
+from celery_durable.engine.outbox.model import index_pk, lane_pk
+from celery_durable.engine.schema import (
     EXEC_ID,
     SIGNAL_MARK_PREFIX,
     SIGNAL_VALUE_PREFIX,
@@ -33,7 +30,10 @@ from .schema import (
     signal_mark_id,
     signal_value_id,
 )
-from .seals import KEY_PK
+from celery_durable.engine.seals import KEY_PK
+from celery_durable.errors import CorruptDocument, InvalidWorkflowId
+from celery_durable.stores._cosmos_index import lwm_pk
+from celery_durable.stores.base import Doc
 
 __all__ = [
     "MalformedDocument",

@@ -21,14 +21,14 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConflictError, DurableError, OperationRefused
-from ..stores.base import Doc
-from .purging import record_id
-from .reruns import RERUNS, rerun_count
-from .schema import EXEC_ID, PENDING_OP, DocType, Status
+from celery_durable.engine.purging import record_id
+from celery_durable.engine.reruns import RERUNS, rerun_count
+from celery_durable.engine.schema import EXEC_ID, PENDING_OP, DocType, Status
+from celery_durable.errors import ConflictError, DurableError, OperationRefused
+from celery_durable.stores.base import Doc
 
 if TYPE_CHECKING:
-    from .parts import EngineParts as Engine
+    from celery_durable.engine.parts import EngineParts as Engine
 
 __all__ = ["check_reopen", "register", "resume_child", "run_children"]
 

@@ -17,10 +17,25 @@ import random as _random
 import uuid as _uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..codecs import CallCodec, ValueCodec, fresh
-from ..errors import (
+from celery_durable.codecs import CallCodec, ValueCodec, fresh
+from celery_durable.engine.checks import check_workflow_id, pending_signal_values, signal_mark_id
+from celery_durable.engine.decoded import decoded
+from celery_durable.engine.dispatcher import (
+    ActivityRequest,
+    AdmitRequest,
+    CancelRequest,
+    ChildRequest,
+    ClockRequest,
+    Send,
+)
+from celery_durable.engine.futures import DurableFuture
+from celery_durable.engine.model import DUE_ACTIVITY, DUE_CHILD, DUE_CLOCK, marker_id, result_id
+from celery_durable.engine.outbox.model import DUE_ADMIT
+from celery_durable.engine.outbox.runtime import effects_of
+from celery_durable.engine.schema import child_execution_id, default_effect_id, signal_outcome_id, wait_decision_id
+from celery_durable.errors import (
     ActivityError,
     ChildWorkflowError,
     ConfigurationError,
@@ -30,17 +45,10 @@ from ..errors import (
     PayloadValidationError,
     WorkflowCancelledError,
 )
-from ..stores.base import Doc
-from .checks import check_workflow_id, pending_signal_values, signal_mark_id
-from .decoded import decoded
-from .dispatcher import ActivityRequest, AdmitRequest, CancelRequest, ChildRequest, ClockRequest, Send
-from .model import DUE_ACTIVITY, DUE_CHILD, DUE_CLOCK, marker_id, result_id
-from .outbox.model import DUE_ADMIT
-from .outbox.runtime import effects_of
-from .schema import child_execution_id, default_effect_id, signal_outcome_id, wait_decision_id
+from celery_durable.stores.base import Doc
 
 if TYPE_CHECKING:
-    from .registry import Registry, WorkflowDef
+    from celery_durable.engine.registry import Registry, WorkflowDef
 
 __all__ = [
     "Suspend",
@@ -561,39 +569,3 @@ class WorkflowContext:
         while pending := [f.seq for f in futures if not self.settled(f.seq)]:
             self.suspend(pending)
         return [f.result() for f in futures]
-
-
-class DurableFuture(Generic[T]):
-    """The eventual result of a durable step; ``result()`` waits durably."""
-
-    def __init__(self, ctx: WorkflowContext, seq: int, name: str, codec: ValueCodec, kind: str = "activity") -> None:
-        self._ctx = ctx
-        self.seq = seq
-        self.name = name
-        self.kind = kind
-        self._codec = codec
-        self._child_id: str | None = None
-
-    @property
-    def workflow_id(self) -> str:
-        """The workflow id of the child this future waits for (``start_child``); only children have one."""
-        if self._child_id is None:
-            raise AttributeError(f"a {self.kind} step has no workflow id: only a child workflow's future has one")
-        return self._child_id
-
-    def done(self) -> bool:
-        """Whether the step has finished — a durable step itself, like ``durable.now()``.
-
-        The first answer is recorded and every replay returns it, so code branching on it takes
-        the same branch on replay even after the step finished in the meantime (answering from
-        the current history would change the path and fail the execution as non-deterministic).
-        Each call is a step: call it at the same points in the same order on every replay.
-        """
-        return self._ctx.future_done(self.seq, self.name)
-
-    def result(self) -> T:
-        value: T = self._ctx.outcome(self.seq, self.name, self._codec, self.kind)
-        return value
-
-    def __repr__(self) -> str:
-        return f"<DurableFuture step={self.seq} {self.kind} {self.name} done={self._ctx.settled(self.seq)}>"

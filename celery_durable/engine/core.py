@@ -13,7 +13,42 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import (
+from celery_durable.engine.activity import ActivityRunner
+from celery_durable.engine.cache import PartitionCache
+from celery_durable.engine.checks import check_workflow_id
+from celery_durable.engine.child_ops import resume_child
+from celery_durable.engine.dispatcher import (
+    ActivityRequest,
+    AdmitRequest,
+    ChildRequest,
+    ClockRequest,
+    Dispatcher,
+    Send,
+    SignalRequest,
+)
+from celery_durable.engine.driver import Driver
+from celery_durable.engine.heartbeat import Heartbeat
+from celery_durable.engine.leases import LeaseKeeper
+from celery_durable.engine.links import Links
+from celery_durable.engine.model import (
+    DUE_EXEC,
+    EXEC_ID,
+    TERMINAL,
+    Clock,
+    Settings,
+    SystemClock,
+    new_exec_doc,
+    worker_identity,
+)
+from celery_durable.engine.oplog import cancel_ops
+from celery_durable.engine.outbox import DUE_ADMIT, OutboxEngine, OutboxSettings
+from celery_durable.engine.outbox.runtime import EffectKeeper
+from celery_durable.engine.pending_ops import check_field, check_signal_name
+from celery_durable.engine.recovery import Recovery
+from celery_durable.engine.registry import Registry, WorkflowDef
+from celery_durable.engine.schema import CANCELLED_BY_PARENT
+from celery_durable.engine.search import start_fields
+from celery_durable.errors import (
     ConfigurationError,
     ConflictError,
     DurableError,
@@ -23,28 +58,10 @@ from ..errors import (
     StoreError,
     UnknownWorkflowError,
 )
-from ..observability import Counters, tracing_configured
-from ..stores.base import Doc, Store, strip_reserved
-from ..stores.offload import offloaded
-from ..stores.push import READY_TIMEOUT, NoPush, Notifier
-from .activity import ActivityRunner
-from .cache import PartitionCache
-from .checks import check_workflow_id
-from .child_ops import resume_child
-from .dispatcher import ActivityRequest, AdmitRequest, ChildRequest, ClockRequest, Dispatcher, Send, SignalRequest
-from .driver import Driver
-from .heartbeat import Heartbeat
-from .leases import LeaseKeeper
-from .links import Links
-from .model import DUE_EXEC, EXEC_ID, TERMINAL, Clock, Settings, SystemClock, new_exec_doc, worker_identity
-from .oplog import cancel_ops
-from .outbox import DUE_ADMIT, OutboxEngine, OutboxSettings
-from .outbox.runtime import EffectKeeper
-from .pending_ops import check_field, check_signal_name
-from .recovery import Recovery
-from .registry import Registry, WorkflowDef
-from .schema import CANCELLED_BY_PARENT
-from .search import start_fields
+from celery_durable.observability import Counters, tracing_configured
+from celery_durable.stores.base import Doc, Store, strip_reserved
+from celery_durable.stores.offload import offloaded
+from celery_durable.stores.push import READY_TIMEOUT, NoPush, Notifier
 
 __all__ = ["Engine"]
 
@@ -74,7 +91,7 @@ class Engine:
         # for the orphan chunk collector on this clock: recovery scans on it)
         store = offloaded(store, self.settings.max_payload, clock=self.clock.now)
         if tracing_configured():  # every store call becomes a span (with Cosmos' request charge)
-            from ..stores.traced import TracedStore
+            from celery_durable.stores.traced import TracedStore
 
             store = TracedStore(store)
         self.store = store

@@ -15,8 +15,8 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
-from ..codecs import ValueCodec, fresh
-from ..stores.base import Doc
+from celery_durable.codecs import ValueCodec, fresh
+from celery_durable.stores.base import Doc
 
 __all__ = ["decoded"]
 

@@ -24,9 +24,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..stores.base import Doc
-from .dispatcher import ActivityRequest, Send
-from .schema import marker_id
+from celery_durable.engine.dispatcher import ActivityRequest, Send
+from celery_durable.engine.schema import marker_id
+from celery_durable.stores.base import Doc
 
 __all__ = [
     "Delivery",

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .outbox.model import EffectRef
+from celery_durable.engine.outbox.model import EffectRef
 
 __all__ = [
     "ActivityRequest",

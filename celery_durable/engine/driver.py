@@ -20,16 +20,13 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConflictError, CorruptDocument, DocumentTooLarge
-from ..observability import span
-from ..stores.base import Doc, Op, strip_reserved
-from .cache import Partition
-from .checks import check_partition
-from .delivery import STALE_EVENT, stale_outcomes
-from .dispatcher import ActivityRequest, CancelRequest, ClockRequest, Send
-from .kin import stale_child_outcomes, withdrawn_cancels
-from .local_steps import LocalRun, LocalRunner
-from .model import (
+from celery_durable.engine.cache import Partition
+from celery_durable.engine.checks import check_partition
+from celery_durable.engine.delivery import STALE_EVENT, stale_outcomes
+from celery_durable.engine.dispatcher import ActivityRequest, CancelRequest, ClockRequest, Send
+from celery_durable.engine.kin import stale_child_outcomes, withdrawn_cancels
+from celery_durable.engine.local_steps import LocalRun, LocalRunner
+from celery_durable.engine.model import (
     CANCELLED,
     COMPLETED,
     DUE_EXEC,
@@ -42,14 +39,17 @@ from .model import (
     marker_id,
     settled,
 )
-from .pending_ops import settle
-from .replay import Replay, replay
-from .reruns import reborn
-from .search import apply_updates as apply_search_updates
-from .sticky import StickyCache
+from celery_durable.engine.pending_ops import settle
+from celery_durable.engine.replay import Replay, replay
+from celery_durable.engine.reruns import reborn
+from celery_durable.engine.search import apply_updates as apply_search_updates
+from celery_durable.engine.sticky import StickyCache
+from celery_durable.errors import ConflictError, CorruptDocument, DocumentTooLarge
+from celery_durable.observability import span
+from celery_durable.stores.base import Doc, Op, strip_reserved
 
 if TYPE_CHECKING:
-    from .parts import EngineParts
+    from celery_durable.engine.parts import EngineParts
 
 __all__ = ["Driver", "Replay"]
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..codecs import same_json
-from ..stores.base import Doc
-from .dispatcher import ChildRequest
-from .model import CANCELLED, COMPLETED, TERMINAL, marker_id, result_id
-from .reruns import rerun_count
-from .schema import CANCELLED_BY_PARENT
+from celery_durable.codecs import same_json
+from celery_durable.engine.dispatcher import ChildRequest
+from celery_durable.engine.model import CANCELLED, COMPLETED, TERMINAL, marker_id, result_id
+from celery_durable.engine.reruns import rerun_count
+from celery_durable.engine.schema import CANCELLED_BY_PARENT
+from celery_durable.stores.base import Doc
 
 __all__ = [
     "CHILD_RERUNS",

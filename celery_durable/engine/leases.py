@@ -12,14 +12,14 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from ..errors import ConflictError, StoreError
-from ..stores.base import strip_reserved
-from .model import marker_id
+from celery_durable.engine.model import marker_id
+from celery_durable.errors import ConflictError, StoreError
+from celery_durable.stores.base import strip_reserved
 
 if TYPE_CHECKING:
-    from .heartbeat import Heartbeat
-    from .model import Attempt
-    from .parts import EngineParts
+    from celery_durable.engine.heartbeat import Heartbeat
+    from celery_durable.engine.model import Attempt
+    from celery_durable.engine.parts import EngineParts
 
 __all__ = ["LeaseKeeper"]
 

@@ -16,20 +16,12 @@ import logging
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from ..codecs import ValueCodec
-from ..errors import ConflictError, CorruptDocument, DurableError, PayloadValidationError, UnknownWorkflowError
-from ..stores.base import Doc, Op, strip_reserved
-from .cache import bump_generation
-from .checks import (
-    SIGNAL_MARK_PREFIX,
-    check_doc,
-    check_exec,
-    check_partition,
-    signal_value_id,
-)
-from .dispatcher import ChildRequest, SignalRequest
-from .kin import child_outcome, describe_holder, is_child_of, is_fence, joinable, joiners_of
-from .model import (
+from celery_durable.codecs import ValueCodec
+from celery_durable.engine.cache import bump_generation
+from celery_durable.engine.checks import SIGNAL_MARK_PREFIX, check_doc, check_exec, check_partition, signal_value_id
+from celery_durable.engine.dispatcher import ChildRequest, SignalRequest
+from celery_durable.engine.kin import child_outcome, describe_holder, is_child_of, is_fence, joinable, joiners_of
+from celery_durable.engine.model import (
     CANCELLED,
     DUE_CLOCK,
     DUE_EXEC,
@@ -42,14 +34,22 @@ from .model import (
     result_id,
     settled,
 )
-from .oplog import signal_op
-from .outbox.model import DUE_ADMIT
-from .schema import DocType, run_prefixes, signal_key_id, signal_outcome_id
-from .sends import send_signal, send_signal_again
+from celery_durable.engine.oplog import signal_op
+from celery_durable.engine.outbox.model import DUE_ADMIT
+from celery_durable.engine.schema import DocType, run_prefixes, signal_key_id, signal_outcome_id
+from celery_durable.engine.sends import send_signal, send_signal_again
+from celery_durable.errors import (
+    ConflictError,
+    CorruptDocument,
+    DurableError,
+    PayloadValidationError,
+    UnknownWorkflowError,
+)
+from celery_durable.stores.base import Doc, Op, strip_reserved
 
 if TYPE_CHECKING:
-    from .parts import EngineParts
-    from .registry import WorkflowDef
+    from celery_durable.engine.parts import EngineParts
+    from celery_durable.engine.registry import WorkflowDef
 
 __all__ = ["Links", "declared_signals"]
 

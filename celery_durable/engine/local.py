@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..errors import NonRetryableError
-from .delivery import Delivery
-from .dispatcher import ActivityRequest, InlineDispatcher
-from .outbox.model import RETRY, EffectRef
-from .outbox.runtime import EffectContext, EffectKeeper, effects_of, execute
+from celery_durable.engine.delivery import Delivery
+from celery_durable.engine.dispatcher import ActivityRequest, InlineDispatcher
+from celery_durable.engine.outbox.model import RETRY, EffectRef
+from celery_durable.engine.outbox.runtime import EffectContext, EffectKeeper, effects_of, execute
+from celery_durable.errors import NonRetryableError
 
 if TYPE_CHECKING:
-    from .core import Engine
+    from celery_durable.engine.core import Engine
 
 __all__ = ["LocalWorker"]
 

@@ -29,17 +29,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..errors import NonRetryableError
-from ..retry import TaskRetry
-from ..stores.base import Doc, strip_reserved
-from .activity import run_awaitable
-from .context import LocalStep
-from .dispatcher import ClockRequest
-from .model import DUE_CLOCK, error_info, marker_id, result_id
+from celery_durable.engine.activity import run_awaitable
+from celery_durable.engine.context import LocalStep
+from celery_durable.engine.dispatcher import ClockRequest
+from celery_durable.engine.model import DUE_CLOCK, error_info, marker_id, result_id
+from celery_durable.errors import NonRetryableError
+from celery_durable.retry import TaskRetry
+from celery_durable.stores.base import Doc, strip_reserved
 
 if TYPE_CHECKING:
-    from .parts import EngineParts
-    from .replay import Replay
+    from celery_durable.engine.parts import EngineParts
+    from celery_durable.engine.replay import Replay
 
 __all__ = ["LocalRun", "INLINE_RETRY_MAX", "INLINE_BUDGET", "policy_of"]
 

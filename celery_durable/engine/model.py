@@ -14,9 +14,18 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..settings import Settings
-from ..stores.base import Doc, strip_reserved
-from .schema import EXEC_ID, TERMINAL, DueKind, Status, marker_id, parse_step_id, result_id, signal_id
+from celery_durable.engine.schema import (
+    EXEC_ID,
+    TERMINAL,
+    DueKind,
+    Status,
+    marker_id,
+    parse_step_id,
+    result_id,
+    signal_id,
+)
+from celery_durable.settings import Settings
+from celery_durable.stores.base import Doc, strip_reserved
 
 __all__ = [
     "Attempt",

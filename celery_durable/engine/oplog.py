@@ -30,14 +30,14 @@ from collections.abc import Callable, Iterable
 from types import SimpleNamespace
 from typing import Any, Protocol
 
-from ..errors import ConflictError, DurableError, OperationRefused
-from ..stores.base import Doc, Op, strip_reserved
-from .pending_ops import check_field
-from .purging import RECORD_TYPE, record_id
-from .reruns import RERUNS, rerun_count
-from .schema import EXEC_ID, OPERATION_PREFIX, DocType, StepKind, marker_id, operation_id
-from .superseded import version_of
-from .timeline import _int, _num, _step
+from celery_durable.engine.pending_ops import check_field
+from celery_durable.engine.purging import RECORD_TYPE, record_id
+from celery_durable.engine.reruns import RERUNS, rerun_count
+from celery_durable.engine.schema import EXEC_ID, OPERATION_PREFIX, DocType, StepKind, marker_id, operation_id
+from celery_durable.engine.superseded import version_of
+from celery_durable.engine.timeline import _int, _num, _step
+from celery_durable.errors import ConflictError, DurableError, OperationRefused
+from celery_durable.stores.base import Doc, Op, strip_reserved
 
 __all__ = [
     "TOMBSTONE_ID",

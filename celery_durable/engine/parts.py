@@ -12,13 +12,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from ..observability import Counters
-    from ..settings import Settings
-    from ..stores.base import Doc, Store
-    from .cache import PartitionCache
-    from .dispatcher import Dispatcher, Send
-    from .model import Attempt, Clock
-    from .registry import Registry
+    from celery_durable.engine.cache import PartitionCache
+    from celery_durable.engine.dispatcher import Dispatcher, Send
+    from celery_durable.engine.model import Attempt, Clock
+    from celery_durable.engine.registry import Registry
+    from celery_durable.observability import Counters
+    from celery_durable.settings import Settings
+    from celery_durable.stores.base import Doc, Store
 
 __all__ = ["EngineParts", "DriverPort", "LinksPort", "LeasesPort"]
 

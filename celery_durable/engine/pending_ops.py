@@ -28,15 +28,15 @@ import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigurationError, ConflictError, DocumentTooLarge, PayloadValidationError
-from ..stores.base import RESERVED, Doc, Op, check_doc, strip_reserved
-from .cache import bump_generation
-from .child_ops import run_children
-from .purging import PURGING, finish_purge
-from .schema import EXEC_ID, PENDING_OP, DueKind
+from celery_durable.engine.cache import bump_generation
+from celery_durable.engine.child_ops import run_children
+from celery_durable.engine.purging import PURGING, finish_purge
+from celery_durable.engine.schema import EXEC_ID, PENDING_OP, DueKind
+from celery_durable.errors import ConfigurationError, ConflictError, DocumentTooLarge, PayloadValidationError
+from celery_durable.stores.base import RESERVED, Doc, Op, check_doc, strip_reserved
 
 if TYPE_CHECKING:
-    from .parts import EngineParts as Engine
+    from celery_durable.engine.parts import EngineParts as Engine
 
 __all__ = [
     "PENDING",

@@ -17,13 +17,13 @@ import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from ..errors import ConflictError
-from ..stores.base import Doc, Op
-from .cache import bump_generation
-from .schema import EXEC_ID, DueKind
+from celery_durable.engine.cache import bump_generation
+from celery_durable.engine.schema import EXEC_ID, DueKind
+from celery_durable.errors import ConflictError
+from celery_durable.stores.base import Doc, Op
 
 if TYPE_CHECKING:
-    from .parts import EngineParts as Engine
+    from celery_durable.engine.parts import EngineParts as Engine
 
 __all__ = ["PURGING", "RECORD_TYPE", "finish_purge", "purge_partition", "record_id"]
 

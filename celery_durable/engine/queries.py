@@ -13,24 +13,24 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..codecs import CallCodec
-from ..errors import (
+from celery_durable.codecs import CallCodec
+from celery_durable.engine.checks import check_partition
+from celery_durable.engine.context import ContinueAsNew, Fatal, Suspend
+from celery_durable.engine.model import EXEC_ID, FAILED, TERMINAL
+from celery_durable.engine.replay import replay
+from celery_durable.errors import (
     HistoryUnavailableError,
     PayloadValidationError,
     QueryFailedError,
     UnknownQueryError,
     UnknownWorkflowError,
 )
-from .checks import check_partition
-from .context import ContinueAsNew, Fatal, Suspend
-from .model import EXEC_ID, FAILED, TERMINAL
-from .replay import replay
 
 if TYPE_CHECKING:
-    from ..settings import Settings
-    from ..stores.base import Store
-    from .model import Clock
-    from .registry import Registry
+    from celery_durable.engine.model import Clock
+    from celery_durable.engine.registry import Registry
+    from celery_durable.settings import Settings
+    from celery_durable.stores.base import Store
 
 __all__ = ["answer_query"]
 

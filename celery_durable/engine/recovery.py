@@ -19,14 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConflictError, CorruptDocument
-from ..stores.base import DueRef, find_inner, strip_reserved
-from ..stores.chunk_gc import collect_chunks
-from ..stores.offload import Offloading
-from .checks import MalformedDocument, check_doc, check_exec, check_partition
-from .delivery import marker_token
-from .dispatcher import ActivityRequest
-from .model import (
+from celery_durable.engine.checks import MalformedDocument, check_doc, check_exec, check_partition
+from celery_durable.engine.delivery import marker_token
+from celery_durable.engine.dispatcher import ActivityRequest
+from celery_durable.engine.model import (
     DUE_ACTIVITY,
     DUE_CHILD,
     DUE_EXEC,
@@ -39,10 +35,14 @@ from .model import (
     result_id,
     settled,
 )
-from .pending_ops import PENDING, finish
+from celery_durable.engine.pending_ops import PENDING, finish
+from celery_durable.errors import ConflictError, CorruptDocument
+from celery_durable.stores.base import DueRef, find_inner, strip_reserved
+from celery_durable.stores.chunk_gc import collect_chunks
+from celery_durable.stores.offload import Offloading
 
 if TYPE_CHECKING:
-    from .parts import EngineParts
+    from celery_durable.engine.parts import EngineParts
 
 __all__ = ["Recovery", "ScanReport"]
 

@@ -6,8 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..codecs import CallCodec, codec_for
-from ..errors import ConfigurationError
+from celery_durable.codecs import CallCodec, codec_for
+from celery_durable.errors import ConfigurationError
 
 __all__ = ["WorkflowDef", "ActivityDef", "Registry"]
 

@@ -15,16 +15,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import CorruptDocument, PayloadValidationError, WorkflowCancelledError
-from ..settings import Settings
-from ..stores.base import Doc
-from .context import ContinueAsNew, Fatal, LocalStep, Suspend, WorkflowContext, failed_step
-from .delivery import stamped
-from .dispatcher import AdmitRequest, CancelRequest, Send
-from .model import DUE_ACTIVITY, DUE_CHILD, DUE_CLOCK, error_info
-from .registry import Registry, WorkflowDef
-from .reruns import rerun_count
-from .sticky import Outcome, StickyCache, call
+from celery_durable.engine.context import ContinueAsNew, Fatal, LocalStep, Suspend, WorkflowContext, failed_step
+from celery_durable.engine.delivery import stamped
+from celery_durable.engine.dispatcher import AdmitRequest, CancelRequest, Send
+from celery_durable.engine.model import DUE_ACTIVITY, DUE_CHILD, DUE_CLOCK, error_info
+from celery_durable.engine.registry import Registry, WorkflowDef
+from celery_durable.engine.reruns import rerun_count
+from celery_durable.engine.sticky import Outcome, StickyCache, call
+from celery_durable.errors import CorruptDocument, PayloadValidationError, WorkflowCancelledError
+from celery_durable.settings import Settings
+from celery_durable.stores.base import Doc
 
 __all__ = ["Replay", "replay"]
 

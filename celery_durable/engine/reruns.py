@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..stores.base import Doc
+from celery_durable.stores.base import Doc
 
 __all__ = ["RERUNS", "rerun_count", "bump_reruns", "reborn", "emit_state", "children_of"]
 

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from ..stores.base import Doc
-from .cancel_withdrawal import cascaded, rearm_waiting_children
-from .oplog import actor, archived, next_op
-from .schema import EXEC_ID, DocType, Status, marker_id, operation_id, result_id
-from .search import run_start as search_run_start
-from .timeline import _int
+from celery_durable.engine.cancel_withdrawal import cascaded, rearm_waiting_children
+from celery_durable.engine.oplog import actor, archived, next_op
+from celery_durable.engine.schema import EXEC_ID, DocType, Status, marker_id, operation_id, result_id
+from celery_durable.engine.search import run_start as search_run_start
+from celery_durable.engine.timeline import _int
+from celery_durable.stores.base import Doc
 
 __all__ = ["cancel_point", "delivered_cancel", "plan_reset", "reset_by"]
 

@@ -6,10 +6,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from ..errors import CorruptDocument
-from ..stores.base import Doc, Store
-from .schema import marker_id, parse_step_id, result_id, signal_mark_id, signal_value_id, wait_decision_id
-from .timeline import ExecutionDetail, StepRecord, _int, describe_docs, summary_of
+from celery_durable.engine.schema import (
+    marker_id,
+    parse_step_id,
+    result_id,
+    signal_mark_id,
+    signal_value_id,
+    wait_decision_id,
+)
+from celery_durable.engine.timeline import ExecutionDetail, StepRecord, _int, describe_docs, summary_of
+from celery_durable.errors import CorruptDocument
+from celery_durable.stores.base import Doc, Store
 
 __all__ = ["salvage", "SALVAGE_MAX"]
 

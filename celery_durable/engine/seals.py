@@ -24,8 +24,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import CorruptDocument, StoreError
-from ..stores.base import Doc, Store
+from celery_durable.errors import CorruptDocument, StoreError
+from celery_durable.stores.base import Doc, Store
 
 __all__ = [
     "KEY_PK",

@@ -14,12 +14,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..codecs import same_json
-from ..stores.base import Doc
-from ..stores.search import check_memo, check_search, merge_search
+from celery_durable.codecs import same_json
+from celery_durable.stores.base import Doc
+from celery_durable.stores.search import check_memo, check_search, merge_search
 
 if TYPE_CHECKING:
-    from .context import WorkflowContext
+    from celery_durable.engine.context import WorkflowContext
 
 __all__ = ["upsert", "apply_updates", "start_fields", "run_start"]
 

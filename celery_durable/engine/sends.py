@@ -13,14 +13,14 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConflictError, InvalidWorkflowId, PayloadValidationError, UnknownWorkflowError
-from ..stores.base import Doc, reads_may_lag, strip_reserved
-from .dispatcher import SignalRequest
-from .model import EXEC_ID, TERMINAL, error_info, marker_id, result_id, settled
-from .schema import external_signal_id
+from celery_durable.engine.dispatcher import SignalRequest
+from celery_durable.engine.model import EXEC_ID, TERMINAL, error_info, marker_id, result_id, settled
+from celery_durable.engine.schema import external_signal_id
+from celery_durable.errors import ConflictError, InvalidWorkflowId, PayloadValidationError, UnknownWorkflowError
+from celery_durable.stores.base import Doc, reads_may_lag, strip_reserved
 
 if TYPE_CHECKING:
-    from .parts import EngineParts
+    from celery_durable.engine.parts import EngineParts
 
 #: ``Links.signal``: records a value at the receiver (idempotent by signal id)
 Signal = Callable[..., bool]

@@ -47,12 +47,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from greenlet import greenlet
 
-from ..stores.base import RESERVED, Doc
-from .context import ContinueAsNew, Fatal, Suspend, WorkflowContext
-from .model import EXEC_ID, marker_id
+from celery_durable.engine.context import ContinueAsNew, Fatal, Suspend, WorkflowContext
+from celery_durable.engine.model import EXEC_ID, marker_id
+from celery_durable.stores.base import RESERVED, Doc
 
 if TYPE_CHECKING:
-    from .registry import WorkflowDef
+    from celery_durable.engine.registry import WorkflowDef
 
 __all__ = ["StickyCache", "Outcome", "VOLATILE", "call", "green_pool"]
 

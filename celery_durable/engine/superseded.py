@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..stores.base import Doc
-from .schema import StepKind, result_id, signal_outcome_id
+from celery_durable.engine.schema import StepKind, result_id, signal_outcome_id
+from celery_durable.stores.base import Doc
 
 __all__ = ["SupersededStep", "superseded_of", "version_of", "live_versions", "with_parts"]
 

@@ -12,9 +12,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from ..stores.base import CORRUPT_KEY, Doc
-from .reruns import emit_state
-from .schema import (
+from celery_durable.engine.reruns import emit_state
+from celery_durable.engine.schema import (
     EXEC_ID,
     PENDING_OP,
     SIGNAL_MARK_PREFIX,
@@ -24,7 +23,8 @@ from .schema import (
     result_id,
     signal_outcome_id,
 )
-from .superseded import SupersededStep, live_versions, superseded_of, with_parts
+from celery_durable.engine.superseded import SupersededStep, live_versions, superseded_of, with_parts
+from celery_durable.stores.base import CORRUPT_KEY, Doc
 
 __all__ = [
     "STATUSES",

@@ -19,9 +19,9 @@ removed once no execution that took the marker is left.
 
 from __future__ import annotations
 
-from .context import WorkflowContext
-from .model import marker_id
-from .schema import StepKind
+from celery_durable.engine.context import WorkflowContext
+from celery_durable.engine.model import marker_id
+from celery_durable.engine.schema import StepKind
 
 __all__ = ["patched", "deprecate_patch"]
 

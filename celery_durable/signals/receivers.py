@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING, Any
 
 from celery import signals as celery_signals
 
-from . import EVENT_SIGNALS
+from celery_durable.signals import EVENT_SIGNALS
 
 if TYPE_CHECKING:
-    from ..extension import DurableLike
+    from celery_durable.extension import DurableLike
 
 __all__ = ["install", "forward_event"]
 

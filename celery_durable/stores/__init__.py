@@ -10,9 +10,9 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from ..errors import ConfigurationError
-from .base import MAX_BATCH_OPS, MAX_DOC_BYTES, Doc, DueRef, Op, PartitionRead, Store
-from .offload import DEFAULT_MAX_PAYLOAD, offloaded
+from celery_durable.errors import ConfigurationError
+from celery_durable.stores.base import MAX_BATCH_OPS, MAX_DOC_BYTES, Doc, DueRef, Op, PartitionRead, Store
+from celery_durable.stores.offload import DEFAULT_MAX_PAYLOAD, offloaded
 
 __all__ = [
     "Store",

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..errors import CorruptDocument
-from .base import Doc
+from celery_durable.errors import CorruptDocument
+from celery_durable.stores.base import Doc
 
 __all__ = [
     "CHUNK_PREFIX",

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import parse_qsl, quote, quote_plus, urlsplit
 
-from ..errors import ConfigurationError
+from celery_durable.errors import ConfigurationError
 
 __all__ = ["Secret", "parse_url", "server_message", "KEY_ENV", "CallDeadline", "DeadlineExceeded", "end_sdk_threads"]
 

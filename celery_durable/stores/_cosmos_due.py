@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 from azure.core import MatchConditions
 from azure.cosmos import exceptions as cx
 
-from ._cosmos_index import ENTRY_KIND, LATE, DueIndex, lwm_pk
-from .base import Doc, DueRef
+from celery_durable.stores._cosmos_index import ENTRY_KIND, LATE, DueIndex, lwm_pk
+from celery_durable.stores.base import Doc, DueRef
 
 if TYPE_CHECKING:
     from azure.cosmos import ContainerProxy

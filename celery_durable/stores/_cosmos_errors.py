@@ -7,9 +7,16 @@ from collections.abc import Callable
 from azure.core.exceptions import AzureError
 from azure.cosmos import exceptions as cx
 
-from ..errors import ConfigurationError, ConflictError, DocumentTooLarge, StoreError, StoreUnavailable, Throttled
-from ._cosmos_config import server_message
-from .base import Doc, doc_size
+from celery_durable.errors import (
+    ConfigurationError,
+    ConflictError,
+    DocumentTooLarge,
+    StoreError,
+    StoreUnavailable,
+    Throttled,
+)
+from celery_durable.stores._cosmos_config import server_message
+from celery_durable.stores.base import Doc, doc_size
 
 __all__ = ["translate", "TRANSIENT", "NOT_APPLIED"]
 

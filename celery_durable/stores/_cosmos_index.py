@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .base import Doc
+from celery_durable.stores.base import Doc
 
 #: Keys the store adds to a user document in Cosmos (never returned to callers).
 ORIGINAL_ID = "_oid"  # the caller's id when the Cosmos id had to be encoded

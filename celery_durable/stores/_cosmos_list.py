@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from .base import Doc, ExecFilter, ExecPage, check_page_size
+from celery_durable.stores.base import Doc, ExecFilter, ExecPage, check_page_size
 
 if TYPE_CHECKING:
     from azure.cosmos import ContainerProxy

@@ -13,10 +13,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ._cosmos_provision import INDEXING_POLICY, PARTITION_KEY_PATH, container_problems, indexes_payloads
+from celery_durable.stores._cosmos_provision import (
+    INDEXING_POLICY,
+    PARTITION_KEY_PATH,
+    container_problems,
+    indexes_payloads,
+)
 
 if TYPE_CHECKING:
-    from .cosmos import CosmosStore
+    from celery_durable.stores.cosmos import CosmosStore
 
 __all__ = ["ContainerState", "inspect_container", "apply_indexing_policy"]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ..errors import ConfigurationError
+from celery_durable.errors import ConfigurationError
 
 __all__ = [
     "INDEXING_POLICY",

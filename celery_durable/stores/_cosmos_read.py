@@ -16,8 +16,8 @@ import copy
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ._cosmos_index import DUE_REF, ORIGINAL_ID, SYSTEM_KEYS, make_etag
-from .base import Doc, check_ids
+from celery_durable.stores._cosmos_index import DUE_REF, ORIGINAL_ID, SYSTEM_KEYS, make_etag
+from celery_durable.stores.base import Doc, check_ids
 
 __all__ = ["CosmosReads", "read_many_query"]
 

@@ -28,9 +28,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from ._cosmos_index import split_etag
-from .base import Doc, ExecFilter, ExecPage, created_key, exec_matches
-from .search import search_terms, term_of
+from celery_durable.stores._cosmos_index import split_etag
+from celery_durable.stores.base import Doc, ExecFilter, ExecPage, created_key, exec_matches
+from celery_durable.stores.search import search_terms, term_of
 
 if TYPE_CHECKING:
     from azure.cosmos import ContainerProxy

@@ -28,8 +28,8 @@ import psycopg
 from psycopg import errors as pge
 from psycopg.conninfo import conninfo_to_dict
 
-from ..errors import ConfigurationError, ConflictError, StoreError, StoreUnavailable
-from ..settings import redact_url, url_password_is_raw
+from celery_durable.errors import ConfigurationError, ConflictError, StoreError, StoreUnavailable
+from celery_durable.settings import redact_url, url_password_is_raw
 
 __all__ = ["PgConfig", "Pool", "parse_url", "translate", "DEFAULT_TABLE"]
 

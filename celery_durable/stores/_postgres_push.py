@@ -25,8 +25,8 @@ from typing import Any
 
 import psycopg
 
-from ._postgres_conn import PgConfig
-from .push import Hub
+from celery_durable.stores._postgres_conn import PgConfig
+from celery_durable.stores.push import Hub
 
 __all__ = ["PgNotifier", "channel_of"]
 

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..settings import redact_url, url_password_is_raw
-from .push import Hub, payload_of
+from celery_durable.settings import redact_url, url_password_is_raw
+from celery_durable.stores.push import Hub, payload_of
 
 __all__ = ["RedisNotifier", "CHANNEL"]
 

@@ -7,8 +7,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import ConfigurationError, CorruptDocument
-from .base import CORRUPT_KEY, Doc, ExecPage, due_fields, encode_keyset
+from celery_durable.errors import ConfigurationError, CorruptDocument
+from celery_durable.stores.base import CORRUPT_KEY, Doc, ExecPage, due_fields, encode_keyset
 
 
 def decode_row(body: str, pk: str, doc_id: str, version: int) -> Doc:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..errors import ConfigurationError
+from celery_durable.errors import ConfigurationError
 
 __all__ = ["DEFAULT_FILE_MODE", "check_file_mode", "create_file"]
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
-from .base import Doc, ExecFilter, created_key, decode_keyset
-from .search import search_terms, term_of
+from celery_durable.stores.base import Doc, ExecFilter, created_key, decode_keyset
+from celery_durable.stores.search import search_terms, term_of
 
 __all__ = ["SEARCH_SCHEMA", "index_search", "search_query"]
 

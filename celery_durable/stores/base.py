@@ -37,8 +37,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ..errors import ConfigurationError, DocumentTooLarge
-from .search import search_matches
+from celery_durable.errors import ConfigurationError, DocumentTooLarge
+from celery_durable.stores.search import search_matches
 
 __all__ = [
     "Doc",

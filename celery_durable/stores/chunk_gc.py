@@ -32,10 +32,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from ..errors import ConflictError, CorruptDocument, StoreError
-from ._chunks import DUE_CHUNK, chunk_ids, chunk_nonce, manifest_of, recheck_delay
-from .base import Store
-from .offload import Offloading
+from celery_durable.errors import ConflictError, CorruptDocument, StoreError
+from celery_durable.stores._chunks import DUE_CHUNK, chunk_ids, chunk_nonce, manifest_of, recheck_delay
+from celery_durable.stores.base import Store
+from celery_durable.stores.offload import Offloading
 
 __all__ = ["ChunkReport", "collect_chunks"]
 

@@ -78,17 +78,11 @@ from azure.core.exceptions import ServiceRequestError, ServiceResponseError
 from azure.cosmos import ContainerProxy, CosmosClient, PartitionKey
 from azure.cosmos import exceptions as cx
 
-from ..errors import (
-    ConfigurationError,
-    ConflictError,
-    DocumentTooLarge,
-    DurableError,
-    StoreUnavailable,
-)
-from ._cosmos_config import CallDeadline, DeadlineExceeded, Secret, end_sdk_threads, parse_url
-from ._cosmos_due import CosmosDueScan
-from ._cosmos_errors import NOT_APPLIED, TRANSIENT, translate
-from ._cosmos_index import (
+from celery_durable.errors import ConfigurationError, ConflictError, DocumentTooLarge, DurableError, StoreUnavailable
+from celery_durable.stores._cosmos_config import CallDeadline, DeadlineExceeded, Secret, end_sdk_threads, parse_url
+from celery_durable.stores._cosmos_due import CosmosDueScan
+from celery_durable.stores._cosmos_errors import NOT_APPLIED, TRANSIENT, translate
+from celery_durable.stores._cosmos_index import (
     DUE_REF,
     MAX_ID_LENGTH,
     ORIGINAL_ID,
@@ -98,12 +92,17 @@ from ._cosmos_index import (
     make_etag,
     split_etag,
 )
-from ._cosmos_list import CosmosListing
-from ._cosmos_provision import INDEXING_POLICY, PARTITION_KEY_PATH, check_container, throughput_option
-from ._cosmos_read import CosmosReads
-from ._cosmos_search import CosmosSearch
-from ._cosmos_session import CosmosSessions, SessionTokens
-from .base import Doc, Op, PartitionRead, Store, check_doc, doc_size, due_fields
+from celery_durable.stores._cosmos_list import CosmosListing
+from celery_durable.stores._cosmos_provision import (
+    INDEXING_POLICY,
+    PARTITION_KEY_PATH,
+    check_container,
+    throughput_option,
+)
+from celery_durable.stores._cosmos_read import CosmosReads
+from celery_durable.stores._cosmos_search import CosmosSearch
+from celery_durable.stores._cosmos_session import CosmosSessions, SessionTokens
+from celery_durable.stores.base import Doc, Op, PartitionRead, Store, check_doc, doc_size, due_fields
 
 __all__ = ["CosmosStore", "from_url"]
 

@@ -11,8 +11,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import ConflictError
-from .base import (
+from celery_durable.errors import ConflictError
+from celery_durable.stores.base import (
     Doc,
     DueRef,
     ExecFilter,

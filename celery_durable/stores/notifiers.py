@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from .base import Store, find_inner
-from .push import REDIS_SCHEMES, NoPush, Notifier
+from celery_durable.stores.base import Store, find_inner
+from celery_durable.stores.push import REDIS_SCHEMES, NoPush, Notifier
 
 __all__ = ["build_notifier"]
 
@@ -28,7 +28,7 @@ def build_notifier(mode: str, store: Store, redis_url: str | None, statuses: Col
             notifier: Notifier = pg.enable_push(frozenset(statuses))  # type: ignore[attr-defined]
             return notifier
     if redis_url:
-        from ._redis_push import RedisNotifier
+        from celery_durable.stores._redis_push import RedisNotifier
 
         return RedisNotifier(redis_url)
     return NoPush()

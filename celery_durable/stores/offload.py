@@ -39,7 +39,7 @@ from abc import ABC
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
-from ..errors import (
+from celery_durable.errors import (
     ConfigurationError,
     ConflictError,
     CorruptDocument,
@@ -48,7 +48,7 @@ from ..errors import (
     StoreError,
     StoreUnavailable,
 )
-from ._chunks import (
+from celery_durable.stores._chunks import (
     CHUNK_GRACE,
     CHUNK_PREFIX,
     DUE_CHUNK,
@@ -57,10 +57,8 @@ from ._chunks import (
     is_chunk,
     manifest_of,
 )
-from ._chunks import (
-    pieces as cut_pieces,
-)
-from .base import (
+from celery_durable.stores._chunks import pieces as cut_pieces
+from celery_durable.stores.base import (
     CORRUPT_KEY,
     Doc,
     ExecFilter,

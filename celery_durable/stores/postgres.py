@@ -50,14 +50,14 @@ from typing import Any
 
 import psycopg
 
-from ..errors import ConfigurationError, ConflictError
-from ._postgres_conn import PgConfig, Pool, parse_url
-from ._postgres_push import PgNotifier
-from ._sql import decode_row as _decode
-from ._sql import due_columns, exec_page
-from ._sql import parse_etag as _parse_etag
-from ._sql import prefix_upper as _prefix_upper
-from .base import (
+from celery_durable.errors import ConfigurationError, ConflictError
+from celery_durable.stores._postgres_conn import PgConfig, Pool, parse_url
+from celery_durable.stores._postgres_push import PgNotifier
+from celery_durable.stores._sql import decode_row as _decode
+from celery_durable.stores._sql import due_columns, exec_page
+from celery_durable.stores._sql import parse_etag as _parse_etag
+from celery_durable.stores._sql import prefix_upper as _prefix_upper
+from celery_durable.stores.base import (
     Doc,
     DueRef,
     ExecFilter,
@@ -72,8 +72,8 @@ from .base import (
     decode_keyset,
     sent_size,
 )
-from .push import payload_of
-from .search import search_terms, term_of
+from celery_durable.stores.push import payload_of
+from celery_durable.stores.search import search_terms, term_of
 
 __all__ = ["PostgresStore", "from_url"]
 

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from ..settings import PUSH_MODES, REDIS_SCHEMES
+from celery_durable.settings import PUSH_MODES, REDIS_SCHEMES
 
 __all__ = ["Notifier", "Waiter", "NoPush", "Hub", "payload_of", "PUSH_MODES", "REDIS_SCHEMES"]
 

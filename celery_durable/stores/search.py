@@ -19,8 +19,8 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..codecs import difference, json_problem
-from ..errors import InvalidSearchAttribute
+from celery_durable.codecs import difference, json_problem
+from celery_durable.errors import InvalidSearchAttribute
 
 __all__ = [
     "MAX_KEY",

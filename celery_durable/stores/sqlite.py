@@ -31,15 +31,15 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from ..errors import ConfigurationError, ConflictError, StoreUnavailable
-from ..settings import redact_url
-from ._sql import decode_row as _decode
-from ._sql import due_columns, exec_page
-from ._sql import parse_etag as _parse_etag
-from ._sql import prefix_upper as _prefix_upper
-from ._sqlite_files import DEFAULT_FILE_MODE, check_file_mode, create_file
-from ._sqlite_search import SEARCH_SCHEMA, index_search, search_query
-from .base import (
+from celery_durable.errors import ConfigurationError, ConflictError, StoreUnavailable
+from celery_durable.settings import redact_url
+from celery_durable.stores._sql import decode_row as _decode
+from celery_durable.stores._sql import due_columns, exec_page
+from celery_durable.stores._sql import parse_etag as _parse_etag
+from celery_durable.stores._sql import prefix_upper as _prefix_upper
+from celery_durable.stores._sqlite_files import DEFAULT_FILE_MODE, check_file_mode, create_file
+from celery_durable.stores._sqlite_search import SEARCH_SCHEMA, index_search, search_query
+from celery_durable.stores.base import (
     Doc,
     DueRef,
     ExecFilter,

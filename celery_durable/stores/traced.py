@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from ..observability import span
-from .base import Doc, DueRef, ExecFilter, ExecPage, Op, PartitionRead, Store
+from celery_durable.observability import span
+from celery_durable.stores.base import Doc, DueRef, ExecFilter, ExecPage, Op, PartitionRead, Store
 
 __all__ = ["TracedStore"]
 

@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from ..stores.base import Doc, DueRef, ExecFilter, ExecPage, Op, PartitionRead, Store, check_ids
+from celery_durable.stores.base import Doc, DueRef, ExecFilter, ExecPage, Op, PartitionRead, Store, check_ids
 
 __all__ = ["CountingStore"]
 

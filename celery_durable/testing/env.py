@@ -25,25 +25,25 @@ import warnings
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..activity import task_retry
-from ..engine.activity import run_awaitable
-from ..engine.admin import Admin, ExecutionPage
-from ..engine.core import Engine
-from ..engine.delivery import Delivery
-from ..engine.dispatcher import ActivityRequest, InlineDispatcher
-from ..engine.local import LocalWorker
-from ..engine.model import Settings
-from ..engine.registry import Registry
-from ..errors import DurableError, NonRetryableError
-from ..handle import WorkflowHandle
-from ..retry import TaskRetry
-from ..stores.base import Store
-from ..stores.memory import MemoryStore
+from celery_durable.activity import task_retry
+from celery_durable.engine.activity import run_awaitable
+from celery_durable.engine.admin import Admin, ExecutionPage
+from celery_durable.engine.core import Engine
+from celery_durable.engine.delivery import Delivery
+from celery_durable.engine.dispatcher import ActivityRequest, InlineDispatcher
+from celery_durable.engine.local import LocalWorker
+from celery_durable.engine.model import Settings
+from celery_durable.engine.registry import Registry
+from celery_durable.errors import DurableError, NonRetryableError
+from celery_durable.handle import WorkflowHandle
+from celery_durable.retry import TaskRetry
+from celery_durable.stores.base import Store
+from celery_durable.stores.memory import MemoryStore
 
 if TYPE_CHECKING:
     from celery import Celery
 
-    from ..app import Durable, Workflow
+    from celery_durable.app import Durable, Workflow
 
 __all__ = ["FakeClock", "WorkflowEnvironment"]
 
@@ -126,7 +126,7 @@ class WorkflowEnvironment:
         #: activity retries waiting for their delay: (due time, message), as Celery's countdown
         self.retries: list[tuple[float, ActivityRequest]] = []
         # library signals (celery_durable.signals) fire here as they do on workers
-        from ..signals.receivers import forward_event
+        from celery_durable.signals.receivers import forward_event
 
         self.engine.subscribe(forward_event)
 
@@ -211,7 +211,7 @@ class WorkflowEnvironment:
 
     def _schedule_ticks(self, after: float, until: float) -> list[tuple[float, str, dict[str, Any], str]]:
         """``(time, workflow, payload, id)`` of the schedule ticks in ``(after, until]``, in time order."""
-        from ..tasks import tick_id
+        from celery_durable.tasks import tick_id
 
         ticks = []
         for entry in getattr(self._durable, "_schedules", {}).values():  # what Durable.schedule() registered

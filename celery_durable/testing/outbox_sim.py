@@ -44,7 +44,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..engine.outbox import (
+from celery_durable.engine.outbox import (
     DUE_ADMIT,
     DUE_LANE,
     FAILED,
@@ -56,10 +56,10 @@ from ..engine.outbox import (
     lane_pk,
     row_id,
 )
-from ..errors import IdempotencyConflict, StoreUnavailable
-from ..stores.base import Doc, Op, Store
-from ..stores.memory import MemoryStore
-from .outbox_sim_parts import (
+from celery_durable.errors import IdempotencyConflict, StoreUnavailable
+from celery_durable.stores.base import Doc, Op, Store
+from celery_durable.stores.memory import MemoryStore
+from celery_durable.testing.outbox_sim_parts import (
     BUGS,
     EFFECT_TYPES,
     EPOCH,
@@ -88,7 +88,7 @@ from .outbox_sim_parts import (
     replay_command,
     request_of,
 )
-from .sim_faults import quiet
+from celery_durable.testing.sim_faults import quiet
 
 __all__ = [
     "BUGS",

@@ -16,11 +16,11 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from ..engine.outbox import EffectRef
-from ..errors import IdempotencyConflict, LaneFull
-from .outbox_sim import OutboxSim
-from .outbox_sim_parts import EFFECT_TYPES, Faults, Message, SimResult, check_admitted
-from .sim_faults import quiet
+from celery_durable.engine.outbox import EffectRef
+from celery_durable.errors import IdempotencyConflict, LaneFull
+from celery_durable.testing.outbox_sim import OutboxSim
+from celery_durable.testing.outbox_sim_parts import EFFECT_TYPES, Faults, Message, SimResult, check_admitted
+from celery_durable.testing.sim_faults import quiet
 
 __all__ = ["ForgingSim", "run_forged"]
 

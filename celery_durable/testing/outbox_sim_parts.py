@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, TypeVar
 
-from ..engine.outbox import (
+from celery_durable.engine.outbox import (
     CANCELLED,
     DUE_ADMIT,
     FAILED,
@@ -24,10 +24,10 @@ from ..engine.outbox import (
     lane_pk,
     row_id,
 )
-from ..engine.outbox.model import index_pk
-from ..errors import StoreUnavailable
-from ..stores.base import Doc, DueRef, Op, PartitionRead, Store
-from .sim_faults import FaultSpec
+from celery_durable.engine.outbox.model import index_pk
+from celery_durable.errors import StoreUnavailable
+from celery_durable.stores.base import Doc, DueRef, Op, PartitionRead, Store
+from celery_durable.testing.sim_faults import FaultSpec
 
 __all__ = [
     "BUGS",

@@ -29,8 +29,8 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from ..app import Durable
-from .env import WorkflowEnvironment
+from celery_durable.app import Durable
+from celery_durable.testing.env import WorkflowEnvironment
 
 __all__ = ["DurableWorker", "load_durable"]
 

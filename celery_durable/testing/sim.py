@@ -33,15 +33,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from ..engine.delivery import Delivery
-from ..engine.model import DUE_ACTIVITY, DUE_CHILD, DUE_CLOCK, DUE_EXEC, EXEC_ID, TERMINAL, marker_id
-from ..errors import NonRetryableError, StoreError, StoreUnavailable
-from ..stores.base import Doc, Store
-from ..stores.memory import MemoryStore
-from .sim_checks import Outcome, check, outcome_of
-from .sim_faults import quiet
-from .sim_ops import plan_ops
-from .sim_store import (
+from celery_durable.engine.delivery import Delivery
+from celery_durable.engine.model import DUE_ACTIVITY, DUE_CHILD, DUE_CLOCK, DUE_EXEC, EXEC_ID, TERMINAL, marker_id
+from celery_durable.errors import NonRetryableError, StoreError, StoreUnavailable
+from celery_durable.stores.base import Doc, Store
+from celery_durable.stores.memory import MemoryStore
+from celery_durable.testing.sim_checks import Outcome, check, outcome_of
+from celery_durable.testing.sim_faults import quiet
+from celery_durable.testing.sim_ops import plan_ops
+from celery_durable.testing.sim_store import (
     EPOCH,
     FAULT_KINDS,
     INVARIANTS,
@@ -60,7 +60,7 @@ from .sim_store import (
     WorkerCrash,
     replay_command,
 )
-from .sim_workload import LONG_TIMEOUT, SIGNAL_TIMEOUT, ActivityLedger, build_registry, set_ledger
+from celery_durable.testing.sim_workload import LONG_TIMEOUT, SIGNAL_TIMEOUT, ActivityLedger, build_registry, set_ledger
 
 __all__ = [
     "FAULT_KINDS",

@@ -6,10 +6,10 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from ..engine.checks import pending_signal_values
-from ..engine.model import TERMINAL
-from ..stores.base import Doc
-from .sim_store import EPOCH, Planned, Sim
+from celery_durable.engine.checks import pending_signal_values
+from celery_durable.engine.model import TERMINAL
+from celery_durable.stores.base import Doc
+from celery_durable.testing.sim_store import EPOCH, Planned, Sim
 
 __all__ = ["Outcome", "check", "outcome_of"]
 

@@ -25,15 +25,15 @@ from contextlib import contextmanager
 from typing import Any
 from unittest import mock
 
-from ..engine import activity as engine_activity
-from ..engine import seals
-from ..engine.delivery import Delivery, step_token
-from ..engine.dispatcher import ActivityRequest
-from ..engine.schema import result_id
-from ..stores.base import Doc
-from .sim import Sim
-from .sim_faults import quiet
-from .sim_store import Actor, Faults, Message, SimResult
+from celery_durable.engine import activity as engine_activity
+from celery_durable.engine import seals
+from celery_durable.engine.delivery import Delivery, step_token
+from celery_durable.engine.dispatcher import ActivityRequest
+from celery_durable.engine.schema import result_id
+from celery_durable.stores.base import Doc
+from celery_durable.testing.sim import Sim
+from celery_durable.testing.sim_faults import quiet
+from celery_durable.testing.sim_store import Actor, Faults, Message, SimResult
 
 __all__ = ["ForgingSim", "run_forged_seed", "FORGED_VALUE", "FORGE_INVARIANT"]
 

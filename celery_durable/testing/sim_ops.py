@@ -22,11 +22,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..engine.admin import Admin, OperationRefused
-from ..engine.core import Engine
-from ..errors import StoreError
-from ..stores.base import Doc, DueRef, Op, PartitionRead, Store
-from .sim_store import SETTINGS, Actor, SimClock, WorkerCrash
+from celery_durable.engine.admin import Admin, OperationRefused
+from celery_durable.engine.core import Engine
+from celery_durable.errors import StoreError
+from celery_durable.stores.base import Doc, DueRef, Op, PartitionRead, Store
+from celery_durable.testing.sim_store import SETTINGS, Actor, SimClock, WorkerCrash
 
 #: the scheduler (``sim.Sim``; not imported: ``sim`` imports this module)
 Sim = Any

@@ -14,7 +14,7 @@ import random
 import threading
 from typing import Protocol
 
-from ..engine.core import Engine
+from celery_durable.engine.core import Engine
 
 __all__ = ["StickyFaults"]
 

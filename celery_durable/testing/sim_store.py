@@ -9,19 +9,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from ..engine.activity import Attempt
-from ..engine.core import Engine
-from ..engine.dispatcher import ActivityRequest, ClockRequest
-from ..engine.model import EXEC_ID, RUNNING, TERMINAL, Settings
-from ..errors import StoreUnavailable
-from ..stores.base import Doc, DueRef, Op, PartitionRead, Store
-from .sim_faults import FaultSpec
-from .sim_sticky import StickyFaults
+from celery_durable.engine.activity import Attempt
+from celery_durable.engine.core import Engine
+from celery_durable.engine.dispatcher import ActivityRequest, ClockRequest
+from celery_durable.engine.model import EXEC_ID, RUNNING, TERMINAL, Settings
+from celery_durable.errors import StoreUnavailable
+from celery_durable.stores.base import Doc, DueRef, Op, PartitionRead, Store
+from celery_durable.testing.sim_faults import FaultSpec
+from celery_durable.testing.sim_sticky import StickyFaults
 
 if TYPE_CHECKING:
     import random
 
-    from ..engine.registry import Registry
+    from celery_durable.engine.registry import Registry
 
 __all__ = [
     "FAULT_KINDS",

@@ -11,12 +11,12 @@ import sys
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, TextIO
 
-from .access import Access
-from .app import create_app
-from .auth import Guard, new_token
+from celery_durable.ui.access import Access
+from celery_durable.ui.app import create_app
+from celery_durable.ui.auth import Guard, new_token
 
 if TYPE_CHECKING:
-    from ..app import Durable
+    from celery_durable.app import Durable
 
 __all__ = ["Access", "create_app", "serve", "new_token"]
 

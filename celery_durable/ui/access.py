@@ -26,7 +26,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from .auth import Guard
+from celery_durable.ui.auth import Guard
 
 __all__ = ["Access", "Gate", "is_loopback"]
 

@@ -23,18 +23,28 @@ from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from ..cli_render import ts
-from ..engine.admin import Admin, ExecutionDetail, OperationRefused
-from ..engine.core import Engine
-from ..engine.links import declared_signals
-from ..engine.schema import Status
-from ..engine.timeline import STATUSES
-from ..errors import DurableError, PayloadValidationError, UnknownWorkflowError
-from ..stores.base import MAX_PAGE_SIZE
-from ..stores.search import parse_pairs
-from .access import Access, Gate
-from .auth import COOKIE, Guard, safe_next
-from .views import chart, confirms, detail_json, duration, exec_url, lanes_of, parse_age, pretty, read_lane
+from celery_durable.cli_render import ts
+from celery_durable.engine.admin import Admin, ExecutionDetail, OperationRefused
+from celery_durable.engine.core import Engine
+from celery_durable.engine.links import declared_signals
+from celery_durable.engine.schema import Status
+from celery_durable.engine.timeline import STATUSES
+from celery_durable.errors import DurableError, PayloadValidationError, UnknownWorkflowError
+from celery_durable.stores.base import MAX_PAGE_SIZE
+from celery_durable.stores.search import parse_pairs
+from celery_durable.ui.access import Access, Gate
+from celery_durable.ui.auth import COOKIE, Guard, safe_next
+from celery_durable.ui.views import (
+    chart,
+    confirms,
+    detail_json,
+    duration,
+    exec_url,
+    lanes_of,
+    parse_age,
+    pretty,
+    read_lane,
+)
 
 __all__ = ["create_app", "ACTIONS"]
 
@@ -124,7 +134,7 @@ class UI:
         every process's sharing ``PROMETHEUS_MULTIPROC_DIR`` (workers of this machine) if set."""
         if not self.exports_metrics:
             return PlainTextResponse("metrics need the prometheus extra: pip install 'celery-durable[prometheus]'", 404)
-        from ..metrics import exposition
+        from celery_durable.metrics import exposition
 
         body, content_type = exposition()
         return Response(body, headers={"Content-Type": content_type})
@@ -295,7 +305,7 @@ class UI:
 def _instrument(engine: Engine) -> bool:
     """Count this UI's store calls and actions in Prometheus metrics, if prometheus_client is here."""
     try:
-        from ..metrics import instrument_engine
+        from celery_durable.metrics import instrument_engine
     except ImportError:
         return False
     instrument_engine(engine)

@@ -41,8 +41,7 @@ from celery_durable.stores import Store
 from celery_durable.stores.base import Op
 from celery_durable.stores.memory import MemoryStore
 from celery_durable.stores.sqlite import SqliteStore
-
-from .outbox_env import Email, Env, FakeClock
+from tests.engine.outbox_env import Email, Env, FakeClock
 
 
 @pytest.fixture(params=["memory", "sqlite"])

@@ -15,8 +15,7 @@ from celery_durable.engine.outbox import RUNNING, SUCCEEDED, ClaimUnknown
 from celery_durable.errors import StoreUnavailable
 from celery_durable.outbox import ADOPT_HEADER, ADOPT_SEAL_HEADER
 from celery_durable.stores.memory import MemoryStore
-
-from .outbox_env import Glue, Retry
+from tests.engine.outbox_env import Glue, Retry
 
 
 def lose_claim_and_read_back(store: MemoryStore, apply: bool) -> None:

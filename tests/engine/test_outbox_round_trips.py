@@ -11,8 +11,7 @@ from celery_durable.engine.outbox.reads import READ_AHEAD
 from celery_durable.engine.outbox.runtime import execute
 from celery_durable.outbox import AFTER_HEADER, CeleryEffectSender
 from celery_durable.stores.memory import MemoryStore
-
-from .outbox_env import Env, Glue
+from tests.engine.outbox_env import Env, Glue
 
 N = 200
 

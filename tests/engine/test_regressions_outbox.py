@@ -20,8 +20,7 @@ from celery_durable.stores import Store
 from celery_durable.stores.base import Op
 from celery_durable.stores.memory import MemoryStore
 from celery_durable.stores.sqlite import SqliteStore
-
-from .outbox_env import Env
+from tests.engine.outbox_env import Env
 
 
 @pytest.fixture(params=["memory", "sqlite"])

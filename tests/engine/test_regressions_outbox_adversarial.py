@@ -25,8 +25,7 @@ from celery_durable.stores import Store
 from celery_durable.stores.base import Doc, Op
 from celery_durable.stores.memory import MemoryStore
 from celery_durable.stores.sqlite import SqliteStore
-
-from .outbox_env import Env, FakeClock, Glue
+from tests.engine.outbox_env import Env, FakeClock, Glue
 
 
 @pytest.fixture(params=["memory", "sqlite"])

@@ -25,8 +25,7 @@ from celery_durable.retry import RetryPolicy
 from celery_durable.stores import Store
 from celery_durable.stores.memory import MemoryStore
 from celery_durable.stores.sqlite import SqliteStore
-
-from .outbox_env import Env, Glue, Retry
+from tests.engine.outbox_env import Env, Glue, Retry
 
 
 @pytest.fixture(params=["memory", "sqlite"])

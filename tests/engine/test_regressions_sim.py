@@ -19,9 +19,8 @@ from celery_durable.engine.admin import Admin
 from celery_durable.engine.context import require_context
 from celery_durable.errors import DurableTimeoutError, StoreUnavailable
 from celery_durable.stores.base import Doc, Op
-
-from .inprocess import parent_and_child
-from .test_regressions_links import Env
+from tests.engine.inprocess import parent_and_child
+from tests.engine.test_regressions_links import Env
 
 # --- cancel_parent: a child created after its parent was cancelled ------------------------------
 

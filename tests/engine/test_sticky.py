@@ -18,8 +18,7 @@ from celery_durable.engine.replay import Replay, replay
 from celery_durable.engine.sticky import StickyCache
 from celery_durable.errors import ConflictError
 from celery_durable.stores.base import Doc, strip_reserved
-
-from .inprocess import InProcess
+from tests.engine.inprocess import InProcess
 
 
 class Flow:

@@ -21,9 +21,8 @@ from celery_durable.stores._chunks import chunk_ids as _chunk_ids
 from celery_durable.stores.base import doc_size
 from celery_durable.stores.chunk_gc import ChunkReport, collect_chunks
 from celery_durable.stores.offload import CHUNK_GRACE, DUE_CHUNK, MANIFEST_KEY, Offloading
-
-from .test_contract import D, body, sized
-from .test_contract_large import MB, chunks
+from tests.stores.test_contract import D, body, sized
+from tests.stores.test_contract_large import MB, chunks
 
 #: later than every due time these tests write
 FAR = 1e12

@@ -18,8 +18,7 @@ from celery_durable.errors import ConflictError, CorruptDocument, DocumentTooLar
 from celery_durable.stores import MAX_DOC_BYTES, Doc, Op, Store, store_from_url
 from celery_durable.stores.base import ExecFilter, doc_size
 from celery_durable.stores.offload import CHUNK_PREFIX, MANIFEST_KEY, Offloading, inline_limit
-
-from .test_contract import T0, D, body, sized
+from tests.stores.test_contract import T0, D, body, sized
 
 MB = 1024 * 1024
 INLINE = inline_limit(MAX_DOC_BYTES)

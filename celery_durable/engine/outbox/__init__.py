@@ -2,8 +2,8 @@
 ``machine``, the liveness scan in ``scan``, the worker-side runtime (handlers, heartbeat,
 cancellation) in ``runtime``. No Celery import anywhere here."""
 
-from .machine import OutboxEngine
-from .model import (
+from celery_durable.engine.outbox.machine import OutboxEngine
+from celery_durable.engine.outbox.model import (
     CANCELLED,
     DUE_ADMIT,
     DUE_LANE,

@@ -17,17 +17,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-from ...errors import (
-    ConflictError,
-    DocumentTooLarge,
-    DurableError,
-    IdempotencyConflict,
-    LaneFull,
-    PayloadTooLarge,
-    StoreError,
-)
-from ...stores.base import Doc, Op, check_doc
-from .model import (
+from celery_durable.engine.outbox.model import (
     DUE_LANE,
     DUE_PRUNE,
     HEAD_ID,
@@ -44,9 +34,19 @@ from .model import (
     lane_pk,
     row_id,
 )
-from .model import strip as _strip
-from .reads import READ_AHEAD
-from .repeats import source_of
+from celery_durable.engine.outbox.model import strip as _strip
+from celery_durable.engine.outbox.reads import READ_AHEAD
+from celery_durable.engine.outbox.repeats import source_of
+from celery_durable.errors import (
+    ConflictError,
+    DocumentTooLarge,
+    DurableError,
+    IdempotencyConflict,
+    LaneFull,
+    PayloadTooLarge,
+    StoreError,
+)
+from celery_durable.stores.base import Doc, Op, check_doc
 
 __all__ = ["Admission", "MAX_ROUNDS"]
 

@@ -11,10 +11,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from ...errors import ConflictError, LaneFull, StoreError
-from ...stores.base import Doc, Op
-from .admission import MAX_ROUNDS
-from .model import (
+from celery_durable.engine.outbox.admission import MAX_ROUNDS
+from celery_durable.engine.outbox.model import (
     CANCELLED,
     DUE_ADMIT,
     DUE_PRUNE,
@@ -28,7 +26,9 @@ from .model import (
     lane_pk,
     row_id,
 )
-from .model import strip as _strip
+from celery_durable.engine.outbox.model import strip as _strip
+from celery_durable.errors import ConflictError, LaneFull, StoreError
+from celery_durable.stores.base import Doc, Op
 
 __all__ = ["Canceller"]
 

@@ -16,12 +16,10 @@ import uuid
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
-from ...errors import ConfigurationError, ConflictError, IdempotencyConflict, LaneFull, StoreError, StoreUnavailable
-from ...stores.base import Doc, Op, Store
-from ..model import Clock, SystemClock, worker_identity
-from .admission import MAX_ROUNDS, Admission
-from .cancel import Canceller
-from .model import (
+from celery_durable.engine.model import Clock, SystemClock, worker_identity
+from celery_durable.engine.outbox.admission import MAX_ROUNDS, Admission
+from celery_durable.engine.outbox.cancel import Canceller
+from celery_durable.engine.outbox.model import (
     CANCELLED,
     DUE_ADMIT,
     DUE_LANE,
@@ -43,15 +41,25 @@ from .model import (
     OutboxSettings,
     ScanReport,
     digest,
+    held_by,
     index_pk,
     intent_id,
     lane_pk,
     row_id,
 )
-from .model import strip as _strip
-from .reads import LEASE_LOST, READ_AFTER_STALE, READ_AHEAD, SettleReads, rows_found
-from .repeats import admit_once
-from .scan import Scanner
+from celery_durable.engine.outbox.model import strip as _strip
+from celery_durable.engine.outbox.reads import LEASE_LOST, READ_AFTER_STALE, READ_AHEAD, SettleReads, rows_found
+from celery_durable.engine.outbox.repeats import admit_once
+from celery_durable.engine.outbox.scan import Scanner
+from celery_durable.errors import (
+    ConfigurationError,
+    ConflictError,
+    IdempotencyConflict,
+    LaneFull,
+    StoreError,
+    StoreUnavailable,
+)
+from celery_durable.stores.base import Doc, Op, Store
 
 __all__ = ["OutboxEngine", "MAX_ROUNDS", "LEASE_LOST"]
 
@@ -248,7 +256,7 @@ class OutboxEngine(SettleReads):
                 return ClaimResult(None, "missing")
             status = row.get("status")
             if status == RUNNING:
-                if adopt is None or not _held_by(row, head, effect_id, adopted, adopt[1]):
+                if adopt is None or not held_by(row, head, effect_id, adopted, adopt[1]):
                     return ClaimResult(None, "duplicate")
                 assert head is not None  # _held_by checked it
                 now = self.clock.now()
@@ -313,7 +321,7 @@ class OutboxEngine(SettleReads):
     ) -> tuple[Doc, Doc, list[str | None]] | None:
         """After a claim batch raised a store error: the row and head as stored, if it applied."""
         head, row = self.store.read_many(lane, [HEAD_ID, row_id(effect_id)])
-        if not _held_by(row, head, effect_id, (owner,), attempt):
+        if not held_by(row, head, effect_id, (owner,), attempt):
             return None
         assert row is not None and head is not None  # _held_by checked them
         log.info("effect %s: the claim applied though its answer was lost", effect_id)
@@ -588,12 +596,3 @@ class OutboxEngine(SettleReads):
     def scan(self, limit: int = 500) -> ScanReport:
         """Admit stray intents, resend lost messages and due retries, settle expired leases, prune."""
         return Scanner(self).scan(limit)
-
-
-def _held_by(row: Doc | None, head: Doc | None, effect_id: str, owners: Collection[str], attempt: int) -> bool:
-    """Whether ``row`` runs its ``attempt`` under a lease of one of ``owners`` and holds its key:
-    a claim whose answer was lost applied (``_claimed_anyway``), or may be adopted (``claim``)."""
-    if row is None or head is None or row.get("status") != RUNNING:
-        return False
-    lease = row.get("lease") or {}
-    return lease.get("owner") in owners and int(row.get("attempt") or 0) == attempt and head.get("running") == effect_id

@@ -47,13 +47,14 @@ import hashlib
 import json
 import threading
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ...errors import LaneFull, StoreUnavailable
-from ...settings import Settings
-from ...stores.base import Doc, Store, reads_may_lag, strip_reserved
-from ..model import Clock
+from celery_durable.engine.model import Clock
+from celery_durable.errors import LaneFull, StoreUnavailable
+from celery_durable.settings import Settings
+from celery_durable.stores.base import Doc, Store, reads_may_lag, strip_reserved
 
 __all__ = [
     "ConflictPause",
@@ -349,3 +350,13 @@ class ConflictPause:
     def __call__(self, rounds: int) -> None:
         if self.lagging:
             time.sleep(min(0.5, 0.01 * 2 ** min(rounds, 6)))
+
+
+def held_by(row: Doc | None, head: Doc | None, effect_id: str, owners: Collection[str], attempt: int) -> bool:
+    """Whether ``row`` runs its ``attempt`` under a lease of one of ``owners`` and holds its key:
+    a claim whose answer was lost applied (``OutboxEngine._claimed_anyway``), or may be adopted
+    (``OutboxEngine.claim``)."""
+    if row is None or head is None or row.get("status") != RUNNING:
+        return False
+    lease = row.get("lease") or {}
+    return lease.get("owner") in owners and int(row.get("attempt") or 0) == attempt and head.get("running") == effect_id

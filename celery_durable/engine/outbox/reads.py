@@ -7,10 +7,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Collection
 
-from ...errors import StoreError
-from ...stores.base import Doc, Store
-from .model import CANCELLED, HEAD_ID, RETRY, RUNNING, Claim, lane_pk, row_id
-from .model import strip as _strip
+from celery_durable.engine.outbox.model import CANCELLED, HEAD_ID, RETRY, RUNNING, Claim, lane_pk, row_id
+from celery_durable.engine.outbox.model import strip as _strip
+from celery_durable.errors import StoreError
+from celery_durable.stores.base import Doc, Store
 
 __all__ = ["SettleReads", "READ_AHEAD", "READ_AFTER_STALE", "LEASE_LOST", "rows_found"]
 

@@ -14,8 +14,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from ...stores.base import Doc, Store
-from .model import Admitted, lane_pk, row_id
+from celery_durable.engine.outbox.model import Admitted, lane_pk, row_id
+from celery_durable.stores.base import Doc, Store
 
 __all__ = ["admit_once", "source_of"]
 

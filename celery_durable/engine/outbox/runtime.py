@@ -29,12 +29,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...codecs import ValueCodec
-from ...errors import ConfigurationError, DurableTimeoutError, StoreError
-from ...retry import RetryPolicy
-from ..heartbeat import Heartbeat
-from .machine import LEASE_LOST, OutboxEngine
-from .model import FAILED, RETRY, SUCCEEDED, Claim
+from celery_durable.codecs import ValueCodec
+from celery_durable.engine.heartbeat import Heartbeat
+from celery_durable.engine.outbox.machine import LEASE_LOST, OutboxEngine
+from celery_durable.engine.outbox.model import FAILED, RETRY, SUCCEEDED, Claim
+from celery_durable.errors import ConfigurationError, DurableTimeoutError, StoreError
+from celery_durable.retry import RetryPolicy
 
 __all__ = [
     "EffectDef",

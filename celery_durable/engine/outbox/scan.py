@@ -18,10 +18,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from ...errors import ConflictError, DurableError, LaneFull
-from ...stores.base import Doc, Op
-from ..model import lease_live
-from .model import (
+from celery_durable.engine.model import lease_live
+from celery_durable.engine.outbox.model import (
     CANCELLED,
     DUE_ADMIT,
     DUE_LANE,
@@ -39,7 +37,9 @@ from .model import (
     index_pk,
     row_id,
 )
-from .model import strip as _strip
+from celery_durable.engine.outbox.model import strip as _strip
+from celery_durable.errors import ConflictError, DurableError, LaneFull
+from celery_durable.stores.base import Doc, Op
 
 __all__ = ["Scanner"]
 
