@@ -255,7 +255,7 @@ def print_table(
     headers: Sequence[str], rows: Sequence[Sequence[object]], title: str | None = None, stream: TextIO | None = None
 ) -> None:
     """A rich table (the ``durable`` CLI's rendering): first column left-aligned, the others right."""
-    from celery_durable.cli_render import print_table as render
+    from celery_durable.cli.render import print_table as render
 
     if title:
         print(f"\n{title}", file=stream or sys.stdout)

@@ -202,7 +202,7 @@ def main() -> int:
         server = None
         account = contextlib.ExitStack()
         if args.cosmos_url:
-            from celery_durable.testing.cosmos_account import describe, fresh_container
+            from harness.cosmos_account import describe, fresh_container
 
             env.env["DURABLE_STORE_URL"] = account.enter_context(fresh_container(args.cosmos_url, prefix="chaos"))
             print(f"on {describe(env.env['DURABLE_STORE_URL'])} (deleted at the end)")

@@ -68,7 +68,7 @@ class Run:
 
 def make_store(kind: str, tmp: Path) -> Store:
     if kind == "sqlite":
-        from celery_durable.stores.sqlite import SqliteStore
+        from celery_durable.stores.sqlite.store import SqliteStore
 
         return SqliteStore(str(tmp / "long.db"))
     from celery_durable.stores.memory import MemoryStore

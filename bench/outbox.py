@@ -37,7 +37,7 @@ from celery import Celery, signals
 from pydantic import BaseModel
 
 from celery_durable import Durable
-from celery_durable.stores.sqlite import SqliteStore
+from celery_durable.stores.sqlite.store import SqliteStore
 
 BROKER = os.environ.get("BENCH_BROKER_URL", "redis://127.0.0.1:6379/11")
 
@@ -128,7 +128,7 @@ def _sites(folder: Path) -> Counter[str]:
 
 @durable.effect("bench.fx")
 def fx(item: Item) -> None:
-    from celery_durable.outbox import effect_context
+    from celery_durable.glue.outbox import effect_context
 
     handle("outbox", effect_context().key, item.seq)
 

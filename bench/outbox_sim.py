@@ -5,7 +5,7 @@ ids with the same or another payload, delayed effects, cancels by id and by key)
 workers and a client sharing one in-memory store, with store errors before and after a write
 applied, worker crashes, lost/duplicated/delayed/reordered messages, skewed clocks and
 preemption inside store calls; then heals and checks the invariants
-(``celery_durable.testing.outbox_sim``). Target: 0 violations.
+(``harness.outbox_sim``). Target: 0 violations.
 
     python bench/outbox_sim.py                      # 10,000 seeds, all faults
     python bench/outbox_sim.py --seed 42 --faults all --trace
@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _common import machine, verdict  # noqa: E402
 from _common import print_table as plain_table  # noqa: E402
 
-from celery_durable.testing.outbox_sim import (  # noqa: E402
+from harness.outbox_sim import (  # noqa: E402
     BUGS,
     FAULT_KINDS,
     INVARIANTS,
@@ -35,7 +35,7 @@ from celery_durable.testing.outbox_sim import (  # noqa: E402
     replay_command,
     run_seed,
 )
-from celery_durable.testing.outbox_sim_parts import MAX_SKEW  # noqa: E402
+from harness.outbox_sim_parts import MAX_SKEW  # noqa: E402
 
 #: the invariants (``INVARIANTS`` has them in full) in a table row
 SHORT = {

@@ -1,5 +1,5 @@
 """Large payloads (issue 12): the round trip of a 10 MB activity result, offloaded into chunk
-documents (``celery_durable/stores/offload.py``), on SQLite and on the Cosmos test server.
+documents (``celery_durable/stores/offload/store.py``), on SQLite and on the Cosmos test server.
 
 Two figures per backend, the median of ``--runs`` runs:
 

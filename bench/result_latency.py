@@ -41,7 +41,7 @@ def _phase(env: Any, store_url: str, runs: int, steps: int, concurrency: int) ->
     env.apply_to_process()  # before the app is imported: it reads its queue from the environment
     from apps import benchapp
 
-    from celery_durable.stores.push import NoPush
+    from celery_durable.stores.push.base import NoPush
 
     worker = start_worker(env, concurrency=concurrency, loglevel=os.environ.get("BENCH_LOGLEVEL", "WARNING"))
     try:

@@ -5,7 +5,7 @@ children, cancel with Saga compensation, continue-as-new) on 3 simulated workers
 in-memory store, with store faults, worker crashes, lost/duplicated/delayed/reordered messages,
 skewed clocks, preemption inside store calls, and live workflow instances (engine/sticky.py)
 evicted or left behind by a move to another thread, then heals and checks the invariants
-(``celery_durable.testing.sim``). Target: 0 violations.
+(``harness.sim``). Target: 0 violations.
 
     python bench/sim.py --seeds 10000
     python bench/sim.py --seeds 1000 --faults crash,lose --known-bugs signal_timeout_race
@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from celery_durable.testing.sim import (  # noqa: E402
+from harness.sim import (  # noqa: E402
     FAULT_KINDS,
     KNOWN_BUGS,
     Faults,
@@ -31,8 +31,8 @@ from celery_durable.testing.sim import (  # noqa: E402
     replay_command,
     run_seed,
 )
-from celery_durable.testing.sim_forge import run_forged_seed  # noqa: E402
-from celery_durable.testing.sim_store import OPEN_BUGS  # noqa: E402
+from harness.sim_forge import run_forged_seed  # noqa: E402
+from harness.sim_store import OPEN_BUGS  # noqa: E402
 
 ROWS = (
     ("store unavailable before the call", "store_before"),

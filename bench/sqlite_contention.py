@@ -48,7 +48,7 @@ from _common import exit_on_sigterm, machine, mean, percentile, verdict
 
 from celery_durable.errors import StoreUnavailable
 from celery_durable.stores.base import Op
-from celery_durable.stores.sqlite import SqliteStore
+from celery_durable.stores.sqlite.store import SqliteStore
 
 
 class SqliteHandlerStore(SqliteStore):

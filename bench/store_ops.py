@@ -1,7 +1,7 @@
 """Store round trips and documents read per activity, at 10 and at 1,000 sequential steps.
 
 The engine runs in-process (``InlineDispatcher`` + ``LocalWorker``: no broker, no Celery) on a
-real :class:`~celery_durable.stores.sqlite.SqliteStore` wrapped in a counting proxy. Every call
+real :class:`~celery_durable.stores.sqlite.store.SqliteStore` wrapped in a counting proxy. Every call
 to the store is one round trip; each is attributed to the engine function that made it (the
 first caller frame in ``celery_durable/engine`` outside the partition cache).
 
@@ -152,16 +152,16 @@ POSTGRES_URL = os.environ.get("BENCH_POSTGRES_URL", "postgresql://postgres@127.0
 
 def make_store(kind: str, tmp: Path) -> tuple[Store, str]:
     if kind == "postgres":
-        from celery_durable.stores.postgres import from_url
+        from celery_durable.stores.postgres.store import from_url
 
         schema = f"bench_{uuid.uuid4().hex[:12]}"
         sep = "&" if "?" in POSTGRES_URL else "?"
         return from_url(f"{POSTGRES_URL}{sep}schema={schema}"), "PostgresStore"
     if kind == "sqlite":
         try:
-            from celery_durable.stores.sqlite import SqliteStore
+            from celery_durable.stores.sqlite.store import SqliteStore
         except ImportError as exc:
-            print(f"celery_durable.stores.sqlite is not importable ({exc}); falling back to MemoryStore")
+            print(f"celery_durable.stores.sqlite.store is not importable ({exc}); falling back to MemoryStore")
         else:
             return SqliteStore(str(tmp / "store_ops.db")), "SqliteStore"
     from celery_durable.stores.memory import MemoryStore
@@ -297,7 +297,7 @@ def report(results: list[Result], sizes: tuple[int, int]) -> tuple[float, float]
 def _drop_schema(store: Store) -> None:
     import psycopg
 
-    from celery_durable.stores.postgres import PostgresStore
+    from celery_durable.stores.postgres.store import PostgresStore
 
     assert isinstance(store, PostgresStore)
     schema = store.cfg.schema

@@ -10,7 +10,6 @@
 >>> fulfil.start("o-1", _workflow_id="order-o-1").result(timeout=60)
 """
 
-from celery_durable.activity import durable_activity
 from celery_durable.app import Durable, Workflow, WorkflowOptions
 from celery_durable.errors import (
     ActivityError,
@@ -36,6 +35,7 @@ from celery_durable.errors import (
     WorkflowCancelledError,
     WorkflowFailedError,
 )
+from celery_durable.glue.durable_activity import durable_activity
 from celery_durable.handle import ExecutionInfo, WorkflowHandle
 from celery_durable.retry import RetryPolicy
 from celery_durable.settings import DurableSettings

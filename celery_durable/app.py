@@ -11,8 +11,6 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 from celery import Celery
 
 from celery_durable import workflow as _wf
-from celery_durable.beat_shutdown import install_beat_shutdown
-from celery_durable.bootsteps import DurableMetricsStep, DurableShutdownStep, DurableStep
 from celery_durable.engine.admin import Admin, ExecutionDetail, ExecutionPage, PurgeReport, StepRecord
 from celery_durable.engine.checks import check_workflow_id
 from celery_durable.engine.context import DurableFuture, current_context, require_context
@@ -21,23 +19,25 @@ from celery_durable.engine.model import TERMINAL
 from celery_durable.engine.registry import Registry, WorkflowDef
 from celery_durable.engine.search import start_fields
 from celery_durable.errors import ConfigurationError
-from celery_durable.extension import EXTENSION_ATTR, durable_of
-from celery_durable.handle import WorkflowHandle
-from celery_durable.observability import Counters
-from celery_durable.outbox import OUTBOX_SCAN_TASK, CeleryEffectSender, Outbox
-from celery_durable.settings import Settings
-from celery_durable.signals.receivers import forward_event, install
-from celery_durable.stores import Store, store_from_url
-from celery_durable.stores.notifiers import build_notifier
-from celery_durable.stores.push import REDIS_SCHEMES
-from celery_durable.tasks import (
+from celery_durable.glue.beat_shutdown import install_beat_shutdown
+from celery_durable.glue.bootsteps import DurableMetricsStep, DurableShutdownStep, DurableStep
+from celery_durable.glue.extension import EXTENSION_ATTR, durable_of
+from celery_durable.glue.hook_receivers import forward_event, install
+from celery_durable.glue.outbox import OUTBOX_SCAN_TASK, CeleryEffectSender, Outbox
+from celery_durable.glue.tasks import (
     FIRE_DUE_CLOCKS_TASK,
     RECOVER_TASK,
     START_SCHEDULED_TASK,
     CeleryDispatcher,
     register_tasks,
 )
-from celery_durable.wire import check as check_wire
+from celery_durable.glue.wire import check as check_wire
+from celery_durable.handle import WorkflowHandle
+from celery_durable.observability import Counters
+from celery_durable.settings import Settings
+from celery_durable.stores import Store, store_from_url
+from celery_durable.stores.push.base import REDIS_SCHEMES
+from celery_durable.stores.push.selection import build_notifier
 
 __all__ = ["Durable", "Workflow", "WorkflowOptions"]
 
@@ -228,7 +228,7 @@ class Durable:
                     dispatcher = CeleryDispatcher(
                         self.app, float(settings.timer_fast_path_max), CeleryEffectSender(self.app, self.outbox.effects)
                     )
-                    # handle.result() is woken by a push (stores/push.py): the store's own, else Redis
+                    # handle.result() is woken by a push (stores/push/base.py): the store's own, else Redis
                     notifier = build_notifier(settings.result_push, store, _redis_url(self.app), TERMINAL)
                     engine = Engine(store, dispatcher, self.registry, settings, notifier=notifier)
                     engine.subscribe(forward_event)

@@ -3,7 +3,7 @@
 * :class:`Counters` counts every engine event (``workflow_completed``, ``activity_failed``,
   ``timer_fired``, ``recovery_resend``, ``drive_conflict``, ``stale_read_retry`` /
   ``stale_read_drop`` (deliveries re-sent because a stale read may explain a refusal, and those
-  given up: :mod:`celery_durable.consistency`) …); ``durable.counters.snapshot()``
+  given up: :mod:`celery_durable.glue.session_tokens`) …); ``durable.counters.snapshot()``
   returns a plain dict a Prometheus exporter can publish.
 * :func:`span` opens an OpenTelemetry span when the ``otel`` extra is installed
   (``pip install celery-durable[otel]``) and is a no-op otherwise.

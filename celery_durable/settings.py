@@ -65,7 +65,7 @@ from urllib.parse import unquote
 
 from celery_durable.errors import ConfigurationError
 
-#: values of ``durable_result_push`` besides a ``redis://`` / ``rediss://`` URL (stores/push.py)
+#: values of ``durable_result_push`` besides a ``redis://`` / ``rediss://`` URL (stores/push/base.py)
 PUSH_MODES = ("auto", "off")
 REDIS_SCHEMES = ("redis://", "rediss://")
 
@@ -179,7 +179,7 @@ class Settings:
     #: times an activity may be lost (worker killed) before it is failed
     max_lost_attempts: int = 10
     #: bytes (compact JSON) of the largest document stored: one over the store's item limit is
-    #: offloaded into chunk documents (stores/offload.py); one over this fails with PayloadTooLarge
+    #: offloaded into chunk documents (stores/offload/store.py); one over this fails with PayloadTooLarge
     max_payload: int = 64 * 1024 * 1024
     #: conflicts tolerated in optimistic drives before taking the exec lease
     optimistic_attempts: int = 2
@@ -204,7 +204,7 @@ class Settings:
     #: a delivery that settles a row runs the key's next row (same type, due now) itself, up to
     #: this many in a row, before it hands the key back to the queue (0: one row per message)
     outbox_drain_max: int = 50
-    #: a worker serves Prometheus metrics on this port (celery_durable.metrics; None: off)
+    #: a worker serves Prometheus metrics on this port (celery_durable.glue.metrics; None: off)
     metrics_port: int | None = None
     #: how handle.result() learns an execution ended: "auto" (PostgreSQL LISTEN/NOTIFY, else Redis
     #: pub/sub on the broker or result backend, else polling), "off" (polling), or a redis:// URL

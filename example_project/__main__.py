@@ -287,7 +287,7 @@ def describe(s: Shipment) -> str:
 
 def table(rows: list[list[str]]) -> str:
     """The summary as a rich table (the ``celery durable`` CLI's rendering): header row first."""
-    from celery_durable.cli_render import print_table  # imported late, like the app: after the env is set
+    from celery_durable.cli.render import print_table  # imported late, like the app: after the env is set
 
     out = io.StringIO()
     print_table(rows[0], rows[1:], right=[4, 5], stream=out)  # steps, elapsed

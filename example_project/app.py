@@ -86,7 +86,7 @@ app.conf.update(
 if os.environ.get("EXAMPLE_METRICS_PORT"):  # python -m example_project --ui: one port per worker
     app.conf.durable_metrics_port = int(os.environ["EXAMPLE_METRICS_PORT"])
 if BROKER_URL.startswith("filesystem:"):
-    # kombu's filesystem transport with atomic writes (see celery_durable/contrib/filesystem.py)
+    # kombu's filesystem transport with atomic writes (see celery_durable/glue/filesystem_transport.py)
     app.conf.broker_transport = "celery_durable.contrib.filesystem:Transport"
     app.conf.broker_transport_options = broker_folders(RUN_DIR)
 durable = Durable(app)

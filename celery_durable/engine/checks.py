@@ -32,8 +32,8 @@ from celery_durable.engine.schema import (
 )
 from celery_durable.engine.seals import KEY_PK
 from celery_durable.errors import CorruptDocument, InvalidWorkflowId
-from celery_durable.stores._cosmos_index import lwm_pk
 from celery_durable.stores.base import Doc
+from celery_durable.stores.cosmos.index import lwm_pk
 
 __all__ = [
     "MalformedDocument",

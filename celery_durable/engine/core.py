@@ -60,8 +60,8 @@ from celery_durable.errors import (
 )
 from celery_durable.observability import Counters, tracing_configured
 from celery_durable.stores.base import Doc, Store, strip_reserved
-from celery_durable.stores.offload import offloaded
-from celery_durable.stores.push import READY_TIMEOUT, NoPush, Notifier
+from celery_durable.stores.offload.store import offloaded
+from celery_durable.stores.push.base import READY_TIMEOUT, NoPush, Notifier
 
 __all__ = ["Engine"]
 
@@ -84,7 +84,7 @@ class Engine:
         notifier: Notifier | None = None,
     ) -> None:
         self.settings = settings or Settings()
-        #: wakes handle.result() when an execution ends (stores/push.py); polling without one
+        #: wakes handle.result() when an execution ends (stores/push/base.py); polling without one
         self.notifier: Notifier = notifier or NoPush()
         self.clock: Clock = clock or SystemClock()
         # documents past the item limit go to chunk documents, up to durable_max_payload (due
@@ -122,7 +122,7 @@ class Engine:
         #: each simulated worker its own)
         self.identity: Callable[[], str] = worker_identity
 
-    # --- events (the Celery glue forwards them to celery_durable.signals) -----------------
+    # --- events (the Celery glue forwards them to celery_durable.glue.hooks) -----------------
 
     def subscribe(self, listener: Listener) -> None:
         self._listeners.append(listener)

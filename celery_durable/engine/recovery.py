@@ -6,7 +6,7 @@
   lapsed without a result (killed worker): send it again. The first-writer-wins result makes
   a duplicate harmless. After ``max_lost_attempts`` lost attempts the step fails.
 * ``chunk`` due — chunk documents of a large document an hour old: deleted unless the document
-  names them (a writer died between its chunks and its commit): ``stores/chunk_gc.py``.
+  names them (a writer died between its chunks and its commit): ``stores/offload/chunk_gc.py``.
 
 Each found document is pushed forward with an etag replace before anything is sent, so two
 beats by mistake send at most one message per item and interval.
@@ -38,8 +38,8 @@ from celery_durable.engine.model import (
 from celery_durable.engine.pending_ops import PENDING, finish
 from celery_durable.errors import ConflictError, CorruptDocument
 from celery_durable.stores.base import DueRef, find_inner, strip_reserved
-from celery_durable.stores.chunk_gc import collect_chunks
-from celery_durable.stores.offload import Offloading
+from celery_durable.stores.offload.chunk_gc import collect_chunks
+from celery_durable.stores.offload.store import Offloading
 
 if TYPE_CHECKING:
     from celery_durable.engine.parts import EngineParts

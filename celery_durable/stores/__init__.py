@@ -12,7 +12,7 @@ from typing import Any
 
 from celery_durable.errors import ConfigurationError
 from celery_durable.stores.base import MAX_BATCH_OPS, MAX_DOC_BYTES, Doc, DueRef, Op, PartitionRead, Store
-from celery_durable.stores.offload import DEFAULT_MAX_PAYLOAD, offloaded
+from celery_durable.stores.offload.store import DEFAULT_MAX_PAYLOAD, offloaded
 
 __all__ = [
     "Store",
@@ -30,11 +30,11 @@ __all__ = [
 #: URL scheme -> "module:factory"; the factory takes ``(url, **options)``.
 BACKEND_ALIASES: dict[str, str] = {
     "memory": "celery_durable.stores.memory:from_url",
-    "sqlite": "celery_durable.stores.sqlite:from_url",
-    "cosmos": "celery_durable.stores.cosmos:from_url",
-    "cosmoss": "celery_durable.stores.cosmos:from_url",
-    "postgresql": "celery_durable.stores.postgres:from_url",
-    "postgres": "celery_durable.stores.postgres:from_url",
+    "sqlite": "celery_durable.stores.sqlite.store:from_url",
+    "cosmos": "celery_durable.stores.cosmos.store:from_url",
+    "cosmoss": "celery_durable.stores.cosmos.store:from_url",
+    "postgresql": "celery_durable.stores.postgres.store:from_url",
+    "postgres": "celery_durable.stores.postgres.store:from_url",
 }
 
 

@@ -25,7 +25,6 @@ import warnings
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from celery_durable.activity import task_retry
 from celery_durable.engine.activity import run_awaitable
 from celery_durable.engine.admin import Admin, ExecutionPage
 from celery_durable.engine.core import Engine
@@ -35,6 +34,7 @@ from celery_durable.engine.local import LocalWorker
 from celery_durable.engine.model import Settings
 from celery_durable.engine.registry import Registry
 from celery_durable.errors import DurableError, NonRetryableError
+from celery_durable.glue.durable_activity import task_retry
 from celery_durable.handle import WorkflowHandle
 from celery_durable.retry import TaskRetry
 from celery_durable.stores.base import Store
@@ -125,8 +125,8 @@ class WorkflowEnvironment:
         self._durable = None if isinstance(durable, Registry) else durable
         #: activity retries waiting for their delay: (due time, message), as Celery's countdown
         self.retries: list[tuple[float, ActivityRequest]] = []
-        # library signals (celery_durable.signals) fire here as they do on workers
-        from celery_durable.signals.receivers import forward_event
+        # library signals (celery_durable.glue.hooks) fire here as they do on workers
+        from celery_durable.glue.hook_receivers import forward_event
 
         self.engine.subscribe(forward_event)
 
@@ -211,7 +211,7 @@ class WorkflowEnvironment:
 
     def _schedule_ticks(self, after: float, until: float) -> list[tuple[float, str, dict[str, Any], str]]:
         """``(time, workflow, payload, id)`` of the schedule ticks in ``(after, until]``, in time order."""
-        from celery_durable.tasks import tick_id
+        from celery_durable.glue.tasks import tick_id
 
         ticks = []
         for entry in getattr(self._durable, "_schedules", {}).values():  # what Durable.schedule() registered

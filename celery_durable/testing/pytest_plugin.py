@@ -123,7 +123,7 @@ def durable_worker(
         broker_url="filesystem://",
         broker_read_url=None,
         broker_write_url=None,
-        # kombu's filesystem transport with atomic writes (celery_durable/contrib/filesystem.py)
+        # kombu's filesystem transport with atomic writes (celery_durable/glue/filesystem_transport.py)
         broker_transport="celery_durable.contrib.filesystem:Transport",
         broker_transport_options=_broker_folders(folder / "broker"),
     )

@@ -23,7 +23,7 @@ from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from celery_durable.cli_render import ts
+from celery_durable.cli.render import ts
 from celery_durable.engine.admin import Admin, ExecutionDetail, OperationRefused
 from celery_durable.engine.core import Engine
 from celery_durable.engine.links import declared_signals
@@ -134,7 +134,7 @@ class UI:
         every process's sharing ``PROMETHEUS_MULTIPROC_DIR`` (workers of this machine) if set."""
         if not self.exports_metrics:
             return PlainTextResponse("metrics need the prometheus extra: pip install 'celery-durable[prometheus]'", 404)
-        from celery_durable.metrics import exposition
+        from celery_durable.glue.metrics import exposition
 
         body, content_type = exposition()
         return Response(body, headers={"Content-Type": content_type})
@@ -305,7 +305,7 @@ class UI:
 def _instrument(engine: Engine) -> bool:
     """Count this UI's store calls and actions in Prometheus metrics, if prometheus_client is here."""
     try:
-        from celery_durable.metrics import instrument_engine
+        from celery_durable.glue.metrics import instrument_engine
     except ImportError:
         return False
     instrument_engine(engine)

@@ -15,13 +15,13 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
-from celery_durable.cli_ops import prompt
-from celery_durable.cli_render import ts
+from celery_durable.cli.operator_actions import prompt
+from celery_durable.cli.render import ts
 from celery_durable.engine.admin import ExecutionDetail, StepRecord
 from celery_durable.engine.core import Engine
 from celery_durable.engine.schema import TERMINAL, StepKind, marker_id
 from celery_durable.errors import DurableError
-from celery_durable.outbox import EffectInfo
+from celery_durable.glue.outbox import EffectInfo
 
 __all__ = [
     "Bar",

@@ -1,4 +1,4 @@
-"""Adversarial tests of activity forms (celery_durable/activity.py, testing/env.py).
+"""Adversarial tests of activity forms (celery_durable/glue/durable_activity.py, testing/env.py).
 
 Promise (README "Concepts" → Activity): an activity is "a Celery task marked @durable_activity
 (on a plain function, or stacked on @app.task / @shared_task)"; "Celery's autoretry_for,

@@ -1,4 +1,4 @@
-"""Adversarial tests of the orphan chunk collector (celery_durable/stores/chunk_gc.py, offload.py).
+"""Adversarial tests of the orphan chunk collector (celery_durable/stores/offload/chunk_gc.py, offload.py).
 
 Promise (offload.py, chunk_gc.py docstrings): orphan chunks — of a write that died before its main
 document, or of a replaced/deleted version whose drop failed — are eventually deleted; a chunk a
@@ -14,8 +14,8 @@ import pytest
 
 from celery_durable.errors import StoreUnavailable
 from celery_durable.stores import Store
-from celery_durable.stores.chunk_gc import collect_chunks
-from celery_durable.stores.offload import CHUNK_GRACE, CHUNK_PREFIX, Offloading
+from celery_durable.stores.offload.chunk_gc import collect_chunks
+from celery_durable.stores.offload.store import CHUNK_GRACE, CHUNK_PREFIX, Offloading
 from tests.stores.test_contract_chunk_gc import referenced
 
 MB = 1024 * 1024

@@ -9,9 +9,9 @@ from urllib.parse import quote
 import pytest
 
 from celery_durable.stores import store_from_url
-from celery_durable.stores._cosmos_config import KEY_ENV
-from celery_durable.testing.cosmos_account import fresh_container
+from celery_durable.stores.cosmos.config import KEY_ENV
 from celery_durable.testing.cosmos_server import CosmosTestServer
+from harness.cosmos_account import fresh_container
 
 pytestmark = pytest.mark.cosmos
 

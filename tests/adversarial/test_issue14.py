@@ -12,7 +12,7 @@ from starlette.testclient import TestClient
 from celery_durable.errors import ConfigurationError
 from celery_durable.stores import store_from_url
 from celery_durable.stores.base import Op
-from celery_durable.stores.sqlite import SqliteStore
+from celery_durable.stores.sqlite.store import SqliteStore
 from celery_durable.testing.env import WorkflowEnvironment
 from celery_durable.ui import create_app
 from tests.plugins.postgres import (  # noqa: F401 - fixtures

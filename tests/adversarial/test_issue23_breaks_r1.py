@@ -445,7 +445,7 @@ def test_a_cli_signal_whose_record_fails_is_delivered_unrecorded(monkeypatch: py
     from celery.bin.celery import celery as celery_cli
     from click.testing import CliRunner
 
-    import celery_durable.cli as cli_mod
+    import celery_durable.cli.commands as cli_mod
     from celery_durable.errors import DurableError
 
     env = WorkflowEnvironment(durable, store=durable.store)

@@ -83,7 +83,7 @@ def test_a_schedule_name_with_a_bidi_override_is_refused_before_anything_is_stor
     (shown as ``nightlyexe.jpg@...``)."""
     from datetime import timedelta
 
-    from celery_durable.tasks import START_SCHEDULED_TASK
+    from celery_durable.glue.tasks import START_SCHEDULED_TASK
 
     sapp = Celery("adv-r2-sched", set_as_current=False)
     sdurable = Durable(sapp, store="memory://")
@@ -104,7 +104,7 @@ def test_a_schedule_name_with_a_bidi_override_is_refused_before_anything_is_stor
 
 
 def test_auth_signing_over_pickle_still_sends_pickle() -> None:
-    """Promise 6: "pickle is never sent" (wire.py turns a ``pickle`` task_serializer into json,
+    """Promise 6: "pickle is never sent" (glue/wire.py turns a ``pickle`` task_serializer into json,
     and says "what they carry is JSON-native in any case, so auth wraps JSON"). But Celery's
     ``app.setup_security(serializer="pickle")`` makes ``auth`` sign a *pickled* body:
     ``wire.serializer`` passes ``auth`` through unchecked, so the library's own drive message is
@@ -123,13 +123,13 @@ def test_auth_signing_over_pickle_still_sends_pickle() -> None:
 
 
 def test_a_task_annotation_saying_pickle_makes_the_library_send_pickle(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Promise 6: "pickle is never sent" (wire.py: the library's tasks' ``serializer`` is a
+    """Promise 6: "pickle is never sent" (glue/wire.py: the library's tasks' ``serializer`` is a
     property that turns pickle into json). Celery's ``task_annotations`` set attributes on
     every task *class* (``Task.annotate``: ``setattr(cls, key, value)``), which replaces
     WireTask's ``serializer`` property: with ``{"*": {"serializer": "pickle"}}`` every message
     beat sends for the library (recover, fire_due_clocks, outbox_scan) and every retry of a
     drive or timer goes as pickle, though task_serializer is json."""
-    from celery_durable.tasks import DRIVE_TASK, FIRE_DUE_CLOCKS_TASK, RECOVER_TASK
+    from celery_durable.glue.tasks import DRIVE_TASK, FIRE_DUE_CLOCKS_TASK, RECOVER_TASK
 
     aapp = Celery("adv-r2-annot", broker="memory://", set_as_current=False)
     aapp.conf.update(
@@ -156,7 +156,7 @@ def test_a_start_scheduled_message_stores_an_id_no_caller_checked() -> None:
     stores ``"{schedule name}@{tick}"`` from its message's arguments, never through
     ``check_workflow_id``: a message published with a name holding a newline and a bidi
     override (or an entry of an older beat schedule) creates such an execution."""
-    from celery_durable.tasks import START_SCHEDULED_TASK
+    from celery_durable.glue.tasks import START_SCHEDULED_TASK
 
     sapp = Celery("adv-r2-sched2", set_as_current=False)
     sdurable = Durable(sapp, store="memory://")
@@ -198,10 +198,10 @@ def test_a_sealed_outcome_of_a_purged_execution_completes_the_restarted_one() ->
     activity never runs for it."""
     import time
 
-    from celery_durable.activity import DURABLE_HEADER
     from celery_durable.engine import seals
     from celery_durable.engine.schema import result_id
-    from celery_durable.tasks import _step_header
+    from celery_durable.glue.durable_activity import DURABLE_HEADER
+    from celery_durable.glue.tasks import _step_header
 
     eng = pdurable.engine
     sent: list = []
@@ -251,7 +251,7 @@ def test_a_worker_refusing_to_start_prints_a_percent_password() -> None:
     """Promise 8 at the worker's start (``check_store``: the one line a worker prints, and logs
     with --logfile): the message goes through ``redact_url`` whole, which finds the URL's own
     userinfo already masked and so leaves libpq's quote of the password (``"p%zzS3CRETpw"``)."""
-    from celery_durable.bootsteps import check_store
+    from celery_durable.glue.bootsteps import check_store
 
     wapp = Celery("adv-r2-worker", set_as_current=False)
     wapp.conf.durable_store_url = "postgresql://app:p%zzS3CRETpw@127.0.0.1:5432/test"

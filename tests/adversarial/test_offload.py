@@ -1,4 +1,4 @@
-"""Adversarial tests of large-payload offloading (celery_durable/stores/offload.py).
+"""Adversarial tests of large-payload offloading (celery_durable/stores/offload/store.py).
 
 Promise (README "Configuration" durable_max_payload, docs/architecture.md §4): documents past
 the 2 MB item limit are offloaded transparently; "etags/conditional writes/batches/
@@ -12,7 +12,7 @@ from typing import Any
 
 from celery_durable.stores import Store
 from celery_durable.stores.base import Op
-from celery_durable.stores.offload import CHUNK_PREFIX
+from celery_durable.stores.offload.store import CHUNK_PREFIX
 
 
 def _chunk_nonces(store: Any, pk: str) -> set[str]:

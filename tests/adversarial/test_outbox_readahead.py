@@ -16,7 +16,7 @@ import pytest
 
 from celery_durable.engine.outbox import RUNNING, SUCCEEDED, ClaimUnknown, EffectRef, lane_pk, row_id
 from celery_durable.errors import StoreUnavailable
-from celery_durable.outbox import ADOPT_HEADER
+from celery_durable.glue.outbox import ADOPT_HEADER
 from celery_durable.stores.memory import MemoryStore
 from tests.engine.outbox_env import Env, Glue, Retry
 

@@ -20,7 +20,7 @@ from celery_durable.errors import IdempotencyConflict, LaneFull
 from celery_durable.stores import Store
 from celery_durable.stores.base import Op
 from celery_durable.stores.memory import MemoryStore
-from celery_durable.stores.sqlite import SqliteStore
+from celery_durable.stores.sqlite.store import SqliteStore
 from tests.engine.outbox_env import Env, Glue
 
 

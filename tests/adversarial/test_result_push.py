@@ -1,4 +1,4 @@
-"""Adversarial review of pushed results (stores/push.py, _redis_push.py, _postgres_push.py, Engine.wait).
+"""Adversarial review of pushed results (stores/push/base.py, _redis_push.py, _postgres_push.py, Engine.wait).
 
 Each test is a break found in review (it failed on the code before its fix), kept as a regression:
 
@@ -35,7 +35,7 @@ from celery_durable.engine.model import TERMINAL
 from celery_durable.errors import DurableTimeoutError
 from celery_durable.settings import Settings
 from celery_durable.stores import store_from_url
-from celery_durable.stores._redis_push import RedisNotifier
+from celery_durable.stores.push.redis import RedisNotifier
 from tests.plugins.postgres import (  # noqa: F401 - fixtures
     _postgres_server,
     postgres_proxied_url,
@@ -171,8 +171,8 @@ def test_celery_report_hides_the_password_of_a_result_push_url(key: str) -> None
 
 
 def test_a_listen_connection_failure_is_logged_without_the_password(caplog: pytest.LogCaptureFixture) -> None:
-    from celery_durable.stores._postgres_conn import parse_url
-    from celery_durable.stores._postgres_push import PgNotifier
+    from celery_durable.stores.postgres.connection import parse_url
+    from celery_durable.stores.push.postgres import PgNotifier
 
     # the server echoes the database name; the store scrubs the password from any such message
     notifier = PgNotifier(parse_url("postgresql://postgres:S3CRETdb@127.0.0.1:5432/S3CRETdb", {}))
@@ -188,7 +188,7 @@ def test_a_listen_connection_failure_is_logged_without_the_password(caplog: pyte
 
 
 def _pg_notifier(url: str) -> Any:
-    from celery_durable.stores.postgres import PostgresStore
+    from celery_durable.stores.postgres.store import PostgresStore
 
     store = store_from_url(url)
     assert isinstance(store, PostgresStore)
@@ -307,8 +307,8 @@ def test_fifty_waiters_in_threads_share_one_listener_and_leave_nothing_behind(
 
 
 def test_a_postgres_outage_wakes_waiters_and_push_comes_back(request: pytest.FixtureRequest) -> None:
-    from celery_durable.stores._postgres_conn import parse_url
-    from celery_durable.stores._postgres_push import PgNotifier
+    from celery_durable.stores.postgres.connection import parse_url
+    from celery_durable.stores.push.postgres import PgNotifier
 
     proxy = request.getfixturevalue("postgres_proxy")
     notifier = PgNotifier(parse_url(request.getfixturevalue("postgres_proxied_url"), {}))

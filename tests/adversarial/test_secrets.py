@@ -85,7 +85,7 @@ def test_the_result_push_log_does_not_print_a_password_with_a_raw_special(
     special: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """redis-py cuts the password at the raw character and names the rest as the port or host."""
-    from celery_durable.stores._redis_push import RedisNotifier
+    from celery_durable.stores.push.redis import RedisNotifier
 
     notifier = RedisNotifier(f"redis://:Pr1vate{special}xy@127.0.0.1:1/0")
     with caplog.at_level("WARNING", logger="celery_durable.push"):

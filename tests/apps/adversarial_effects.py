@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from celery_durable import Durable
-from celery_durable.outbox import effect_context
+from celery_durable.glue.outbox import effect_context
 from tests.apps._common import env_app, env_float
 
 app = env_app(

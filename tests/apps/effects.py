@@ -22,7 +22,7 @@ from pydantic import BaseModel
 from celery_durable import Durable
 from celery_durable import workflow as wf
 from celery_durable.errors import StoreUnavailable
-from celery_durable.outbox import effect_context
+from celery_durable.glue.outbox import effect_context
 from celery_durable.stores import Store, register_backend, store_from_url
 from celery_durable.stores.base import Doc, DueRef, Op, PartitionRead
 from tests.apps._common import env_app, env_float

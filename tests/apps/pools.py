@@ -23,7 +23,7 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from celery_durable import Durable  # noqa: E402
-from celery_durable.outbox import effect_context  # noqa: E402
+from celery_durable.glue.outbox import effect_context  # noqa: E402
 from tests.apps._common import env_app, env_float  # noqa: E402
 
 app = env_app("pools", durable_outbox_cancel_poll=env_float("TEST_OUTBOX_CANCEL_POLL", "1"))

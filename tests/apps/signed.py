@@ -16,7 +16,7 @@ from pydantic import BaseModel
 
 from celery_durable import Durable, durable_activity
 from celery_durable import workflow as wf
-from celery_durable.outbox import effect_context
+from celery_durable.glue.outbox import effect_context
 from tests.apps._common import env_app, mark_in
 
 KEYS = Path(os.environ.get("TEST_SECURITY_DIR", "/nonexistent"))

@@ -222,7 +222,7 @@ def escalate(order_id: str) -> str:
 
 
 def test_show_lists_who_cancelled_a_forgotten_child(env: WorkflowEnvironment) -> None:
-    from celery_durable.cli_ops import lines
+    from celery_durable.cli.operator_actions import lines
 
     h = env.start(escalate, "co-e", _workflow_id="co-e")
     env.run_until_idle()

@@ -1,4 +1,4 @@
-"""The recovery scan collects orphan chunk documents (stores/chunk_gc.py) and keeps referenced ones.
+"""The recovery scan collects orphan chunk documents (stores/offload/chunk_gc.py) and keeps referenced ones.
 
 A process that dies after writing a large document's chunks but before its main document (the
 commit point) leaves chunks nobody references; the engine's recovery scan (beat) deletes them
@@ -8,7 +8,7 @@ that names them.
 
 from __future__ import annotations
 
-from celery_durable.stores.offload import CHUNK_PREFIX, Offloading
+from celery_durable.stores.offload.store import CHUNK_PREFIX, Offloading
 from tests.engine.inprocess import FakeClock, InProcess
 
 MB = 1024 * 1024

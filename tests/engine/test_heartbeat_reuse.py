@@ -1,6 +1,6 @@
 """Found by the adversarial review: the heartbeat after ``Durable.shutdown()``.
 
-``worker_shutdown`` calls ``Durable.shutdown()`` (``signals/receivers.py``), which stops the
+``worker_shutdown`` calls ``Durable.shutdown()`` (``glue/hook_receivers.py``), which stops the
 engine's one heartbeat for good (``Heartbeat.stop`` sets ``_stopped``; ``Heartbeat.restart`` is
 never called and ``wake()`` returns early once stopped). The engine object stays, so a worker
 started again in the same process (``celery.contrib.testing.worker.start_worker`` twice in a

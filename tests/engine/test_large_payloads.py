@@ -1,7 +1,7 @@
 """Issue 12 (edges): large payloads never strand an execution.
 
 Activity results, workflow inputs and results, and signal values larger than the store's item
-limit (2 MB, Cosmos') are offloaded into chunk documents (``celery_durable/stores/offload.py``);
+limit (2 MB, Cosmos') are offloaded into chunk documents (``celery_durable/stores/offload/store.py``);
 beyond ``durable_max_payload`` the activity or workflow *fails* with :class:`PayloadTooLarge`,
 recorded in the execution, and the activity body runs once.
 """

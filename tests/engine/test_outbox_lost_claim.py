@@ -13,7 +13,7 @@ import pytest
 
 from celery_durable.engine.outbox import RUNNING, SUCCEEDED, ClaimUnknown
 from celery_durable.errors import StoreUnavailable
-from celery_durable.outbox import ADOPT_HEADER, ADOPT_SEAL_HEADER
+from celery_durable.glue.outbox import ADOPT_HEADER, ADOPT_SEAL_HEADER
 from celery_durable.stores.memory import MemoryStore
 from tests.engine.outbox_env import Glue, Retry
 

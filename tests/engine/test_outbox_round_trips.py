@@ -9,7 +9,7 @@ from typing import Any
 from celery_durable.engine.outbox import SUCCEEDED, lane_pk, row_id
 from celery_durable.engine.outbox.reads import READ_AHEAD
 from celery_durable.engine.outbox.runtime import execute
-from celery_durable.outbox import AFTER_HEADER, CeleryEffectSender
+from celery_durable.glue.outbox import AFTER_HEADER, CeleryEffectSender
 from celery_durable.stores.memory import MemoryStore
 from tests.engine.outbox_env import Env, Glue
 

@@ -21,7 +21,7 @@ from celery_durable.engine.admin import Admin, OperationRefused
 from celery_durable.engine.pending_ops import PENDING
 from celery_durable.errors import PayloadValidationError, StoreUnavailable, UnknownWorkflowError, WorkflowCancelledError
 from celery_durable.stores.base import Op, Store
-from celery_durable.stores.sqlite import SqliteStore
+from celery_durable.stores.sqlite.store import SqliteStore
 from celery_durable.testing.env import WorkflowEnvironment
 
 app = Celery("pending-ops-tests", set_as_current=False)

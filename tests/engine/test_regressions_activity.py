@@ -15,13 +15,13 @@ from celery import Celery
 from click.testing import CliRunner
 
 from celery_durable import Durable, durable_activity
-from celery_durable.activity import DURABLE_HEADER
-from celery_durable.cli import durable as durable_cli
+from celery_durable.cli.commands import durable as durable_cli
 from celery_durable.engine import Engine, Registry, seals
 from celery_durable.engine.activity import Attempt
 from celery_durable.engine.cache import bump_generation
 from celery_durable.engine.model import SystemClock
 from celery_durable.errors import StoreUnavailable
+from celery_durable.glue.durable_activity import DURABLE_HEADER
 from celery_durable.stores.base import Op
 from celery_durable.stores.memory import MemoryStore
 from tests.engine.inprocess import InProcess

@@ -120,7 +120,7 @@ def result_of(kind: str) -> str:
 
 @pytest.mark.parametrize("kind", ["set", "bytes", "big", "surrogate"])
 def test_an_unfaithful_activity_result_fails_the_activity_once_and_clearly(kind: str, tmp_path: Any) -> None:
-    from celery_durable.stores.sqlite import SqliteStore
+    from celery_durable.stores.sqlite.store import SqliteStore
 
     RUNS.clear()
     # SQLite writes UTF-8: a lone surrogate used to fail the write after the body ran (re-run by recovery)

@@ -17,7 +17,7 @@ import pytest
 from celery import Celery, shared_task
 
 from celery_durable import ActivityError, Durable, NonRetryableError, durable_activity
-from celery_durable.activity import DURABLE_HEADER, DurableActivityTask
+from celery_durable.glue.durable_activity import DURABLE_HEADER, DurableActivityTask
 from celery_durable.stores.memory import MemoryStore
 from celery_durable.testing.env import WorkflowEnvironment
 

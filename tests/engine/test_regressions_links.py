@@ -307,7 +307,7 @@ def test_foreign_due_document_does_not_abort_the_scans() -> None:
 
 def test_rejection_fires_the_library_signal() -> None:
     from celery_durable import signals as sig
-    from celery_durable.signals.receivers import forward_event
+    from celery_durable.glue.hook_receivers import forward_event
 
     got: list[dict[str, Any]] = []
 

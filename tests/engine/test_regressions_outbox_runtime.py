@@ -24,7 +24,7 @@ from celery_durable.errors import IdempotencyConflict
 from celery_durable.retry import RetryPolicy
 from celery_durable.stores import Store
 from celery_durable.stores.memory import MemoryStore
-from celery_durable.stores.sqlite import SqliteStore
+from celery_durable.stores.sqlite.store import SqliteStore
 from tests.engine.outbox_env import Env, Glue, Retry
 
 
@@ -449,7 +449,7 @@ def test_a_drain_stays_within_the_workers_own_time_limit(glue: Glue) -> None:
     delivery drains the key's next rows only while they fit in the task's time limit; it used to
     see the message's, the task's and app.conf's limits only, and ran rows past the pool's."""
     from celery_durable.engine.outbox.model import lane_pk, row_id
-    from celery_durable.pools import note_worker_limits
+    from celery_durable.glue.pools import note_worker_limits
 
     @glue.durable.effect("adv.slowish", timeout=2.0)
     def slowish(payload: dict[str, Any]) -> None:

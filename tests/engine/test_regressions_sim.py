@@ -1,4 +1,4 @@
-"""Regressions found by the deterministic simulation (``celery_durable/testing/sim.py``).
+"""Regressions found by the deterministic simulation (``harness/sim.py``).
 
 Each test replays, directly against one in-process engine, the interleaving behind a
 ``KNOWN_BUGS`` trigger of the simulation, and failed on the code before its fix. A store call

@@ -1,4 +1,4 @@
-"""Pushed results, the seam (stores/push.py, Engine.wait): no Celery, no server.
+"""Pushed results, the seam (stores/push/base.py, Engine.wait): no Celery, no server.
 
 A recording notifier checks the order of subscribe and reads and the delays the waiter uses;
 a :class:`Hub` with an in-process "transport" checks delivery, failure and restart.
@@ -18,8 +18,8 @@ from celery_durable.engine.model import TERMINAL
 from celery_durable.errors import ConfigurationError, DurableTimeoutError
 from celery_durable.settings import Settings
 from celery_durable.stores.memory import MemoryStore
-from celery_durable.stores.notifiers import build_notifier
-from celery_durable.stores.push import Hub, NoPush, payload_of
+from celery_durable.stores.push.base import Hub, NoPush, payload_of
+from celery_durable.stores.push.selection import build_notifier
 from tests.engine.inprocess import InProcess
 
 RUNNING = {"pk": "e1", "id": "exec", "type": "exec", "workflow": "w", "status": "running"}
@@ -267,7 +267,7 @@ def test_payload_is_the_id_or_a_digest_under_the_postgres_limit() -> None:
 
 def test_build_notifier_choices(tmp_path: Any) -> None:
     from celery_durable.stores import store_from_url
-    from celery_durable.stores._redis_push import RedisNotifier
+    from celery_durable.stores.push.redis import RedisNotifier
 
     sqlite = store_from_url(f"sqlite:///{tmp_path / 's.db'}")
     assert isinstance(build_notifier("off", sqlite, "redis://h/0", TERMINAL), NoPush)

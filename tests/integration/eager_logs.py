@@ -1,4 +1,4 @@
-"""What a worker's log says about eager activities (celery_durable/eager_activities.py)."""
+"""What a worker's log says about eager activities (celery_durable/glue/eager_activities.py)."""
 
 from __future__ import annotations
 

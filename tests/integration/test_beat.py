@@ -82,7 +82,7 @@ def test_signal_timeout_fires_through_fast_path(cluster) -> None:  # type: ignor
 def test_schedule_starts_one_execution_per_tick_with_two_beats(cluster) -> None:  # type: ignore[no-untyped-def]
     from datetime import UTC, datetime
 
-    from celery_durable.tasks import tick_id
+    from celery_durable.glue.tasks import tick_id
 
     env = {"TEST_SCHEDULE_EVERY": "1"}
     cluster.start_worker(env=env, concurrency=2)

@@ -16,8 +16,8 @@ from celery.contrib.testing.worker import TestWorkController, setup_app_for_work
 from celery.worker import state
 
 from celery_durable import Durable, durable_activity
-from celery_durable.bootsteps import DurableStep
-from celery_durable.outbox import effect_context
+from celery_durable.glue.bootsteps import DurableStep
+from celery_durable.glue.outbox import effect_context
 
 STARTED = threading.Event()
 RELEASE = threading.Event()

@@ -98,7 +98,7 @@ def test_a_message_without_a_token_is_retried_not_dropped(
     worker = cluster.start_worker(concurrency=1)
     assert basic.sum_chain.start(1).result(timeout=60) == 0  # connected: deliveries are quick
     cosmos_server.set_replica_lag(1000)
-    monkeypatch.setattr("celery_durable.tasks.session_headers", lambda app, pk: {})
+    monkeypatch.setattr("celery_durable.glue.tasks.session_headers", lambda app, pk: {})
     began = time.monotonic()
     h = basic.sum_chain.start(2)
     assert h.result(timeout=30) == 1

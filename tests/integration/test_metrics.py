@@ -8,7 +8,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from celery_durable.metrics import serve
+from celery_durable.glue.metrics import serve
 from tests.apps import basic, metrics_app
 from tests.plugins.workers import wait_until
 

@@ -14,7 +14,7 @@ import pytest
 
 from celery_durable.engine.outbox import EffectRef, InlineSender
 from celery_durable.errors import DurableTimeoutError
-from celery_durable.outbox import OUTBOX_SCAN_TASK
+from celery_durable.glue.outbox import OUTBOX_SCAN_TASK
 from celery_durable.stores.base import Op
 from tests.apps import effects
 from tests.plugins.workers import Worker, wait_until

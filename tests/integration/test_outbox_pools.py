@@ -3,7 +3,7 @@
 prefork, threads and solo run each task on its own OS thread: a cancel and a ``timeout`` interrupt
 a handler stuck in a pure-Python loop. gevent and eventlet run every task on one OS thread, where
 that interrupt cannot land: the worker refuses to start while it would run an interruptible or
-timed effect (celery_durable/pools.py), and a non-interruptible effect that checks
+timed effect (celery_durable/glue/pools.py), and a non-interruptible effect that checks
 ``effect_context().sleep()`` is still cancelled there (the heartbeat greenlet runs).
 """
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from celery_durable.testing.sim import main
+from harness.sim import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -11,7 +11,7 @@ import pytest
 
 from celery_durable.errors import StoreUnavailable
 from celery_durable.stores.memory import MemoryStore
-from celery_durable.testing.sim_store import NO_FAULTS, Faults, FaultyStore, WorkerCrash
+from harness.sim_store import NO_FAULTS, Faults, FaultyStore, WorkerCrash
 
 
 class FakeSim:

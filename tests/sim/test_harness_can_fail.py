@@ -16,7 +16,7 @@ from celery_durable.engine.model import TERMINAL
 from celery_durable.engine.sticky import StickyCache
 from celery_durable.stores.base import Doc, Op, strip_reserved
 from celery_durable.stores.memory import MemoryStore
-from celery_durable.testing.sim import KNOWN_BUGS, Faults, SimResult, run_seed
+from harness.sim import KNOWN_BUGS, Faults, SimResult, run_seed
 
 SEEDS = 200
 

@@ -1,4 +1,4 @@
-"""The simulation's operator calls (testing/sim_ops.py) can fail: with roll-forward disabled, or
+"""The simulation's operator calls (harness/sim_ops.py) can fail: with roll-forward disabled, or
 with the old commit (delete batches first, the reopen last, nothing recording the op), seeds
 that pass today violate invariant 8. A seed counts only if it passes unbroken."""
 
@@ -12,7 +12,7 @@ import pytest
 from celery_durable.engine import admin as admin_mod
 from celery_durable.engine.cache import bump_generation
 from celery_durable.stores.base import Doc, Op, strip_reserved
-from celery_durable.testing.sim import KNOWN_BUGS, Faults, SimResult, run_seed
+from harness.sim import KNOWN_BUGS, Faults, SimResult, run_seed
 from tests.sim.test_sim import OPEN_BUGS
 
 SEEDS = 300

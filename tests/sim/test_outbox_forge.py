@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from celery_durable.testing.outbox_sim_forge import run_forged
-from celery_durable.testing.outbox_sim_parts import Faults, replay_command
+from harness.outbox_sim_forge import run_forged
+from harness.outbox_sim_parts import Faults, replay_command
 
 
 @pytest.mark.parametrize("faults", [Faults(), Faults(before=0.08, after=0.08)], ids=["default", "store-errors"])

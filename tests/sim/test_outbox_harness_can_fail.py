@@ -14,7 +14,7 @@ from celery_durable.engine.outbox import InlineSender, OutboxEngine
 from celery_durable.errors import ConflictError
 from celery_durable.stores.base import Doc, Op
 from celery_durable.stores.memory import MemoryStore
-from celery_durable.testing.outbox_sim import BUGS, SimResult, run_seed
+from harness.outbox_sim import BUGS, SimResult, run_seed
 
 SEEDS = 200
 

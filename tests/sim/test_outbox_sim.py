@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from celery_durable.testing.outbox_sim import Faults, SimResult, replay_command, run_seed
+from harness.outbox_sim import Faults, SimResult, replay_command, run_seed
 
 SEEDS = int(os.environ.get("OUTBOX_SIM_SEEDS", "300"))
 

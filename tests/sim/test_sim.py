@@ -11,8 +11,8 @@ import os
 
 import pytest
 
-from celery_durable.testing import sim_store
-from celery_durable.testing.sim import KNOWN_BUGS, Faults, check_seed, run_seed
+from harness import sim_store
+from harness.sim import KNOWN_BUGS, Faults, check_seed, run_seed
 
 SEEDS = int(os.environ.get("SIM_SEEDS", "200"))
 #: triggers whose bug is not fixed yet: run only by their xfail test (kept in sim_store.py)

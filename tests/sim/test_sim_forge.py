@@ -1,4 +1,4 @@
-"""The engine simulation with a forging message source (``testing/sim_forge.py``, issue 23 items 1
+"""The engine simulation with a forging message source (``harness/sim_forge.py``, issue 23 items 1
 and 5): stale deliveries (another reset generation's token, a random one, none, another
 activity's name, other arguments) and forged outcome headers (raw, badly sealed, a genuine seal of
 another step or marker) at random points, under the simulation's faults -- no step is begun or
@@ -6,8 +6,8 @@ recorded from one. With the engine's checks off the same harness finds both kind
 
 from __future__ import annotations
 
-from celery_durable.testing.sim_forge import FORGE_INVARIANT, run_forged_seed
-from celery_durable.testing.sim_store import Faults, replay_command
+from harness.sim_forge import FORGE_INVARIANT, run_forged_seed
+from harness.sim_store import Faults, replay_command
 
 
 def test_forged_and_stale_messages_break_no_invariant() -> None:

@@ -1,4 +1,4 @@
-"""Which executions the simulation's operator calls target (testing/sim_ops.py).
+"""Which executions the simulation's operator calls target (harness/sim_ops.py).
 
 ``--forge`` seed 137 once ended ``s137-8-w_generations`` failed (ChildWorkflowError). No forged
 message did that: they were all refused. The cancel reached the parent at its child step and was
@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from celery_durable import workflow as wf
 from celery_durable.engine.admin import Admin
-from celery_durable.testing.sim import KNOWN_BUGS, Faults, Sim
-from celery_durable.testing.sim_forge import run_forged_seed
-from celery_durable.testing.sim_ops import OPEN_BUG_TARGETS, _OperatorCall
-from celery_durable.testing.sim_store import OPEN_BUGS, replay_command
+from harness.sim import KNOWN_BUGS, Faults, Sim
+from harness.sim_forge import run_forged_seed
+from harness.sim_ops import OPEN_BUG_TARGETS, _OperatorCall
+from harness.sim_store import OPEN_BUGS, replay_command
 from tests.engine.inprocess import InProcess
 
 ENABLED = tuple(b for b in KNOWN_BUGS if b not in OPEN_BUGS)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from celery_durable.testing.sim import Faults, check_seed
+from harness.sim import Faults, check_seed
 
 #: the triggers ``bench/sim.py`` ran with when the seed failed
 BUGS = (

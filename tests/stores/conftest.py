@@ -9,7 +9,7 @@ is selected, so ``-m "not cosmos"`` runs without the Cosmos test server.
 ``DURABLE_TEST_COSMOS_URL`` (a ``cosmos://`` store URL of a real account or the official emulator;
 the key may come from ``DURABLE_COSMOS_KEY``) replaces the test server: every test gets a fresh
 container named ``t<random>`` in that URL's database, or in a fresh database when the URL names
-none (dropped afterwards: ``celery_durable.testing.cosmos_account``), e.g.::
+none (dropped afterwards: ``harness.cosmos_account``), e.g.::
 
     DURABLE_TEST_COSMOS_URL='cosmos://acct.documents.azure.com/?database=durable_tests&container=x' \
         pytest tests/stores -m cosmos
@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from celery_durable.stores import Store, store_from_url
-from celery_durable.testing import cosmos_account
+from harness import cosmos_account
 from tests.plugins.postgres import (  # noqa: F401 - fixtures
     _postgres_server,
     postgres_proxied_url,

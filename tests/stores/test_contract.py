@@ -29,7 +29,7 @@ from celery_durable.errors import (
 )
 from celery_durable.stores import MAX_BATCH_OPS, MAX_DOC_BYTES, Doc, DueRef, Op, Store, store_from_url
 from celery_durable.stores.base import MAX_PAGE_SIZE, ExecFilter, doc_size
-from celery_durable.stores.offload import Offloading
+from celery_durable.stores.offload.store import Offloading
 
 # epoch seconds near the real clock (a backend may bucket due times by wall-clock time)
 T0 = float(int(time.time()))
@@ -948,7 +948,7 @@ def sqlite_url(path: Path, **query: Any) -> str:
 
 
 def test_sqlite_url_forms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from celery_durable.stores.sqlite import SqliteStore
+    from celery_durable.stores.sqlite.store import SqliteStore
 
     monkeypatch.chdir(tmp_path)
     rel = store_from_url("sqlite:///rel.db")

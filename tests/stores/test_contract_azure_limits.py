@@ -16,7 +16,7 @@ import pytest
 from celery_durable.errors import ConfigurationError, DocumentTooLarge
 from celery_durable.stores import Doc, DueRef, Op, Store
 from celery_durable.stores.base import MAX_BATCH_BYTES, MAX_DOC_BYTES, MAX_PK_BYTES, batch_bytes, doc_size
-from celery_durable.stores.offload import Offloading
+from celery_durable.stores.offload.store import Offloading
 
 MB = 1024 * 1024
 T0 = float(int(time.time()))

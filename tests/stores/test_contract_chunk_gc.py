@@ -17,10 +17,10 @@ import pytest
 
 from celery_durable.errors import CorruptDocument
 from celery_durable.stores import Doc, Op, Store
-from celery_durable.stores._chunks import chunk_ids as _chunk_ids
 from celery_durable.stores.base import doc_size
-from celery_durable.stores.chunk_gc import ChunkReport, collect_chunks
-from celery_durable.stores.offload import CHUNK_GRACE, DUE_CHUNK, MANIFEST_KEY, Offloading
+from celery_durable.stores.offload.chunk_gc import ChunkReport, collect_chunks
+from celery_durable.stores.offload.chunks import chunk_ids as _chunk_ids
+from celery_durable.stores.offload.store import CHUNK_GRACE, DUE_CHUNK, MANIFEST_KEY, Offloading
 from tests.stores.test_contract import D, body, sized
 from tests.stores.test_contract_large import MB, chunks
 

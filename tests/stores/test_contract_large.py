@@ -1,7 +1,7 @@
 """The storage contract for documents over the item limit (issue 12), on every backend.
 
 Stores built by ``store_from_url`` offload a document past the 2 MB item limit into chunk
-documents of its partition (``celery_durable/stores/offload.py``) and reassemble it on read, up
+documents of its partition (``celery_durable/stores/offload/store.py``) and reassemble it on read, up
 to ``max_payload`` (``durable_max_payload``); past that, :class:`PayloadTooLarge` and nothing is
 written. ``store.backend`` is the backend itself: the tests look there for leftover chunks.
 """
@@ -17,7 +17,7 @@ import pytest
 from celery_durable.errors import ConflictError, CorruptDocument, DocumentTooLarge, PayloadTooLarge
 from celery_durable.stores import MAX_DOC_BYTES, Doc, Op, Store, store_from_url
 from celery_durable.stores.base import ExecFilter, doc_size
-from celery_durable.stores.offload import CHUNK_PREFIX, MANIFEST_KEY, Offloading, inline_limit
+from celery_durable.stores.offload.store import CHUNK_PREFIX, MANIFEST_KEY, Offloading, inline_limit
 from tests.stores.test_contract import T0, D, body, sized
 
 MB = 1024 * 1024
@@ -231,7 +231,7 @@ def test_small_documents_cost_no_extra_round_trip() -> None:
 
 
 def test_the_factory_keeps_the_backend_class(tmp_path: Path) -> None:
-    from celery_durable.stores.sqlite import SqliteStore
+    from celery_durable.stores.sqlite.store import SqliteStore
 
     store = store_from_url(f"sqlite:///{tmp_path}/s.db", max_payload=5 * MB)
     assert isinstance(store, SqliteStore) and isinstance(store, Offloading) and store.max_payload == 5 * MB

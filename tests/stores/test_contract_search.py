@@ -230,7 +230,8 @@ def test_cosmos_rewrites_entries_only_when_it_cannot_trust_the_version_replaced(
     """A replace of the version this process wrote, with the same attributes, writes no entries (a
     drive's commit after its lease write); a change, an unconditional write, or another process's
     version writes them. Listing stays right throughout, and a stale entry is dropped once old."""
-    from celery_durable.stores import _cosmos_search, store_from_url
+    from celery_durable.stores import store_from_url
+    from celery_durable.stores.cosmos import search as _cosmos_search
 
     store, other = store_from_url(cosmos_url), store_from_url(cosmos_url)
     upserts: list[str] = []

@@ -18,8 +18,8 @@ import pytest
 from azure.cosmos import CosmosClient
 
 from celery_durable.stores import store_from_url
-from celery_durable.testing.cosmos_account import COSMOS_URL_ENV, describe, fresh_container
 from celery_durable.testing.cosmos_server import CosmosTestServer
+from harness.cosmos_account import COSMOS_URL_ENV, describe, fresh_container
 
 pytestmark = pytest.mark.cosmos
 
@@ -85,7 +85,7 @@ def test_a_key_given_in_the_account_url_does_not_outlive_the_fresh_container(
     cosmos_server: CosmosTestServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # it used to stay in $DURABLE_COSMOS_KEY, where it won over the key of every store built later
-    from celery_durable.stores._cosmos_config import KEY_ENV
+    from celery_durable.stores.cosmos.config import KEY_ENV
 
     monkeypatch.delenv(KEY_ENV, raising=False)
     url = f"cosmos://{cosmos_server.host}:{cosmos_server.port}/?verify=false&key=" + quote(cosmos_server.key, safe="")

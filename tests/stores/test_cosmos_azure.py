@@ -23,10 +23,10 @@ from celery import Celery
 from celery_durable import Durable, durable_activity
 from celery_durable.errors import ConfigurationError, StoreUnavailable
 from celery_durable.stores import DueRef, Store, store_from_url
-from celery_durable.stores._cosmos_index import shard_of
-from celery_durable.stores._cosmos_provision import INDEXED_PATHS, INDEXING_POLICY, check_container
 from celery_durable.stores.base import doc_size
-from celery_durable.stores.cosmos import CosmosStore
+from celery_durable.stores.cosmos.index import shard_of
+from celery_durable.stores.cosmos.provision import INDEXED_PATHS, INDEXING_POLICY, check_container
+from celery_durable.stores.cosmos.store import CosmosStore
 from celery_durable.testing.cosmos_server import CosmosTestServer
 from celery_durable.testing.env import WorkflowEnvironment
 

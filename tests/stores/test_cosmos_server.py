@@ -28,7 +28,7 @@ import pytest
 from azure.cosmos import ContainerProxy, CosmosClient, DatabaseProxy, PartitionKey
 from azure.cosmos import exceptions as cx
 
-import celery_durable.stores.cosmos as cosmos_module
+import celery_durable.stores.cosmos.store as cosmos_module
 from celery_durable.errors import (
     ConfigurationError,
     ConflictError,
@@ -39,8 +39,8 @@ from celery_durable.errors import (
 )
 from celery_durable.stores import MAX_DOC_BYTES, DueRef, Op, store_from_url
 from celery_durable.stores.base import doc_size
-from celery_durable.stores.cosmos import CosmosStore, from_url
-from celery_durable.stores.offload import Offloading
+from celery_durable.stores.cosmos.store import CosmosStore, from_url
+from celery_durable.stores.offload.store import Offloading
 from celery_durable.testing.cosmos_server import CosmosTestServer
 
 pytestmark = pytest.mark.cosmos
@@ -704,7 +704,7 @@ def test_index_stays_complete_under_concurrent_writers_and_scanners(cosmos_url: 
 
 
 def test_id_encoding_is_injective_and_legal() -> None:
-    from celery_durable.stores._cosmos_index import encode_id
+    from celery_durable.stores.cosmos.index import encode_id
 
     samples = ["abc", "a/b", "~a", "~" + encode_id("a/b")[1:], "a b", "ü", "exec", "act:charge_card:1", "%41"]
     encoded = [encode_id(s) for s in samples]
@@ -714,7 +714,7 @@ def test_id_encoding_is_injective_and_legal() -> None:
 
 
 def test_etag_carries_the_due_reference() -> None:
-    from celery_durable.stores._cosmos_index import make_etag, split_etag
+    from celery_durable.stores.cosmos.index import make_etag, split_etag
 
     assert split_etag("abc") == ("abc", None)
     ref = ["lease", 1700000000.25, 28333333]
@@ -723,7 +723,7 @@ def test_etag_carries_the_due_reference() -> None:
 
 
 def test_trust_rule() -> None:
-    from celery_durable.stores._cosmos_index import DueIndex
+    from celery_durable.stores.cosmos.index import DueIndex
 
     ix, now = DueIndex(), 1_000_000.0
     prev = ["lease", now + 60, ix.bucket_of(now + 60)]

@@ -14,8 +14,8 @@ from azure.cosmos import ContainerProxy, CosmosClient, PartitionKey
 from azure.cosmos import exceptions as cx
 
 from celery_durable.stores import store_from_url
-from celery_durable.stores._cosmos_session import merge_tokens
 from celery_durable.stores.base import Store
+from celery_durable.stores.cosmos.session import merge_tokens
 from celery_durable.stores.memory import MemoryStore
 from celery_durable.testing.cosmos_server import CosmosTestServer
 
@@ -182,7 +182,7 @@ def test_a_lost_write_keeps_the_token_its_error_answers_but_not_a_read_session_m
     replica lacks the session) answers nothing worth keeping, as the .NET SDK decides."""
     from types import SimpleNamespace
 
-    from celery_durable.stores._cosmos_session import CosmosSessions, SessionTokens
+    from celery_durable.stores.cosmos.session import CosmosSessions, SessionTokens
 
     sessions = CosmosSessions()
     sessions._sessions = SessionTokens()

@@ -21,8 +21,8 @@ from click.testing import CliRunner
 
 from celery_durable.errors import ConfigurationError
 from celery_durable.stores import store_from_url
-from celery_durable.stores._cosmos_migrate import apply_indexing_policy, inspect_container
-from celery_durable.stores._cosmos_provision import INDEXED_PATHS
+from celery_durable.stores.cosmos.migrate import apply_indexing_policy, inspect_container
+from celery_durable.stores.cosmos.provision import INDEXED_PATHS
 from celery_durable.testing.cosmos_server import CosmosTestServer
 
 pytestmark = pytest.mark.cosmos

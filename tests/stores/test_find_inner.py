@@ -5,9 +5,9 @@ from __future__ import annotations
 from celery_durable.stores import store_from_url
 from celery_durable.stores.base import find_inner, reads_may_lag
 from celery_durable.stores.memory import MemoryStore
-from celery_durable.stores.notifiers import build_notifier
-from celery_durable.stores.offload import Offloading, offloaded
-from celery_durable.stores.push import NoPush
+from celery_durable.stores.offload.store import Offloading, offloaded
+from celery_durable.stores.push.base import NoPush
+from celery_durable.stores.push.selection import build_notifier
 from celery_durable.stores.traced import TracedStore
 from celery_durable.testing.counting import CountingStore
 

@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 
 from celery_durable.stores import store_from_url
-from celery_durable.stores.sqlite import SqliteStore
+from celery_durable.stores.sqlite.store import SqliteStore
 from tests.plugins.postgres import BASE_URL
 
 

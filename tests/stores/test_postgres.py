@@ -12,7 +12,7 @@ import pytest
 from celery_durable.errors import ConfigurationError, CorruptDocument, StoreUnavailable
 from celery_durable.stores import store_from_url
 from celery_durable.stores.base import CORRUPT_KEY
-from celery_durable.stores.postgres import PostgresStore
+from celery_durable.stores.postgres.store import PostgresStore
 from tests.plugins.postgres import BASE_URL
 from tests.plugins.workers import wait_until
 

@@ -1,4 +1,4 @@
-"""Pushed results on the real transports (stores/push.py): PostgreSQL LISTEN/NOTIFY and Redis pub/sub.
+"""Pushed results on the real transports (stores/push/base.py): PostgreSQL LISTEN/NOTIFY and Redis pub/sub.
 
 * PostgreSQL: the store sends NOTIFY in the transaction that writes a terminal exec, so a
   notification never precedes its data and a write that did not apply sends none.
@@ -24,10 +24,10 @@ from celery_durable.engine.model import TERMINAL
 from celery_durable.errors import ConflictError
 from celery_durable.settings import Settings
 from celery_durable.stores import Op, store_from_url
-from celery_durable.stores._postgres_push import channel_of
-from celery_durable.stores._redis_push import RedisNotifier
-from celery_durable.stores.notifiers import build_notifier
-from celery_durable.stores.postgres import PostgresStore
+from celery_durable.stores.postgres.store import PostgresStore
+from celery_durable.stores.push.postgres import channel_of
+from celery_durable.stores.push.redis import RedisNotifier
+from celery_durable.stores.push.selection import build_notifier
 from tests.plugins.postgres import BASE_URL
 
 REDIS = "redis://127.0.0.1:6379/15"

@@ -18,8 +18,8 @@ import pytest
 
 from celery_durable.errors import StoreUnavailable
 from celery_durable.stores import Op
-from celery_durable.stores import sqlite as sqlite_module
-from celery_durable.stores.sqlite import SqliteStore
+from celery_durable.stores.sqlite import store as sqlite_module
+from celery_durable.stores.sqlite.store import SqliteStore
 
 HOLDER = """
 import select, sqlite3, sys
@@ -103,7 +103,7 @@ def test_a_lock_held_briefly_by_another_process_is_waited_for_in_short_sleeps(
 def test_many_processes_writing_at_once_all_succeed(path: Path) -> None:
     """Nine writer processes race for the lock: every write commits, versions stay unique."""
     script = (
-        "import sys; from celery_durable.stores import Op; from celery_durable.stores.sqlite import SqliteStore\n"
+        "import sys; from celery_durable.stores import Op; from celery_durable.stores.sqlite.store import SqliteStore\n"
         "s = SqliteStore(sys.argv[1], busy_timeout=30)\n"
         "for i in range(150):\n"
         "    pk = f'{sys.argv[2]}-{i}'\n"

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from celery_durable.stores.sqlite import SqliteStore
+from celery_durable.stores.sqlite.store import SqliteStore
 from celery_durable.testing.env import WorkflowEnvironment
 from celery_durable.ui import create_app
 from tests.ui import flows

@@ -91,11 +91,37 @@ def _imports(path: Path) -> set[str]:
     return found
 
 
-def test_engine_and_stores_never_import_celery() -> None:
-    for folder in ("engine", "stores"):
-        for path in (PKG / folder).rglob("*.py"):
-            bad = {m for m in _imports(path) if m == "celery" or m.startswith("celery.")}
-            assert not bad, f"{path.relative_to(PKG)} imports {bad}"
+#: the folders (and modules) that may import Celery or kombu; the rest of the package cannot see it
+CELERY_ROOMS = ("glue", "cli", "ui", "testing", "app.py")
+
+
+def test_celery_is_imported_only_in_its_rooms() -> None:
+    """Celery and kombu are imported only under glue/, cli/, ui/, testing/ and app.py (issue 24)."""
+    seen = set()
+    for path in PKG.rglob("*.py"):
+        rel = path.relative_to(PKG)
+        celery = {m for m in _imports(path) if m.split(".")[0] in ("celery", "kombu")}
+        if rel.parts[0] in CELERY_ROOMS:
+            seen.update(rel.parts[:1] if celery else ())
+            continue
+        assert not celery, f"{rel} imports {celery}: only {', '.join(CELERY_ROOMS)} may"
+    assert {"glue", "app.py", "testing"} <= seen  # the check reads imports at all
+
+
+def test_public_aliases_are_the_glue_objects() -> None:
+    """``celery_durable.signals``, ``.metrics`` and ``.contrib.filesystem`` are documented paths."""
+    import celery_durable.contrib.filesystem
+    import celery_durable.glue.filesystem_transport
+    import celery_durable.glue.hooks
+    import celery_durable.signals
+
+    assert celery_durable.signals.workflow_completed is celery_durable.glue.hooks.workflow_completed
+    assert set(celery_durable.signals.__all__) == set(celery_durable.glue.hooks.__all__)
+    assert celery_durable.contrib.filesystem.Transport is celery_durable.glue.filesystem_transport.Transport
+    import celery_durable.glue.metrics
+    import celery_durable.metrics
+
+    assert celery_durable.metrics.serve is celery_durable.glue.metrics.serve
 
 
 def test_only_stores_touch_backend_libraries() -> None:

@@ -17,7 +17,7 @@ import pytest
 from celery.bin.celery import celery as celery_cli
 from click.testing import CliRunner, Result
 
-from celery_durable import cli_render
+from celery_durable.cli import render as cli_render
 from celery_durable.stores.memory import MemoryStore
 from tests.apps import basic
 

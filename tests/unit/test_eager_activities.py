@@ -1,5 +1,5 @@
 """When a delivery keeps the next activity to run it eagerly, and when it must send it
-(celery_durable/eager_activities.py): each rule here is one way an eager run would not behave as
+(celery_durable/glue/eager_activities.py): each rule here is one way an eager run would not behave as
 the delivery Celery would make of the message."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_durable.eager_activities import Drain, committing, draining, keep
 from celery_durable.engine.dispatcher import ActivityRequest
+from celery_durable.glue.eager_activities import Drain, committing, draining, keep
 
 
 class Sender:
@@ -166,7 +166,7 @@ def test_no_activity_is_kept_while_the_worker_stops(app: Celery, monkeypatch: py
 def test_the_workers_own_time_limit_counts(app: Celery) -> None:
     """``celery worker --time-limit``/``--soft-time-limit`` are not in app.conf: the bootstep
     notes them, and then no delivery keeps an activity."""
-    from celery_durable.pools import note_worker_limits
+    from celery_durable.glue.pools import note_worker_limits
 
     sender = Sender()
     note_worker_limits(None, 30.0)

@@ -1,4 +1,4 @@
-"""celery_durable.metrics in one process: engine events and store calls move the right metrics."""
+"""celery_durable.glue.metrics in one process: engine events and store calls move the right metrics."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from celery_durable.errors import ConfigurationError
-from celery_durable.metrics import Metrics, check_port, serve
+from celery_durable.glue.metrics import Metrics, check_port, serve
 from celery_durable.stores.memory import MemoryStore
 from celery_durable.testing.env import WorkflowEnvironment
 from tests.apps import basic

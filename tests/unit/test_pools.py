@@ -1,4 +1,4 @@
-"""celery_durable.pools: which worker refuses which effects (no worker process; see
+"""celery_durable.glue.pools: which worker refuses which effects (no worker process; see
 tests/integration/test_outbox_pools.py for the real pools)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from celery import Celery
 
 from celery_durable import Durable
 from celery_durable.errors import ConfigurationError
-from celery_durable.pools import check_worker, green_threads, pool_name
+from celery_durable.glue.pools import check_worker, green_threads, pool_name
 
 
 def _durable(routes: dict[str, Any] | None = None) -> Durable:

@@ -43,7 +43,7 @@ def test_postrun_releases_a_lease_left_behind() -> None:
 
 def test_receivers_connect_once_per_app() -> None:
     before = len(celery_signals.task_postrun.receivers)
-    from celery_durable.signals.receivers import install
+    from celery_durable.glue.hook_receivers import install
 
     install(durable)  # a second install for the same app adds nothing (dispatch_uid)
     assert len(celery_signals.task_postrun.receivers) == before

@@ -21,7 +21,7 @@ from celery.worker import control
 from celery_durable import Durable
 from celery_durable.errors import ConfigurationError
 from celery_durable.settings import Settings
-from celery_durable.stores.sqlite import from_url as sqlite_from_url
+from celery_durable.stores.sqlite.store import from_url as sqlite_from_url
 
 
 def test_nan_lease_ttl_is_refused() -> None:
@@ -45,7 +45,7 @@ def test_fractional_count_is_refused() -> None:
 
 def test_percent_encoded_key_parameter_is_redacted() -> None:
     # the Cosmos store decodes the query (parse_qsl): "k%65y" *is* the key parameter
-    from celery_durable.stores._cosmos_config import parse_url
+    from celery_durable.stores.cosmos.config import parse_url
 
     url = "cosmos://acct.documents.azure.com:443/?database=d&container=c&k%65y=TOPSECRETKEY"
     assert parse_url(url, {})[3] == "TOPSECRETKEY"  # it is used as the account key

@@ -1,4 +1,4 @@
-"""Every message the library sends uses the app's serializer (wire.py): ``auth`` (Celery's message
+"""Every message the library sends uses the app's serializer (glue/wire.py): ``auth`` (Celery's message
 signing) passes through, ``pickle`` becomes ``json``, and an app that accepts neither is refused
 at ``Durable(app)``. Each message is caught where Celery hands it to kombu (``send_task_message``)."""
 
@@ -17,12 +17,12 @@ from celery.exceptions import Retry
 from kombu.serialization import register
 
 from celery_durable import Durable, durable_activity
-from celery_durable.consistency import retry_stale
 from celery_durable.engine.dispatcher import ActivityRequest, ClockRequest
 from celery_durable.engine.outbox.model import EffectRef
 from celery_durable.errors import ConfigurationError
-from celery_durable.tasks import DRIVE_TASK, FIRE_CLOCK_TASK, FIRE_DUE_CLOCKS_TASK, RECOVER_TASK, CeleryDispatcher
-from celery_durable.wire import serializer
+from celery_durable.glue.session_tokens import retry_stale
+from celery_durable.glue.tasks import DRIVE_TASK, FIRE_CLOCK_TASK, FIRE_DUE_CLOCKS_TASK, RECOVER_TASK, CeleryDispatcher
+from celery_durable.glue.wire import serializer
 
 # a stand-in for 'auth' (what app.setup_security() sets; the end-to-end test uses the real one)
 register("wiresig", json.dumps, json.loads, content_type="application/x-wiresig", content_encoding="utf-8")

@@ -235,7 +235,7 @@ class Admission:
     def check_size(self, effect: Doc, source: Doc | None = None) -> None:
         """Raise :class:`PayloadTooLarge` before anything is written (a refused enqueue must not
         keep the id: the corrected retry would be a conflict). An offloading store takes rows up
-        to its ``max_payload`` (stores/offload.py)."""
+        to its ``max_payload`` (stores/offload/store.py)."""
         probe = new_row(effect, source, "0" * 32) | {"seq": 2**53, "token": "0" * 32}
         limit = int(getattr(self.store, "max_payload", self.store.max_doc_bytes))
         try:

@@ -1,0 +1,509 @@
+"""``celery -A proj durable …``: list, show, signal, cancel, resume, retry and purge executions.
+
+Registered through the ``celery.commands`` entry point, so it runs with the app, config and
+store of the project, like ``celery inspect``. A thin layer over the read model and operations
+of :mod:`celery_durable.engine.admin`: it parses and validates input (bad input exits 2),
+formats rich tables (:mod:`.render`; ``--json`` for scripts) and asks for confirmation of
+destructive commands unless ``--yes``. Errors of the library (configuration, store, refused
+operations) are one line on stderr and exit 1; a document that cannot be decoded is flagged in
+the output, never fatal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from typing import Any
+
+import click
+
+from celery_durable.app import Durable
+from celery_durable.cli import operator_actions as cli_ops
+from celery_durable.cli import render as cli_render
+from celery_durable.cli.render import escape, print_table, ts
+from celery_durable.engine.admin import ExecutionDetail, ExecutionSummary, OperationRefused, PurgeReport, StepRecord
+from celery_durable.engine.links import declared_signals
+from celery_durable.engine.oplog import actor
+from celery_durable.engine.schema import Status
+from celery_durable.errors import DurableError, InvalidSearchAttribute, PayloadValidationError, UnknownWorkflowError
+from celery_durable.stores.base import MAX_PAGE_SIZE
+from celery_durable.stores.search import parse_pairs
+
+__all__ = ["durable", "parse_age"]
+
+_AGE = re.compile(r"^(\d+(?:\.\d+)?)([smhdw]?)$")
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_STATUSES = [str(s) for s in Status]
+
+
+def parse_age(text: str) -> float:
+    """``90s``, ``15m``, ``2h``, ``7d``, ``1w`` (or plain seconds) → seconds."""
+    m = _AGE.match(text.strip())
+    if not m:
+        raise click.BadParameter(f"{text!r} is not an age like 30s, 15m, 2h, 7d or 1w")
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+def _age_option(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
+    return None if value is None else parse_age(value)
+
+
+def _cell(value: Any) -> str:
+    """A value on a line of its own: ``-`` for None, control characters escaped."""
+    return escape("-" if value is None else str(value))
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
+
+
+class _Group(click.Group):
+    """Library errors leave as one line on stderr and exit 1 (no traceback), whatever the command;
+    so does an OS error (a file the store cannot open, a refused socket) a store did not wrap."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except UnknownWorkflowError as exc:
+            raise click.ClickException(str(exc)) from exc
+        except DurableError as exc:
+            raise click.ClickException(f"{type(exc).__name__}: {exc}") from exc
+        except OSError as exc:
+            raise click.ClickException(f"{type(exc).__name__}: {exc}") from exc
+
+
+def _durable(ctx: click.Context) -> Durable:
+    root = ctx.find_root()
+    app = getattr(root.obj, "app", None) if root.obj is not None else None
+    if app is None:
+        raise click.ClickException("no Celery app: run it as `celery -A proj durable …`")
+    return Durable.of(app)
+
+
+def _describe(d: Durable, execution_id: str) -> ExecutionDetail:
+    try:
+        return d.describe(execution_id)
+    except UnknownWorkflowError as exc:
+        raise click.ClickException(f"unknown execution id {execution_id!r}") from exc
+
+
+def _search_option(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, Any] | None:
+    """``attr=value`` pairs (:func:`parse_pairs`)."""
+    try:
+        return parse_pairs(values) or None
+    except InvalidSearchAttribute as exc:
+        raise click.BadParameter(str(exc)) from exc
+
+
+def _summary(s: ExecutionSummary) -> dict[str, Any]:
+    return _jsonable(dataclasses.asdict(s))  # type: ignore[no-any-return]
+
+
+@click.group(name="durable", cls=_Group)
+@click.pass_context
+def durable(ctx: click.Context) -> None:
+    """Inspect and operate durable workflow executions."""
+
+
+@durable.command(name="list")
+@click.option("--status", type=click.Choice(_STATUSES), default=None)
+@click.option("--workflow", default=None, help="only executions of this workflow name")
+@click.option("--older-than", callback=_age_option, help="created before this age ago (e.g. 2h)")
+@click.option("--newer-than", "--since", callback=_age_option, help="created within this age (e.g. 15m)")
+@click.option(
+    "--search",
+    "search",
+    multiple=True,
+    callback=_search_option,
+    help="attr=value (repeat to AND); 3, 1.5, true, false are typed, quote a string: 'n=\"3\"'",
+)
+@click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True, help="at most this many")
+@click.option("--cursor", default=None, help="continue a previous listing (printed when more remain)")
+@click.option("--json", "as_json", is_flag=True, help="JSON lines for scripts")
+@click.pass_context
+def list_(
+    ctx: click.Context,
+    status: str | None,
+    workflow: str | None,
+    older_than: float | None,
+    newer_than: float | None,
+    search: dict[str, Any] | None,
+    limit: int,
+    cursor: str | None,
+    as_json: bool,
+) -> None:
+    """List executions, newest first (read page by page, never one read per execution); with
+    --search, by search attributes (the cost grows with the matches, not with the store)."""
+    d = _durable(ctx)
+    now = d.engine.clock.now()
+    before = None if older_than is None else now - older_than
+    after = None if newer_than is None else now - newer_than
+    rows: list[ExecutionSummary] = []
+    while len(rows) < limit:
+        page = d.executions(workflow, status, min(limit - len(rows), MAX_PAGE_SIZE), cursor, after, before, search)
+        rows += page.executions
+        cursor = page.cursor
+        if cursor is None:
+            break
+    if as_json:
+        for r in rows:
+            click.echo(json.dumps(_summary(r)))
+    elif not rows:
+        click.echo("no executions")
+    else:
+        table = [
+            [r.id, r.workflow, "CORRUPT" if r.corrupt else r.status, r.steps, ts(r.created_at), ts(r.updated_at)]
+            + ([_json(r.search or {})] if search else [])
+            for r in rows
+        ]
+        headers = ["ID", "WORKFLOW", "STATUS", "STEPS", "CREATED", "UPDATED"] + (["SEARCH"] if search else [])
+        print_table(headers, table, right=[3])
+        for r in rows:
+            if r.corrupt:
+                click.echo(f"  {_cell(r.id)}: unreadable exec document: {r.corrupt}")
+    if cursor is not None:
+        click.echo(f"more executions: add --cursor {cursor}", err=as_json)
+
+
+def _step_json(s: StepRecord) -> dict[str, Any]:
+    return _jsonable(dataclasses.asdict(s))  # type: ignore[no-any-return]
+
+
+@durable.command()
+@click.argument("execution_id")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def show(ctx: click.Context, execution_id: str, as_json: bool) -> None:
+    """Status, payload, result or error, and the step history as a timeline."""
+    info = _describe(_durable(ctx), execution_id)
+    s = info.summary
+    if as_json:
+        data = (
+            _summary(s)
+            | {
+                "payload": info.payload,
+                "result": info.result,
+                "error": info.error,
+                "steps": [_step_json(step) for step in info.steps],
+                "signals": [dataclasses.asdict(sig) for sig in info.signals],
+                "children": list(info.children),
+                "corrupt": list(info.corrupt),
+                "custom_status": info.custom_status,
+            }
+            | cli_ops.json_fields(info)
+        )
+        click.echo(json.dumps(_jsonable(data), indent=2))
+        return
+    click.echo(f"execution  {_cell(s.id)}")
+    click.echo(f"workflow   {_cell(s.workflow)}")
+    click.echo(f"status     {_cell(s.status)}{'  (cancel requested)' if s.cancel_requested else ''}")
+    click.echo(f"created    {ts(s.created_at)}    updated {ts(s.updated_at)}")
+    if s.parent:
+        click.echo(f"parent     {_cell(s.parent)}")
+    click.echo(f"payload    {_json(info.payload)}")
+    if info.custom_status is not None:
+        click.echo(f"custom     {_json(info.custom_status)}")
+    if s.search:
+        click.echo(f"search     {_json(s.search)}")
+    if s.memo is not None:
+        click.echo(f"memo       {_json(s.memo)}")
+    if s.status == Status.COMPLETED:
+        click.echo(f"result     {_json(info.result)}")
+    if info.error:
+        click.echo(f"error      {_cell(info.error.get('type'))}: {_cell(info.error.get('message'))}")
+    if s.last_error:
+        click.echo(f"last error {_cell(s.last_error)}")
+    for problem in info.corrupt:
+        click.echo(f"CORRUPT    {_cell(problem)}")
+    click.echo("")
+    if not info.steps:
+        click.echo("no steps yet")
+    else:
+        rows = [
+            [
+                step.seq,
+                step.kind,
+                step.name,
+                step.state,
+                step.attempts or "-",
+                ts(step.scheduled_at),
+                ts(step.finished_at),
+                step.task_id or step.child_id or "-",
+            ]  # fmt: skip
+            for step in info.steps
+        ]
+        print_table(["#", "KIND", "NAME", "STATE", "ATTEMPTS", "SCHEDULED", "FINISHED", "TASK ID"], rows, right=[0, 4])
+        for step in info.steps:
+            if step.error or step.corrupt:
+                click.echo(f"  step {step.seq}: {_cell(step.corrupt or step.error)}")
+    for sig in info.signals:
+        click.echo(f"signal {_cell(repr(sig.name))}: {sig.state} at {ts(sig.at)}: {_json(sig.value)}")
+    for line in cli_ops.lines(info):  # operator actions, and the steps they forgot (superseded)
+        click.echo(line)
+
+
+@durable.command()
+@click.argument("execution_id")
+@click.option("--step", type=int, required=True, help="the first step to run again")
+@click.option("--reason", default=None, help="recorded with the reset")
+@click.option("--yes", is_flag=True)
+@click.pass_context
+def reset(ctx: click.Context, execution_id: str, step: int, reason: str | None, yes: bool) -> None:
+    """Re-run a failed or cancelled execution from step STEP (earlier steps keep their outcomes)."""
+    d = _durable(ctx)
+    info = _describe(d, execution_id)
+    if not yes:
+        head = f"{execution_id} is {info.summary.status}: forget its steps from {step} on and run them again?"
+        click.confirm(cli_ops.prompt(d.admin, execution_id, "reset", head, step), abort=True)
+    try:
+        _reran(d.admin.reset(execution_id, step, by=actor(), reason=reason))
+    except OperationRefused as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"reset to step {step}")
+
+
+def _json(value: Any) -> str:
+    return _cell(json.dumps(value, default=str))
+
+
+@durable.command()
+@click.argument("execution_id")
+@click.argument("name")
+@click.argument("value")
+@click.pass_context
+def signal(ctx: click.Context, execution_id: str, name: str, value: str) -> None:
+    """Send signal NAME with a JSON VALUE."""
+    d = _durable(ctx)
+    _describe(d, execution_id)
+    try:
+        data = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise click.ClickException(f"VALUE is not valid JSON: {exc}") from exc
+    try:
+        # the path of WorkflowHandle.signal (a name the workflow does not declare is refused
+        # there); who sent it is recorded in the same batch as the value
+        delivered = d.engine.signal(execution_id, name, data, by=actor())
+    except PayloadValidationError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo("delivered" if delivered else "ignored: the execution has ended")
+    try:
+        ex = d.engine.store.read(execution_id, "exec") if delivered else None
+    except DurableError:
+        ex = None  # the value and its sender are recorded; only this hint is lost
+    if ex is not None and declared_signals(ex, d.registry.workflow(str(ex.get("workflow")))) is None:
+        # any name is accepted (typed where the workflow waits): a typo would wait forever
+        click.echo(
+            f"note: workflow {_cell(ex.get('workflow'))} declares no signals, so any name is accepted: "
+            f"the value waits for a wait_signal({_cell(repr(name))})",
+            err=True,
+        )
+
+
+@durable.command()
+@click.argument("execution_id")
+@click.option("--yes", is_flag=True, help="do not ask for confirmation")
+@click.option("--reason", default=None, help="recorded with the action")
+@click.pass_context
+def cancel(ctx: click.Context, execution_id: str, yes: bool, reason: str | None) -> None:
+    """Request cancellation (compensations run)."""
+    d = _durable(ctx)
+    _describe(d, execution_id)
+    if not yes:
+        click.confirm(f"cancel {execution_id}?", abort=True)
+    click.echo("cancel requested" if d.engine.cancel(execution_id, by=actor(), reason=reason) else "already finished")
+
+
+def _reran(steps: list[StepRecord]) -> None:
+    for step in steps:
+        click.echo(f"step {step.seq} ({step.name}) will run again")
+
+
+@durable.command()
+@click.argument("execution_id")
+@click.option("--yes", is_flag=True, help="do not ask for confirmation (failed or cancelled executions)")
+@click.option("--reason", default=None, help="recorded with the action")
+@click.pass_context
+def resume(ctx: click.Context, execution_id: str, yes: bool, reason: str | None) -> None:
+    """Drive a running execution now (after a deploy that registers its workflow, say), or reopen
+    a failed one on its recorded history, or withdraw the cancellation of a cancelled one."""
+    d = _durable(ctx)
+    status = _describe(d, execution_id).summary.status
+    if status == Status.COMPLETED:
+        raise click.ClickException(f"{execution_id} is completed; nothing to resume")
+    if status != Status.RUNNING and not yes:
+        what = "forget its cancellation and compensations" if status == Status.CANCELLED else "reopen it"
+        click.confirm(
+            cli_ops.prompt(d.admin, execution_id, "resume", f"{execution_id} is {status}: {what}?"), abort=True
+        )
+    _reran(d.resume(execution_id, by=actor(), reason=reason))
+    click.echo("drive sent" if status == Status.RUNNING else "resumed")
+
+
+@durable.command()
+@click.argument("execution_id")
+@click.option("--yes", is_flag=True)
+@click.option("--reason", default=None, help="recorded with the action")
+@click.pass_context
+def retry(ctx: click.Context, execution_id: str, yes: bool, reason: str | None) -> None:
+    """Restart a failed execution from its failed step (the step runs again)."""
+    d = _durable(ctx)
+    status = _describe(d, execution_id).summary.status
+    if status != Status.FAILED:
+        raise click.ClickException(f"{execution_id} is {status}, not failed")
+    if not yes:
+        click.confirm(
+            cli_ops.prompt(d.admin, execution_id, "retry", f"retry {execution_id} from its failed step?"), abort=True
+        )
+    _reran(d.retry(execution_id, by=actor(), reason=reason))
+    click.echo("retrying")
+
+
+@durable.command()
+@click.option("--older-than", required=True, callback=_age_option, help="finished before this age ago (e.g. 30d)")
+@click.option("--dry-run", is_flag=True, help="only count what would be deleted")
+@click.option("--reason", default=None, help="recorded with each purge")
+@click.option("--yes", is_flag=True)
+@click.pass_context
+def purge(ctx: click.Context, older_than: float, dry_run: bool, reason: str | None, yes: bool) -> None:
+    """Delete finished executions (all their documents) that ended more than an age ago."""
+    d = _durable(ctx)
+    plan = d.purge(older_than, dry_run=True)
+    matched = plan.matched
+    if not matched:
+        click.echo("nothing to purge")
+        return
+    if dry_run:
+        click.echo(f"would purge {matched - plan.skipped}")
+        for why in plan.kept:
+            click.echo(f"  {_cell(why)}")
+        return
+    if not yes:
+        click.confirm(f"delete {matched} finished execution(s)?", abort=True)
+    # each execution's documents go in all-or-nothing batches of its own partition (engine.admin)
+    with cli_render.progress("purging", matched) as update:
+
+        def advance(report: PurgeReport) -> None:
+            update(report.purged + report.skipped)
+
+        report = d.purge(older_than, progress=advance, by=actor(), reason=reason)
+    click.echo(f"purged {report.purged} ({report.documents} documents)")
+    if report.skipped:
+        click.echo(f"kept {report.skipped} (the next purge looks again):")
+        for why in report.kept:
+            click.echo(f"  {_cell(why)}")
+
+
+@durable.group()
+def outbox() -> None:
+    """Effect outbox rows: list, show, cancel, retry."""
+
+
+def _effect_row(info: Any) -> list[str]:
+    return [info.id, info.type, info.key, info.status, f"{info.attempt}/{info.max_attempts}",
+            ts(info.created_at), ts(info.completed_at), (info.last_error or info.reason or "")[:60]]  # fmt: skip
+
+
+_EFFECT_HEADERS = ["EFFECT ID", "TYPE", "KEY", "STATUS", "ATTEMPT", "CREATED", "SETTLED", "LAST ERROR"]
+
+
+@outbox.command(name="list")
+@click.option("--key", required=True, help="the ordering lane to list")
+@click.option("--status", default=None, type=click.Choice(["pending", "running", "succeeded", "failed", "cancelled"]))
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def outbox_list(ctx: click.Context, key: str, status: str | None, as_json: bool) -> None:
+    """Rows of one key, in order (live, settled within retention, failed)."""
+    d = _durable(ctx)
+    rows = [r for r in d.outbox.rows(key) if status is None or r.status == status]
+    if as_json:
+        for r in rows:
+            click.echo(json.dumps(r.__dict__, default=str))
+        return
+    if rows:
+        print_table(_EFFECT_HEADERS, [_effect_row(r) for r in rows])
+    else:
+        click.echo("no effects")
+
+
+@outbox.command(name="show")
+@click.argument("effect_id")
+@click.pass_context
+def outbox_show(ctx: click.Context, effect_id: str) -> None:
+    """One effect row, with its payload and last error."""
+    info = _durable(ctx).outbox.get(effect_id)
+    if info is None:
+        raise click.ClickException(f"unknown effect id {effect_id!r}")
+    click.echo(json.dumps(info.__dict__, indent=2, default=str))
+
+
+@outbox.command(name="cancel")
+@click.argument("effect_id", required=False)
+@click.option("--key", default=None, help="cancel the pending/running rows of this key")
+@click.option("--type", "types", multiple=True, help="with --key: only these effect types")
+@click.option("--yes", is_flag=True)
+@click.pass_context
+def outbox_cancel(
+    ctx: click.Context, effect_id: str | None, key: str | None, types: tuple[str, ...], yes: bool
+) -> None:
+    """Cancel one effect by id, or a key's pending and running effects."""
+    if (effect_id is None) == (key is None):
+        raise click.UsageError("give an EFFECT_ID or --key, not both")
+    d = _durable(ctx)
+    if effect_id is not None and d.outbox.get(effect_id) is None:
+        raise click.ClickException(f"unknown effect id {effect_id!r}")
+    if not yes:
+        click.confirm(f"cancel {effect_id or 'the live effects of key ' + str(key)}?", abort=True)
+    n = d.outbox.cancel(effect_id, key=key, types=list(types) or None)
+    click.echo(f"cancelled {n}")
+
+
+@outbox.command(name="retry")
+@click.argument("effect_id")
+@click.option("--yes", is_flag=True)
+@click.pass_context
+def outbox_retry(ctx: click.Context, effect_id: str, yes: bool) -> None:
+    """Run a failed effect again: a new row (id ``<id>:retry<n>``) with the same type, key and
+    payload. The failed row is kept as it is, for the record."""
+    d = _durable(ctx)
+    info = d.outbox.get(effect_id)
+    if info is None:
+        raise click.ClickException(f"unknown effect id {effect_id!r}")
+    if info.status != "failed":
+        raise click.ClickException(f"effect {effect_id} is {info.status}, not failed")
+    if not yes:
+        click.confirm(f"run {info.type} {effect_id} again?", abort=True)
+    n = 1
+    while d.outbox.get(f"{effect_id}:retry{n}") is not None:
+        n += 1
+    new_id = f"{effect_id}:retry{n}"
+    d.outbox.enqueue(info.type, info.payload, key=info.key, effect_id=new_id)
+    click.echo(f"enqueued {new_id}")
+
+
+@durable.command()
+@click.option(
+    "--host", default="127.0.0.1", show_default=True, help="address to bind (not loopback: pages need the token)"
+)
+@click.option("--port", type=click.IntRange(1, 65535), default=8765, show_default=True)
+@click.option("--token", envvar="DURABLE_UI_TOKEN", default=None, help="token for actions (default: random, printed)")
+@click.option("--allow-host", "allow_hosts", multiple=True, metavar="NAME", help="a Host name to answer (repeatable)")
+@click.option("--public-read", is_flag=True, help="on a non-loopback bind, let anyone who reaches it read pages")
+@click.pass_context
+def ui(
+    ctx: click.Context, host: str, port: int, token: str | None, allow_hosts: tuple[str, ...], public_read: bool
+) -> None:
+    """Serve the web timeline: executions, step timelines, outbox lanes and actions (the [ui] extra)."""
+    try:
+        from celery_durable.ui import serve
+    except ImportError as exc:
+        raise click.ClickException(f"the web UI needs the ui extra: pip install 'celery-durable[ui]' ({exc})") from exc
+    try:
+        serve(_durable(ctx), host=host, port=port, token=token, allow_hosts=allow_hosts, public_read=public_read)
+    except ValueError as exc:  # a token too short
+        raise click.UsageError(str(exc)) from exc
+
+
+from celery_durable.cli.cosmos import cosmos as _cosmos  # noqa: E402 - the `durable cosmos …` subgroup
+
+durable.add_command(_cosmos)

@@ -1,0 +1,268 @@
+"""Eager activities: the worker that finishes an activity runs the workflow's next one itself.
+
+With ``durable_eager_activities`` = N > 0, a delivery (of an activity, a drive message or a
+timer) whose drive schedules activities keeps the first one it can run here instead of sending
+its message, runs it right after, and so on, up to N in a row. Like Temporal's eager activity execution: the
+steps of a sequential workflow cost no broker round trip (a publish, the consumer, the pool's
+pipe) and their drives land in the process that holds the workflow's live instance
+(engine/sticky.py).
+
+A kept activity runs through Celery's own tracer (``celery.app.trace.trace_task``) with the
+request a delivery would have (its task id, the step header, its routing and priority, the
+task whose commit kept it as ``parent_id``), so its
+signals, ``autoretry_for``, ``retry()`` (which sends a real message) and logging behave as for a
+delivered one, and its attempt takes the step's lease as usual: a worker killed mid-attempt is
+recovered as any attempt is. What Celery cannot do for it is shown in README ("Eager
+activities"): it is not a separate task in Flower, and the pool's time limits cover one message,
+so an activity is kept only when
+
+- this process received the delivery from a broker (not ``apply()``, not a test environment),
+- its task is registered here and routed to the queue this delivery came from,
+- no time limit applies to either task (message, task options, worker configuration or its
+  command line), and no rate limit to the kept one (the consumer enforces those, and never
+  sees an eager run),
+- it is sent by the commit of its own execution (not by code the delivery runs: an activity
+  starting a workflow with eager start would wait for itself),
+- the worker is not shutting down (known in the worker's own process only: a prefork pool
+  child runs the rest of its budget).
+
+Anything else is sent as usual. A kept activity that is not run (the delivery raised after the
+commit, the worker began to stop) is sent at the end of the delivery, so it is never left
+without a message; a process killed between the commit and its start leaves the step to the
+recovery scan's re-send after ``durable_activity_queue_timeout``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar, runtime_checkable
+
+from celery import Celery
+from celery._state import get_current_task
+from celery.app.task import Context
+from celery.app.trace import trace_task
+
+from celery_durable.engine.dispatcher import ActivityRequest
+from celery_durable.glue.pools import time_limit
+
+__all__ = [
+    "ActivitySender",
+    "Drain",
+    "Kept",
+    "committing",
+    "draining",
+    "eagerly",
+    "keep",
+    "run_kept",
+]
+
+log = logging.getLogger("celery_durable.activity")
+
+T = TypeVar("T")
+
+
+@runtime_checkable
+class ActivitySender(Protocol):
+    """What sends activities in a worker (``tasks.CeleryDispatcher``)."""
+
+    def publish_activity(self, request: ActivityRequest) -> None: ...
+    def activity_options(self, request: ActivityRequest) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class Kept:
+    """An activity a delivery kept: committed and not sent."""
+
+    request: ActivityRequest
+    #: its message's options (``ActivitySender.activity_options``: id, headers, shadow …)
+    options: dict[str, Any]
+    #: the run whose commit kept it (its ``parent_id``)
+    parent_id: str | None
+    #: its message's priority (None: the delivery's)
+    priority: int | None
+
+
+@dataclass
+class Drain:
+    """One broker delivery's run of eager activities."""
+
+    app: Celery
+    #: the task of the delivery (its request is hidden while the kept ones run)
+    task: Any
+    sender: ActivitySender
+    #: activities it may still run after its own
+    budget: int
+    #: the queue (routing key) the delivery came from, and the routing of the kept ones
+    queue: str
+    delivery_info: dict[str, Any]
+    hostname: str | None
+    root_id: str | None
+    #: the activity it kept, to run next
+    pending: Kept | None = None
+
+
+_DRAIN: contextvars.ContextVar[Drain | None] = contextvars.ContextVar("celery_durable_eager_drain", default=None)
+#: the execution whose commit runs now in this context: only its own sends are kept (what a
+#: local activity or an activity's own code sends, e.g. an eager start, goes out as usual)
+_COMMITTING: contextvars.ContextVar[str | None] = contextvars.ContextVar("celery_durable_eager_commit", default=None)
+
+
+def _rate_limited(task: Any, app: Celery) -> bool:
+    """Whether the worker's consumer would hold the task's messages to a rate (``rate_limit``):
+    it never sees an eager run, so such a task is always sent."""
+    if app.conf.get("worker_disable_rate_limits"):
+        return False
+    return bool(getattr(task, "rate_limit", None) or app.conf.get("task_default_rate_limit"))
+
+
+def _stopping() -> bool:
+    """A warm or cold shutdown has begun in this process (Celery sets the exit code there, 0
+    included). Only a worker's own process knows: a prefork pool child never does, so there a
+    warm shutdown waits for the rest of the delivery's budget."""
+    from celery.worker import state
+
+    return any(flag is not None and flag is not False for flag in (state.should_stop, state.should_terminate))
+
+
+@contextmanager
+def draining(task: Any, budget: int, sender: ActivitySender | None) -> Iterator[Drain | None]:
+    """Around a broker delivery's commit and what follows it: keep the next activity the
+    commit schedules (:func:`keep`); the caller runs it with :func:`run_kept`. ``None`` (nothing
+    kept) when eager activities are off, this is itself an eager run (the outer delivery's
+    drain runs the next), or this delivery could not run one as Celery would. Whatever is kept
+    and not run is sent (``sender``) on the way out."""
+    request = getattr(task, "request", None)
+    info = dict(getattr(request, "delivery_info", None) or {})
+    queue = info.get("routing_key")
+    if (
+        budget <= 0
+        or sender is None
+        or _DRAIN.get() is not None
+        or not queue
+        or getattr(request, "is_eager", False)
+        or getattr(request, "called_directly", True)
+        or time_limit(task, task.app, request) is not None
+    ):
+        yield None
+        return
+    drain = Drain(
+        app=task.app,
+        task=task,
+        sender=sender,
+        budget=budget,
+        queue=str(queue),
+        delivery_info={k: info[k] for k in ("exchange", "routing_key", "priority") if k in info},
+        hostname=getattr(request, "hostname", None),
+        root_id=getattr(request, "root_id", None) or getattr(request, "id", None),
+    )
+    token = _DRAIN.set(drain)
+    try:
+        yield drain
+    finally:
+        _DRAIN.reset(token)
+        left, drain.pending = drain.pending, None
+        if left is not None:
+            drain.sender.publish_activity(left.request)  # committed and not run: it needs its message
+
+
+@contextmanager
+def committing(execution_id: str) -> Iterator[None]:
+    """Around the commit of a drive of ``execution_id``: the sends :func:`keep` may take."""
+    token = _COMMITTING.set(execution_id)
+    try:
+        yield
+    finally:
+        _COMMITTING.reset(token)
+
+
+def keep(request: ActivityRequest) -> bool:
+    """The dispatcher's question before it sends an activity: ``True`` if the current delivery
+    keeps it to run next (then it must not be sent)."""
+    drain = _DRAIN.get()
+    if drain is None or drain.pending is not None or drain.budget <= 0:
+        return False
+    if _COMMITTING.get() != request.execution_id:
+        return False  # not the commit's own send: user code the delivery runs (an eager start)
+    task = drain.app.tasks.get(request.name)
+    if task is None or time_limit(task, drain.app) is not None or _rate_limited(task, drain.app) or _stopping():
+        return False
+    try:
+        # as apply_async routes it: the task's own options (queue=...), the send's, task_routes
+        sent = drain.sender.activity_options(request)
+        options = {**getattr(task, "_get_exec_options", dict)(), **sent}
+        route = drain.app.amqp.router.route(options, request.name, request.args, request.kwargs, task_type=task)
+    except Exception:  # a router of the user's that fails here fails the send too: let it
+        return False
+    queue = route.get("queue")
+    if queue is None and route.get("exchange") is None:  # a route without a queue: the default one
+        queue = drain.app.conf.get("task_default_queue")
+    if getattr(queue, "name", queue) != drain.queue:
+        return False
+    parent = getattr(get_current_task(), "request", None)
+    # the priority its message would have had (a retry() of it is sent with it): the route's or
+    # the task's, else the parent's if inherited, else the worker's default; none at all: the
+    # delivery's (a transport's default, as on the message)
+    priority = route.get("priority", options.get("priority"))
+    if priority is None and drain.app.conf.get("task_inherit_parent_priority"):
+        priority = (getattr(parent, "delivery_info", None) or {}).get("priority")
+    if priority is None:
+        priority = drain.app.conf.get("task_default_priority")
+    drain.pending = Kept(request, sent, getattr(parent, "id", None), priority)
+    return True
+
+
+def run_kept(drain: Drain) -> None:
+    """Run the kept activities one after another (each may keep the next) while the budget
+    lasts; what is left when it ends is sent by :func:`draining`."""
+    # hide the delivery's request: the kept code calling the delivery's task as a plain function
+    # must not look like another delivery of its step (DurableActivityTask.__call__); an empty
+    # one (Task.push_request copies the request below it)
+    drain.task.request_stack.push(Context())
+    try:
+        while drain.pending is not None and drain.budget > 0 and not _stopping():
+            kept, drain.pending = drain.pending, None
+            drain.budget -= 1
+            request, options = kept.request, kept.options
+            task = drain.app.tasks[request.name]
+            headers = dict(options["headers"])
+            context = {
+                "id": request.task_id,
+                "task": request.name,
+                "shadow": options.get("shadow"),
+                "headers": headers,
+                **headers,  # a delivered message's headers are attributes of its request too
+                "delivery_info": dict(drain.delivery_info, redelivered=False)
+                | ({} if kept.priority is None else {"priority": kept.priority}),
+                "hostname": drain.hostname,
+                "root_id": drain.root_id,
+                "parent_id": kept.parent_id,
+                "correlation_id": request.task_id,
+                "retries": 0,
+                "timelimit": (None, None),
+                "is_eager": False,
+                "ignore_result": True,
+            }
+            log.info("activity %s (%s step %d): run here, not sent", request.name, request.execution_id, request.seq)
+            # the tracer catches what the task raises (as for a delivery: logged, signalled, a
+            # Retry already sent its message); the next kept activity, if any, is its drive's
+            args, kwargs = list(request.args), dict(request.kwargs)
+            trace_task(task, request.task_id, args, kwargs, context, app=drain.app, eager=False)
+    finally:
+        drain.task.request_stack.pop()
+
+
+def eagerly(task: Any, engine: Any, execution_id: str, commit: Callable[[], T]) -> T:
+    """``commit()`` (a delivery's drive of ``execution_id``: an activity's, a drive message's, a
+    timer's), then the activities it kept, if ``engine`` sends through a worker's dispatcher
+    (:class:`ActivitySender`) with ``durable_eager_activities`` on."""
+    sender = engine.dispatcher if isinstance(engine.dispatcher, ActivitySender) else None
+    with draining(task, engine.settings.eager_activities, sender) as drain:
+        with committing(execution_id):
+            outcome = commit()
+        if drain is not None:
+            run_kept(drain)
+    return outcome

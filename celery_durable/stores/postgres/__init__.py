@@ -1,0 +1,3 @@
+"""The PostgreSQL store (``store``) and its URL, connection pool and error translation
+(``connection``).
+"""
