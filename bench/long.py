@@ -2,7 +2,7 @@
 
 Without the sticky cache every drive replays the workflow from the top (and decodes every
 recorded result again), so a step of a 1,000-step workflow costs ~500 steps of replay: O(n²) CPU
-over the workflow. With it (``durable_sticky_cache_size``, engine/sticky.py) the suspended
+over the workflow. With it (``durable_sticky_cache_size``, engine/replay/sticky.py) the suspended
 instance is resumed with the new outcome only, and the cost per step should stay flat.
 
 The engine runs in-process (``InlineDispatcher`` + ``LocalWorker``: no broker) on a real
@@ -34,8 +34,8 @@ from pathlib import Path
 from _common import bench_env, exit_on_sigterm, machine, print_table, start_worker, wait_until
 
 from celery_durable.engine import Engine, InlineDispatcher, Registry
-from celery_durable.engine.context import require_context
-from celery_durable.engine.local import LocalWorker
+from celery_durable.engine.drive.in_process import LocalWorker
+from celery_durable.engine.replay.context import require_context
 from celery_durable.settings import Settings
 from celery_durable.stores.base import Store
 

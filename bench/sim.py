@@ -3,7 +3,7 @@
 Each seed runs the workload (sequential activities, gather, timers, signals with timeouts,
 children, cancel with Saga compensation, continue-as-new) on 3 simulated workers sharing one
 in-memory store, with store faults, worker crashes, lost/duplicated/delayed/reordered messages,
-skewed clocks, preemption inside store calls, and live workflow instances (engine/sticky.py)
+skewed clocks, preemption inside store calls, and live workflow instances (engine/replay/sticky.py)
 evicted or left behind by a move to another thread, then heals and checks the invariants
 (``harness.sim``). Target: 0 violations.
 

@@ -42,9 +42,9 @@ from typing import Any
 from _common import exit_on_sigterm, machine, print_table, verdict
 
 from celery_durable.engine import Engine, InlineDispatcher, Registry
-from celery_durable.engine.context import require_context
-from celery_durable.engine.local import LocalWorker
-from celery_durable.engine.model import Settings
+from celery_durable.engine.documents.model import Settings
+from celery_durable.engine.drive.in_process import LocalWorker
+from celery_durable.engine.replay.context import require_context
 from celery_durable.stores.base import Doc, DueRef, Op, PartitionRead, Store
 
 WRITES = ("create", "replace", "upsert", "delete", "batch")
@@ -55,7 +55,8 @@ def _call_site() -> str:
     frame = sys._getframe(2)
     while frame is not None:
         path = frame.f_code.co_filename.replace("\\", "/")
-        if "/celery_durable/" in path and "/stores/" not in path and not path.endswith("/engine/cache.py"):
+        cache = path.endswith("/engine/drive/partition_cache.py")
+        if "/celery_durable/" in path and "/stores/" not in path and not cache:
             module = path.rsplit("/", 1)[-1].removesuffix(".py")
             return f"{module}.{frame.f_code.co_name}"
         frame = frame.f_back  # type: ignore[assignment]

@@ -11,13 +11,13 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 from celery import Celery
 
 from celery_durable import workflow as _wf
-from celery_durable.engine.admin import Admin, ExecutionDetail, ExecutionPage, PurgeReport, StepRecord
-from celery_durable.engine.checks import check_workflow_id
-from celery_durable.engine.context import DurableFuture, current_context, require_context
+from celery_durable.engine.admin.operator import Admin, ExecutionDetail, ExecutionPage, PurgeReport, StepRecord
 from celery_durable.engine.core import Engine
-from celery_durable.engine.model import TERMINAL
+from celery_durable.engine.documents.checks import check_workflow_id
+from celery_durable.engine.documents.model import TERMINAL
+from celery_durable.engine.documents.search import start_fields
 from celery_durable.engine.registry import Registry, WorkflowDef
-from celery_durable.engine.search import start_fields
+from celery_durable.engine.replay.context import DurableFuture, current_context, require_context
 from celery_durable.errors import ConfigurationError
 from celery_durable.glue.beat_shutdown import install_beat_shutdown
 from celery_durable.glue.bootsteps import DurableMetricsStep, DurableShutdownStep, DurableStep
@@ -364,7 +364,7 @@ class Durable:
         """Send a signal from anywhere (kept for the next wait); False when the execution has ended."""
         return self.engine.signal(workflow_id, name, value)
 
-    # --- operators: the read model and its operations (celery_durable.engine.admin) --------
+    # --- operators: the read model and its operations (celery_durable.engine.admin.operator) --------
 
     @property
     def admin(self) -> Admin:

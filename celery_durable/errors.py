@@ -249,4 +249,4 @@ class HistoryUnavailableError(QueryFailedError):
 class OperationRefused(DurableError, ValueError):
     """An operator operation (retry, resume, reset, cancel, purge) does not apply to the
     execution in its current state, or its input (``by``, ``reason``, ...) cannot be recorded as
-    given: nothing was written. Also importable from ``celery_durable.engine.admin``."""
+    given: nothing was written. Also importable from ``celery_durable.engine.admin.operator``."""

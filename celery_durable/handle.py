@@ -5,16 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from celery_durable.engine.admin import Admin
-from celery_durable.engine.model import CANCELLED, COMPLETED, FAILED
-from celery_durable.engine.oplog import actor
-from celery_durable.engine.queries import answer_query
+from celery_durable.engine.admin.operator import Admin
+from celery_durable.engine.admin.oplog import actor
+from celery_durable.engine.documents.model import CANCELLED, COMPLETED, FAILED
+from celery_durable.engine.replay.queries import answer_query
 from celery_durable.errors import WorkflowCancelledError, WorkflowFailedError
 
 if TYPE_CHECKING:
+    from celery_durable.engine.admin.timeline import StepRecord
     from celery_durable.engine.core import Engine
     from celery_durable.engine.registry import WorkflowDef
-    from celery_durable.engine.timeline import StepRecord
 
 __all__ = ["WorkflowHandle", "ExecutionInfo"]
 

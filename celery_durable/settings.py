@@ -186,7 +186,7 @@ class Settings:
     #: an activity's inline drive reuses the partition read at its start if younger than this
     trust_cache_for: float = 2.0
     #: suspended workflow instances kept alive per worker thread, resumed instead of replayed
-    #: from the top when their history is unchanged (engine/sticky.py; 0: always replay)
+    #: from the top when their history is unchanged (engine/replay/sticky.py; 0: always replay)
     sticky_cache_size: int = 256
     #: ``start()`` runs the workflow's first drive in the caller when all it does is schedule
     #: activities or timers, and sends those itself: one broker hop fewer (README "Eager start")

@@ -14,8 +14,10 @@ from types import TracebackType
 from typing import Any, Literal, TypeVar, overload
 
 from celery_durable.codecs import ValueCodec
-from celery_durable.engine import channels, search, versioning
-from celery_durable.engine.context import ContinueAsNew, DurableFuture, in_workflow, require_context
+from celery_durable.engine.documents import search
+from celery_durable.engine.replay import versioning
+from celery_durable.engine.replay.context import ContinueAsNew, DurableFuture, in_workflow, require_context
+from celery_durable.engine.signals import channels
 
 __all__ = [
     "now",

@@ -33,8 +33,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from celery_durable.engine.delivery import Delivery
-from celery_durable.engine.model import DUE_ACTIVITY, DUE_CHILD, DUE_CLOCK, DUE_EXEC, EXEC_ID, TERMINAL, marker_id
+from celery_durable.engine.activities.delivery import Delivery
+from celery_durable.engine.documents.model import (
+    DUE_ACTIVITY,
+    DUE_CHILD,
+    DUE_CLOCK,
+    DUE_EXEC,
+    EXEC_ID,
+    TERMINAL,
+    marker_id,
+)
 from celery_durable.errors import NonRetryableError, StoreError, StoreUnavailable
 from celery_durable.stores.base import Doc, Store
 from celery_durable.stores.memory import MemoryStore
@@ -328,7 +336,7 @@ class Sim:
             self.run_as(w, "recovery scan", w.engine.recovery.scan)
         elif action == "clocks":
             w = rng.choice(self.workers)
-            self.run_as(w, "clock scan", w.engine.links.fire_due_clocks)
+            self.run_as(w, "clock scan", w.engine.timers.fire_due_clocks)
         elif action == "client":
             self._client_op(due_only=False, pk=pk)
 
@@ -398,7 +406,7 @@ class Sim:
         if m.kind == "drive":
             self._eager(w, lambda: eng.drive(str(m.item)))
         elif m.kind == "clock":
-            self._eager(w, lambda: eng.links.fire_clock(m.item.execution_id, m.item.seq, m.item.run))
+            self._eager(w, lambda: eng.timers.fire_clock(m.item.execution_id, m.item.seq, m.item.run))
         elif m.kind == "effect":
             self.count("effects_ignored")
         else:
@@ -492,7 +500,7 @@ class Sim:
             self.now = max(self.now + 1.0, min(due) + 1.0)
             w = rng.choice(self.workers)
             self.run_as(w, "recovery scan", w.engine.recovery.scan)
-            self.run_as(w, "clock scan", w.engine.links.fire_due_clocks)
+            self.run_as(w, "clock scan", w.engine.timers.fire_due_clocks)
 
     def _execs(self) -> dict[str, Doc]:
         out: dict[str, Doc] = {}

@@ -6,8 +6,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from celery_durable.engine.checks import pending_signal_values
-from celery_durable.engine.model import TERMINAL
+from celery_durable.engine.documents.checks import pending_signal_values
+from celery_durable.engine.documents.model import TERMINAL
 from celery_durable.stores.base import Doc
 from harness.sim_store import EPOCH, Planned, Sim
 

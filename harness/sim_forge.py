@@ -25,11 +25,11 @@ from contextlib import contextmanager
 from typing import Any
 from unittest import mock
 
-from celery_durable.engine import activity as engine_activity
-from celery_durable.engine import seals
-from celery_durable.engine.delivery import Delivery, step_token
+from celery_durable.engine.activities import attempts as engine_activity
+from celery_durable.engine.activities.delivery import Delivery, step_token
 from celery_durable.engine.dispatcher import ActivityRequest
-from celery_durable.engine.schema import result_id
+from celery_durable.engine.documents.schema import result_id
+from celery_durable.engine.drive import seals
 from celery_durable.stores.base import Doc
 from harness.sim import Sim
 from harness.sim_faults import quiet

@@ -8,7 +8,7 @@ wraps the shared :class:`~.sim_store.FaultyStore` (every call is observed and fa
 other) with a small ``max_batch_ops``, so a rewrite spans several batches, and with the
 ``abandon`` fault the operator process is killed at a random store call of the operation,
 before or after it applied: nothing finishes what it began but whoever touches the execution
-next (the driver, the recovery scan, the next operator call; engine/pending_ops.py).
+next (the driver, the recovery scan, the next operator call; engine/admin/pending_ops.py).
 
 Invariant 8 (checked on every batch by the faulty store and at the end by ``sim_checks``):
 a batch that deletes recorded documents of an execution leaves it reopened or records the rest
@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from celery_durable.engine.admin import Admin, OperationRefused
+from celery_durable.engine.admin.operator import Admin, OperationRefused
 from celery_durable.engine.core import Engine
 from celery_durable.errors import StoreError
 from celery_durable.stores.base import Doc, DueRef, Op, PartitionRead, Store

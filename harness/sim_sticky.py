@@ -1,6 +1,6 @@
 """Faults of the sticky cache in the simulation: live instances evicted, drives moved to another thread.
 
-Each simulated worker's driver keeps live workflow instances (``engine/sticky.py``). Drives
+Each simulated worker's driver keeps live workflow instances (``engine/replay/sticky.py``). Drives
 already land on random workers (a process change); at any store call these faults also evict
 one of the calling worker's live instances (it is unwound) or move the worker to its other
 "thread" (its other set of live instances: those left there may be found stale later). They

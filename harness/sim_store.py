@@ -9,10 +9,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from celery_durable.engine.activity import Attempt
+from celery_durable.engine.activities.attempts import Attempt
 from celery_durable.engine.core import Engine
 from celery_durable.engine.dispatcher import ActivityRequest, ClockRequest
-from celery_durable.engine.model import EXEC_ID, RUNNING, TERMINAL, Settings
+from celery_durable.engine.documents.model import EXEC_ID, RUNNING, TERMINAL, Settings
 from celery_durable.errors import StoreUnavailable
 from celery_durable.stores.base import Doc, DueRef, Op, PartitionRead, Store
 from harness.sim_faults import FaultSpec
@@ -251,7 +251,7 @@ def _step_of_run(doc_id: str, run: int) -> bool:
 
 def _reopened(prev: Doc, doc: Doc) -> bool:
     """An operator reopened the execution (retry, resume, reset bump ``retried``), or the child
-    scan revived a fence (a child id its parent's cancel claimed, never run: engine/kin.py) whose
+    scan revived a fence (a child id its parent's cancel claimed, never run: engine/children/holders.py) whose
     parent waits for it again."""
     revived = bool(prev.get("fence")) and not prev.get("drives") and not doc.get("fence")
     return revived or int(doc.get("retried") or 0) > int(prev.get("retried") or 0)

@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from celery_durable import workflow as wf
-from celery_durable.engine.context import DurableFuture, require_context
 from celery_durable.engine.registry import Registry
+from celery_durable.engine.replay.context import DurableFuture, require_context
 from celery_durable.errors import ActivityError, DurableTimeoutError, NonRetryableError
 
 __all__ = ["SIGNAL_TIMEOUT", "LONG_TIMEOUT", "build_registry", "ActivityLedger", "set_ledger"]

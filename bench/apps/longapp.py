@@ -1,5 +1,5 @@
 """``celery -A apps.longapp worker`` for ``bench/long.py --workers``: the bench app, plus each pool
-process writing its sticky cache counters (engine/sticky.py) to ``$BENCH_STICKY_DIR/<pid>.json``
+process writing its sticky cache counters (engine/replay/sticky.py) to ``$BENCH_STICKY_DIR/<pid>.json``
 after every task, so the bench can sum how often a drive found the instance alive."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Registered through the ``celery.commands`` entry point, so it runs with the app, config and
 store of the project, like ``celery inspect``. A thin layer over the read model and operations
-of :mod:`celery_durable.engine.admin`: it parses and validates input (bad input exits 2),
+of :mod:`celery_durable.engine.admin.operator`: it parses and validates input (bad input exits 2),
 formats rich tables (:mod:`.render`; ``--json`` for scripts) and asks for confirmation of
 destructive commands unless ``--yes``. Errors of the library (configuration, store, refused
 operations) are one line on stderr and exit 1; a document that cannot be decoded is flagged in
@@ -21,11 +21,18 @@ import click
 from celery_durable.app import Durable
 from celery_durable.cli import operator_actions as cli_ops
 from celery_durable.cli import render as cli_render
-from celery_durable.cli.render import escape, print_table, ts
-from celery_durable.engine.admin import ExecutionDetail, ExecutionSummary, OperationRefused, PurgeReport, StepRecord
-from celery_durable.engine.links import declared_signals
-from celery_durable.engine.oplog import actor
-from celery_durable.engine.schema import Status
+from celery_durable.cli.render import print_table
+from celery_durable.engine.admin.operator import (
+    ExecutionDetail,
+    ExecutionSummary,
+    OperationRefused,
+    PurgeReport,
+    StepRecord,
+)
+from celery_durable.engine.admin.oplog import actor
+from celery_durable.engine.admin.wording import escape, prompt, ts
+from celery_durable.engine.documents.schema import Status
+from celery_durable.engine.signals.inbox import declared_signals
 from celery_durable.errors import DurableError, InvalidSearchAttribute, PayloadValidationError, UnknownWorkflowError
 from celery_durable.stores.base import MAX_PAGE_SIZE
 from celery_durable.stores.search import parse_pairs
@@ -255,7 +262,7 @@ def reset(ctx: click.Context, execution_id: str, step: int, reason: str | None, 
     info = _describe(d, execution_id)
     if not yes:
         head = f"{execution_id} is {info.summary.status}: forget its steps from {step} on and run them again?"
-        click.confirm(cli_ops.prompt(d.admin, execution_id, "reset", head, step), abort=True)
+        click.confirm(prompt(d.admin, execution_id, "reset", head, step), abort=True)
     try:
         _reran(d.admin.reset(execution_id, step, by=actor(), reason=reason))
     except OperationRefused as exc:
@@ -333,9 +340,7 @@ def resume(ctx: click.Context, execution_id: str, yes: bool, reason: str | None)
         raise click.ClickException(f"{execution_id} is completed; nothing to resume")
     if status != Status.RUNNING and not yes:
         what = "forget its cancellation and compensations" if status == Status.CANCELLED else "reopen it"
-        click.confirm(
-            cli_ops.prompt(d.admin, execution_id, "resume", f"{execution_id} is {status}: {what}?"), abort=True
-        )
+        click.confirm(prompt(d.admin, execution_id, "resume", f"{execution_id} is {status}: {what}?"), abort=True)
     _reran(d.resume(execution_id, by=actor(), reason=reason))
     click.echo("drive sent" if status == Status.RUNNING else "resumed")
 
@@ -352,9 +357,7 @@ def retry(ctx: click.Context, execution_id: str, yes: bool, reason: str | None) 
     if status != Status.FAILED:
         raise click.ClickException(f"{execution_id} is {status}, not failed")
     if not yes:
-        click.confirm(
-            cli_ops.prompt(d.admin, execution_id, "retry", f"retry {execution_id} from its failed step?"), abort=True
-        )
+        click.confirm(prompt(d.admin, execution_id, "retry", f"retry {execution_id} from its failed step?"), abort=True)
     _reran(d.retry(execution_id, by=actor(), reason=reason))
     click.echo("retrying")
 

@@ -1,5 +1,5 @@
 """What ``durable show`` prints of operator actions and the steps they forgot, and what the
-prompts of ``retry``/``resume``/``reset`` say they will forget (engine/oplog.py records them)."""
+prompts of ``retry``/``resume``/``reset`` say they will forget (engine/admin/oplog.py records them)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,11 @@ import dataclasses
 import json
 from typing import Any
 
-from celery_durable.cli.render import escape, ts
-from celery_durable.engine.admin import ExecutionDetail
-from celery_durable.engine.oplog import preview
-from celery_durable.engine.reset import plan_reset
-from celery_durable.engine.superseded import SupersededStep
+from celery_durable.engine.admin.operator import ExecutionDetail
+from celery_durable.engine.admin.superseded import SupersededStep
+from celery_durable.engine.admin.wording import escape, ts
 
-__all__ = ["json_fields", "lines", "prompt"]
+__all__ = ["json_fields", "lines"]
 
 
 def _cell(value: Any) -> str:
@@ -67,20 +65,3 @@ def json_fields(info: ExecutionDetail) -> dict[str, Any]:
         "operations": [dict(op) for op in info.operations],
         "superseded": [dataclasses.asdict(s) for s in info.superseded],
     }
-
-
-def prompt(admin: Any, execution_id: str, action: str, head: str, step: int | None = None) -> str:
-    """``head`` and, below it, the steps ``action`` will forget (the ones that ran flagged)."""
-
-    def reset(ex: Any, docs: Any, rewrite: Any) -> None:
-        plan_reset(admin, rewrite, ValueError, ex, docs, int(step or 0), "preview", None)
-
-    try:
-        forgets = preview(admin, execution_id, action, reset if action == "reset" else None)
-    except Exception as exc:  # the operation itself refuses (and says why) after the prompt
-        forgets = [f"  (cannot tell what it forgets: {exc})"]
-    if not forgets:
-        return head
-    return "\n".join(
-        [f"{head}", "it forgets these recorded steps (kept in the record as superseded):", *forgets, "go on?"]
-    )

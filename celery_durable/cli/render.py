@@ -10,11 +10,9 @@ progress bar; piped, nothing wraps and there are no colours or control sequences
 
 from __future__ import annotations
 
-import math
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from datetime import UTC, datetime
 from typing import IO, Any
 
 from rich import box
@@ -23,7 +21,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-__all__ = ["is_terminal", "console", "cell", "ts", "table", "print_table", "progress"]
+from celery_durable.engine.admin.wording import escape
+
+__all__ = ["is_terminal", "console", "cell", "table", "print_table", "progress"]
 
 #: width of a console that is not a terminal: wide enough that no table ever wraps
 _PIPE_WIDTH = 100_000
@@ -55,28 +55,9 @@ def console(stream: IO[str] | None = None) -> Console:
     )
 
 
-def escape(text: str) -> str:
-    """Control characters (newline, tab, ESC…) as their escapes; printable text unchanged."""
-    return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-
-
 def cell(value: Any) -> Text:
     """One table cell: ``None`` as ``-``, control characters escaped, no markup interpreted."""
     return Text(escape("-" if value is None else str(value)))
-
-
-def ts(value: Any) -> str:
-    """Epoch seconds as UTC ``YYYY-MM-DD HH:MM:SS``; ``-`` if absent, ``invalid (…)`` if out of range.
-
-    A corrupt document can hold any number (``1e30``, ``NaN``): shown, never fatal."""
-    if not isinstance(value, int | float) or isinstance(value, bool) or not value:
-        return "-"
-    try:
-        if not math.isfinite(value):
-            raise ValueError(value)
-        return datetime.fromtimestamp(float(value), tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
-    except (OverflowError, OSError, ValueError):
-        return f"invalid ({value!r})"
 
 
 def table(

@@ -13,10 +13,13 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from celery_durable.engine.activity import ActivityRunner
-from celery_durable.engine.cache import PartitionCache
-from celery_durable.engine.checks import check_workflow_id
-from celery_durable.engine.child_ops import resume_child
+from celery_durable.engine.activities.attempts import ActivityRunner
+from celery_durable.engine.activities.lease_heartbeat import Heartbeat
+from celery_durable.engine.activities.leases import LeaseKeeper
+from celery_durable.engine.admin.child_ops import resume_child
+from celery_durable.engine.admin.oplog import cancel_ops
+from celery_durable.engine.admin.pending_ops import check_field, check_signal_name
+from celery_durable.engine.children.links import Children
 from celery_durable.engine.dispatcher import (
     ActivityRequest,
     AdmitRequest,
@@ -26,11 +29,8 @@ from celery_durable.engine.dispatcher import (
     Send,
     SignalRequest,
 )
-from celery_durable.engine.driver import Driver
-from celery_durable.engine.heartbeat import Heartbeat
-from celery_durable.engine.leases import LeaseKeeper
-from celery_durable.engine.links import Links
-from celery_durable.engine.model import (
+from celery_durable.engine.documents.checks import check_workflow_id
+from celery_durable.engine.documents.model import (
     DUE_EXEC,
     EXEC_ID,
     TERMINAL,
@@ -40,14 +40,17 @@ from celery_durable.engine.model import (
     new_exec_doc,
     worker_identity,
 )
-from celery_durable.engine.oplog import cancel_ops
+from celery_durable.engine.documents.schema import CANCELLED_BY_PARENT
+from celery_durable.engine.documents.search import start_fields
+from celery_durable.engine.drive.driver import Driver
+from celery_durable.engine.drive.partition_cache import PartitionCache
+from celery_durable.engine.drive.recovery import Recovery
+from celery_durable.engine.drive.upkeep import wake
 from celery_durable.engine.outbox import DUE_ADMIT, OutboxEngine, OutboxSettings
 from celery_durable.engine.outbox.runtime import EffectKeeper
-from celery_durable.engine.pending_ops import check_field, check_signal_name
-from celery_durable.engine.recovery import Recovery
 from celery_durable.engine.registry import Registry, WorkflowDef
-from celery_durable.engine.schema import CANCELLED_BY_PARENT
-from celery_durable.engine.search import start_fields
+from celery_durable.engine.signals.inbox import Signals
+from celery_durable.engine.timers.clocks import Timers
 from celery_durable.errors import (
     ConfigurationError,
     ConflictError,
@@ -105,7 +108,9 @@ class Engine:
         self.heartbeat = Heartbeat(idle_check=self.settings.heartbeat_interval)
         self.leases = LeaseKeeper(self, self.heartbeat)
         self.recovery = Recovery(self)
-        self.links = Links(self)
+        self.timers = Timers(self)
+        self.signals = Signals(self)
+        self.children = Children(self)
         #: the effect outbox, owned here so that ``wf.emit`` is admitted by the drive that recorded
         #: it, wherever the engine runs (workers, ``WorkflowEnvironment``)
         outbox_settings = OutboxSettings.of(self.settings)
@@ -157,7 +162,7 @@ class Engine:
         sent (:class:`InvalidWorkflowId`, see :func:`check_workflow_id`); ``None`` draws a random id.
         Returns ``(execution_id, created)``; ``created`` is False when the id existed (joined).
         ``search`` (indexed attributes) and ``memo`` (any JSON) are checked here too
-        (:class:`InvalidSearchAttribute`; engine/search.py) and stored in the exec document.
+        (:class:`InvalidSearchAttribute`; engine/documents/search.py) and stored in the exec document.
         """
         eid = uuid.uuid4().hex if workflow_id is None else check_workflow_id(workflow_id)
         extra = start_fields(search, memo)
@@ -272,7 +277,7 @@ class Engine:
         self, execution_id: str, by: str | None = None, reason: str | None = None, from_parent: bool = False
     ) -> bool:
         """Persist a cancel request (never downgraded) and wake the execution; an operator's
-        (``by``: who) is recorded with it (engine/oplog.py). False when it had already ended.
+        (``by``: who) is recorded with it (engine/admin/oplog.py). False when it had already ended.
         ``from_parent``: the cascade of its parent's cancel, marked on it (``CANCELLED_BY_PARENT``).
         """
         for _ in range(100):
@@ -301,7 +306,7 @@ class Engine:
 
     def reopen_child(self, child_id: str, parent_id: str) -> None:
         """Resume ``child_id``, which ended cancelled by its parent's cancel after an operator
-        withdrew that cancel (the parent waits for it again: engine/kin.py ``withdrawn_cancels``).
+        withdrew that cancel (the parent waits for it again: engine/children/holders.py ``withdrawn_cancels``).
         Recorded on the child like any resume; refused or failing, the parent's child scan asks
         again (the step stays due)."""
         try:
@@ -320,14 +325,18 @@ class Engine:
 
     def signal(self, execution_id: str, name: str, value: Any, by: str | None = None) -> bool:
         """Send signal ``name`` (validated here; kept for the next wait); False once the execution
-        ended. ``by``: an operator sending it, recorded with the value (engine/oplog.py)."""
+        ended. ``by``: an operator sending it, recorded with the value (engine/admin/oplog.py)."""
         check_signal_name(name)
         if by is not None:
             check_field(OperationRefused, "by", by)  # refused before anything is written
-        return self.links.signal(execution_id, name, value, by=by)
+        return self.signals.signal(execution_id, name, value, by=by)
 
     def fire_clock(self, execution_id: str, seq: int, run: int = 0) -> str:
-        return self.links.fire_clock(execution_id, seq, run)
+        return self.timers.fire_clock(execution_id, seq, run)
+
+    def wake(self, execution_id: str) -> None:
+        """Make sure a drive of ``execution_id`` happens after now (see :func:`.upkeep.wake`)."""
+        wake(self, execution_id)
 
     def dispatch(self, send: Send) -> None:
         """Carry out what a committed drive decided."""
@@ -336,13 +345,13 @@ class Engine:
         elif isinstance(send, ClockRequest):
             self.dispatcher.send_clock(send)
         elif isinstance(send, ChildRequest):
-            self.links.start_child(send)
+            self.children.start_child(send)
         elif isinstance(send, AdmitRequest):
             self._admit(send)
         elif isinstance(send, SignalRequest):
-            self.links.send_signal(send)
+            self.signals.send_signal(send)
         elif send.parent is not None:
-            self.links.cancel_child(send.execution_id, send.parent)
+            self.children.cancel_child(send.execution_id, send.parent)
         else:
             try:
                 self.cancel(send.execution_id, from_parent=True)

@@ -40,7 +40,7 @@ class ActivityRequest:
     workflow: str
     options: dict[str, Any] = field(default_factory=dict)
     run: int = 0
-    #: the marker's token (engine/delivery.py): the message proves which marker it is for
+    #: the marker's token (engine/activities/delivery.py): the message proves which marker it is for
     token: str | None = None
 
     @property

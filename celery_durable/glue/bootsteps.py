@@ -3,7 +3,7 @@
 ``Durable(app)`` adds :class:`DurableStep` to the worker blueprint (``app.steps["worker"]``) and
 :class:`DurableShutdownStep` to the consumer blueprint (``app.steps["consumer"]``). When the
 worker stops, the process it runs in gives back the activity leases it still holds and stops its
-one heartbeat thread (engine/heartbeat.py), so recovery re-sends the interrupted steps at its
+one heartbeat thread (engine/activities/lease_heartbeat.py), so recovery re-sends the interrupted steps at its
 next scan instead of after the lease TTL.
 
 *When* matters. A warm shutdown (SIGTERM) waits for the running tasks inside the ``Pool`` step's
@@ -34,7 +34,7 @@ from typing import Any
 import celery.app.utils as celery_app_utils
 from celery import bootsteps
 
-from celery_durable.engine import seals
+from celery_durable.engine.drive import seals
 from celery_durable.glue.extension import DurableLike, durable_of
 from celery_durable.glue.pools import check_worker, note_worker_limits, pool_name
 from celery_durable.settings import censor_conf, redact_url

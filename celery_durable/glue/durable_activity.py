@@ -23,12 +23,12 @@ from celery.exceptions import Retry
 from celery.local import PromiseProxy, Proxy
 
 from celery_durable.codecs import codec_for
-from celery_durable.engine import seals
-from celery_durable.engine.activity import may_be_stale, run_awaitable, sync_callable
-from celery_durable.engine.context import DurableFuture, current_context, require_context
-from celery_durable.engine.delivery import Delivery
-from celery_durable.engine.model import Attempt
+from celery_durable.engine.activities.attempts import may_be_stale, run_awaitable, sync_callable
+from celery_durable.engine.activities.delivery import Delivery
+from celery_durable.engine.documents.model import Attempt
+from celery_durable.engine.drive import seals
 from celery_durable.engine.registry import GLOBAL_ACTIVITIES, ActivityDef
+from celery_durable.engine.replay.context import DurableFuture, current_context, require_context
 from celery_durable.errors import ConfigurationError, NonRetryableError, StoreUnavailable
 from celery_durable.glue.eager_activities import eagerly
 from celery_durable.glue.extension import durable_of
@@ -41,8 +41,8 @@ __all__ = ["durable_activity", "ActivityTask", "DurableActivityTask", "DURABLE_H
 
 log = logging.getLogger("celery_durable.activity")
 
-#: message header carrying the step's identity, its marker's token ``t`` (engine/delivery.py) and,
-#: on a re-delivery, an unrecorded outcome sealed by the library (engine/seals.py)
+#: message header carrying the step's identity, its marker's token ``t`` (engine/activities/delivery.py) and,
+#: on a re-delivery, an unrecorded outcome sealed by the library (engine/drive/seals.py)
 DURABLE_HEADER = "durable_step"
 
 P = ParamSpec("P")
@@ -101,7 +101,7 @@ def _step_header(request: Any) -> dict[str, Any] | None:
 
 def _successor_headers(task: Task, headers: dict[str, Any] | None, attempt: Attempt) -> dict[str, Any]:
     """The retry message's headers: the step header names the attempt it succeeds (``h``), sealed
-    (``hs``: a message naming a holder must not take a live attempt's lease; engine/seals.py)."""
+    (``hs``: a message naming a holder must not take a live attempt's lease; engine/drive/seals.py)."""
     request = task.request
     out = dict(headers if headers is not None else (getattr(request, "headers", None) or {}))
     meta = out.get(DURABLE_HEADER)
@@ -354,7 +354,7 @@ def durable_activity(fn: Any = None, *, name: str | None = None, **options: Any)
         task = shared_task(name=task_name, base=DurableActivityTask, **options)(run)
         # bind=True: Celery passes the task as the first parameter; the call's arguments (what
         # the codec checks and a workflow passes) are the rest
-        # local: steps run in the drive's process (engine/local_steps.py), with these retries
+        # local: steps run in the drive's process (engine/activities/local_activities.py), with these retries
         local_options = {"local": _local_retry(options)} if local else None
         _register(task_name, _task_bound(run, task) if options.get("bind") else run, local_options)
         return task

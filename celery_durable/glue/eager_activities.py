@@ -5,7 +5,7 @@ timer) whose drive schedules activities keeps the first one it can run here inst
 its message, runs it right after, and so on, up to N in a row. Like Temporal's eager activity execution: the
 steps of a sequential workflow cost no broker round trip (a publish, the consumer, the pool's
 pipe) and their drives land in the process that holds the workflow's live instance
-(engine/sticky.py).
+(engine/replay/sticky.py).
 
 A kept activity runs through Celery's own tracer (``celery.app.trace.trace_task``) with the
 request a delivery would have (its task id, the step header, its routing and priority, the

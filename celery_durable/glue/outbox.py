@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 from celery import Celery
 
 from celery_durable.codecs import ValueCodec
-from celery_durable.engine import seals
+from celery_durable.engine.drive import seals
 from celery_durable.engine.outbox import (
     Admitted,
     Claim,
@@ -358,7 +358,7 @@ class Outbox:
         after = header(task.request, AFTER_HEADER)
         after = [str(i) for i in after] if isinstance(after, list) else []
         raw, mac = header(task.request, ADOPT_HEADER), header(task.request, ADOPT_SEAL_HEADER)
-        try:  # adopt only what this library sealed (engine/seals.py)
+        try:  # adopt only what this library sealed (engine/drive/seals.py)
             sealed = seals.adopt_sealed(core.store, self._durable.engine.emit, key, effect_id, raw, mac)
             result = core.claim(key, effect_id, after=after, adopt=adopt_of(raw) if sealed else None)
         except ClaimUnknown as exc:

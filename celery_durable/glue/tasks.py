@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from celery import Celery
 
-from celery_durable.engine.checks import check_workflow_id
 from celery_durable.engine.dispatcher import ActivityRequest, ClockRequest
+from celery_durable.engine.documents.checks import check_workflow_id
 from celery_durable.engine.outbox.model import EffectRef, EffectSender
 from celery_durable.errors import StoreUnavailable
 from celery_durable.glue.durable_activity import DURABLE_HEADER
@@ -124,7 +124,7 @@ class CeleryDispatcher:
 
 
 def _step_header(request: ActivityRequest) -> dict[str, Any]:
-    """The step's identity; ``t``: the token proving which marker it is for (engine/delivery.py)."""
+    """The step's identity; ``t``: the token proving which marker it is for (engine/activities/delivery.py)."""
     meta: dict[str, Any] = {"e": request.execution_id, "s": request.seq, "r": request.run, "w": request.workflow}
     if request.token is not None:  # a legacy marker's message carries none
         meta["t"] = request.token
@@ -172,7 +172,7 @@ def register_tasks(app: Celery, durable: DurableLike) -> None:
 
     @app.task(base=WireTask, name=FIRE_DUE_CLOCKS_TASK, ignore_result=True, shared=False)
     def fire_due_clocks() -> int:
-        return durable.engine.links.fire_due_clocks()
+        return durable.engine.timers.fire_due_clocks()
 
     @app.task(base=WireTask, name=START_SCHEDULED_TASK, ignore_result=True, shared=False)
     def start_scheduled(schedule_name: str, workflow: str, payload: dict[str, Any], period: float) -> str:

@@ -25,13 +25,13 @@ import warnings
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from celery_durable.engine.activity import run_awaitable
-from celery_durable.engine.admin import Admin, ExecutionPage
+from celery_durable.engine.activities.attempts import run_awaitable
+from celery_durable.engine.activities.delivery import Delivery
+from celery_durable.engine.admin.operator import Admin, ExecutionPage
 from celery_durable.engine.core import Engine
-from celery_durable.engine.delivery import Delivery
 from celery_durable.engine.dispatcher import ActivityRequest, InlineDispatcher
-from celery_durable.engine.local import LocalWorker
-from celery_durable.engine.model import Settings
+from celery_durable.engine.documents.model import Settings
+from celery_durable.engine.drive.in_process import LocalWorker
 from celery_durable.engine.registry import Registry
 from celery_durable.errors import DurableError, NonRetryableError
 from celery_durable.glue.durable_activity import task_retry
@@ -225,7 +225,7 @@ class WorkflowEnvironment:
     def skip_to_next_timer(self) -> bool:
         """Jump to the earliest pending timer (or activity retry) and fire it; False when there is none."""
         pending = [at for at, _ in self.retries]
-        clock = self.engine.links.next_clock()
+        clock = self.engine.timers.next_clock()
         if clock is not None:
             pending.append(clock)
         if not pending:
@@ -237,7 +237,7 @@ class WorkflowEnvironment:
 
     def _scan(self) -> None:
         """What beat does when time passes: fire due timers, re-send due effects (retries)."""
-        self.engine.links.fire_due_clocks()
+        self.engine.timers.fire_due_clocks()
         self._release_retries()
         self.worker.release_due()
         self.engine.outbox.scan()

@@ -23,12 +23,12 @@ from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from celery_durable.cli.render import ts
-from celery_durable.engine.admin import Admin, ExecutionDetail, OperationRefused
+from celery_durable.engine.admin.operator import Admin, ExecutionDetail, OperationRefused
+from celery_durable.engine.admin.timeline import STATUSES
+from celery_durable.engine.admin.wording import ts
 from celery_durable.engine.core import Engine
-from celery_durable.engine.links import declared_signals
-from celery_durable.engine.schema import Status
-from celery_durable.engine.timeline import STATUSES
+from celery_durable.engine.documents.schema import Status
+from celery_durable.engine.signals.inbox import declared_signals
 from celery_durable.errors import DurableError, PayloadValidationError, UnknownWorkflowError
 from celery_durable.stores.base import MAX_PAGE_SIZE
 from celery_durable.stores.search import parse_pairs
@@ -283,7 +283,7 @@ class UI:
                 raise ValueError(f"the value is not valid JSON: {exc}") from exc
             except RecursionError as exc:
                 raise ValueError("the value is nested too deeply") from exc
-            # who sent it is recorded in the same batch as the value (engine/oplog.py)
+            # who sent it is recorded in the same batch as the value (engine/admin/oplog.py)
             if not self.engine.signal(execution_id, signal, value, by=by):
                 return "signal-ignored"
             return "signal-delivered"

@@ -15,11 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
-from celery_durable.cli.operator_actions import prompt
-from celery_durable.cli.render import ts
-from celery_durable.engine.admin import ExecutionDetail, StepRecord
+from celery_durable.engine.admin.operator import ExecutionDetail, StepRecord
+from celery_durable.engine.admin.wording import prompt, ts
 from celery_durable.engine.core import Engine
-from celery_durable.engine.schema import TERMINAL, StepKind, marker_id
+from celery_durable.engine.documents.schema import TERMINAL, StepKind, marker_id
 from celery_durable.errors import DurableError
 from celery_durable.glue.outbox import EffectInfo
 

@@ -1,4 +1,4 @@
-"""Adversarial tests of child ids (celery_durable/engine/kin.py, links.py).
+"""Adversarial tests of child ids (celery_durable/engine/children/holders.py, links.py).
 
 Promise (README "Children"; docs/architecture.md §7): a taken child id is joined only by this
 parent's child "of the same workflow *and the same input*"; "this parent's child with another

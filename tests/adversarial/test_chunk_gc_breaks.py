@@ -218,7 +218,7 @@ def test_a_purge_whose_chunk_drop_failed_leaves_nothing_for_ever(monkeypatch: py
     grace (the recovery scan clears its markers), is purged days later, and the drop of its chunks
     fails (a moment's outage, or the purging process dies after the commit). The partition holds
     nothing but chunks, and no later recovery scan ever deletes them."""
-    from celery_durable.engine.admin import Admin
+    from celery_durable.engine.admin.operator import Admin
     from tests.engine.inprocess import InProcess
 
     env = InProcess()

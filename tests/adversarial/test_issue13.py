@@ -16,7 +16,7 @@ from celery_durable import (
     durable_activity,
 )
 from celery_durable import workflow as wf
-from celery_durable.engine.admin import OperationRefused
+from celery_durable.engine.admin.operator import OperationRefused
 from celery_durable.testing.env import WorkflowEnvironment
 
 app = Celery("adv-issue13", set_as_current=False)

@@ -13,7 +13,7 @@ from celery import Celery
 
 from celery_durable import Durable, NonRetryableError, durable_activity
 from celery_durable import workflow as wf
-from celery_durable.engine.admin import Admin, OperationRefused
+from celery_durable.engine.admin.operator import Admin, OperationRefused
 from celery_durable.errors import ActivityError, StoreUnavailable, UnknownWorkflowError
 from celery_durable.stores.base import Op
 from celery_durable.testing.env import WorkflowEnvironment
@@ -236,7 +236,7 @@ def test_an_old_attempt_still_running_completes_the_reset_step(env: WorkflowEnvi
     the old run whose lease lapsed (a stalled worker) lets reset forget its step; the re-run takes
     step 1 with other arguments (new token), and when the stalled attempt finishes, its result
     (for the OLD address) is recorded as the re-run's step 1 and the recorded call never runs."""
-    from celery_durable.engine.delivery import Delivery
+    from celery_durable.engine.activities.delivery import Delivery
 
     ADDR["to"] = "old street"
     held: list[Any] = []
@@ -383,7 +383,7 @@ def test_resume_clears_the_live_lease_of_a_running_attempt(env: WorkflowEnvironm
     re-arms the cancelled step with ``lease: None`` and sends it again, so a second attempt
     starts while the first (cancelled but still running, its lease live) has not ended: the
     activity runs twice at once, and whichever ends first completes the resumed step."""
-    from celery_durable.engine.delivery import Delivery
+    from celery_durable.engine.activities.delivery import Delivery
 
     ADDR["to"] = "old street"
     held: list[Any] = []
@@ -551,7 +551,7 @@ def saga_order(order_id: str) -> str:
 
 
 def test_the_ui_retry_prompt_does_not_say_a_refund_already_ran(env: WorkflowEnvironment) -> None:
-    """The CLI's retry prompt lists the steps it forgets, flagging "it RAN" (cli_ops.prompt);
+    """The CLI's retry prompt lists the steps it forgets, flagging "it RAN" (engine/admin/wording.py prompt);
     the UI's retry confirmation is a fixed "Retry from the failed step?": the operator clicking it
     is not told the refund that ran will be forgotten (issue 23 item 4: prompts say what will be
     forgotten and which compensations already ran)."""

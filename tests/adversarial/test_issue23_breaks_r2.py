@@ -198,8 +198,8 @@ def test_a_sealed_outcome_of_a_purged_execution_completes_the_restarted_one() ->
     activity never runs for it."""
     import time
 
-    from celery_durable.engine import seals
-    from celery_durable.engine.schema import result_id
+    from celery_durable.engine.documents.schema import result_id
+    from celery_durable.engine.drive import seals
     from celery_durable.glue.durable_activity import DURABLE_HEADER
     from celery_durable.glue.tasks import _step_header
 
@@ -285,7 +285,7 @@ def test_an_execution_started_again_under_a_purged_id_runs_its_own_effect() -> N
     purged execution's outbox row outlives it (outbox_retention), so the new execution's
     ``emit`` returned the same effect id, was taken for the old effect and never ran; the new
     execution completed as if it had (xfail until reruns.reborn)."""
-    from celery_durable.engine.admin import Admin
+    from celery_durable.engine.admin.operator import Admin
 
     env = WorkflowEnvironment(fdurable)
     first = env.start(mailer, "a@example.com", _workflow_id="mail-1")

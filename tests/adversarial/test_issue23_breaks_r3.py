@@ -12,9 +12,9 @@ from celery import Celery
 
 from celery_durable import Durable, durable_activity
 from celery_durable import workflow as wf
-from celery_durable.engine.admin import Admin, OperationRefused
-from celery_durable.engine.context import require_context
+from celery_durable.engine.admin.operator import Admin, OperationRefused
 from celery_durable.engine.registry import WorkflowDef
+from celery_durable.engine.replay.context import require_context
 from celery_durable.errors import WorkflowCancelledError
 from celery_durable.testing.env import WorkflowEnvironment
 from tests.engine.inprocess import InProcess
@@ -62,11 +62,11 @@ def _purged_life_then_a_forgotten_fence(env: WorkflowEnvironment) -> str:
     assert (first, NOTED) == ("K:000002~1", ["life 1"])
     env.advance(10)
     assert adm.purge(5, by="alice", reason="retention").purged == 1
-    links = env.engine.links
-    real = links.start_child
-    links.start_child = lambda req: True  # type: ignore[method-assign]  # the start is lost
+    children = env.engine.children
+    real = children.start_child
+    children.start_child = lambda req: True  # type: ignore[method-assign]  # the start is lost
     b = env.start(boss, "K", _workflow_id="B")
-    links.start_child = real  # type: ignore[method-assign]
+    children.start_child = real  # type: ignore[method-assign]
     env.cancel(b)  # its drive fences K (cancelled, reruns 0)
     assert b.status() == "cancelled"
     assert env.store.read("K", "exec") is not None
@@ -215,7 +215,7 @@ def test_a_withdrawn_cancel_whose_child_cannot_be_resumed_yet_strands_the_parent
     running (a long attempt, its lease kept live by its heartbeat) when the parent's cancel
     reaches it; bob resumes ``P`` before the child's cancelled end lands. That end is withdrawn
     (not recorded) and Engine.reopen_child's resume is refused ("still running"): "the
-    parent's child scan asks again (the step stays due)". But Links.check_child, after telling
+    parent's child scan asks again (the step stays due)". But Children.check_child, after telling
     the parent again (withdrawn and refused again), clears the step's due time: once the
     attempt ends, ``P`` is running with nothing due and the child stays cancelled for ever."""
     env = InProcess()

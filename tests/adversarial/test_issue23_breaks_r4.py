@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from celery_durable import workflow as wf
-from celery_durable.engine.admin import Admin
-from celery_durable.engine.context import require_context
+from celery_durable.engine.admin.operator import Admin
+from celery_durable.engine.replay.context import require_context
 from celery_durable.errors import WorkflowCancelledError
 from tests.engine.inprocess import InProcess
 

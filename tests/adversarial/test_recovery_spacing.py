@@ -8,8 +8,8 @@ since", so a lapsed or retried attempt whose next message was lost waited 2, 4, 
 
 from __future__ import annotations
 
-from celery_durable.engine.admin import Admin
-from celery_durable.engine.model import marker_id
+from celery_durable.engine.admin.operator import Admin
+from celery_durable.engine.documents.model import marker_id
 from tests.engine.inprocess import FakeClock, InProcess
 
 

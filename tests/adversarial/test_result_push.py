@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 
 from celery_durable.engine import Engine, InlineDispatcher
-from celery_durable.engine.model import TERMINAL
+from celery_durable.engine.documents.model import TERMINAL
 from celery_durable.errors import DurableTimeoutError
 from celery_durable.settings import Settings
 from celery_durable.stores import store_from_url

@@ -1,4 +1,4 @@
-"""Adversarial review of sticky workflow instances (engine/sticky.py, issue 15).
+"""Adversarial review of sticky workflow instances (engine/replay/sticky.py, issue 15).
 
 The promise: whatever the cache does, a drive decides exactly what a full replay over the same
 history decides (same new documents, sends, status, result). Each test drives a workflow with
@@ -19,9 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from celery_durable import workflow as wf
-from celery_durable.engine.context import require_context
-from celery_durable.engine.driver import Driver
-from celery_durable.engine.replay import Replay, replay
+from celery_durable.engine.drive.driver import Driver
+from celery_durable.engine.replay.context import require_context
+from celery_durable.engine.replay.history import Replay, replay
 from celery_durable.stores.base import Doc
 from tests.engine.inprocess import FakeClock, InProcess
 
@@ -56,7 +56,7 @@ def drive_compared(env: InProcess, definition: Any, eid: str, steps: int = 200) 
                 if env.ex(eid)["status"] != "running":
                     break
                 _clock(env).advance(100)
-                env.engine.links.fire_due_clocks()
+                env.engine.timers.fire_due_clocks()
     return kinds
 
 
@@ -303,7 +303,7 @@ def test_every_drive_of_wide_workflows_decides_what_a_full_replay_decides(
                 if env.ex(eid)["status"] != "running":
                     break
                 _clock(env).advance(10)
-                env.engine.links.fire_due_clocks()
+                env.engine.timers.fire_due_clocks()
     assert not mismatches, mismatches[0]
     assert env.ex(eid)["status"] in ("completed", "failed", "cancelled"), env.ex(eid)
     assert compared
@@ -346,7 +346,7 @@ class Tag(str):
 
 
 def test_a_decoded_result_of_a_str_subclass_is_not_shared_between_replays() -> None:
-    """engine/decoded.py handed the same decoded object to every full replay when it was an
+    """engine/replay/decoded.py handed the same decoded object to every full replay when it was an
     instance of an immutable *base* type (``isinstance(v, str)``): a subclass instance carries
     attributes, so what one replay set on it the next one read (no longer a fresh copy)."""
     env = InProcess()

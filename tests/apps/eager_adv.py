@@ -292,10 +292,10 @@ def _outage_once(key: str) -> bool:
 
 
 def _patch_links() -> None:
-    from celery_durable.engine.links import Links
+    from celery_durable.engine.children.links import Children
     from celery_durable.errors import StoreUnavailable
 
-    original = Links.start_child
+    original = Children.start_child
     if getattr(original, "_eager_adv", False):
         return
 
@@ -305,7 +305,7 @@ def _patch_links() -> None:
         return bool(original(self, req))
 
     start_child._eager_adv = True  # type: ignore[attr-defined]
-    Links.start_child = start_child  # type: ignore[method-assign]
+    Children.start_child = start_child  # type: ignore[method-assign]
 
 
 if os.environ.get("TEST_INJECT_OUTAGE") == "1":

@@ -7,10 +7,10 @@ from collections.abc import Callable
 from typing import Any
 
 from celery_durable.engine import Engine, InlineDispatcher, Registry
-from celery_durable.engine.context import require_context
-from celery_durable.engine.local import LocalWorker
-from celery_durable.engine.model import Clock
+from celery_durable.engine.documents.model import Clock
+from celery_durable.engine.drive.in_process import LocalWorker
 from celery_durable.engine.registry import WorkflowDef
+from celery_durable.engine.replay.context import require_context
 from celery_durable.stores.base import Doc, Store
 from celery_durable.stores.memory import MemoryStore
 from celery_durable.testing.env import FakeClock
@@ -68,7 +68,7 @@ class InProcess:
         assert isinstance(self.clock, FakeClock)
         for _ in range(rounds):
             self.clock.advance(3600 * hours)
-            self.engine.links.fire_due_clocks()
+            self.engine.timers.fire_due_clocks()
             self.engine.recovery.scan()
             self.run()
 

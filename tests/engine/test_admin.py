@@ -1,4 +1,4 @@
-"""The operators' read model and operations (celery_durable.engine.admin), on an in-process engine."""
+"""The operators' read model and operations (celery_durable.engine.admin.operator), on an in-process engine."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 
 from celery_durable import workflow as wf
 from celery_durable.engine import Engine
-from celery_durable.engine.admin import Admin, OperationRefused, PurgeReport
-from celery_durable.engine.local import LocalWorker
+from celery_durable.engine.admin.operator import Admin, OperationRefused, PurgeReport
+from celery_durable.engine.drive.in_process import LocalWorker
 from celery_durable.errors import ActivityError, UnknownWorkflowError, WorkflowCancelledError
 from celery_durable.stores import Store, store_from_url
 from tests.engine.inprocess import InProcess
@@ -97,7 +97,7 @@ def test_describe_shows_the_timeline(env: Env) -> None:
     assert detail.summary.status == "running"
     assert [(s.kind, s.state) for s in detail.steps] == [("activity", "ok"), ("sleep", "waiting")]
     env.clock.advance(61)
-    env.engine.links.fire_due_clocks()
+    env.engine.timers.fire_due_clocks()
     env.run()
     assert env.engine.signal(eid, "go", 5) is True
     env.run()
@@ -300,7 +300,7 @@ def test_resume_a_cancelled_execution_withdraws_the_cancel(env: Env) -> None:
     assert (ex["status"], ex["cancel_requested"], int(ex["generation"])) == ("running", False, generation + 1)
     assert [(s.kind, s.state) for s in env.admin.describe(eid).steps] == [("activity", "ok"), ("sleep", "waiting")]
     env.clock.advance(3600)
-    assert env.engine.links.fire_due_clocks() == 1  # the timer is due again (beat's scan finds it)
+    assert env.engine.timers.fire_due_clocks() == 1  # the timer is due again (beat's scan finds it)
     env.run()
     assert env.engine.read_exec(eid)["result"] == "after"
     assert env.ran == ["before", "compensate", "after"]  # "before" not again; the compensation is forgotten
@@ -348,7 +348,7 @@ def test_purge_deletes_old_terminal_executions_in_batches(env: Env) -> None:
     assert (report.matched, report.purged, report.documents, report.skipped) == (2, 2, 241 + 3, 0)
     assert [r.purged for r in seen] == [1, 2]
     assert env.store.calls["batch"] == 3 + 1 and "delete" not in env.store.calls  # type: ignore[attr-defined]
-    for pk, n in ((big, 241), (small, 3)):  # all gone but the purge's own record (engine/oplog.py)
+    for pk, n in ((big, 241), (small, 3)):  # all gone but the purge's own record (engine/admin/oplog.py)
         (gone,) = env.store.query_partition(pk).docs
         assert (gone["id"], gone["action"], gone["status"], gone["documents"]) == ("purged", "purge", "completed", n)
         with pytest.raises(UnknownWorkflowError, match="purged by .*@"):

@@ -5,10 +5,10 @@ cross-partition writes land in. Each test failed before its fix."""
 from __future__ import annotations
 
 from celery_durable import workflow as wf
-from celery_durable.engine.admin import Admin
-from celery_durable.engine.context import require_context
-from celery_durable.engine.kin import CHILD_RERUNS, stale_child_outcomes, withdrawn_cancels
-from celery_durable.engine.schema import CANCELLED_BY_PARENT, EXEC_ID, marker_id, result_id
+from celery_durable.engine.admin.operator import Admin
+from celery_durable.engine.children.holders import CHILD_RERUNS, stale_child_outcomes, withdrawn_cancels
+from celery_durable.engine.documents.schema import CANCELLED_BY_PARENT, EXEC_ID, marker_id, result_id
+from celery_durable.engine.replay.context import require_context
 from tests.engine.inprocess import InProcess
 
 

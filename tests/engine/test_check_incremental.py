@@ -13,10 +13,13 @@ from typing import Any
 
 import pytest
 
-from celery_durable.engine import Engine, InlineDispatcher, Registry, cache, checks, driver
-from celery_durable.engine.cache import Partition, PartitionCache
-from celery_durable.engine.context import require_context
-from celery_durable.engine.local import LocalWorker
+from celery_durable.engine import Engine, InlineDispatcher, Registry
+from celery_durable.engine.documents import checks
+from celery_durable.engine.drive import driver
+from celery_durable.engine.drive import partition_cache as cache
+from celery_durable.engine.drive.in_process import LocalWorker
+from celery_durable.engine.drive.partition_cache import Partition, PartitionCache
+from celery_durable.engine.replay.context import require_context
 from celery_durable.errors import CorruptDocument
 from celery_durable.settings import Settings
 from celery_durable.stores.memory import MemoryStore

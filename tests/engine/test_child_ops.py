@@ -1,4 +1,4 @@
-"""An operation's children are part of its recorded op (engine/child_ops.py): a kill at any batch
+"""An operation's children are part of its recorded op (engine/admin/child_ops.py): a kill at any batch
 of a retry leaves the old state or a recorded op that recovery finishes; the forgotten child's
 refund stays recorded, once, and the failed child is retried, never told to the parent as is."""
 
@@ -11,7 +11,7 @@ from celery import Celery
 
 from celery_durable import Durable, NonRetryableError, durable_activity
 from celery_durable import workflow as wf
-from celery_durable.engine.admin import Admin
+from celery_durable.engine.admin.operator import Admin
 from celery_durable.errors import ActivityError, UnknownWorkflowError
 from celery_durable.stores.base import Op
 from celery_durable.testing.env import WorkflowEnvironment
@@ -241,7 +241,7 @@ def test_a_retry_whose_failed_child_would_refuse_its_own_retry_is_refused_before
 ) -> None:
     """The failed child's retry is refused (say a step of it is still running): the parent's retry
     is refused with nothing written, not left pending with its record until the child's ends."""
-    from celery_durable.engine.admin import OperationRefused
+    from celery_durable.engine.admin.operator import OperationRefused
 
     h = env.start(parent, "co-r", _workflow_id="co-r")
     env.run_until_idle()

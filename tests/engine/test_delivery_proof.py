@@ -20,9 +20,9 @@ from celery import Celery
 
 from celery_durable import Durable, NonRetryableError, durable_activity
 from celery_durable import workflow as wf
-from celery_durable.engine.admin import Admin
-from celery_durable.engine.delivery import Delivery, input_digest, refusal, step_token
-from celery_durable.engine.schema import marker_id, result_id
+from celery_durable.engine.activities.delivery import Delivery, input_digest, refusal, step_token
+from celery_durable.engine.admin.operator import Admin
+from celery_durable.engine.documents.schema import marker_id, result_id
 from celery_durable.glue.durable_activity import DURABLE_HEADER
 from celery_durable.stores.memory import MemoryStore
 

@@ -11,7 +11,7 @@ import pytest
 from celery import Celery
 
 from celery_durable import Durable, durable_activity
-from celery_durable.engine.schema import marker_id
+from celery_durable.engine.documents.schema import marker_id
 from celery_durable.errors import StoreUnavailable
 from celery_durable.testing.env import WorkflowEnvironment
 

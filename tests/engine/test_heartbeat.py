@@ -10,8 +10,8 @@ from typing import Any
 from celery import Celery
 
 from celery_durable import Durable
-from celery_durable.engine.heartbeat import Heartbeat
-from celery_durable.engine.model import Attempt
+from celery_durable.engine.activities.lease_heartbeat import Heartbeat
+from celery_durable.engine.documents.model import Attempt
 from celery_durable.engine.outbox.runtime import EffectKeeper
 
 

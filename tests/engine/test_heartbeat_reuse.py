@@ -16,7 +16,7 @@ from celery import Celery
 
 from celery_durable import Durable
 from celery_durable import workflow as wf
-from celery_durable.engine.model import lease_live, marker_id
+from celery_durable.engine.documents.model import lease_live, marker_id
 
 
 def test_leases_are_renewed_after_the_engine_was_shut_down_and_used_again() -> None:

@@ -9,7 +9,7 @@ import pytest
 from celery import Celery
 
 from celery_durable import ActivityError, ConfigurationError, Durable, durable_activity
-from celery_durable.engine.admin import Admin
+from celery_durable.engine.admin.operator import Admin
 from celery_durable.testing.env import WorkflowEnvironment
 
 app = Celery("local-tests", set_as_current=False)

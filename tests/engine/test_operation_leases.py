@@ -3,7 +3,7 @@
 An operation that sends a step again while an attempt of it still holds a live lease would run
 the activity twice at once: resume and reset refuse, as retry does. An outcome (or a queued
 message) of a step the operation forgot never completes the step the re-run takes anew under
-the same number (engine/delivery.py)."""
+the same number (engine/activities/delivery.py)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from celery import Celery
 
 from celery_durable import Durable, NonRetryableError, durable_activity
 from celery_durable import workflow as wf
-from celery_durable.engine.admin import Admin, OperationRefused
-from celery_durable.engine.delivery import Delivery, stale_outcomes
+from celery_durable.engine.activities.delivery import Delivery, stale_outcomes
+from celery_durable.engine.admin.operator import Admin, OperationRefused
 from celery_durable.errors import WorkflowCancelledError
 from celery_durable.testing.env import WorkflowEnvironment
 
@@ -130,7 +130,7 @@ def test_resume_while_a_compensation_runs_is_refused(env: WorkflowEnvironment) -
     env.engine.cancel(h.id, by="ops")
     env.run_until_idle()
     env.clock.advance(5)  # the compensation's sleep ends; its refund still runs
-    env.engine.links.fire_due_clocks()
+    env.engine.timers.fire_due_clocks()
     env.run_until_idle()
     assert h.status() == "cancelled" and len(held) == 1  # the compensation still runs
     with pytest.raises(OperationRefused, match="running"):
@@ -140,7 +140,7 @@ def test_resume_while_a_compensation_runs_is_refused(env: WorkflowEnvironment) -
     attempt = held[0]  # it ends at last: its step was forgotten, its outcome is not recorded
     env.engine.activities.complete(attempt, env.engine.activities.result_doc(attempt, value="refunded order"))
     env.clock.advance(3600)
-    env.engine.links.fire_due_clocks()
+    env.engine.timers.fire_due_clocks()
     env.run_until_idle()
     assert env.result(h) == "done" and calls == []
 
@@ -172,7 +172,7 @@ def test_a_queued_message_of_a_step_a_retry_forgot_does_not_complete_the_reruns_
 
 def test_an_attempt_of_a_step_a_retry_forgot_does_not_complete_the_reruns_step(env: WorkflowEnvironment) -> None:
     """As above, but the forgotten step's attempt had begun (and stalled, its lease lapsed): its
-    outcome, recorded when it ends, is dropped (engine/delivery.py ``stale_outcomes``)."""
+    outcome, recorded when it ends, is dropped (engine/activities/delivery.py ``stale_outcomes``)."""
     held: list[Any] = []
     deliver = _stall(env, "opl.ship", held)
     labels: list[Any] = []
@@ -224,7 +224,7 @@ def test_an_outcome_recorded_on_a_failed_execution_as_a_retry_commits_is_fenced(
     the drive's read (the old marker there: the check passes) and that write left it on the
     forgotten step's number, where the re-run took it as its own step's outcome. The write is
     conditional on the exec's etag (which the retry changes): it conflicts, is read again, dropped."""
-    import celery_durable.engine.driver as driver_module
+    import celery_durable.engine.drive.driver as driver_module
 
     held: list[Any] = []
     deliver = _stall(env, "opl.ship", held)

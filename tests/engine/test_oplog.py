@@ -1,4 +1,4 @@
-"""Nothing that ran is forgotten (issue 23, item 4; engine/oplog.py): every operator action is
+"""Nothing that ran is forgotten (issue 23, item 4; engine/admin/oplog.py): every operator action is
 recorded with who, when and why, and the steps retry/resume/reset forget stay visible as
 superseded, with their values, in ``describe()``, ``durable show`` (text and ``--json``).
 
@@ -17,7 +17,7 @@ from click.testing import CliRunner, Result
 
 from celery_durable import Durable, NonRetryableError, durable_activity
 from celery_durable import workflow as wf
-from celery_durable.engine.admin import Admin, OperationRefused
+from celery_durable.engine.admin.operator import Admin, OperationRefused
 from celery_durable.errors import ActivityError, StoreUnavailable, UnknownWorkflowError
 from celery_durable.testing.env import WorkflowEnvironment
 
@@ -243,7 +243,7 @@ def test_a_big_forgotten_history_is_archived_capped_never_failing(
     document spills over part documents (each small), every step kept; past ``MAX_PARTS`` values
     are shortened further, and only steps that still do not fit are counted (``forgotten_more``):
     the reset is not refused (r1 break: 200 steps were kept, the rest only counted)."""
-    from celery_durable.engine import oplog
+    from celery_durable.engine.admin import oplog
 
     if parts is not None:
         monkeypatch.setattr(oplog, "MAX_PARTS", parts)
@@ -325,7 +325,7 @@ def test_a_retry_cut_between_its_batches_leaves_the_archive_of_what_it_deleted(
     env: WorkflowEnvironment, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A rewrite wider than a batch holds its record in the exec's pending op from its first
-    batch (engine/pending_ops.py): a store failure (or a kill) before the next leaves the deleted
+    batch (engine/admin/pending_ops.py): a store failure (or a kill) before the next leaves the deleted
     steps archived and shown, never deleted and unrecorded; the next operator call finishes the
     cut retry first (recorded once, with everything it forgot) and is then judged on the result."""
     h = env.start(trip, 70)  # 70 refunds: 140+ documents to delete, two batches and more
@@ -384,6 +384,6 @@ def test_the_cli_cancel_records_the_os_user_and_the_reason(env: WorkflowEnvironm
     assert out.exit_code == 0 and "cancel requested" in out.output, out.output
     (op,) = durable.describe(h.id).operations
     assert (op["action"], op["reason"], op["status"]) == ("cancel", "duplicate order", "running")
-    from celery_durable.engine.oplog import actor
+    from celery_durable.engine.admin.oplog import actor
 
     assert op["by"] == actor()  # the OS user, @host

@@ -20,7 +20,7 @@ from celery import Celery
 
 from celery_durable import Durable, NonRetryableError, durable_activity
 from celery_durable import workflow as wf
-from celery_durable.engine.admin import Admin, OperationRefused
+from celery_durable.engine.admin.operator import Admin, OperationRefused
 from celery_durable.errors import StoreUnavailable
 from celery_durable.testing.env import WorkflowEnvironment
 

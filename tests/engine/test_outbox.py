@@ -13,8 +13,7 @@ import pytest
 from celery_durable import workflow as wf
 from celery_durable.codecs import ValueCodec
 from celery_durable.engine import Engine, InlineDispatcher, Registry
-from celery_durable.engine.context import require_context
-from celery_durable.engine.local import LocalWorker
+from celery_durable.engine.drive.in_process import LocalWorker
 from celery_durable.engine.outbox import (
     CANCELLED,
     FAILED,
@@ -34,6 +33,7 @@ from celery_durable.engine.outbox.runtime import (
     effects_of,
     shielded,
 )
+from celery_durable.engine.replay.context import require_context
 from celery_durable.errors import IdempotencyConflict, PayloadValidationError, StoreUnavailable
 from celery_durable.retry import RetryPolicy
 from celery_durable.settings import Settings

@@ -1,4 +1,4 @@
-"""Operator operations are all or nothing (issue 23 item 3, engine/pending_ops.py).
+"""Operator operations are all or nothing (issue 23 item 3, engine/admin/pending_ops.py).
 
 A bad input is refused before the first write (nothing changes); a rewrite wider than one batch
 that dies between its batches (a store error, a killed process, before or after the batch
@@ -17,8 +17,8 @@ from celery import Celery
 
 from celery_durable import Durable, NonRetryableError, durable_activity
 from celery_durable import workflow as wf
-from celery_durable.engine.admin import Admin, OperationRefused
-from celery_durable.engine.pending_ops import PENDING
+from celery_durable.engine.admin.operator import Admin, OperationRefused
+from celery_durable.engine.admin.pending_ops import PENDING
 from celery_durable.errors import PayloadValidationError, StoreUnavailable, UnknownWorkflowError, WorkflowCancelledError
 from celery_durable.stores.base import Op, Store
 from celery_durable.stores.sqlite.store import SqliteStore
@@ -167,7 +167,7 @@ def test_an_unstorable_document_of_the_plan_is_refused_before_the_first_write(
     as a caller's extension could) stops the rewrite before it starts."""
     env, eid = _long_failed()
     before = _snapshot(env, eid)
-    from celery_durable.engine import reset as reset_mod
+    from celery_durable.engine.admin import reset as reset_mod
 
     real = reset_mod.plan_reset
 
@@ -175,7 +175,7 @@ def test_an_unstorable_document_of_the_plan_is_refused_before_the_first_write(
         real(*args)
         args[1].creates[-1]["extra"] = b"raw"
 
-    monkeypatch.setattr("celery_durable.engine.admin.plan_reset", plan)
+    monkeypatch.setattr("celery_durable.engine.admin.operator.plan_reset", plan)
     with pytest.raises(OperationRefused, match="cannot be stored"):
         Admin(env.engine).reset(eid, step=1, by="ops")
     assert _snapshot(env, eid) == before
@@ -195,7 +195,7 @@ def _stable(docs: dict[str, Any]) -> dict[str, Any]:
         "task_id",
         "lease",
         "incarnation",
-        "token",  # a marker's delivery token: derived from the (random) execution id (engine/delivery.py)
+        "token",  # a marker's delivery token: derived from the (random) execution id (engine/activities/delivery.py)
     }
 
     def strip(value: Any, drop: set[str]) -> Any:

@@ -14,9 +14,9 @@ from celery import Celery
 
 from celery_durable import Durable, durable_activity
 from celery_durable import workflow as wf
-from celery_durable.engine.admin import Admin
-from celery_durable.engine.model import settled
-from celery_durable.engine.pending_ops import PENDING
+from celery_durable.engine.admin.operator import Admin
+from celery_durable.engine.admin.pending_ops import PENDING
+from celery_durable.engine.documents.model import settled
 from celery_durable.stores.base import Op
 from celery_durable.testing.env import WorkflowEnvironment
 

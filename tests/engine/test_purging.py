@@ -1,4 +1,4 @@
-"""A purge killed (or failing) between its batches is recorded and finished, never re-run (engine/purging.py).
+"""A purge killed (or failing) between its batches is recorded and finished, never re-run (engine/admin/purge.py).
 
 Seeded: executions of random sizes, a kill or a store error at a random batch of the purge, then
 a random one of those who touch the execution next (the recovery scan, the driver, describe, retry,
@@ -14,7 +14,7 @@ import pytest
 from celery import Celery
 
 from celery_durable import Durable, NonRetryableError, durable_activity
-from celery_durable.engine.admin import Admin, OperationRefused
+from celery_durable.engine.admin.operator import Admin, OperationRefused
 from celery_durable.errors import StoreUnavailable, UnknownWorkflowError
 from celery_durable.stores.base import Op
 from celery_durable.testing.env import WorkflowEnvironment

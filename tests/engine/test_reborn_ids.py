@@ -12,9 +12,9 @@ from celery import Celery
 
 from celery_durable import Durable
 from celery_durable import workflow as wf
-from celery_durable.engine.admin import Admin
-from celery_durable.engine.reruns import reborn, rerun_count
-from celery_durable.engine.schema import EXEC_ID
+from celery_durable.engine.admin.operator import Admin
+from celery_durable.engine.admin.reruns import reborn, rerun_count
+from celery_durable.engine.documents.schema import EXEC_ID
 from celery_durable.testing.env import WorkflowEnvironment
 
 app = Celery("reborn-ids-tests", set_as_current=False)

@@ -11,7 +11,7 @@ attempt was started is re-sent after one timeout as before.
 
 from __future__ import annotations
 
-from celery_durable.engine.model import marker_id
+from celery_durable.engine.documents.model import marker_id
 from tests.engine.inprocess import FakeClock, InProcess
 
 

@@ -16,10 +16,11 @@ from click.testing import CliRunner
 
 from celery_durable import Durable, durable_activity
 from celery_durable.cli.commands import durable as durable_cli
-from celery_durable.engine import Engine, Registry, seals
-from celery_durable.engine.activity import Attempt
-from celery_durable.engine.cache import bump_generation
-from celery_durable.engine.model import SystemClock
+from celery_durable.engine import Engine, Registry
+from celery_durable.engine.activities.attempts import Attempt
+from celery_durable.engine.documents.model import SystemClock
+from celery_durable.engine.drive import seals
+from celery_durable.engine.drive.partition_cache import bump_generation
 from celery_durable.errors import StoreUnavailable
 from celery_durable.glue.durable_activity import DURABLE_HEADER
 from celery_durable.stores.base import Op

@@ -1,4 +1,4 @@
-"""Regressions of the operator operations (``engine/admin.py``). Moved from ``tests/adversarial``;
+"""Regressions of the operator operations (``engine/admin/operator.py``). Moved from ``tests/adversarial``;
 the saga test failed before ``retry`` forgot what was recorded after the failed step; the resume,
 handled-failure and purge tests failed before resume ordered by steps (not clocks), retry re-ran
 the step whose failure ended the execution (not the last failed one) and purge admitted intents."""
@@ -15,8 +15,8 @@ from pydantic import BaseModel
 
 from celery_durable import Durable
 from celery_durable import workflow as wf
-from celery_durable.engine.admin import Admin, OperationRefused
-from celery_durable.engine.context import require_context
+from celery_durable.engine.admin.operator import Admin, OperationRefused
+from celery_durable.engine.replay.context import require_context
 from celery_durable.errors import ActivityError, StoreError, WorkflowCancelledError
 from celery_durable.testing.env import WorkflowEnvironment
 from tests.engine.inprocess import InProcess
@@ -159,7 +159,7 @@ def test_retry_forgets_finished_children_of_later_steps_and_refuses_while_one_ru
     eid, _ = env.engine.start(d, ("x",), {}, workflow_id="P")
     env.run()
     env.clock.advance(10)
-    env.engine.links.fire_due_clocks()
+    env.engine.timers.fire_due_clocks()
     env.run()
     assert env.ex(eid)["status"] == "failed" and env.ex("P-c2")["status"] == "completed"
     fixed["yes"] = True
@@ -172,7 +172,7 @@ def test_retry_forgets_finished_children_of_later_steps_and_refuses_while_one_ru
     fixed.clear()
     env.run()
     env.clock.advance(10)
-    env.engine.links.fire_due_clocks()
+    env.engine.timers.fire_due_clocks()
     env.run()
     assert env.ex(eid)["status"] == "failed" and env.ex("Q-c2")["status"] == "running"
     fixed["yes"] = True
@@ -235,7 +235,7 @@ def test_resume_after_cancel_does_not_rerun_a_step_finished_before_it(env: Env, 
     env.admin.resume(eid)
     env.worker.run()
     env.clock.advance(3700)
-    env.engine.links.fire_due_clocks()
+    env.engine.timers.fire_due_clocks()
     env.worker.run()
     assert env.ex(eid)["status"] == "completed"
     assert env.ran == ["charge"], f"a step finished before the cancel ran again: {env.ran}"
@@ -269,7 +269,7 @@ def test_resume_keeps_a_finished_step_numbered_after_the_interrupted_one(env: En
     env.admin.resume(eid)
     env.run()
     env.clock.advance(3600)
-    env.engine.links.fire_due_clocks()
+    env.engine.timers.fire_due_clocks()
     env.run()
     assert (env.ex(eid)["status"], env.ex(eid).get("result")) == ("completed", "ship"), env.ex(eid).get("error")
     assert env.ran == ["charge", "refund", "ship"]

@@ -69,13 +69,13 @@ def _recover(env: WorkflowEnvironment) -> None:
     for _ in range(12):
         env.clock.advance(600)
         env.engine.recovery.scan()
-        env.engine.links.fire_due_clocks()
+        env.engine.timers.fire_due_clocks()
         env.run_until_idle()
 
 
 def _lose_first_child_start(env: WorkflowEnvironment, child_id: str) -> None:
     """The worker carrying out the parent's commit dies before it starts ``child_id``."""
-    real = env.engine.links.start_child
+    real = env.engine.children.start_child
     lost: list[ChildRequest] = []
 
     def flaky(req: ChildRequest) -> bool:
@@ -84,7 +84,7 @@ def _lose_first_child_start(env: WorkflowEnvironment, child_id: str) -> None:
             return False
         return real(req)
 
-    env.engine.links.start_child = flaky  # type: ignore[method-assign]
+    env.engine.children.start_child = flaky  # type: ignore[method-assign]
 
 
 def test_explicit_child_id_reused_by_the_next_run_does_not_hang_the_parent() -> None:

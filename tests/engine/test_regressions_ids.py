@@ -18,10 +18,10 @@ from celery import Celery
 
 from celery_durable import ChildWorkflowError, Durable, WorkflowFailedError
 from celery_durable import workflow as wf
-from celery_durable.engine.admin import Admin
-from celery_durable.engine.checks import MAX_WORKFLOW_ID_LENGTH, check_workflow_id
+from celery_durable.engine.admin.operator import Admin
 from celery_durable.engine.dispatcher import ChildRequest
-from celery_durable.engine.schema import child_execution_id
+from celery_durable.engine.documents.checks import MAX_WORKFLOW_ID_LENGTH, check_workflow_id
+from celery_durable.engine.documents.schema import child_execution_id
 from celery_durable.errors import InvalidWorkflowId
 from celery_durable.retry import RetryPolicy
 from celery_durable.testing.env import WorkflowEnvironment
@@ -223,7 +223,7 @@ def test_joining_a_running_child_resolves_both_steps_when_it_ends() -> None:
 
 def test_a_joined_step_whose_start_was_lost_is_joined_by_recovery() -> None:
     env = WorkflowEnvironment(durable)
-    real = env.engine.links.start_child
+    real = env.engine.children.start_child
     lost: list[ChildRequest] = []
 
     def flaky(req: ChildRequest) -> bool:
@@ -232,7 +232,7 @@ def test_a_joined_step_whose_start_was_lost_is_joined_by_recovery() -> None:
             return False
         return real(req)
 
-    env.engine.links.start_child = flaky  # type: ignore[method-assign]
+    env.engine.children.start_child = flaky  # type: ignore[method-assign]
     h = env.start(both, "reg-ids-lost", _workflow_id="reg-ids-lost-parent")
     assert lost and h.status() == "running"
     for _ in range(3):  # what beat does: recovery scans

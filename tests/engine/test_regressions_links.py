@@ -2,7 +2,7 @@
 
 Each test adapts a reproducer from ``shared/repro/core`` and failed on the code before the fix.
 
-Signal semantics these tests pin down (see ``Links.signal``):
+Signal semantics these tests pin down (see ``Signals.signal``):
 
 * a value is recorded atomically with the execution's state (one batch, conditional on the exec
   etag), so it is either refused or recorded where a run will consume it;
@@ -178,10 +178,10 @@ def test_recovery_never_creates_the_child_of_a_cancelled_parent() -> None:
     env = Env()
     side_effects: list[str] = []
     pdef = parent_and_child(env, side_effects)
-    real = env.engine.links.start_child
-    env.engine.links.start_child = lambda req: False  # type: ignore[method-assign,assignment,return-value]
+    real = env.engine.children.start_child
+    env.engine.children.start_child = lambda req: False  # type: ignore[method-assign,assignment,return-value]
     eid = env.start(pdef, "o-9", wid="P")  # the worker died before creating the child
-    env.engine.links.start_child = real  # type: ignore[method-assign]
+    env.engine.children.start_child = real  # type: ignore[method-assign]
     assert env.store.read("P-c1", "exec") is None
     assert env.engine.cancel(eid) is True
     env.worker.run()
@@ -283,7 +283,7 @@ def test_clock_scan_goes_on_past_a_malformed_clock() -> None:
     env.start(d, 2, wid="c-good")
     _corrupt(env, "c-bad", "s:000001", fire_at="soon")
     env.clock.t += 120
-    assert env.engine.links.fire_due_clocks() == 1
+    assert env.engine.timers.fire_due_clocks() == 1
     env.worker.run()
     assert env.ex("c-good")["status"] == "completed"
     bad = env.ex("c-bad")
@@ -300,7 +300,7 @@ def test_foreign_due_document_does_not_abort_the_scans() -> None:
     env.store.create({"pk": "foreign", "id": "not-a-step", "due_kind": "activity", "due_at": 0.0})
     env.store.create({"pk": "foreign", "id": "also-not", "due_kind": "clock", "due_at": 0.0})
     env.clock.t += 400
-    env.engine.links.fire_due_clocks()
+    env.engine.timers.fire_due_clocks()
     env.engine.recovery.scan()
     assert [r.execution_id for k, r in env.dispatcher.queue if k == "activity"] == ["z-good"]
 
@@ -347,7 +347,7 @@ def test_value_sent_after_the_timeout_fired_is_kept_for_the_next_run() -> None:
     assert ex is not None
     lease = {"holder": "someone-else", "expires": env.clock.t + 30}
     env.store.replace(strip_reserved(ex) | {"lease": lease}, ex["_etag"])
-    assert env.engine.links.fire_due_clocks() == 1
+    assert env.engine.timers.fire_due_clocks() == 1
     assert env.engine.signal(eid, "tick", 9) is True  # after the timer fired: the timeout wins run 0
     ex = env.store.read(eid, "exec")
     assert ex is not None

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from celery_durable.engine.heartbeat import Heartbeat
+from celery_durable.engine.activities.lease_heartbeat import Heartbeat
 from celery_durable.engine.outbox import PENDING, RETRY, SUCCEEDED
 from celery_durable.engine.outbox.runtime import EffectContext, EffectKeeper, EffectTimeout, execute
 from celery_durable.errors import IdempotencyConflict

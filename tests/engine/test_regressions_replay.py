@@ -17,10 +17,10 @@ from hypothesis import strategies as st
 from celery_durable import workflow as wf
 from celery_durable.codecs import CallCodec, codec_for
 from celery_durable.engine import Engine, InlineDispatcher, Registry
-from celery_durable.engine.context import DurableFuture, require_context
 from celery_durable.engine.dispatcher import ActivityRequest
-from celery_durable.engine.local import LocalWorker
+from celery_durable.engine.drive.in_process import LocalWorker
 from celery_durable.engine.registry import WorkflowDef
+from celery_durable.engine.replay.context import DurableFuture, require_context
 from celery_durable.stores.memory import MemoryStore
 
 
@@ -73,7 +73,7 @@ class Env:
         for _ in range(times):
             self.clock.t += 10_000
             self.engine.recovery.scan()
-            self.engine.links.fire_due_clocks()
+            self.engine.timers.fire_due_clocks()
             self.worker.run()
 
 

@@ -16,7 +16,7 @@ from celery import Celery
 from celery_durable import Durable, DurableTimeoutError
 from celery_durable import workflow as wf
 from celery_durable.engine import Engine, Registry
-from celery_durable.engine.admin import Admin
+from celery_durable.engine.admin.operator import Admin
 from celery_durable.stores.base import strip_reserved
 from celery_durable.testing.env import WorkflowEnvironment
 

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from celery_durable import workflow as wf
-from celery_durable.engine.admin import Admin
-from celery_durable.engine.context import require_context
+from celery_durable.engine.admin.operator import Admin
+from celery_durable.engine.replay.context import require_context
 from celery_durable.errors import DurableTimeoutError, StoreUnavailable
 from celery_durable.stores.base import Doc, Op
 from tests.engine.inprocess import parent_and_child
@@ -66,10 +66,10 @@ def test_a_fence_left_by_a_failed_cancel_drive_is_not_the_childs_outcome() -> No
     env = Env()
     ran: list[str] = []
     pdef = parent_and_child(env, ran)
-    real_start = env.engine.links.start_child
-    env.engine.links.start_child = lambda req: False  # type: ignore[method-assign,assignment,return-value]
+    real_start = env.engine.children.start_child
+    env.engine.children.start_child = lambda req: False  # type: ignore[method-assign,assignment,return-value]
     eid = env.start(pdef, "o-2", wid="P")  # the worker died before creating the child
-    env.engine.links.start_child = real_start  # type: ignore[method-assign]
+    env.engine.children.start_child = real_start  # type: ignore[method-assign]
     real_batch = env.store.batch
     failed: list[bool] = []
 
@@ -102,10 +102,10 @@ def test_resuming_a_cancelled_parent_runs_its_fenced_child(later: float) -> None
     env = Env()
     ran: list[str] = []
     pdef = parent_and_child(env, ran)
-    real_start = env.engine.links.start_child
-    env.engine.links.start_child = lambda req: False  # type: ignore[method-assign,assignment,return-value]
+    real_start = env.engine.children.start_child
+    env.engine.children.start_child = lambda req: False  # type: ignore[method-assign,assignment,return-value]
     eid = env.start(pdef, "o-3", wid="P")  # the worker died before creating the child
-    env.engine.links.start_child = real_start  # type: ignore[method-assign]
+    env.engine.children.start_child = real_start  # type: ignore[method-assign]
     env.clock.t += later
     assert env.engine.cancel(eid) is True
     env.worker.run()
@@ -165,7 +165,7 @@ def test_a_contended_drive_that_fails_to_claim_leaves_its_step_recoverable() -> 
         if not failed and any(op.doc is not None and op.doc["id"] == "r:000001" and op.kind == "create" for op in ops):
             if not any(claims(op.doc) for op in ops):
                 # a wake (whose drive message is lost) bumps the exec in the middle: the commit conflicts
-                env.engine.links.wake(pk)
+                env.engine.wake(pk)
                 env.dispatcher.queue.clear()
         if any(claims(op.doc) for op in ops) and not failed:
             failed.append("batch")
@@ -214,7 +214,7 @@ def test_a_signal_accepted_while_the_timeout_fires_wins() -> None:
         return real_drive(execution_id, carry, release, trust_cache)
 
     env.engine.driver.drive = drive  # type: ignore[method-assign]
-    assert env.engine.links.fire_due_clocks() == 1
+    assert env.engine.timers.fire_due_clocks() == 1
     env.worker.run()
     assert accepted == [True]
     assert env.ex(eid)["status"] == "completed"

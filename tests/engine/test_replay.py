@@ -6,8 +6,8 @@ import pytest
 
 from celery_durable import workflow as wf
 from celery_durable.engine import Engine, InlineDispatcher, Registry
-from celery_durable.engine.context import require_context
-from celery_durable.engine.local import LocalWorker
+from celery_durable.engine.drive.in_process import LocalWorker
+from celery_durable.engine.replay.context import require_context
 from celery_durable.errors import ActivityError, PayloadValidationError
 from celery_durable.stores.memory import MemoryStore
 

@@ -10,10 +10,10 @@ import pytest
 
 from celery_durable import workflow as wf
 from celery_durable.engine import Engine, InlineDispatcher, Registry
-from celery_durable.engine.context import require_context
 from celery_durable.engine.dispatcher import ActivityRequest, ClockRequest
-from celery_durable.engine.local import LocalWorker
-from celery_durable.engine.replay import replay
+from celery_durable.engine.drive.in_process import LocalWorker
+from celery_durable.engine.replay.context import require_context
+from celery_durable.engine.replay.history import replay
 from celery_durable.settings import Settings
 from celery_durable.stores.memory import MemoryStore
 
@@ -93,7 +93,7 @@ def test_the_driver_commits_then_carries_out_the_commands() -> None:
     for command in sent:
         assert store.read(eid, f"s:{command.seq:06d}") is not None
     clock.t += 31
-    engine.links.fire_due_clocks()
+    engine.timers.fire_due_clocks()
     worker.run()
     ex = engine.read_exec(eid)
     assert ex["status"] == "completed", ex.get("error")

@@ -12,7 +12,7 @@ from celery import Celery
 
 from celery_durable import Durable, NonRetryableError, WorkflowCancelledError, durable_activity
 from celery_durable import workflow as wf
-from celery_durable.engine.admin import Admin
+from celery_durable.engine.admin.operator import Admin
 from celery_durable.testing.env import WorkflowEnvironment
 
 app = Celery("rerun-effects-tests", set_as_current=False)
@@ -244,8 +244,8 @@ def test_resume_forgets_the_finished_children_of_forgotten_compensations(child_i
 
 
 def test_derived_ids_with_a_rerun_suffix_are_reserved_and_reachable() -> None:
-    from celery_durable.engine.checks import check_workflow_id
-    from celery_durable.engine.schema import child_execution_id, default_effect_id
+    from celery_durable.engine.documents.checks import check_workflow_id
+    from celery_durable.engine.documents.schema import child_execution_id, default_effect_id
     from celery_durable.errors import InvalidWorkflowId
 
     assert child_execution_id("p", 0, 2, 1) == "p-c2~1" and child_execution_id("p", 3, 2, 2) == "p-c2.r3~2"

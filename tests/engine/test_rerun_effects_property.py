@@ -15,7 +15,7 @@ from celery import Celery
 
 from celery_durable import Durable, NonRetryableError, WorkflowCancelledError, durable_activity
 from celery_durable import workflow as wf
-from celery_durable.engine.admin import Admin, OperationRefused
+from celery_durable.engine.admin.operator import Admin, OperationRefused
 from celery_durable.glue.outbox import effect_context
 from celery_durable.testing.env import WorkflowEnvironment
 

@@ -10,7 +10,7 @@ from celery import Celery
 
 from celery_durable import Durable, durable_activity
 from celery_durable import workflow as wf
-from celery_durable.engine.admin import Admin, OperationRefused
+from celery_durable.engine.admin.operator import Admin, OperationRefused
 from celery_durable.testing.env import WorkflowEnvironment
 
 app = Celery("reset-tests", set_as_current=False)

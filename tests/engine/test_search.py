@@ -11,7 +11,7 @@ from celery import Celery
 
 from celery_durable import Durable, InvalidSearchAttribute
 from celery_durable import workflow as wf
-from celery_durable.engine.admin import Admin
+from celery_durable.engine.admin.operator import Admin
 from celery_durable.testing.env import WorkflowEnvironment
 
 app = Celery("search-tests", set_as_current=False)

@@ -11,9 +11,9 @@ from celery import Celery
 
 from celery_durable import Durable, ExternalSignalError, WorkflowFailedError
 from celery_durable import workflow as wf
-from celery_durable.engine.admin import Admin
+from celery_durable.engine.admin.operator import Admin
 from celery_durable.engine.dispatcher import SignalRequest
-from celery_durable.engine.schema import SIGNAL_KEY_PREFIX, SIGNAL_VALUE_PREFIX
+from celery_durable.engine.documents.schema import SIGNAL_KEY_PREFIX, SIGNAL_VALUE_PREFIX
 from celery_durable.errors import DurableTimeoutError
 from celery_durable.testing.env import WorkflowEnvironment
 
@@ -89,7 +89,7 @@ def test_wait_any_rejects_an_invalid_value_and_goes_on() -> None:
     env.engine.subscribe(lambda event, **kw: rejected.append(kw["name"]) if event == "signal_rejected" else None)
     h = env.start(pick, 1)
     # a value the receiver validates only where it is consumed (a workflow's send is JSON already)
-    assert env.engine.links.signal(h.id, "a", "not an int", signal_id="t-1")
+    assert env.engine.signals.signal(h.id, "a", "not an int", signal_id="t-1")
     env.run_until_idle()
     env.signal(h, "b", "ok")
     env.signal(h, "c", 1)
@@ -132,7 +132,7 @@ def test_signal_external_delivers_once_and_is_recorded_as_a_step() -> None:
     assert marker["target"] == "recv-1" and marker.get("due_kind") is None  # settled with its outcome
     # a retried send (a crash after the value was recorded, before the sender's outcome) is deduped
     req = SignalRequest(s.id, int(marker["seq"]), 0, "recv-1", "go", "hello", str(marker["signal_id"]))
-    assert env.engine.links.signal("recv-1", "go", "hello", signal_id=req.signal_id) is True
+    assert env.engine.signals.signal("recv-1", "go", "hello", signal_id=req.signal_id) is True
     env.run_until_idle()
     assert len(_values(env, "recv-1")) == 1
     env.signal(r, "go", "second")
@@ -143,11 +143,11 @@ def test_signal_external_send_lost_before_the_outcome_is_resent_by_recovery_once
     env = WorkflowEnvironment(durable)
     env.start(receiver, _workflow_id="recv-2")
     # lose every send the drive carries out: as if the process died right after the commit
-    original = env.engine.links.send_signal
-    env.engine.links.send_signal = lambda req: None  # type: ignore[method-assign]
+    original = env.engine.signals.send_signal
+    env.engine.signals.send_signal = lambda req: None  # type: ignore[method-assign]
     s = env.start(sender, "recv-2", "go")
     assert s.status() == "running" and _values(env, "recv-2") == []
-    env.engine.links.send_signal = original  # type: ignore[method-assign]
+    env.engine.signals.send_signal = original  # type: ignore[method-assign]
     env.clock.advance(env.engine.settings.activity_queue_timeout + 1)
     env.engine.recovery.scan()
     env.run_until_idle()

@@ -1,4 +1,4 @@
-"""Sticky workflow instances (engine/sticky.py): a suspended workflow is resumed, not replayed from
+"""Sticky workflow instances (engine/replay/sticky.py): a suspended workflow is resumed, not replayed from
 the top, only while everything it saw is unchanged; it decides what a full replay would decide."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from celery_durable import workflow as wf
-from celery_durable.engine.context import require_context
-from celery_durable.engine.driver import Driver
-from celery_durable.engine.replay import Replay, replay
-from celery_durable.engine.sticky import StickyCache
+from celery_durable.engine.drive.driver import Driver
+from celery_durable.engine.replay.context import require_context
+from celery_durable.engine.replay.history import Replay, replay
+from celery_durable.engine.replay.sticky import StickyCache
 from celery_durable.errors import ConflictError
 from celery_durable.stores.base import Doc, strip_reserved
 from tests.engine.inprocess import InProcess
@@ -302,7 +302,7 @@ def test_every_drive_decides_what_a_full_replay_decides(ops: list[tuple[str, int
                 if env.ex(eid)["status"] != "running":
                     break
                 env.clock.advance(10)
-                env.engine.links.fire_due_clocks()
+                env.engine.timers.fire_due_clocks()
     assert env.ex(eid)["status"] == "completed", env.ex(eid)
     assert compared and compared[-1] == "completed"
 
@@ -335,7 +335,7 @@ def test_a_full_replay_takes_immutable_results_decoded_before(monkeypatch: pytes
 
 def test_decoded_results_of_another_store_with_the_same_ids_are_not_taken() -> None:
     from celery_durable.codecs import ValueCodec
-    from celery_durable.engine.decoded import decoded
+    from celery_durable.engine.replay.decoded import decoded
 
     codec = ValueCodec(int)
     doc = {"id": "r:000001", "_etag": "1", "value": 2}

@@ -151,9 +151,9 @@ def test_timeout_races_signal_first_writer_wins(env: WorkflowEnvironment, round_
     env.clock.advance(86400)  # the timer is due, but not fired yet
     if round_ % 2:
         sent = env.engine.signal(h.id, "approval", Approval(ok=True, by="racer"))
-        env.engine.links.fire_due_clocks()
+        env.engine.timers.fire_due_clocks()
     else:
-        env.engine.links.fire_due_clocks()
+        env.engine.timers.fire_due_clocks()
         sent = env.engine.signal(h.id, "approval", Approval(ok=True, by="racer"))
     env.run_until_idle()
     assert env.result(h) == ("racer:True" if sent else "timed out")

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from celery_durable.engine.schema import marker_id, result_id
+from celery_durable.engine.documents.schema import marker_id, result_id
 from celery_durable.glue.durable_activity import DURABLE_HEADER
 from tests.apps import trust_a
 from tests.plugins.workers import wait_until

@@ -1,7 +1,7 @@
 """The simulation must be able to fail: a broken store and a reintroduced engine bug are caught.
 
 A seed counts only if the same seed passes without the breakage, so what is found is the
-breakage, not an unrelated open bug. (Today's ``Links.wake`` is no longer on the signal path, so
+breakage, not an unrelated open bug. (Today's ``Engine.wake`` is no longer on the signal path, so
 the reintroduced bug is a cancel whose write ignores the etag: a lost update.)
 """
 
@@ -12,8 +12,8 @@ from collections.abc import Callable, Sequence
 import pytest
 
 from celery_durable.engine.core import Engine
-from celery_durable.engine.model import TERMINAL
-from celery_durable.engine.sticky import StickyCache
+from celery_durable.engine.documents.model import TERMINAL
+from celery_durable.engine.replay.sticky import StickyCache
 from celery_durable.stores.base import Doc, Op, strip_reserved
 from celery_durable.stores.memory import MemoryStore
 from harness.sim import KNOWN_BUGS, Faults, SimResult, run_seed
@@ -75,7 +75,7 @@ def test_an_unconditional_cancel_is_caught(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_a_broken_sticky_cache_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Live workflow instances resumed without checking their history (engine/sticky.py)."""
+    """Live workflow instances resumed without checking their history (engine/replay/sticky.py)."""
 
     def broken(seed: int) -> SimResult:
         with monkeypatch.context() as m:

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from celery_durable.engine import admin as admin_mod
-from celery_durable.engine.cache import bump_generation
+from celery_durable.engine.admin import operator as admin_mod
+from celery_durable.engine.drive.partition_cache import bump_generation
 from celery_durable.stores.base import Doc, Op, strip_reserved
 from harness.sim import KNOWN_BUGS, Faults, SimResult, run_seed
 from tests.sim.test_sim import OPEN_BUGS
@@ -37,9 +37,9 @@ def test_ops_left_half_done_are_caught_when_nobody_rolls_them_forward(monkeypatc
 
     def broken(seed: int) -> SimResult:
         with monkeypatch.context() as m:
-            m.setattr("celery_durable.engine.driver.settle", _no)
-            m.setattr("celery_durable.engine.recovery.finish", _no)
-            m.setattr("celery_durable.engine.admin.settle", _no)
+            m.setattr("celery_durable.engine.drive.driver.settle", _no)
+            m.setattr("celery_durable.engine.drive.recovery.finish", _no)
+            m.setattr("celery_durable.engine.admin.operator.settle", _no)
             return run_seed(seed, Faults(), ENABLED)
 
     found = first_caught(broken)

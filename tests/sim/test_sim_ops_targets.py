@@ -13,7 +13,7 @@ plain seed can end the same way. The bug is fixed now and the trigger runs by de
 from __future__ import annotations
 
 from celery_durable import workflow as wf
-from celery_durable.engine.admin import Admin
+from celery_durable.engine.admin.operator import Admin
 from harness.sim import KNOWN_BUGS, Faults, Sim
 from harness.sim_forge import run_forged_seed
 from harness.sim_ops import OPEN_BUG_TARGETS, _OperatorCall
@@ -86,7 +86,7 @@ def test_resume_of_a_cancelled_parent_whose_child_has_not_honoured_the_cancel_ye
     """What seed 137 ran into, with no forged message and no fault: the parent is cancelled and
     the cancel is sent on to its child, whose drive has not run yet (running, cancel requested)
     when an operator resumes the parent. The resume re-armed the child step but left the child
-    alone (engine/admin.py ``_rearm`` reopened only a failed or cancelled child), so the child then
+    alone (engine/admin/operator.py ``_rearm`` reopened only a failed or cancelled child), so the child then
     ended cancelled and the resumed parent failed on it (ChildWorkflowError). Now the parent's
     drive that receives that end resumes the child (kin.withdrawn_cancels), recorded on it."""
     env = InProcess(step_time=1.0)

@@ -1,6 +1,6 @@
 """Found by the adversarial review: ``wf.random()`` is not replay-stable on Cosmos DB.
 
-The recorded seed is a 63-bit integer (``engine/context.py`` ``WorkflowContext.random``:
+The recorded seed is a 63-bit integer (``engine/replay/context.py`` ``WorkflowContext.random``:
 ``uuid4().int & (2**63 - 1)``). Cosmos stores JSON numbers as doubles (README, Limitations:
 "Numbers beyond 2^53 lose precision in Cosmos"), so the seed read back on the next replay is not
 the one the first replay used: the drive that decided an activity's argument and the drive that
@@ -16,8 +16,8 @@ import pytest
 
 from celery_durable import workflow as wf
 from celery_durable.engine import Engine, InlineDispatcher, Registry
-from celery_durable.engine.context import require_context
-from celery_durable.engine.local import LocalWorker
+from celery_durable.engine.drive.in_process import LocalWorker
+from celery_durable.engine.replay.context import require_context
 from celery_durable.stores import store_from_url
 
 pytestmark = pytest.mark.cosmos
@@ -31,7 +31,7 @@ def test_random_numbers_are_the_same_on_every_replay_on_cosmos(
     import types
     import uuid
 
-    from celery_durable.engine import context
+    from celery_durable.engine.replay import context
 
     fixed = uuid.UUID(int=(1 << 62) + 987_654_321)
     monkeypatch.setattr(context, "_uuid", types.SimpleNamespace(uuid4=lambda: fixed))

@@ -1,4 +1,4 @@
-"""The delivery proof's input digest (engine/delivery.py) on every backend: the arguments a
+"""The delivery proof's input digest (engine/activities/delivery.py) on every backend: the arguments a
 message carries (the codec's JSON, as sent) and the marker's ``input`` as the store gives it back
 digest alike, so no genuine delivery is taken for a stale one (a jsonb, a Cosmos document or
 SQLite's JSON text may reorder keys or re-type numbers)."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from celery_durable.engine.delivery import Delivery, refusal, step_token
+from celery_durable.engine.activities.delivery import Delivery, refusal, step_token
 from celery_durable.stores.base import Store
 
 ARGS: list[Any] = [

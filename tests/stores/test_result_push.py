@@ -20,7 +20,7 @@ import pytest
 import redis
 
 from celery_durable.engine import Engine, InlineDispatcher
-from celery_durable.engine.model import TERMINAL
+from celery_durable.engine.documents.model import TERMINAL
 from celery_durable.errors import ConflictError
 from celery_durable.settings import Settings
 from celery_durable.stores import Op, store_from_url

@@ -17,8 +17,8 @@ import pytest
 from celery import Celery
 
 from celery_durable import Durable, durable_activity
-from celery_durable.engine import seals
-from celery_durable.engine.schema import marker_id, result_id
+from celery_durable.engine.documents.schema import marker_id, result_id
+from celery_durable.engine.drive import seals
 from celery_durable.errors import InvalidWorkflowId
 from celery_durable.glue.durable_activity import DURABLE_HEADER
 from celery_durable.stores.memory import MemoryStore

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
-from celery_durable.engine.model import Clock, SystemClock, worker_identity
+from celery_durable.engine.documents.model import Clock, SystemClock, worker_identity
 from celery_durable.engine.outbox.admission import MAX_ROUNDS, Admission
 from celery_durable.engine.outbox.cancel import Canceller
 from celery_durable.engine.outbox.model import (

@@ -51,7 +51,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from celery_durable.engine.model import Clock
+from celery_durable.engine.documents.model import Clock
 from celery_durable.errors import LaneFull, StoreUnavailable
 from celery_durable.settings import Settings
 from celery_durable.stores.base import Doc, Store, reads_may_lag, strip_reserved

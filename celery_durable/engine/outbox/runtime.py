@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from celery_durable.codecs import ValueCodec
-from celery_durable.engine.heartbeat import Heartbeat
+from celery_durable.engine.activities.lease_heartbeat import Heartbeat
 from celery_durable.engine.outbox.machine import LEASE_LOST, OutboxEngine
 from celery_durable.engine.outbox.model import FAILED, RETRY, SUCCEEDED, Claim
 from celery_durable.errors import ConfigurationError, DurableTimeoutError, StoreError

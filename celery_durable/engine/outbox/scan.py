@@ -18,7 +18,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from celery_durable.engine.model import lease_live
+from celery_durable.engine.documents.model import lease_live
 from celery_durable.engine.outbox.model import (
     CANCELLED,
     DUE_ADMIT,

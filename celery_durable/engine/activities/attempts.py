@@ -1,0 +1,245 @@
+"""The activity side of the protocol: begin an attempt, then record its outcome.
+
+``begin`` reads the partition (one query), skips duplicates (a result is recorded, or another
+live attempt holds the step's lease) and takes the step's lease (one etag replace). The outcome
+is then committed together with the next drive (one batch): that is the inline continuation —
+the worker that finishes an activity drives the workflow itself, no extra broker hop, on the
+partition it read in ``begin`` (the commit is conditional on the exec etag). Three store round
+trips per activity on the common path: query, lease, commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import inspect
+import logging
+import threading
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from celery_durable.engine.activities.delivery import STALE_EVENT, Delivery, marker_token, refusal
+from celery_durable.engine.documents.model import (
+    DUE_ACTIVITY,
+    EXEC_ID,
+    TERMINAL,
+    Attempt,
+    error_info,
+    lease_live,
+    marker_id,
+    result_id,
+)
+from celery_durable.errors import ConflictError, StoreError
+from celery_durable.stores.base import Doc, strip_reserved
+
+if TYPE_CHECKING:
+    from celery_durable.engine.ports import EngineParts
+
+__all__ = ["Attempt", "ActivityRunner", "run_awaitable", "sync_callable", "may_be_stale"]
+
+log = logging.getLogger("celery_durable.activity")
+
+
+def run_awaitable(value: Any) -> Any:
+    """``value`` itself, or, for an awaitable (an ``async def`` activity's call), its result.
+
+    Run by ``asyncio.run`` in a fresh loop. When a loop already runs in this thread (an async
+    test driving the environment, an async caller) it cannot be blocked on, so the coroutine
+    gets its own loop on a helper thread (with this thread's context variables).
+    """
+    if not inspect.isawaitable(value):
+        return value
+
+    async def main() -> Any:
+        return await value
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(main())
+    box: dict[str, Any] = {}
+    ctx = contextvars.copy_context()
+
+    def target() -> None:
+        try:
+            box["value"] = ctx.run(asyncio.run, main())
+        except BaseException as exc:  # re-raised in the caller's thread
+            box["error"] = exc
+
+    helper = threading.Thread(target=target, name="celery-durable-async-activity")
+    helper.start()
+    helper.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def sync_callable(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn``, or for an ``async def`` function a synchronous wrapper running it to completion.
+
+    The wrapper keeps ``fn``'s name, signature and hints (``__wrapped__``), so codecs and
+    Celery's argument checks see the original function.
+    """
+    if not inspect.iscoroutinefunction(fn):
+        return fn
+
+    @functools.wraps(fn)
+    def run_sync(*args: Any, **kwargs: Any) -> Any:
+        return run_awaitable(fn(*args, **kwargs))
+
+    return run_sync
+
+
+#: reasons of :meth:`ActivityRunner.begin` a read of a replica behind the sender could explain
+#: (the glue retries those deliveries shortly instead of dropping them)
+STALE_REASONS = ("no such execution", "no such activity step", "another attempt is running", "the run is not yet")
+
+
+def may_be_stale(why: str) -> bool:
+    """Whether a delivery refused for ``why`` might run if the store were read again."""
+    return why.startswith(STALE_REASONS)
+
+
+class ActivityRunner:
+    def __init__(self, engine: EngineParts) -> None:
+        self.engine = engine
+
+    def begin(
+        self,
+        execution_id: str,
+        seq: int,
+        run: int = 0,
+        supersedes: str | None = None,
+        delivery: Delivery | None = None,
+    ) -> tuple[Attempt | None, str]:
+        """Take the step's lease; ``(None, reason)`` when this delivery must not run.
+
+        The lease names this *attempt*, not the process: a duplicate delivery to another thread
+        (or greenlet) of the same process must be refused too. ``supersedes`` is the holder of
+        the attempt whose retry this delivery is (it ended, maybe unable to give its lease back).
+        ``delivery`` must belong to the marker (engine/activities/delivery.py): a stale one is dropped. None
+        only for callers that hold no message (in-process runs of the marker's own request).
+        """
+        eng = self.engine
+        me = f"{eng.identity()}:{uuid.uuid4().hex[:12]}"
+        for _ in range(5):
+            docs = eng.cache.load(execution_id)
+            ex = docs.get(EXEC_ID)
+            if ex is None:
+                return None, "no such execution"
+            if ex.get("status") in TERMINAL:
+                return None, f"execution is {ex['status']}"
+            if int(ex.get("run") or 0) > run:
+                return None, "the execution continued as new"
+            if int(ex.get("run") or 0) < run:  # the message follows a run we do not see (yet)
+                return None, f"the run is not yet {run}"
+            if result_id(seq, run) in docs:
+                return None, "duplicate: the result is already recorded"
+            marker = docs.get(marker_id(seq, run))
+            if marker is None or marker.get("kind") != "activity":
+                return None, "no such activity step"
+            if delivery is not None and (stale := refusal(marker, delivery)) is not None:
+                log.warning("activity %s (%s step %d) dropped: %s", delivery.name, execution_id, seq, stale)
+                eng.emit(STALE_EVENT, execution_id=execution_id, seq=seq, activity=delivery.name)
+                return None, stale
+            now = eng.clock.now()
+            lease: dict[str, Any] = marker.get("lease") or {}
+            if lease_live(marker, now) and (supersedes is None or lease.get("holder") != supersedes):
+                return None, f"another attempt is running ({lease.get('holder')})"
+            number = int(marker.get("attempts") or 0) + 1
+            claimed = strip_reserved(marker)
+            claimed.update(
+                attempts=number,
+                lease={"holder": me, "expires": now + eng.settings.lease_ttl},
+                due_kind=DUE_ACTIVITY,
+                due_at=now + eng.settings.lease_ttl,
+                started_at=now,
+            )
+            try:
+                etag = eng.store.replace(claimed, if_match=marker["_etag"])
+            except ConflictError:
+                eng.cache.suspect(execution_id)  # changed, or deleted (purged)
+                continue
+            eng.cache.put(execution_id, claimed | {"_etag": etag})
+            attempt = Attempt(execution_id, seq, str(marker["name"]), etag, me, number, run, token=marker_token(marker))
+            eng.leases.track(attempt)
+            return attempt, "started"
+        return None, "the step kept changing under us"
+
+    def result_doc(self, attempt: Attempt, value: Any = None, error: BaseException | None = None) -> Doc:
+        doc: Doc = {
+            "pk": attempt.execution_id,
+            "id": result_id(attempt.seq, attempt.run),
+            "type": "result",
+            "run": attempt.run,
+            "seq": attempt.seq,
+            "name": attempt.name,
+            "attempts": attempt.number,
+            "completed_at": self.engine.clock.now(),
+        }
+        if error is None:
+            doc.update(ok=True, value=value)
+        else:
+            doc.update(ok=False, error=error_info(error, attempts=attempt.number))
+        return doc
+
+    def complete(self, attempt: Attempt, result: Doc) -> str:
+        """Record the outcome (first writer wins) and drive the workflow inline."""
+        eng = self.engine
+        eng.leases.untrack(attempt)
+        ok = result.get("ok")
+        eng.emit(
+            "activity_completed" if ok else "activity_failed",
+            execution_id=attempt.execution_id,
+            seq=attempt.seq,
+            activity=attempt.name,
+            attempts=attempt.number,
+        )
+        # Inline continuation on the partition read by ``begin`` (if recent): no second read.
+        # ``tokens``: recorded only on the marker it began on (a reset or retry may have
+        # forgotten that one and the re-run taken the step number anew: engine/activities/delivery.py).
+        return eng.driver.drive(
+            attempt.execution_id,
+            carry=[result],
+            release=[attempt.seq],
+            trust_cache=eng.settings.trust_cache_for,
+            tokens={attempt.seq: attempt.token},
+        )
+
+    def retrying(self, attempt: Attempt, countdown: float, exc: BaseException | None) -> None:
+        """The attempt failed and Celery will retry in ``countdown`` s: give the lease back.
+
+        The step stays due a little after the retry is expected, so a lost retry message is
+        re-sent by the recovery scan rather than waiting forever. Never raises for the store:
+        the retry must be sent whatever happens here (a lease not given back lapses, and the
+        retry may take over the lease of the attempt it ``supersedes``).
+        """
+        eng = self.engine
+        eng.leases.untrack(attempt)
+        now = eng.clock.now()
+        try:
+            for _ in range(3):
+                marker = eng.store.read(attempt.execution_id, marker_id(attempt.seq, attempt.run))
+                if marker is None or (marker.get("lease") or {}).get("holder") != attempt.holder:
+                    return
+                updated = strip_reserved(marker)
+                updated.update(
+                    lease=None,
+                    due_kind=DUE_ACTIVITY,
+                    due_at=now + countdown + eng.settings.activity_queue_timeout,
+                    last_error=error_info(exc, attempts=attempt.number) if exc is not None else None,
+                )
+                try:
+                    eng.store.replace(updated, if_match=marker["_etag"])
+                    return
+                except ConflictError:
+                    continue
+        except StoreError as err:
+            log.warning(
+                "could not give back the lease of %s step %d before its retry: %s",
+                attempt.execution_id,
+                attempt.seq,
+                err,
+            )

@@ -1,0 +1,169 @@
+"""Small shared helpers of the engine: clock, lease checks, error info, worker identity.
+
+Ids, statuses and due kinds are defined in :mod:`.schema` (re-exported here).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+import traceback
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from celery_durable.engine.documents.schema import (
+    EXEC_ID,
+    TERMINAL,
+    DueKind,
+    Status,
+    marker_id,
+    parse_step_id,
+    result_id,
+    signal_id,
+)
+from celery_durable.settings import Settings
+from celery_durable.stores.base import Doc, strip_reserved
+
+__all__ = [
+    "Attempt",
+    "new_exec_doc",
+    "EXEC_ID",
+    "RUNNING",
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TERMINAL",
+    "Clock",
+    "Settings",
+    "SystemClock",
+    "marker_id",
+    "result_id",
+    "error_info",
+    "worker_identity",
+    "lease_live",
+    "settled",
+    "signal_id",
+    "parse_step_id",
+    "DUE_EXEC",
+    "DUE_ACTIVITY",
+    "DUE_CLOCK",
+    "DUE_CHILD",
+]
+
+# Statuses, due kinds and id formats live in .schema; these names stay for the engine's modules.
+RUNNING = Status.RUNNING
+COMPLETED = Status.COMPLETED
+FAILED = Status.FAILED
+CANCELLED = Status.CANCELLED
+DUE_EXEC = DueKind.EXEC
+DUE_ACTIVITY = DueKind.ACTIVITY
+DUE_CLOCK = DueKind.CLOCK
+DUE_CHILD = DueKind.CHILD
+
+
+@dataclass
+class Attempt:
+    """A running attempt that holds the step's lease (renewed by the heartbeat)."""
+
+    execution_id: str
+    seq: int
+    name: str
+    etag: str
+    holder: str
+    number: int
+    run: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    lost: bool = False
+    #: the token of the marker it began on (engine/activities/delivery.py): its outcome completes only that marker
+    token: str | None = None
+
+
+class Clock(Protocol):
+    """Wall-clock time in epoch seconds; the testing environment swaps in a fake one."""
+
+    def now(self) -> float: ...
+
+
+class SystemClock:
+    def now(self) -> float:
+        return time.time()
+
+
+def error_info(exc: BaseException, attempts: int | None = None) -> dict[str, Any]:
+    """What we store about an exception: type name, message, a short traceback."""
+    info: dict[str, Any] = {
+        "type": type(exc).__name__,
+        "message": str(exc),
+        "traceback": "".join(traceback.format_exception(exc, limit=8))[-4000:],
+    }
+    if attempts is not None:
+        info["attempts"] = attempts
+    return info
+
+
+_identity_lock = threading.Lock()
+_identity: tuple[int, str] | None = None
+
+
+def worker_identity() -> str:
+    """A lease-holder id unique to this process (recomputed after fork)."""
+    global _identity
+    with _identity_lock:
+        pid = os.getpid()
+        if _identity is None or _identity[0] != pid:
+            _identity = (pid, f"{socket.gethostname()}:{pid}:{uuid.uuid4().hex[:8]}")
+        return _identity[1]
+
+
+def settled(doc: Doc) -> Doc:
+    """A copy to write back with no lease and out of every scan (the step or exec is done)."""
+    return strip_reserved(doc) | {"lease": None, "due_kind": None, "due_at": None}
+
+
+def lease_live(doc: Doc, now: float) -> bool:
+    """Whether the document's lease is held and not expired."""
+    lease = doc.get("lease") or {}
+    return "expires" in lease and float(lease["expires"]) > now
+
+
+def new_exec_doc(
+    eid: str,
+    workflow: str,
+    payload: dict[str, Any],
+    parent: dict[str, Any] | None,
+    signals: list[str] | None,
+    now: float,
+    **fields: Any,
+) -> Doc:
+    """A new execution document (``fields`` override the running defaults; docs/architecture.md §5)."""
+    doc: Doc = {
+        "pk": eid,
+        "id": EXEC_ID,
+        "type": "exec",
+        "workflow": workflow,
+        "run": 0,
+        # a re-created id is another life: caches holding the old one re-read (engine/drive/partition_cache.py)
+        "incarnation": uuid.uuid4().hex,
+        "generation": 0,
+        "payload": payload,
+        "parent": parent,
+        # the declared signal names, so a sender that does not know the workflow refuses others
+        "signals": signals,
+        "status": RUNNING,
+        "cancel_requested": False,
+        "result": None,
+        "error": None,
+        "lease": None,
+        "wakeups": 0,
+        "drives": 0,
+        "steps": 0,
+        "created_at": now,
+        "updated_at": now,
+        "due_kind": None,
+        "due_at": None,
+    }
+    doc.update(fields)
+    return doc

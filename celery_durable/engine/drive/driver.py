@@ -1,0 +1,557 @@
+"""Driving an execution: replay, then commit what replay decided (docs/architecture.md §6).
+
+The common path is optimistic and costs one partition read and one all-or-nothing batch:
+read the partition, replay the function, then commit ``[create new steps…, replace exec
+if-match]``. Messages are sent only *after* the commit, so a concurrent drive that loses the
+race never schedules anything.
+
+Under contention the drive takes the exec lease instead (an etag replace): others then only
+record their documents and bump the wake-up counter, which changes the exec etag, so the
+lease holder's releasing commit fails, it re-reads and drives again. That is the "no lost
+wake-ups" rule: a completion is either seen by a drive that commits after it, or it bumps
+the exec so the next commit must re-read.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from celery_durable.engine.activities.delivery import STALE_EVENT, stale_outcomes
+from celery_durable.engine.activities.local_activities import LocalRun, LocalRunner
+from celery_durable.engine.admin.pending_ops import settle
+from celery_durable.engine.admin.reruns import reborn
+from celery_durable.engine.children.holders import stale_child_outcomes, withdrawn_cancels
+from celery_durable.engine.dispatcher import ActivityRequest, CancelRequest, ClockRequest, Send
+from celery_durable.engine.documents.checks import check_partition
+from celery_durable.engine.documents.model import (
+    CANCELLED,
+    COMPLETED,
+    DUE_EXEC,
+    EXEC_ID,
+    FAILED,
+    RUNNING,
+    TERMINAL,
+    error_info,
+    lease_live,
+    marker_id,
+    settled,
+)
+from celery_durable.engine.documents.search import apply_updates as apply_search_updates
+from celery_durable.engine.drive.partition_cache import Partition
+from celery_durable.engine.drive.upkeep import prune_run
+from celery_durable.engine.replay.history import Replay, replay
+from celery_durable.engine.replay.sticky import StickyCache
+from celery_durable.errors import ConflictError, CorruptDocument, DocumentTooLarge
+from celery_durable.observability import span
+from celery_durable.stores.base import Doc, Op, strip_reserved
+
+if TYPE_CHECKING:
+    from celery_durable.engine.ports import EngineParts
+
+__all__ = ["Driver", "Replay"]
+
+log = logging.getLogger("celery_durable.drive")
+
+MAX_ROUNDS = 500
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
+def _parent_link(ex: Doc) -> dict[str, Any] | None:
+    parent = ex.get("parent")
+    if isinstance(parent, dict) and isinstance(parent.get("pk"), str) and isinstance(parent.get("seq"), int):
+        return parent
+    return None
+
+
+def _salvaged(ex: Doc) -> Doc:
+    """A malformed exec reduced to the fields we can trust, its old body kept for inspection."""
+    kept: Doc = {k: ex[k] for k in ("pk", "id", "type", "created_at", "payload") if k in ex}
+    kept.update(workflow=ex["workflow"] if isinstance(ex.get("workflow"), str) else "?", parent=_parent_link(ex))
+    kept.update(run=ex["run"] if isinstance(ex.get("run"), int) and not isinstance(ex["run"], bool) else 0)
+    return kept | {"malformed": ex}
+
+
+def _as_of(doc: Doc, ex: Doc | None) -> Doc:
+    """A carried signal-wait timeout, counting the values sent as of the exec this round read.
+
+    The replay lets values numbered up to ``signals_seen`` win over the timeout. Counted when
+    the clock was read, a value accepted after that read but before the timeout's commit lost to
+    it (and was never seen). Every write of a carry is conditional on this exec's etag, which
+    each accepted signal bumps: the count is exact at the commit, and the first writer wins.
+    """
+    if ex is None or not doc.get("timeout") or "signals_seen" not in doc:
+        return doc
+    return doc | {"signals_seen": int(ex.get("signal_seq") or 0)}
+
+
+def _oversized(exc: DocumentTooLarge, carry: list[Doc]) -> list[Doc]:
+    """``carry`` with the outcome ``exc`` names recorded as its step's failure instead: a value
+    too large to store fails the activity (non-retryable; its body is not run again). Re-raises
+    ``exc`` when it names no carried outcome with a value."""
+    for i, d in enumerate(carry):
+        if d["id"] == exc.doc_id and d.get("ok"):
+            failed = {k: v for k, v in d.items() if k != "value"}
+            failed.update(ok=False, error=error_info(exc, attempts=d.get("attempts")))
+            return [*carry[:i], failed, *carry[i + 1 :]]
+    raise exc
+
+
+def _eager_commit(decided: Replay, carry: list[Doc]) -> bool:
+    """Whether an eager first drive (in the caller of ``start()``) may commit what it decided:
+    a suspension that schedules activities or timers, and nothing to run or tell here."""
+    if decided.kind != "suspended" or decided.local or carry:
+        return False
+    return all(isinstance(req, ActivityRequest | ClockRequest) for req in decided.sends)
+
+
+class Driver:
+    def __init__(self, engine: EngineParts) -> None:
+        self.engine = engine
+        self.locals = LocalRunner(engine)
+        #: live suspended instances of the executions this driver drove (engine/replay/sticky.py)
+        self.sticky = StickyCache(engine.settings.sticky_cache_size)
+
+    # --- replay -------------------------------------------------------------------------
+
+    def replay(self, ex: Doc, history: dict[str, Doc], now: float) -> Replay:
+        """Replay the execution over ``history`` (pure: see :func:`.replay.replay`)."""
+        eng = self.engine
+        workflow = eng.registry.workflow(str(ex.get("workflow")))
+        return replay(ex, history, workflow, eng.registry, now, eng.settings, sticky=self.sticky)
+
+    # --- drive --------------------------------------------------------------------------
+
+    def drive(
+        self,
+        execution_id: str,
+        carry: Sequence[Doc] = (),
+        release: Sequence[int] = (),
+        trust_cache: float = 0.0,
+        eager: bool = False,
+        known: Doc | None = None,
+        tokens: Mapping[int, str | None] | None = None,
+    ) -> str:
+        """Drive once to a suspension or an end; ``carry`` are documents to record with it, and
+        ``release`` the steps whose markers they settle (both of the run the documents name: a
+        run that has continued as new drops them).
+
+        Returns what happened: completed, failed, cancelled, suspended, deferred (another
+        worker holds the lease and will see our documents), noop, terminal, missing,
+        unknown (workflow not registered here), lease-lost.
+
+        ``eager``: the first drive, in the caller of ``start()`` (``durable_eager_start``). It
+        commits only a suspension that schedules activities or timers; anything else (a local
+        activity to run, a child, an effect, an end; contention: another's exec lease, more
+        conflicts than ``optimistic_attempts``; a step too large to store or wider than one batch)
+        is left to a worker: "declined", nothing written. Why so narrow: the caller may be a web
+        process, and it may run other code than the workers (a deploy in progress); what it
+        commits is what a worker would replay.
+        The live instance is not kept: the next drive lands on a worker. ``known``: the exec
+        document ``start()`` just created, the whole partition as far as it knows: the first
+        round reads nothing (its commit is conditional on that exec's etag and creates the new
+        steps' documents, so anything else there only costs a conflict and a second round).
+        ``tokens``: step -> the token of the marker the carried outcome's attempt began on; an
+        outcome whose step's marker is now another is dropped (:func:`.delivery.stale_outcomes`).
+        """
+        eng = self.engine
+        store = eng.store
+        me = eng.identity()
+        holding = False
+        conflicts = 0
+        carry = list(carry)
+        release = list(release)
+        orphan_sends: dict[str, Send] = {}
+        reopen: set[str] = set()  # children ended by a cancel of ours an operator withdrew since
+        local = LocalRun()  # local activity steps run by this drive (kept across its rounds)
+        committed: tuple[Doc, Replay] | None = None
+        #: why this drive fails the execution: a document it must write is too large to store
+        oversize: dict[str, Any] | None = None
+        try:
+            for round_ in range(MAX_ROUNDS):
+                try:
+                    if round_ == 0 and known is not None:
+                        cached: Partition | None = Partition({EXEC_ID: known})
+                    else:
+                        cached = eng.cache.peek(execution_id, trust_cache) if round_ == 0 and trust_cache else None
+                    docs = cached if cached is not None else eng.cache.load(execution_id)
+                    check_partition(execution_id, docs)  # a malformed document fails only this execution
+                except CorruptDocument as exc:
+                    self.fail_corrupt(execution_id, exc)
+                    return "failed"
+                ex = docs.get(EXEC_ID)
+                if ex is None:
+                    log.error("drive %s: no such execution", execution_id)
+                    return "missing"
+                ex = reborn(ex, docs)  # a new life of a purged id takes no id an earlier one took
+                run = int(ex.get("run") or 0)
+                if any(int(d.get("run") or 0) != run for d in carry):
+                    # A late outcome of a run that has continued as new (an attempt whose lease
+                    # lapsed): nothing waits for it, its run's documents are pruned, and the seqs to
+                    # release number the *old* run's steps, not the current run's with the same
+                    # number (releasing those settled a live step: stranded).
+                    carry = [d for d in carry if int(d.get("run") or 0) == run]
+                    release = []
+                if tokens and (stale := stale_outcomes(docs, run, carry, tokens)):
+                    carry, release = self._drop_stale(execution_id, carry, release, stale)
+                if stale := stale_child_outcomes(docs, run, carry):
+                    carry, release = self._drop_stale(execution_id, carry, release, stale)
+                if withdrawn := withdrawn_cancels(ex, docs, carry):
+                    carry = [d for d in carry if d.get("type") != "result" or d.get("seq") not in withdrawn]
+                    release = [s for s in release if s not in withdrawn]
+                    reopen.update(withdrawn.values())
+                carry_new = [_as_of(d, ex) for d in carry if d["id"] not in docs]
+                if settle(eng, ex, dict(docs.items())):
+                    continue  # an operator's op was left half done: finish it before driving
+                if ex.get("status") in TERMINAL:
+                    if not carry_new:
+                        return "terminal"
+                    # a late outcome (an attempt's, a child's): fenced by the exec etag an operation
+                    # changes, or it could land on the execution that operation reopened meanwhile
+                    try:
+                        store.batch(
+                            execution_id, [*map(Op.create, carry_new), Op.replace(strip_reserved(ex), ex["_etag"])]
+                        )
+                    except ConflictError:
+                        eng.cache.suspect(execution_id)  # a retry or reset meanwhile: check again
+                        continue
+                    except DocumentTooLarge as exc:
+                        carry = _oversized(exc, carry)
+                        continue
+                    eng.cache.suspect(execution_id)
+                    return "terminal"
+                now = eng.clock.now()
+                lease: dict[str, Any] = ex.get("lease") or {}
+                mine = lease.get("holder") == me
+                if holding and not mine:
+                    log.warning("drive %s: lease lost to %s", execution_id, lease.get("holder"))
+                    return "lease-lost"
+                # Below, our documents (and the markers they settle) are written in ONE batch with
+                # the exec bump or claim: recorded apart, a failure in between left an outcome no
+                # exec write announced (a drive holding an older copy then committed past it) and
+                # its marker settled with nothing due: the step was stranded.
+                if not mine and lease_live(ex, now):
+                    if eager:  # nothing of ours to record: the lease holder (and the drive message) drive it
+                        return "declined"
+                    # someone else is driving: record ours with a bump, so their release re-reads
+                    bumped = strip_reserved(ex) | {"wakeups": int(ex.get("wakeups") or 0) + 1}
+                    try:
+                        store.batch(execution_id, self._record_ops(docs, carry_new, release, bumped, ex["_etag"]))
+                    except ConflictError:
+                        eng.cache.suspect(execution_id)  # changed, or deleted (purged)
+                        continue
+                    except DocumentTooLarge as exc:
+                        carry = _oversized(exc, carry)
+                        continue
+                    return "deferred"
+                if eager and conflicts >= eng.settings.optimistic_attempts:
+                    return "declined"  # contention: a worker takes the lease (a caller's would only stall it)
+                if not holding and conflicts >= eng.settings.optimistic_attempts:
+                    # contention: take the lease (with ours recorded) so others defer to us
+                    claimed = strip_reserved(ex) | {
+                        "lease": {"holder": me, "expires": now + eng.settings.lease_ttl},
+                        "due_kind": DUE_EXEC,
+                        "due_at": now + eng.settings.lease_ttl,
+                    }
+                    try:
+                        store.batch(execution_id, self._record_ops(docs, carry_new, release, claimed, ex["_etag"]))
+                        holding = True
+                        carry, release = [], []
+                    except ConflictError:
+                        eng.cache.suspect(execution_id)
+                    except DocumentTooLarge as exc:
+                        carry = _oversized(exc, carry)
+                    continue
+                history = dict(docs)
+                for d in carry_new:
+                    history[d["id"]] = d
+                history.update(local.history_for(docs))  # local steps an earlier round ran
+                try:
+                    replay = self.replay(ex, history, now)
+                    if eager and not _eager_commit(replay, carry_new):
+                        return "declined"
+                    if replay.local and oversize is None:  # run them here, then replay again
+                        again = functools.partial(self.replay, ex, history, now)
+                        replay = self.locals.drive_locals(ex, docs, history, replay, local, again)
+                    if oversize is not None:  # what it decided does not fit the store: it fails
+                        replay = Replay("failed", error=oversize, steps=replay.steps)
+                    mine = [d for d in local.created.values() if d["id"] not in docs]
+                    ops = self._commit_ops(ex, docs, carry_new + mine, release + local.release, replay, now)
+                    if ops is not None and local.replaced:
+                        ops[-1:-1] = [Op.replace(strip_reserved(d), d["_etag"]) for d in local.replaced.values()]
+                except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                    # user code's errors are caught inside replay: what escapes is a document
+                    # the engine cannot make sense of
+                    self.fail_corrupt(execution_id, CorruptDocument(f"malformed document in {execution_id!r}: {exc!r}"))
+                    return "failed"
+                if ops is None:
+                    return "noop"
+                if eager and len(ops) > store.max_batch_ops:  # not one batch: all or nothing is a worker's
+                    return "declined"
+                self._fence_cancelled_children(ex, docs, replay)
+                try:
+                    with span("commit", execution_id=execution_id, ops=len(ops), outcome=replay.kind):
+                        self._apply(execution_id, ops, replay, orphan_sends)
+                    self.sticky.committed(execution_id, replay)
+                except ConflictError:
+                    self.sticky.drop(execution_id)  # it assumed a commit that did not happen
+                    eng.cache.suspect(execution_id)
+                    conflicts += 1
+                    eng.counters.incr("drive_conflict")
+                    continue
+                except DocumentTooLarge as exc:
+                    # a carried outcome too large: its activity fails; else (the workflow's result,
+                    # a new step's arguments) the execution fails, recorded by the next round
+                    # (a worker's: an eager drive records no failure)
+                    if eager:
+                        return "declined"
+                    if any(d["id"] == exc.doc_id for d in carry):
+                        carry = _oversized(exc, carry)
+                    elif oversize is None:
+                        oversize = error_info(exc)
+                    else:
+                        raise
+                    continue
+                log.debug(
+                    "drive %s: %s after %d steps (%d new documents, %d sends)",
+                    execution_id,
+                    replay.kind,
+                    replay.steps,
+                    len(ops) - 1,
+                    len(replay.sends),
+                    extra={"workflow_id": execution_id, "workflow": ex.get("workflow"), "step": replay.steps},
+                )
+                for req in replay.sends:
+                    orphan_sends[req.key] = req
+                committed = (ex, replay)
+                return replay.kind
+            log.error("drive %s: gave up after %d rounds of contention", execution_id, MAX_ROUNDS)
+            return "contended"
+        finally:
+            if eager:  # the caller keeps no live instance, whatever ended its drive (a store error too)
+                self.sticky.drop(execution_id)
+            # the replay's commands first, then what follows from its outcome: a continued run is
+            # pruned only after the effects it emitted were admitted (they live in its documents)
+            for req in orphan_sends.values():
+                eng.dispatch(req)
+            if committed is not None:
+                self._after_commit(*committed)
+            for child in sorted(reopen):
+                eng.reopen_child(child, execution_id)
+
+    def fail_corrupt(self, execution_id: str, error: Exception) -> None:
+        """Fail the execution owning a document the engine cannot read, with a clear error.
+
+        ``error`` is a :class:`CorruptDocument` (a :class:`MalformedDocument` names its partition
+        and document). The documents stay as they are for inspection (a malformed exec keeps its
+        old body under ``malformed``); the offending one leaves every scan, so recovery keeps
+        running for everyone else, and a parent is told as for any failure. A finished execution
+        is never changed: only the offending document is taken out of the scans.
+        """
+        eng = self.engine
+        store = eng.store
+        pk = str(getattr(error, "pk", None) or execution_id)
+        doc_id = getattr(error, "doc_id", None)
+        now = eng.clock.now()
+        info = error_info(error)
+        if isinstance(error, CorruptDocument):
+            info["type"] = CorruptDocument.__name__  # the public name, whatever the subclass
+        fields: Doc = {
+            "status": FAILED,
+            "error": info,
+            "lease": None,
+            "completed_at": now,
+            "due_kind": None,
+            "due_at": None,
+        }
+        workflow = "?"
+        for _ in range(10):
+            try:
+                ex = store.read(pk, EXEC_ID)
+            except CorruptDocument:  # not even JSON: replace it
+                ex = None
+                store.upsert({"pk": pk, "id": EXEC_ID, "type": "exec", "workflow": "?"} | fields)
+                break
+            if ex is None:
+                log.error("corrupt document in %s, which has no execution: %s", pk, error)
+                return
+            if ex.get("status") in TERMINAL:
+                self._settle_doc(pk, doc_id)
+                log.error("finished execution %s has a corrupt document: %s", pk, error)
+                return
+            body = _salvaged(strip_reserved(ex)) if doc_id == EXEC_ID else strip_reserved(ex)
+            workflow = str(body.get("workflow", "?"))
+            if _parent_link(body) is not None:
+                # stays due until the parent has been told (recovery retries a lost notice)
+                fields.update(parent_notified=False, due_kind=DUE_EXEC, due_at=now + eng.settings.drive_timeout)
+            try:
+                store.replace(body | fields, if_match=ex["_etag"])
+                break
+            except ConflictError:
+                continue
+        else:
+            log.error("could not mark %s failed (contention): %s", pk, error)
+            return
+        log.error("execution %s failed: %s", pk, error)
+        if doc_id not in (None, EXEC_ID):
+            self._settle_doc(pk, doc_id)
+        eng.cache.invalidate(pk)
+        eng.emit("workflow_failed", execution_id=pk, workflow=workflow)
+        if fields.get("parent_notified") is False:
+            try:
+                eng.children.notify_parent(pk)
+            except Exception:  # recovery tells the parent later: the child stays due
+                log.warning("telling the parent of %s failed", pk, exc_info=True)
+
+    def _settle_doc(self, pk: str, doc_id: str | None) -> None:
+        """Best effort: take a (malformed) document out of every scan, leaving it otherwise as is."""
+        if doc_id is None:
+            return
+        try:
+            doc = self.engine.store.read(pk, doc_id)
+            if doc is not None and doc.get("due_kind") is not None:
+                self.engine.store.replace(settled(doc), if_match=doc["_etag"])
+        except Exception:  # the scan finds it again, and fails nothing more: the execution has ended
+            log.warning("could not settle %s/%s", pk, doc_id, exc_info=True)
+
+    def _commit_ops(
+        self, ex: Doc, docs: dict[str, Doc], carry_new: list[Doc], release: list[int], replay: Replay, now: float
+    ) -> list[Op] | None:
+        eng = self.engine
+        run = int(ex.get("run") or 0)
+        ops: list[Op] = [Op.create(d) for d in carry_new]
+        ops += [Op.create(d) for d in replay.new_docs if d["id"] not in docs]
+        ops += self._release_ops(docs, release, run)
+        new_ex = strip_reserved(ex)
+        steps = max(replay.steps, int(ex.get("steps") or 0))
+        new_ex.update(lease=None, due_kind=None, due_at=None, last_error=None, steps=steps)
+        # wf.set_status: recorded with this commit, only when the value changed (type-exact: 1 != True)
+        status_changed = replay.status_set and _json(replay.custom_status) != _json(ex.get("custom_status"))
+        if status_changed:
+            new_ex["custom_status"] = replay.custom_status
+        status_changed = apply_search_updates(new_ex, ex, replay.search_updates) or status_changed
+        if replay.kind == "unknown":
+            known = ", ".join(sorted(eng.registry.workflows)) or "none"
+            new_ex.update(
+                last_error=f"workflow {ex['workflow']!r} is not registered in this worker (registered: {known}); "
+                "it will be retried",
+                due_kind=DUE_EXEC,
+                due_at=now + eng.settings.unknown_retry_delay,
+            )
+            log.error("execution %s: %s", ex["pk"], new_ex["last_error"])
+        elif replay.kind == "continued":
+            # a fresh run with a fresh history; the old run's documents are deleted after commit
+            new_ex.update(
+                status=RUNNING,
+                run=run + 1,
+                payload=replay.payload,
+                steps=0,
+                continued=int(ex.get("continued") or 0) + 1,
+                due_kind=DUE_EXEC,
+                due_at=now + eng.settings.drive_timeout,
+            )
+        elif replay.kind in ("completed", "failed", "cancelled"):
+            status = {"completed": COMPLETED, "failed": FAILED, "cancelled": CANCELLED}[replay.kind]
+            new_ex.update(status=status, completed_at=now)
+            if replay.kind == "completed":
+                new_ex["result"] = replay.value
+            else:
+                new_ex["error"] = replay.error
+            if ex.get("parent"):
+                # stays due until the parent has been told (recovery retries a lost notice)
+                new_ex.update(parent_notified=False, due_kind=DUE_EXEC, due_at=now + eng.settings.drive_timeout)
+        idle = replay.kind == "suspended" and not ops and not replay.sends and not status_changed
+        if idle and not ex.get("lease") and not ex.get("due_kind") and not ex.get("last_error"):
+            return None  # nothing new: a duplicate drive message
+        new_ex["updated_at"] = now
+        new_ex["drives"] = int(ex.get("drives") or 0) + 1
+        ops.append(Op.replace(new_ex, ex["_etag"]))
+        return ops
+
+    def _apply(self, pk: str, ops: list[Op], replay: Replay, orphan_sends: dict[str, Send]) -> None:
+        store = self.engine.store
+        limit = store.max_batch_ops
+        if len(ops) > limit:
+            # Too many for one transactional batch (a wide fan-out): create the overflow first.
+            # They are create-only, so a retry after a conflict finds them recorded; their
+            # messages must then still be sent, whatever happens to this drive.
+            overflow, ops = ops[: len(ops) - limit], ops[len(ops) - limit :]
+            for op in overflow:
+                assert op.doc is not None and op.kind == "create"
+                store.create(op.doc)
+            for req in replay.sends:
+                orphan_sends[req.key] = req
+        store.batch(pk, ops)
+
+    def _fence_cancelled_children(self, ex: Doc, docs: dict[str, Doc], replay: Replay) -> None:
+        """Claim the ids of the children this replay cancels, before its commit (``Children.fence_children``).
+
+        Only steps already committed: a child step this replay itself takes is committed with its
+        cancelled outcome, which its creator then finds (and a stale replay's fence of a step that
+        never commits would outlive it).
+        """
+        cancels = {s.execution_id for s in replay.sends if isinstance(s, CancelRequest)}
+        if not cancels:
+            return
+        run = int(ex.get("run") or 0)
+        markers = [
+            d
+            for d in docs.values()
+            if d.get("type") == "step"
+            and d.get("kind") == "child"
+            and d.get("run", 0) == run
+            and d.get("child_id") in cancels
+        ]
+        self.engine.children.fence_children(ex, markers)
+
+    def _drop_stale(
+        self, execution_id: str, carry: list[Doc], release: list[int], stale: set[int]
+    ) -> tuple[list[Doc], list[int]]:
+        """``carry`` and ``release`` without the outcomes of the ``stale`` steps (logged, counted)."""
+        kept: list[Doc] = []
+        for d in carry:
+            if d.get("type") != "result" or d.get("seq") not in stale:
+                kept.append(d)
+                continue
+            log.warning("outcome of %s step %s dropped: its step was forgotten, taken anew", execution_id, d["seq"])
+            self.engine.emit(STALE_EVENT, execution_id=execution_id, seq=d["seq"], activity=d.get("name"))
+        return kept, [s for s in release if s not in stale]
+
+    @staticmethod
+    def _release_ops(docs: dict[str, Doc], release: list[int], run: int) -> list[Op]:
+        """Settle the markers of steps whose outcome we record (etag-guarded)."""
+        ops: list[Op] = []
+        for seq in release:
+            marker = docs.get(marker_id(seq, run))
+            if marker is not None and (marker.get("lease") or marker.get("due_kind")):
+                ops.append(Op.replace(settled(marker), marker["_etag"]))
+        return ops
+
+    def _record_ops(
+        self, docs: dict[str, Doc], carry_new: list[Doc], release: list[int], new_ex: Doc, etag: str
+    ) -> list[Op]:
+        """Our documents, their markers settled, and the exec write (if-match ``etag``), for one batch."""
+        run = int(new_ex.get("run") or 0)
+        ops = [Op.create(d) for d in carry_new] + self._release_ops(docs, release, run)
+        return ops + [Op.replace(new_ex, etag)]
+
+    def _after_commit(self, ex: Doc, replay: Replay) -> None:
+        eng = self.engine
+        eng.signals.after_commit(ex["pk"], replay.new_docs)  # signal values rejected/ignored by the replay
+        eng.emit("drive_committed", execution_id=ex["pk"], outcome=replay.kind)
+        if replay.kind in ("completed", "failed", "cancelled"):
+            eng.emit(f"workflow_{replay.kind}", execution_id=ex["pk"], workflow=ex["workflow"])
+            if ex.get("parent"):
+                eng.children.notify_parent(ex["pk"])
+        elif replay.kind == "suspended":
+            eng.emit("workflow_suspended", execution_id=ex["pk"], workflow=ex["workflow"])
+        elif replay.kind == "continued":
+            eng.emit("workflow_continued", execution_id=ex["pk"], workflow=ex["workflow"])
+            prune_run(eng, ex["pk"], int(ex.get("run") or 0))
+            eng.dispatcher.send_drive(ex["pk"])

@@ -1,0 +1,108 @@
+"""What the engine's components see of the engine: typed ports, so none of them imports ``core``.
+
+``core.Engine`` builds the driver, the activity runner, timers, signals, children, recovery and leases and hands
+each of them itself; they only need the members below. Typing them against these protocols
+keeps the import graph one way (``core`` → components → ``parts``), with no circles
+(docs/architecture.md §3).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from celery_durable.engine.dispatcher import Dispatcher, Send
+    from celery_durable.engine.documents.model import Attempt, Clock
+    from celery_durable.engine.drive.partition_cache import PartitionCache
+    from celery_durable.engine.registry import Registry
+    from celery_durable.observability import Counters
+    from celery_durable.settings import Settings
+    from celery_durable.stores.base import Doc, Store
+
+__all__ = ["EngineParts", "DriverPort", "ChildrenPort", "SignalsPort", "LeasesPort"]
+
+
+class DriverPort(Protocol):
+    def drive(
+        self,
+        execution_id: str,
+        carry: Sequence[Doc] = (),
+        release: Sequence[int] = (),
+        trust_cache: float = 0.0,
+        *,
+        tokens: Mapping[int, str | None] | None = None,
+    ) -> str: ...
+
+    def fail_corrupt(self, execution_id: str, error: Exception) -> None: ...
+
+
+class ChildrenPort(Protocol):
+    def notify_parent(self, child_id: str) -> None: ...
+
+    def check_child(self, parent_id: str, marker: Doc) -> None: ...
+
+    def fence_children(self, parent: Doc, markers: list[Doc]) -> None: ...
+
+
+class SignalsPort(Protocol):
+    def signal(
+        self,
+        execution_id: str,
+        name: str,
+        value: Any,
+        signal_id: str | None = None,
+        sender: dict[str, Any] | None = None,
+        by: str | None = None,
+    ) -> bool: ...
+
+    def after_commit(self, execution_id: str, new_docs: list[Doc]) -> None: ...
+
+
+class LeasesPort(Protocol):
+    def track(self, attempt: Attempt) -> None: ...
+
+    def untrack(self, attempt: Attempt) -> None: ...
+
+
+class EngineParts(Protocol):
+    """The shared state and the collaborators of one engine."""
+
+    store: Store
+    dispatcher: Dispatcher
+    registry: Registry
+    settings: Settings
+    clock: Clock
+    cache: PartitionCache
+    counters: Counters
+    identity: Callable[[], str]
+
+    @property
+    def driver(self) -> DriverPort: ...
+
+    @property
+    def children(self) -> ChildrenPort: ...
+
+    @property
+    def signals(self) -> SignalsPort: ...
+
+    @property
+    def leases(self) -> LeasesPort: ...
+
+    def emit(self, event: str, **kwargs: Any) -> None: ...
+
+    def dispatch(self, send: Send) -> None: ...
+
+    def cancel(
+        self, execution_id: str, by: str | None = None, reason: str | None = None, from_parent: bool = False
+    ) -> bool: ...
+
+    def reopen_child(self, child_id: str, parent_id: str) -> None: ...
+
+    def wake(self, execution_id: str) -> None: ...
+
+    def create_execution(
+        self, workflow: str, payload: dict[str, Any], eid: str, parent: dict[str, Any] | None
+    ) -> bool: ...
+
+    def read_exec(self, execution_id: str) -> Doc: ...
