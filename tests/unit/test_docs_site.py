@@ -1,5 +1,6 @@
 """The documentation site builds with ``mkdocs build --strict`` (broken links and anchors, pages
-left out of the nav and a settings table that cannot be generated all fail it)."""
+left out of the nav and a settings table that cannot be generated all fail it), and the README
+stays a short front page."""
 
 from __future__ import annotations
 
@@ -45,3 +46,7 @@ def test_every_setting_is_in_the_generated_reference() -> None:
         row = next(line for line in table if line.startswith(f"| `durable_{f.name}` |"))
         assert row.rstrip(" |").split("|")[-1].strip(), f"durable_{f.name} has no description"
     assert any("| `durable_outbox_retention` |" in r and "(7 days)" in r for r in table)
+
+
+def test_readme_is_short() -> None:
+    assert (ROOT / "README.md").stat().st_size <= 20_000
