@@ -162,56 +162,83 @@ def censor_conf(table: Mapping[Any, Any]) -> dict[Any, Any]:
 class Settings:
     """Every ``durable_*`` setting, typed and validated once."""
 
+    #: where state lives: ``sqlite:///path``; ``postgresql://user:password@host:5432/db`` (or ``postgres://``;
+    #: ``pip install celery-durable[postgres]``; query: ``table=`` (default ``durable_docs``), ``schema=``,
+    #: ``pool_max=`` (10), ``connect_timeout=`` (10 s), any libpq parameter such as ``sslmode=require``; tables
+    #: created on first use); ``cosmos://host:port/?database=…&container=…``; ``memory://`` (unit tests).
+    #: The default is ``$DURABLE_STORE_URL`` if set, else ``sqlite:///celery_durable.db``
     store_url: str = field(default_factory=lambda: os.environ.get("DURABLE_STORE_URL", DEFAULT_STORE_URL), repr=False)
+    #: extra backend options (e.g. the Cosmos key, or ``DURABLE_COSMOS_KEY``; SQLite ``busy_timeout``, ``file_mode``)
     store_options: dict[str, Any] = field(default_factory=dict, repr=False)
+    #: lease of a running activity attempt / contended drive
     lease_ttl: float = 30.0
+    #: lease renewal cadence; must be shorter than ``lease_ttl``
     heartbeat_interval: float = 10.0
+    #: beat: re-drive lapsed executions, re-send lost/lapsed activities
     recovery_interval: float = 15.0
+    #: beat: fire due timers
     clock_interval: float = 1.0
-    #: an activity message not picked up this long after sending is considered lost
+    #: an activity message not picked up this long after sending is considered lost (and re-sent)
     activity_queue_timeout: float = 300.0
     #: an execution that needs a drive and got none this long is re-driven by recovery
     drive_timeout: float = 30.0
+    #: timers up to this also get a countdown task; 0 = beat only
     timer_fast_path_max: float = 60.0
+    #: add the beat entries (``celery_durable.recover``, ``celery_durable.fire_due_clocks``,
+    #: ``celery_durable.outbox_scan``)
     install_beat: bool = True
     #: how long before an execution whose workflow is unknown here is tried again
     unknown_retry_delay: float = 60.0
     #: times an activity may be lost (worker killed) before it is failed
     max_lost_attempts: int = 10
-    #: bytes (compact JSON) of the largest document stored: one over the store's item limit is
-    #: offloaded into chunk documents (stores/offload/store.py); one over this fails with PayloadTooLarge
+    #: bytes (compact JSON) of the largest document stored (64 MiB): past the store's 2 MB item limit, payloads
+    #: (inputs, results, signal values, effect payloads) are offloaded into chunk documents of the execution's
+    #: partition; past this, the activity or workflow fails with ``PayloadTooLarge`` (``start()``/``signal()``
+    #: raise it)
     max_payload: int = 64 * 1024 * 1024
     #: conflicts tolerated in optimistic drives before taking the exec lease
     optimistic_attempts: int = 2
     #: an activity's inline drive reuses the partition read at its start if younger than this
     trust_cache_for: float = 2.0
-    #: suspended workflow instances kept alive per worker thread, resumed instead of replayed
-    #: from the top when their history is unchanged (engine/replay/sticky.py; 0: always replay)
+    #: suspended workflow instances kept alive per worker thread, resumed with only the new outcomes instead of
+    #: replayed from the top when their history is unchanged (any other change to their history: a full replay;
+    #: 0: always replay; off under gevent/eventlet)
     sticky_cache_size: int = 256
     #: ``start()`` runs the workflow's first drive in the caller when all it does is schedule
-    #: activities or timers, and sends those itself: one broker hop fewer (README "Eager start")
+    #: activities or timers, and sends those itself: one broker hop fewer (see "Eager start")
     eager_start: bool = False
     #: a worker that finishes an activity runs the next one its drive schedules itself, instead
-    #: of sending it, up to this many in a row (0: off; README "Eager activities")
+    #: of sending it, up to this many in a row (0: off; see "Eager activities")
     eager_activities: int = 0
+    #: beat: lost effect messages, due retries, expired leases
     outbox_scan_interval: float = 5.0
+    #: succeeded/cancelled effect rows are deleted after this (failed rows are kept); dedupe by ``effect_id`` lasts
+    #: as long
     outbox_retention: float = 7 * 24 * 3600.0
+    #: an unclaimed effect row is re-sent after this
     outbox_queue_timeout: float = 60.0
+    #: how often a running handler checks for a cancel
     outbox_cancel_poll: float = 1.0
+    #: effect delays up to this get a countdown message; longer ones wait for the scan
     outbox_fast_send_max: float = 60.0
+    #: an emitted effect (or a transactional enqueue) not admitted by its caller is admitted by the scan after this
     outbox_admit_grace: float = 10.0
+    #: live (pending/running) effects per key
     outbox_max_lane_backlog: int = 10_000
     #: a delivery that settles a row runs the key's next row (same type, due now) itself, up to
     #: this many in a row, before it hands the key back to the queue (0: one row per message)
     outbox_drain_max: int = 50
-    #: a worker serves Prometheus metrics on this port (celery_durable.glue.metrics; None: off)
+    #: a worker serves Prometheus ``/metrics`` on this port (celery_durable.metrics,
+    #: ``pip install celery-durable[prometheus]``; None: off); a bad or busy port stops the worker before it is ready
     metrics_port: int | None = None
-    #: how handle.result() learns an execution ended: "auto" (PostgreSQL LISTEN/NOTIFY, else Redis
-    #: pub/sub on the broker or result backend, else polling), "off" (polling), or a redis:// URL
+    #: how handle.result() learns an execution ended: "auto" (a PostgreSQL store's LISTEN/NOTIFY, sent in the
+    #: commit's transaction, else Redis pub/sub on the Celery result backend or broker if Redis, else polling),
+    #: "off" (polling), or a redis:// URL to publish and subscribe there
     result_push: str = field(default="auto", repr=False)  # a URL may hold a password
-    #: the longest interval between the store reads of a waiter that polls (no push)
+    #: the longest interval between the store reads of a waiter that polls (no push; every 5% of the time waited,
+    #: from 1 ms)
     result_poll_max: float = 0.05
-    #: a waiter that gets pushes still re-reads the store this often (a lost notification)
+    #: a waiter that gets pushes still re-reads the store this often (a notification is only a hint: a lost one)
     result_push_recheck: float = 2.0
 
     def __post_init__(self) -> None:

@@ -7,7 +7,7 @@
 //
 // The store checks the container on first use: partition key /pk with version 2 (large partition
 // keys: execution ids can be long), and the indexes of the paths its queries use (the same policy
-// as docs/azure/indexing-policy.json and celery_durable/stores/_cosmos_provision.py).
+// as docs/azure/indexing-policy.json and celery_durable/stores/cosmos/provision.py).
 
 @description('Cosmos DB account name (globally unique, lowercase).')
 param accountName string

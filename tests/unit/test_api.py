@@ -109,7 +109,7 @@ def test_celery_is_imported_only_in_its_rooms() -> None:
 
 
 def test_public_aliases_are_the_glue_objects() -> None:
-    """``celery_durable.signals``, ``.metrics`` and ``.contrib.filesystem`` are documented paths."""
+    """``celery_durable.signals``, ``.metrics``, ``.outbox`` and ``.contrib.filesystem`` are documented paths."""
     import celery_durable.contrib.filesystem
     import celery_durable.glue.filesystem_transport
     import celery_durable.glue.hooks
@@ -122,6 +122,12 @@ def test_public_aliases_are_the_glue_objects() -> None:
     import celery_durable.metrics
 
     assert celery_durable.metrics.serve is celery_durable.glue.metrics.serve
+
+    import celery_durable.glue.outbox
+    import celery_durable.outbox
+
+    assert celery_durable.outbox.effect_context is celery_durable.glue.outbox.effect_context
+    assert celery_durable.outbox.EffectCancelled is celery_durable.glue.outbox.EffectCancelled
 
 
 def test_only_stores_touch_backend_libraries() -> None:

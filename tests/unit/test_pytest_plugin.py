@@ -160,8 +160,9 @@ def test_worker(celery_app, celery_worker):
 
 @pytest.mark.worker
 def test_readme_example_runs_under_pytest(pytester: pytest.Pytester) -> None:
-    """README "Testing with time skipping": its pytest example, after the blocks it builds on."""
-    blocks = re.findall(r"<!-- runs -->\n```python\n(.*?)```", (REPO / "README.md").read_text(), flags=re.S)
+    """docs/guides/testing.md ("Testing with time skipping"): its pytest example, after the blocks it builds on."""
+    page = (REPO / "docs" / "guides" / "testing.md").read_text()
+    blocks = re.findall(r"<!-- runs -->\n```python\n(.*?)```", page, flags=re.S)
     last = next(i for i, block in enumerate(blocks) if block.startswith("# tests/test_onboarding.py"))
     pytester.makepyfile(test_readme_example="\n".join(blocks[: last + 1]))
     result = pytester.runpytest_subprocess("-p", "no:randomly", "-p", "no:cacheprovider", "-v")

@@ -1,0 +1,31 @@
+"""The effect outbox's public path: what effect handlers import (``effect_context``, ``EffectCancelled`` …).
+
+Defined in :mod:`celery_durable.glue.outbox` (the outbox on Celery) and
+:mod:`celery_durable.engine.outbox` (its state machine); see the Effect outbox guide.
+"""
+
+from celery_durable.glue.outbox import (
+    EffectCancelled,
+    EffectContext,
+    EffectInfo,
+    EffectLeaseLost,
+    EffectSpec,
+    EffectTimeout,
+    IdempotencyConflict,
+    LaneFull,
+    Outbox,
+    effect_context,
+)
+
+__all__ = [
+    "Outbox",
+    "EffectInfo",
+    "EffectSpec",
+    "EffectContext",
+    "EffectCancelled",
+    "EffectTimeout",
+    "EffectLeaseLost",
+    "effect_context",
+    "IdempotencyConflict",
+    "LaneFull",
+]
