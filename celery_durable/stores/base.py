@@ -54,7 +54,7 @@ __all__ = [
     "MAX_BATCH_BYTES",
     "MAX_PK_BYTES",
     "batch_bytes",
-    "check_doc",
+    "encode_doc",
     "utf8_json",
     "check_pk",
     "check_ids",
@@ -279,7 +279,7 @@ def utf8_json(text: str, doc_id: str) -> str:
     return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
-def check_doc(doc: Doc, limit: int = MAX_DOC_BYTES) -> str:
+def encode_doc(doc: Doc, limit: int = MAX_DOC_BYTES) -> str:
     """Validate shape and size; return the compact JSON body (without reserved keys), lone
     surrogates escaped (:func:`utf8_json`): UTF-8 text every backend can store."""
     if not isinstance(doc.get("pk"), str) or not doc["pk"]:
@@ -432,7 +432,7 @@ class Store(ABC):
                 if op.doc.get("pk") != pk:
                     raise ConfigurationError(f"batch op for {op.doc_id!r} is not in partition {pk!r}")
                 if check_docs:
-                    size = sent_size(check_doc(op.doc, self.max_doc_bytes))
+                    size = sent_size(encode_doc(op.doc, self.max_doc_bytes))
             sizes.append(size)
             if op.doc_id in ids:
                 raise ConfigurationError(f"batch touches {op.doc_id!r} twice")

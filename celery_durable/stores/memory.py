@@ -20,12 +20,12 @@ from celery_durable.stores.base import (
     Op,
     PartitionRead,
     Store,
-    check_doc,
     check_ids,
     check_page_size,
     created_key,
     decode_keyset,
     due_fields,
+    encode_doc,
     encode_keyset,
     exec_matches,
     strip_reserved,
@@ -74,7 +74,7 @@ class MemoryStore(Store):
             return [None if (entry := part.get(doc_id)) is None else self._out(*entry) for doc_id in wanted]
 
     def create(self, doc: Doc) -> str | None:
-        check_doc(doc, self.max_doc_bytes)
+        encode_doc(doc, self.max_doc_bytes)
         with self._lock:
             self._count("create")
             part = self._parts.setdefault(doc["pk"], {})
@@ -85,7 +85,7 @@ class MemoryStore(Store):
             return str(seq)
 
     def replace(self, doc: Doc, if_match: str | None) -> str:
-        check_doc(doc, self.max_doc_bytes)
+        encode_doc(doc, self.max_doc_bytes)
         with self._lock:
             self._count("replace")
             return self._replace(doc, if_match)
@@ -102,7 +102,7 @@ class MemoryStore(Store):
         return str(seq)
 
     def upsert(self, doc: Doc) -> str:
-        check_doc(doc, self.max_doc_bytes)
+        encode_doc(doc, self.max_doc_bytes)
         with self._lock:
             self._count("upsert")
             seq = self._next()

@@ -62,14 +62,14 @@ def _marker(pk: str, n: int, **over: Any) -> dict[str, Any]:
 def test_work_per_drive_is_bounded_by_the_changes_not_the_history(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cache, "Partition", _Counting)
     checked = 0
-    real_check_doc = checks.check_doc
+    real_check_doc = checks.check_shape
 
     def counting_check_doc(pk: str, doc: Any) -> Any:
         nonlocal checked
         checked += 1
         return real_check_doc(pk, doc)
 
-    monkeypatch.setattr(checks, "check_doc", counting_check_doc)
+    monkeypatch.setattr(checks, "check_shape", counting_check_doc)
     real = checks.check_partition
     per_drive: list[int] = []
 

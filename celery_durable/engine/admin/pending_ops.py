@@ -33,7 +33,7 @@ from celery_durable.engine.admin.purge import PURGING, finish_purge
 from celery_durable.engine.documents.schema import EXEC_ID, PENDING_OP, DueKind
 from celery_durable.engine.drive.partition_cache import bump_generation
 from celery_durable.errors import ConfigurationError, ConflictError, DocumentTooLarge, PayloadValidationError
-from celery_durable.stores.base import RESERVED, Doc, Op, check_doc, strip_reserved
+from celery_durable.stores.base import RESERVED, Doc, Op, encode_doc, strip_reserved
 
 if TYPE_CHECKING:
     from celery_durable.engine.ports import EngineParts as Engine
@@ -100,7 +100,7 @@ def check_storable(refuse: type[Exception], docs: Sequence[Doc], limit: int) -> 
     checked before the first batch, so the refusal writes nothing."""
     for doc in docs:
         try:
-            check_doc(doc, limit)
+            encode_doc(doc, limit)
         except (TypeError, ValueError, ConfigurationError, DocumentTooLarge) as exc:
             raise refuse(f"document {doc.get('id')!r} of this operation cannot be stored: {exc}") from None
 

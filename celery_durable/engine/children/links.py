@@ -21,8 +21,8 @@ from celery_durable.engine.children.holders import (
 )
 from celery_durable.engine.dispatcher import ChildRequest
 from celery_durable.engine.documents.checks import (
-    check_doc,
     check_exec,
+    check_shape,
 )
 from celery_durable.engine.documents.model import (
     CANCELLED,
@@ -282,7 +282,7 @@ class Children:
         was (and the parent still waits for it), tell the parent if it finished, otherwise look
         again later. A step the parent no longer waits for leaves the scan."""
         eng = self.engine
-        check_doc(parent_id, marker)
+        check_shape(parent_id, marker)
         if marker.get("kind") == "signal_send":
             send_signal_again(eng, eng.signals.signal, parent_id, marker)
             return

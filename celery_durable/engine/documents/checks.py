@@ -37,7 +37,7 @@ from celery_durable.stores.cosmos.index import lwm_pk
 
 __all__ = [
     "MalformedDocument",
-    "check_doc",
+    "check_shape",
     "check_exec",
     "check_partition",
     "SIGNAL_VALUE_PREFIX",
@@ -264,7 +264,7 @@ def _checker(doc_id: str) -> Any:
     return None
 
 
-def check_doc(pk: str, doc: Any) -> Doc:
+def check_shape(pk: str, doc: Any) -> Doc:
     """Return ``doc`` if its shape is what the engine expects of its id; else raise."""
     if not isinstance(doc, dict):
         raise MalformedDocument(pk, "?", f"not a JSON object but {type(doc).__name__}")
@@ -280,7 +280,7 @@ def check_doc(pk: str, doc: Any) -> Doc:
 
 def check_exec(pk: str, doc: Doc | None) -> Doc | None:
     """Check an exec document read on its own (``None`` passes: the execution does not exist)."""
-    return None if doc is None else check_doc(pk, doc)
+    return None if doc is None else check_shape(pk, doc)
 
 
 #: pk -> the serial of the last partition snapshot (``cache.Partition``) found well-formed. A
@@ -301,23 +301,23 @@ def check_partition(pk: str, docs: Mapping[str, Doc]) -> None:
     """
     ex = docs.get(EXEC_ID)
     if ex is not None:
-        check_doc(pk, ex)
+        check_shape(pk, ex)
         if ex.get("status") in TERMINAL:
             return
     if not isinstance(docs, Partition):
         for doc in docs.values():
-            check_doc(pk, doc)
+            check_shape(pk, doc)
         return
     with _checked_lock:
         last = _checked.get(pk)
     changed = None if last is None else docs.changed_since(last)
     if changed is None:
         for doc in docs.values():
-            check_doc(pk, doc)
+            check_shape(pk, doc)
     else:
         for doc_id in changed:
             if (changed_doc := docs.get(doc_id)) is not None:
-                check_doc(pk, changed_doc)
+                check_shape(pk, changed_doc)
     with _checked_lock:
         _checked[pk] = docs.serial
         _checked.move_to_end(pk)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from celery_durable.engine.activities.delivery import marker_token
 from celery_durable.engine.admin.pending_ops import PENDING, finish
 from celery_durable.engine.dispatcher import ActivityRequest
-from celery_durable.engine.documents.checks import MalformedDocument, check_doc, check_exec, check_partition
+from celery_durable.engine.documents.checks import MalformedDocument, check_exec, check_partition, check_shape
 from celery_durable.engine.documents.model import (
     DUE_ACTIVITY,
     DUE_CHILD,
@@ -88,7 +88,7 @@ class Recovery:
     def _child_due(self, pk: str, marker_id_: str) -> None:
         marker = self.engine.store.read(pk, marker_id_)
         if marker is not None and marker.get("due_kind") == DUE_CHILD:
-            self.engine.children.check_child(pk, check_doc(pk, marker))
+            self.engine.children.check_child(pk, check_shape(pk, marker))
 
     def _guard(self, report: ScanReport, ref: DueRef, fn: Callable[..., None], *args: Any) -> None:
         try:

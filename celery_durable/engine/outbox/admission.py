@@ -46,7 +46,7 @@ from celery_durable.errors import (
     PayloadTooLarge,
     StoreError,
 )
-from celery_durable.stores.base import Doc, Op, check_doc
+from celery_durable.stores.base import Doc, Op, encode_doc
 
 __all__ = ["Admission", "MAX_ROUNDS"]
 
@@ -239,7 +239,7 @@ class Admission:
         probe = new_row(effect, source, "0" * 32) | {"seq": 2**53, "token": "0" * 32}
         limit = int(getattr(self.store, "max_payload", self.store.max_doc_bytes))
         try:
-            check_doc(probe | {"lease": {"owner": "x" * 64, "expires": 0.0}}, limit)
+            encode_doc(probe | {"lease": {"owner": "x" * 64, "expires": 0.0}}, limit)
         except DocumentTooLarge as exc:
             raise PayloadTooLarge(exc.doc_id, exc.size, exc.limit) from None
 

@@ -79,7 +79,7 @@ from azure.cosmos import ContainerProxy, CosmosClient, PartitionKey
 from azure.cosmos import exceptions as cx
 
 from celery_durable.errors import ConfigurationError, ConflictError, DocumentTooLarge, DurableError, StoreUnavailable
-from celery_durable.stores.base import Doc, Op, PartitionRead, Store, check_doc, doc_size, due_fields
+from celery_durable.stores.base import Doc, Op, PartitionRead, Store, doc_size, due_fields, encode_doc
 from celery_durable.stores.cosmos.config import CallDeadline, DeadlineExceeded, Secret, end_sdk_threads, parse_url
 from celery_durable.stores.cosmos.due import CosmosDueScan
 from celery_durable.stores.cosmos.errors import NOT_APPLIED, TRANSIENT, translate
@@ -313,7 +313,7 @@ class CosmosStore(CosmosSessions, CosmosReads, CosmosListing, CosmosSearch, Cosm
         return body, entries + self._search_entries(doc, base_etag)
 
     def _prepare_due(self, doc: Doc, base_etag: str | None) -> tuple[Doc, list[Doc]]:
-        check_doc(doc, self.max_doc_bytes)
+        encode_doc(doc, self.max_doc_bytes)
         body = {k: v for k, v in doc.items() if k not in SYSTEM_KEYS}
         cid = self._cosmos_id(doc["id"])
         if cid != doc["id"]:

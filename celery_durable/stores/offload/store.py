@@ -198,7 +198,7 @@ class Offloading(ABC):  # noqa: B024 - a mixin, registered (not inherited) by th
                 continue
             moved[key] = kept.pop(key)
             left -= sizes[key]
-        # lone surrogates escaped, as check_doc writes them: the digest is of UTF-8 bytes
+        # lone surrogates escaped, as encode_doc writes them: the digest is of UTF-8 bytes
         text = utf8_json(json.dumps(moved, separators=(",", ":"), ensure_ascii=False), str(doc["id"]))
         nonce = uuid.uuid4().hex[:16]
         pk = str(doc["pk"])

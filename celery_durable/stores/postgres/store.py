@@ -59,11 +59,11 @@ from celery_durable.stores.base import (
     Op,
     PartitionRead,
     Store,
-    check_doc,
     check_ids,
     check_page_size,
     created_key,
     decode_keyset,
+    encode_doc,
     sent_size,
 )
 from celery_durable.stores.postgres.connection import PgConfig, Pool, parse_url
@@ -91,7 +91,7 @@ Row = tuple[str, str | None, float | None, float | None, str | None, str | None,
 
 def _prepare(doc: Doc, limit: int) -> Row:
     """Validate a document; return its body and the columns scans and listings filter on."""
-    body = check_doc(doc, limit)  # lone surrogates escaped: TEXT is UTF-8
+    body = encode_doc(doc, limit)  # lone surrogates escaped: TEXT is UTF-8
     kind, at = due_columns(doc)
     if doc["id"] != "exec":
         return body, kind, at, None, None, None, None

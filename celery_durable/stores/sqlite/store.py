@@ -41,10 +41,10 @@ from celery_durable.stores.base import (
     Op,
     PartitionRead,
     Store,
-    check_doc,
     check_ids,
     check_page_size,
     decode_keyset,
+    encode_doc,
     sent_size,
 )
 from celery_durable.stores.sql_rows import decode_row as _decode
@@ -117,7 +117,7 @@ _RETURNING = sqlite3.sqlite_version_info >= (3, 35, 0)
 
 def _prepare(doc: Doc, limit: int) -> tuple[str, str | None, float | None]:
     """Validate a document; return its JSON body and due columns."""
-    body = check_doc(doc, limit)
+    body = encode_doc(doc, limit)
     kind, at = due_columns(doc)
     return body, kind, at
 
