@@ -48,6 +48,7 @@ from celery_durable.engine.drive.recovery import Recovery
 from celery_durable.engine.drive.upkeep import wake
 from celery_durable.engine.outbox import DUE_ADMIT, OutboxEngine, OutboxSettings
 from celery_durable.engine.outbox.runtime import EffectKeeper
+from celery_durable.engine.outcomes import ClockOutcome, DriveOutcome
 from celery_durable.engine.registry import Registry, WorkflowDef
 from celery_durable.engine.signals.inbox import Signals
 from celery_durable.engine.timers.clocks import Timers
@@ -221,7 +222,7 @@ class Engine:
         drive that committed leaves the worker's drive nothing to do.
         """
         try:
-            return self.driver.drive(eid, eager=True, known=created) == "suspended"
+            return self.driver.drive(eid, eager=True, known=created) == DriveOutcome.SUSPENDED
         except Exception as exc:  # a store or broker error: the worker's drive retries it
             log.warning("eager start of %s: %s; a worker drives it", eid, exc)
             return False
@@ -331,7 +332,7 @@ class Engine:
             check_field(OperationRefused, "by", by)  # refused before anything is written
         return self.signals.signal(execution_id, name, value, by=by)
 
-    def fire_clock(self, execution_id: str, seq: int, run: int = 0) -> str:
+    def fire_clock(self, execution_id: str, seq: int, run: int = 0) -> ClockOutcome:
         return self.timers.fire_clock(execution_id, seq, run)
 
     def wake(self, execution_id: str) -> None:

@@ -66,6 +66,7 @@ from celery_durable.engine.outbox.runtime import (
     execute,
     shielded,
 )
+from celery_durable.engine.outcomes import ClaimOutcome
 from celery_durable.errors import (
     ConfigurationError,
     DurableTimeoutError,
@@ -373,9 +374,14 @@ class Outbox:
         claim = result.claim
         if claim is None:
             # early: due later; contended (rounds used up): the row is still this message's to run
-            if result.reason in ("early", "contended") and result.wait <= core.settings.fast_send_max:
+            if (
+                result.reason in (ClaimOutcome.EARLY, ClaimOutcome.CONTENDED)
+                and result.wait <= core.settings.fast_send_max
+            ):
                 raise task.retry(countdown=result.wait, max_retries=None)
-            if result.reason == "missing" and retry_stale(task, self._durable.engine.counters, "no such row"):
+            if result.reason == ClaimOutcome.MISSING and retry_stale(
+                task, self._durable.engine.counters, "no such row"
+            ):
                 return "missing (retrying)"
             log.info("effect %s (key %s) not run: %s", effect_id, key, result.reason)
             return result.reason

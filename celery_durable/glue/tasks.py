@@ -17,6 +17,7 @@ from celery import Celery
 from celery_durable.engine.dispatcher import ActivityRequest, ClockRequest
 from celery_durable.engine.documents.checks import check_workflow_id
 from celery_durable.engine.outbox.model import EffectRef, EffectSender
+from celery_durable.engine.outcomes import ClockOutcome, DriveOutcome
 from celery_durable.errors import StoreUnavailable
 from celery_durable.glue.durable_activity import DURABLE_HEADER
 from celery_durable.glue.eager_activities import eagerly, keep
@@ -152,7 +153,7 @@ def register_tasks(app: Celery, durable: DurableLike) -> None:
         except StoreUnavailable as exc:
             # the execution stays due; retrying here just makes recovery faster
             raise self.retry(exc=exc, countdown=min(30.0, 1.0 * 2 ** min(self.request.retries, 5))) from exc
-        if outcome == "missing" and retry_stale(self, engine.counters, "no such execution"):
+        if outcome == DriveOutcome.MISSING and retry_stale(self, engine.counters, "no such execution"):
             return "missing (retrying)"
         return outcome
 
@@ -164,9 +165,9 @@ def register_tasks(app: Celery, durable: DurableLike) -> None:
             outcome = eagerly(self, engine, execution_id, lambda: engine.fire_clock(execution_id, seq, run))
         except StoreUnavailable as exc:
             raise self.retry(exc=exc, countdown=1.0) from exc
-        if outcome == "early":  # delivered before its time (clock skew): try again shortly
+        if outcome == ClockOutcome.EARLY:  # delivered before its time (clock skew): try again shortly
             raise self.retry(countdown=0.05, max_retries=100)
-        if outcome == "missing" and retry_stale(self, engine.counters, "no such timer step"):
+        if outcome == ClockOutcome.MISSING and retry_stale(self, engine.counters, "no such timer step"):
             return "missing (retrying)"
         return outcome
 

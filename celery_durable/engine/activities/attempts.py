@@ -30,6 +30,7 @@ from celery_durable.engine.documents.model import (
     lease_live,
     marker_id,
     result_id,
+    run_of,
 )
 from celery_durable.errors import ConflictError, StoreError
 from celery_durable.stores.base import Doc, strip_reserved
@@ -131,9 +132,9 @@ class ActivityRunner:
                 return None, "no such execution"
             if ex.get("status") in TERMINAL:
                 return None, f"execution is {ex['status']}"
-            if int(ex.get("run") or 0) > run:
+            if run_of(ex) > run:
                 return None, "the execution continued as new"
-            if int(ex.get("run") or 0) < run:  # the message follows a run we do not see (yet)
+            if run_of(ex) < run:  # the message follows a run we do not see (yet)
                 return None, f"the run is not yet {run}"
             if result_id(seq, run) in docs:
                 return None, "duplicate: the result is already recorded"

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from celery_durable.engine.dispatcher import ActivityRequest, Send
+from celery_durable.engine.documents.model import run_of
 from celery_durable.engine.documents.schema import marker_id
 from celery_durable.stores.base import Doc
 
@@ -129,7 +130,7 @@ def stamped(new_docs: Iterable[Doc], sends: list[Send], resets: int, life: str =
         if doc.get("kind") != "activity" or doc.get("local"):
             continue  # a local activity runs in the drive: no message to prove anything
         if doc.get("token") is None:
-            doc["token"] = step_token(str(doc["pk"]), int(doc.get("run") or 0), int(doc["seq"]), resets, life)
+            doc["token"] = step_token(str(doc["pk"]), run_of(doc), int(doc["seq"]), resets, life)
         tokens[int(doc["seq"])] = str(doc["token"])
     if not tokens:
         return docs, sends
@@ -161,7 +162,7 @@ def stale_outcomes(
     stale: set[int] = set()
     for doc in carry:
         seq = doc.get("seq")
-        if doc.get("type") != "result" or int(doc.get("run") or 0) != run or not isinstance(seq, int):
+        if doc.get("type") != "result" or run_of(doc) != run or not isinstance(seq, int):
             continue
         if seq not in tokens:
             continue

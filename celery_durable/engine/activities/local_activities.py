@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 from celery_durable.engine.activities.attempts import run_awaitable
 from celery_durable.engine.dispatcher import ClockRequest
-from celery_durable.engine.documents.model import DUE_CLOCK, error_info, marker_id, result_id
+from celery_durable.engine.documents.model import DUE_CLOCK, error_info, marker_id, result_id, run_of
+from celery_durable.engine.outcomes import ReplayKind
 from celery_durable.engine.replay.context import LocalStep
 from celery_durable.errors import NonRetryableError
 from celery_durable.retry import TaskRetry
@@ -98,7 +99,7 @@ class LocalRunner:
     ) -> Replay:
         """Run the local steps ``replay`` waits for, replaying (``again``) after each batch,
         until it waits for nothing local that can run now; return the last replay."""
-        while replay.kind == "suspended" and replay.local and run.ran < MAX_LOCAL_STEPS:
+        while replay.kind == ReplayKind.SUSPENDED and replay.local and run.ran < MAX_LOCAL_STEPS:
             progressed = False
             for step in replay.local:
                 if self._run_step(ex, docs, history, step, run):
@@ -106,7 +107,7 @@ class LocalRunner:
             if not progressed:
                 break
             replay = again()
-        if replay.kind == "suspended":
+        if replay.kind == ReplayKind.SUSPENDED:
             self._park(ex, history, replay, run)
         replay.sends.extend(run.sends)
         return replay
@@ -115,7 +116,7 @@ class LocalRunner:
         """A new local marker left without an outcome (too many steps in one drive) gets a timer
         due now, so a drive runs it: never a step nothing will run."""
         now = self.engine.clock.now()
-        rn = int(ex.get("run") or 0)
+        rn = run_of(ex)
         for step in replay.local:
             marker = next((d for d in replay.new_docs if d["id"] == step.marker["id"]), None)
             if marker is not None and marker.get("fire_at") is None:
@@ -125,7 +126,7 @@ class LocalRunner:
     def _run_step(self, ex: Doc, docs: dict[str, Doc], history: dict[str, Doc], step: LocalStep, run: LocalRun) -> bool:
         """Run one local step's attempts; True when its outcome (or retry timer) is now in ``history``."""
         eng = self.engine
-        rn = int(ex.get("run") or 0)
+        rn = run_of(ex)
         mid = marker_id(step.seq, rn)
         committed = docs.get(mid)
         now = eng.clock.now()

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from celery_durable.engine.documents.model import run_of
 from celery_durable.engine.documents.schema import StepKind, result_id, signal_outcome_id
 from celery_durable.stores.base import Doc
 
@@ -89,7 +90,7 @@ def live_versions(docs: list[Doc]) -> set[tuple[int, int, str]]:
     for d in docs:
         if d.get("type") == "step" and isinstance(d.get("seq"), int) and isinstance(d.get("run", 0), int):
             try:
-                out.add((int(d.get("run") or 0), int(d["seq"]), version_of(d, by_id, int(d.get("run") or 0))))
+                out.add((run_of(d), int(d["seq"]), version_of(d, by_id, run_of(d))))
             except (KeyError, TypeError, ValueError):
                 continue  # a malformed marker: describe flags it
     return out

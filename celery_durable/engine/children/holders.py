@@ -12,7 +12,7 @@ from typing import Any
 from celery_durable.codecs import same_json
 from celery_durable.engine.admin.reruns import rerun_count
 from celery_durable.engine.dispatcher import ChildRequest
-from celery_durable.engine.documents.model import CANCELLED, COMPLETED, TERMINAL, marker_id, result_id
+from celery_durable.engine.documents.model import CANCELLED, COMPLETED, TERMINAL, marker_id, result_id, run_of
 from celery_durable.engine.documents.schema import CANCELLED_BY_PARENT
 from celery_durable.stores.base import Doc
 
@@ -35,7 +35,7 @@ def is_child_of(child: Doc, parent_id: str, run: int, seq: int) -> bool:
     if not isinstance(link, dict):
         return False
     try:
-        return link.get("pk") == parent_id and int(link.get("run") or 0) == run and int(link["seq"]) == seq
+        return link.get("pk") == parent_id and run_of(link) == run and int(link["seq"]) == seq
     except (KeyError, TypeError, ValueError):
         return False
 
@@ -61,7 +61,7 @@ def joiners_of(child: Doc) -> list[dict[str, Any]]:
 
 def child_outcome(child_id: str, child: Doc, link: dict[str, Any], now: float) -> Doc:
     """The outcome document of the parent step at ``link`` for the finished ``child``."""
-    seq, run = int(link["seq"]), int(link.get("run") or 0)
+    seq, run = int(link["seq"]), run_of(link)
     status = child["status"]
     err = child.get("error") or {}
     if status == CANCELLED:
@@ -94,13 +94,13 @@ def withdrawn_cancels(ex: Doc, docs: dict[str, Doc], carry: list[Doc]) -> dict[i
     that has ended since waits for nothing: the end is recorded as it is, the child left alone."""
     if ex.get("cancel_requested") or ex.get("status") in TERMINAL:
         return {}
-    run = int(ex.get("run") or 0)
+    run = run_of(ex)
     return {
         int(d["seq"]): str(d["child_id"])
         for d in carry
         if d.get("type") == "result"
         and d.get(CANCELLED_BY_PARENT)
-        and int(d.get("run") or 0) == run
+        and run_of(d) == run
         and isinstance(d.get("seq"), int)
         and result_id(int(d["seq"]), run) not in docs
     }
@@ -124,12 +124,7 @@ def stale_child_outcomes(docs: dict[str, Doc], run: int, carry: list[Doc]) -> se
     stale = set()
     for d in carry:
         seq = d.get("seq")
-        if (
-            d.get("type") != "result"
-            or "child_id" not in d
-            or not isinstance(seq, int)
-            or int(d.get("run") or 0) != run
-        ):
+        if d.get("type") != "result" or "child_id" not in d or not isinstance(seq, int) or run_of(d) != run:
             continue
         marker = docs.get(marker_id(seq, run)) or {}
         if _count(d.get(CHILD_RERUNS)) < _count(marker.get(CHILD_RERUNS)):

@@ -33,6 +33,7 @@ from celery_durable.engine.documents.model import (
     new_exec_doc,
     parse_step_id,
     result_id,
+    run_of,
 )
 from celery_durable.engine.signals.external import send_signal_again
 from celery_durable.errors import (
@@ -172,7 +173,7 @@ class Children:
         if child is None or not (is_child_of(child, *link) or {"pk": pk, "run": run, "seq": seq} in joiners_of(child)):
             return
         parent = self.engine.store.read(pk, EXEC_ID) or {}
-        if not parent.get("cancel_requested") or int(parent.get("run") or 0) != run:
+        if not parent.get("cancel_requested") or run_of(parent) != run:
             # the parent's cancel was withdrawn since (an operator's resume or reset reopened it,
             # and waits for this child again) or its run moved on: a late cancel must not fail it
             log.info("cancel of child %s not sent on: %s no longer cancels run %d", child_id, pk, run)
@@ -222,7 +223,7 @@ class Children:
                 str(marker["child_id"]),
                 name,
                 marker.get("input") or {},
-                {"pk": parent["pk"], "seq": int(marker["seq"]), "run": int(parent.get("run") or 0)},
+                {"pk": parent["pk"], "seq": int(marker["seq"]), "run": run_of(parent)},
                 wf.signal_names if wf is not None else None,
                 now,
                 status=CANCELLED,
@@ -246,7 +247,7 @@ class Children:
             return f"the parent is {ex['status']}"
         if fenced and ex.get("cancel_requested"):
             return "the parent is being cancelled"
-        if int(ex.get("run") or 0) != req.run:
+        if run_of(ex) != req.run:
             return "the parent continued as new"
         outcome = docs.get(result_id(req.seq, req.run))
         if outcome is not None and (outcome.get("child_id") != req.child_id or outcome.get("taken")):

@@ -28,6 +28,7 @@ from celery_durable.settings import Settings
 from celery_durable.stores.base import Doc, strip_reserved
 
 __all__ = [
+    "run_of",
     "Attempt",
     "new_exec_doc",
     "EXEC_ID",
@@ -116,6 +117,11 @@ def worker_identity() -> str:
         if _identity is None or _identity[0] != pid:
             _identity = (pid, f"{socket.gethostname()}:{pid}:{uuid.uuid4().hex[:8]}")
         return _identity[1]
+
+
+def run_of(doc: Doc) -> int:
+    """The run (0, then one more per continue-as-new) a document belongs to; absent means 0."""
+    return int(doc.get("run") or 0)
 
 
 def settled(doc: Doc) -> Doc:

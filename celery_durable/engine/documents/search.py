@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from celery_durable.codecs import same_json
+from celery_durable.engine.documents.model import run_of
 from celery_durable.stores.base import Doc
 from celery_durable.stores.search import check_memo, check_search, merge_search
 
@@ -48,7 +49,7 @@ def upsert(ctx: WorkflowContext, attrs: Mapping[str, Any]) -> None:
 def run_start(ex: Doc) -> dict[str, Any] | None:
     """The attributes the current run started with (recorded by its first upsert), or None."""
     base = ex.get("search_run")
-    if isinstance(base, dict) and base.get("run") == int(ex.get("run") or 0) and isinstance(base.get("search"), dict):
+    if isinstance(base, dict) and base.get("run") == run_of(ex) and isinstance(base.get("search"), dict):
         return dict(base["search"])
     return None
 
@@ -65,5 +66,5 @@ def apply_updates(new_ex: Doc, ex: Doc, updates: Mapping[str, Any]) -> bool:
         return False
     new_ex["search"] = merged
     if run_start(ex) is None:
-        new_ex["search_run"] = {"run": int(ex.get("run") or 0), "search": current}
+        new_ex["search_run"] = {"run": run_of(ex), "search": current}
     return True

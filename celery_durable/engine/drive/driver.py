@@ -18,6 +18,8 @@ import functools
 import json
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from celery_durable.engine.activities.delivery import STALE_EVENT, stale_outcomes
@@ -38,11 +40,14 @@ from celery_durable.engine.documents.model import (
     error_info,
     lease_live,
     marker_id,
+    run_of,
     settled,
 )
 from celery_durable.engine.documents.search import apply_updates as apply_search_updates
+from celery_durable.engine.drive.corrupt import fail_corrupt
 from celery_durable.engine.drive.partition_cache import Partition
 from celery_durable.engine.drive.upkeep import prune_run
+from celery_durable.engine.outcomes import DriveOutcome, ReplayKind
 from celery_durable.engine.replay.history import Replay, replay
 from celery_durable.engine.replay.sticky import StickyCache
 from celery_durable.errors import ConflictError, CorruptDocument, DocumentTooLarge
@@ -59,23 +64,41 @@ log = logging.getLogger("celery_durable.drive")
 MAX_ROUNDS = 500
 
 
+class _Again(Enum):
+    """A round's answer when the drive must read again and start a new round."""
+
+    AGAIN = "again"
+
+
+AGAIN = _Again.AGAIN
+
+
+@dataclass
+class _Drive:
+    """One drive's state across its rounds."""
+
+    execution_id: str
+    carry: list[Doc]
+    release: list[int]
+    trust_cache: float
+    eager: bool
+    known: Doc | None
+    tokens: Mapping[int, str | None] | None
+    me: str
+    holding: bool = False
+    conflicts: int = 0
+    orphan_sends: dict[str, Send] = field(default_factory=dict)
+    #: children ended by a cancel of ours that an operator withdrew since
+    reopen: set[str] = field(default_factory=set)
+    #: local activity steps run by this drive (kept across its rounds)
+    local: LocalRun = field(default_factory=LocalRun)
+    committed: tuple[Doc, Replay] | None = None
+    #: why this drive fails the execution: a document it must write is too large to store
+    oversize: dict[str, Any] | None = None
+
+
 def _json(value: Any) -> str:
     return json.dumps(value, sort_keys=True)
-
-
-def _parent_link(ex: Doc) -> dict[str, Any] | None:
-    parent = ex.get("parent")
-    if isinstance(parent, dict) and isinstance(parent.get("pk"), str) and isinstance(parent.get("seq"), int):
-        return parent
-    return None
-
-
-def _salvaged(ex: Doc) -> Doc:
-    """A malformed exec reduced to the fields we can trust, its old body kept for inspection."""
-    kept: Doc = {k: ex[k] for k in ("pk", "id", "type", "created_at", "payload") if k in ex}
-    kept.update(workflow=ex["workflow"] if isinstance(ex.get("workflow"), str) else "?", parent=_parent_link(ex))
-    kept.update(run=ex["run"] if isinstance(ex.get("run"), int) and not isinstance(ex["run"], bool) else 0)
-    return kept | {"malformed": ex}
 
 
 def _as_of(doc: Doc, ex: Doc | None) -> Doc:
@@ -106,7 +129,7 @@ def _oversized(exc: DocumentTooLarge, carry: list[Doc]) -> list[Doc]:
 def _eager_commit(decided: Replay, carry: list[Doc]) -> bool:
     """Whether an eager first drive (in the caller of ``start()``) may commit what it decided:
     a suspension that schedules activities or timers, and nothing to run or tell here."""
-    if decided.kind != "suspended" or decided.local or carry:
+    if decided.kind != ReplayKind.SUSPENDED or decided.local or carry:
         return False
     return all(isinstance(req, ActivityRequest | ClockRequest) for req in decided.sends)
 
@@ -137,7 +160,7 @@ class Driver:
         eager: bool = False,
         known: Doc | None = None,
         tokens: Mapping[int, str | None] | None = None,
-    ) -> str:
+    ) -> DriveOutcome:
         """Drive once to a suspension or an end; ``carry`` are documents to record with it, and
         ``release`` the steps whose markers they settle (both of the run the documents name: a
         run that has continued as new drops them).
@@ -160,271 +183,242 @@ class Driver:
         ``tokens``: step -> the token of the marker the carried outcome's attempt began on; an
         outcome whose step's marker is now another is dropped (:func:`.delivery.stale_outcomes`).
         """
-        eng = self.engine
-        store = eng.store
-        me = eng.identity()
-        holding = False
-        conflicts = 0
-        carry = list(carry)
-        release = list(release)
-        orphan_sends: dict[str, Send] = {}
-        reopen: set[str] = set()  # children ended by a cancel of ours an operator withdrew since
-        local = LocalRun()  # local activity steps run by this drive (kept across its rounds)
-        committed: tuple[Doc, Replay] | None = None
-        #: why this drive fails the execution: a document it must write is too large to store
-        oversize: dict[str, Any] | None = None
+        d = _Drive(execution_id, list(carry), list(release), trust_cache, eager, known, tokens, self.engine.identity())
         try:
             for round_ in range(MAX_ROUNDS):
-                try:
-                    if round_ == 0 and known is not None:
-                        cached: Partition | None = Partition({EXEC_ID: known})
-                    else:
-                        cached = eng.cache.peek(execution_id, trust_cache) if round_ == 0 and trust_cache else None
-                    docs = cached if cached is not None else eng.cache.load(execution_id)
-                    check_partition(execution_id, docs)  # a malformed document fails only this execution
-                except CorruptDocument as exc:
-                    self.fail_corrupt(execution_id, exc)
-                    return "failed"
-                ex = docs.get(EXEC_ID)
-                if ex is None:
-                    log.error("drive %s: no such execution", execution_id)
-                    return "missing"
-                ex = reborn(ex, docs)  # a new life of a purged id takes no id an earlier one took
-                run = int(ex.get("run") or 0)
-                if any(int(d.get("run") or 0) != run for d in carry):
-                    # A late outcome of a run that has continued as new (an attempt whose lease
-                    # lapsed): nothing waits for it, its run's documents are pruned, and the seqs to
-                    # release number the *old* run's steps, not the current run's with the same
-                    # number (releasing those settled a live step: stranded).
-                    carry = [d for d in carry if int(d.get("run") or 0) == run]
-                    release = []
-                if tokens and (stale := stale_outcomes(docs, run, carry, tokens)):
-                    carry, release = self._drop_stale(execution_id, carry, release, stale)
-                if stale := stale_child_outcomes(docs, run, carry):
-                    carry, release = self._drop_stale(execution_id, carry, release, stale)
-                if withdrawn := withdrawn_cancels(ex, docs, carry):
-                    carry = [d for d in carry if d.get("type") != "result" or d.get("seq") not in withdrawn]
-                    release = [s for s in release if s not in withdrawn]
-                    reopen.update(withdrawn.values())
-                carry_new = [_as_of(d, ex) for d in carry if d["id"] not in docs]
-                if settle(eng, ex, dict(docs.items())):
-                    continue  # an operator's op was left half done: finish it before driving
-                if ex.get("status") in TERMINAL:
-                    if not carry_new:
-                        return "terminal"
-                    # a late outcome (an attempt's, a child's): fenced by the exec etag an operation
-                    # changes, or it could land on the execution that operation reopened meanwhile
-                    try:
-                        store.batch(
-                            execution_id, [*map(Op.create, carry_new), Op.replace(strip_reserved(ex), ex["_etag"])]
-                        )
-                    except ConflictError:
-                        eng.cache.suspect(execution_id)  # a retry or reset meanwhile: check again
-                        continue
-                    except DocumentTooLarge as exc:
-                        carry = _oversized(exc, carry)
-                        continue
-                    eng.cache.suspect(execution_id)
-                    return "terminal"
-                now = eng.clock.now()
-                lease: dict[str, Any] = ex.get("lease") or {}
-                mine = lease.get("holder") == me
-                if holding and not mine:
-                    log.warning("drive %s: lease lost to %s", execution_id, lease.get("holder"))
-                    return "lease-lost"
-                # Below, our documents (and the markers they settle) are written in ONE batch with
-                # the exec bump or claim: recorded apart, a failure in between left an outcome no
-                # exec write announced (a drive holding an older copy then committed past it) and
-                # its marker settled with nothing due: the step was stranded.
-                if not mine and lease_live(ex, now):
-                    if eager:  # nothing of ours to record: the lease holder (and the drive message) drive it
-                        return "declined"
-                    # someone else is driving: record ours with a bump, so their release re-reads
-                    bumped = strip_reserved(ex) | {"wakeups": int(ex.get("wakeups") or 0) + 1}
-                    try:
-                        store.batch(execution_id, self._record_ops(docs, carry_new, release, bumped, ex["_etag"]))
-                    except ConflictError:
-                        eng.cache.suspect(execution_id)  # changed, or deleted (purged)
-                        continue
-                    except DocumentTooLarge as exc:
-                        carry = _oversized(exc, carry)
-                        continue
-                    return "deferred"
-                if eager and conflicts >= eng.settings.optimistic_attempts:
-                    return "declined"  # contention: a worker takes the lease (a caller's would only stall it)
-                if not holding and conflicts >= eng.settings.optimistic_attempts:
-                    # contention: take the lease (with ours recorded) so others defer to us
-                    claimed = strip_reserved(ex) | {
-                        "lease": {"holder": me, "expires": now + eng.settings.lease_ttl},
-                        "due_kind": DUE_EXEC,
-                        "due_at": now + eng.settings.lease_ttl,
-                    }
-                    try:
-                        store.batch(execution_id, self._record_ops(docs, carry_new, release, claimed, ex["_etag"]))
-                        holding = True
-                        carry, release = [], []
-                    except ConflictError:
-                        eng.cache.suspect(execution_id)
-                    except DocumentTooLarge as exc:
-                        carry = _oversized(exc, carry)
-                    continue
-                history = dict(docs)
-                for d in carry_new:
-                    history[d["id"]] = d
-                history.update(local.history_for(docs))  # local steps an earlier round ran
-                try:
-                    replay = self.replay(ex, history, now)
-                    if eager and not _eager_commit(replay, carry_new):
-                        return "declined"
-                    if replay.local and oversize is None:  # run them here, then replay again
-                        again = functools.partial(self.replay, ex, history, now)
-                        replay = self.locals.drive_locals(ex, docs, history, replay, local, again)
-                    if oversize is not None:  # what it decided does not fit the store: it fails
-                        replay = Replay("failed", error=oversize, steps=replay.steps)
-                    mine = [d for d in local.created.values() if d["id"] not in docs]
-                    ops = self._commit_ops(ex, docs, carry_new + mine, release + local.release, replay, now)
-                    if ops is not None and local.replaced:
-                        ops[-1:-1] = [Op.replace(strip_reserved(d), d["_etag"]) for d in local.replaced.values()]
-                except (KeyError, TypeError, ValueError, AttributeError) as exc:
-                    # user code's errors are caught inside replay: what escapes is a document
-                    # the engine cannot make sense of
-                    self.fail_corrupt(execution_id, CorruptDocument(f"malformed document in {execution_id!r}: {exc!r}"))
-                    return "failed"
-                if ops is None:
-                    return "noop"
-                if eager and len(ops) > store.max_batch_ops:  # not one batch: all or nothing is a worker's
-                    return "declined"
-                self._fence_cancelled_children(ex, docs, replay)
-                try:
-                    with span("commit", execution_id=execution_id, ops=len(ops), outcome=replay.kind):
-                        self._apply(execution_id, ops, replay, orphan_sends)
-                    self.sticky.committed(execution_id, replay)
-                except ConflictError:
-                    self.sticky.drop(execution_id)  # it assumed a commit that did not happen
-                    eng.cache.suspect(execution_id)
-                    conflicts += 1
-                    eng.counters.incr("drive_conflict")
-                    continue
-                except DocumentTooLarge as exc:
-                    # a carried outcome too large: its activity fails; else (the workflow's result,
-                    # a new step's arguments) the execution fails, recorded by the next round
-                    # (a worker's: an eager drive records no failure)
-                    if eager:
-                        return "declined"
-                    if any(d["id"] == exc.doc_id for d in carry):
-                        carry = _oversized(exc, carry)
-                    elif oversize is None:
-                        oversize = error_info(exc)
-                    else:
-                        raise
-                    continue
-                log.debug(
-                    "drive %s: %s after %d steps (%d new documents, %d sends)",
-                    execution_id,
-                    replay.kind,
-                    replay.steps,
-                    len(ops) - 1,
-                    len(replay.sends),
-                    extra={"workflow_id": execution_id, "workflow": ex.get("workflow"), "step": replay.steps},
-                )
-                for req in replay.sends:
-                    orphan_sends[req.key] = req
-                committed = (ex, replay)
-                return replay.kind
+                outcome = self._round(d, round_)
+                if outcome is not AGAIN:
+                    return outcome
             log.error("drive %s: gave up after %d rounds of contention", execution_id, MAX_ROUNDS)
-            return "contended"
+            return DriveOutcome.CONTENDED
         finally:
-            if eager:  # the caller keeps no live instance, whatever ended its drive (a store error too)
-                self.sticky.drop(execution_id)
-            # the replay's commands first, then what follows from its outcome: a continued run is
-            # pruned only after the effects it emitted were admitted (they live in its documents)
-            for req in orphan_sends.values():
-                eng.dispatch(req)
-            if committed is not None:
-                self._after_commit(*committed)
-            for child in sorted(reopen):
-                eng.reopen_child(child, execution_id)
+            self._finish(d)
+
+    def _round(self, d: _Drive, round_: int) -> DriveOutcome | _Again:
+        """One round: read the partition, screen what is carried, then record it on an ended
+        execution, defer to a lease holder, or replay and commit."""
+        eng = self.engine
+        docs = self._read(d, round_)
+        if isinstance(docs, DriveOutcome):
+            return docs
+        ex = docs.get(EXEC_ID)
+        if ex is None:
+            log.error("drive %s: no such execution", d.execution_id)
+            return DriveOutcome.MISSING
+        ex = reborn(ex, docs)  # a new life of a purged id takes no id an earlier one took
+        carry_new = self._screen(d, ex, docs)
+        if settle(eng, ex, dict(docs.items())):
+            return AGAIN  # an operator's op was left half done: finish it before driving
+        if ex.get("status") in TERMINAL:
+            return self._record_late(d, ex, carry_new)
+        now = eng.clock.now()
+        contended = self._contend(d, ex, docs, carry_new, now)
+        if contended is not None:
+            return contended
+        decided = self._decide(d, ex, docs, carry_new, now)
+        if isinstance(decided, DriveOutcome):
+            return decided
+        return self._commit(d, ex, docs, *decided)
+
+    def _read(self, d: _Drive, round_: int) -> dict[str, Doc] | DriveOutcome:
+        """The partition to drive from: what ``start()`` knows, a young cached copy, or a read."""
+        eng = self.engine
+        try:
+            if round_ == 0 and d.known is not None:
+                cached: Partition | None = Partition({EXEC_ID: d.known})
+            else:
+                cached = eng.cache.peek(d.execution_id, d.trust_cache) if round_ == 0 and d.trust_cache else None
+            docs = cached if cached is not None else eng.cache.load(d.execution_id)
+            check_partition(d.execution_id, docs)  # a malformed document fails only this execution
+        except CorruptDocument as exc:
+            self.fail_corrupt(d.execution_id, exc)
+            return DriveOutcome.FAILED
+        return docs
+
+    def _screen(self, d: _Drive, ex: Doc, docs: dict[str, Doc]) -> list[Doc]:
+        """Drop carried outcomes nothing waits for any more; the rest not recorded yet, as of ``ex``."""
+        run = run_of(ex)
+        if any(run_of(x) != run for x in d.carry):
+            # A late outcome of a run that has continued as new (an attempt whose lease
+            # lapsed): nothing waits for it, its run's documents are pruned, and the seqs to
+            # release number the *old* run's steps, not the current run's with the same
+            # number (releasing those settled a live step: stranded).
+            d.carry = [x for x in d.carry if run_of(x) == run]
+            d.release = []
+        if d.tokens and (stale := stale_outcomes(docs, run, d.carry, d.tokens)):
+            d.carry, d.release = self._drop_stale(d.execution_id, d.carry, d.release, stale)
+        if stale := stale_child_outcomes(docs, run, d.carry):
+            d.carry, d.release = self._drop_stale(d.execution_id, d.carry, d.release, stale)
+        if withdrawn := withdrawn_cancels(ex, docs, d.carry):
+            d.carry = [x for x in d.carry if x.get("type") != "result" or x.get("seq") not in withdrawn]
+            d.release = [s for s in d.release if s not in withdrawn]
+            d.reopen.update(withdrawn.values())
+        return [_as_of(x, ex) for x in d.carry if x["id"] not in docs]
+
+    def _record_late(self, d: _Drive, ex: Doc, carry_new: list[Doc]) -> DriveOutcome | _Again:
+        """An ended execution: record a late outcome (an attempt's, a child's) and drive nothing."""
+        eng = self.engine
+        if not carry_new:
+            return DriveOutcome.TERMINAL
+        # fenced by the exec etag an operation changes, or it could land on the execution that
+        # operation reopened meanwhile
+        try:
+            eng.store.batch(d.execution_id, [*map(Op.create, carry_new), Op.replace(strip_reserved(ex), ex["_etag"])])
+        except ConflictError:
+            eng.cache.suspect(d.execution_id)  # a retry or reset meanwhile: check again
+            return AGAIN
+        except DocumentTooLarge as exc:
+            d.carry = _oversized(exc, d.carry)
+            return AGAIN
+        eng.cache.suspect(d.execution_id)
+        return DriveOutcome.TERMINAL
+
+    def _contend(
+        self, d: _Drive, ex: Doc, docs: dict[str, Doc], carry_new: list[Doc], now: float
+    ) -> DriveOutcome | _Again | None:
+        """The exec lease: defer to a live holder (ours recorded with a bump), or take it after
+        ``optimistic_attempts`` lost commits; ``None``: go on and replay."""
+        eng = self.engine
+        lease: dict[str, Any] = ex.get("lease") or {}
+        mine = lease.get("holder") == d.me
+        if d.holding and not mine:
+            log.warning("drive %s: lease lost to %s", d.execution_id, lease.get("holder"))
+            return DriveOutcome.LEASE_LOST
+        # Below, our documents (and the markers they settle) are written in ONE batch with
+        # the exec bump or claim: recorded apart, a failure in between left an outcome no
+        # exec write announced (a drive holding an older copy then committed past it) and
+        # its marker settled with nothing due: the step was stranded.
+        if not mine and lease_live(ex, now):
+            if d.eager:  # nothing of ours to record: the lease holder (and the drive message) drive it
+                return DriveOutcome.DECLINED
+            # someone else is driving: record ours with a bump, so their release re-reads
+            bumped = strip_reserved(ex) | {"wakeups": int(ex.get("wakeups") or 0) + 1}
+            try:
+                eng.store.batch(d.execution_id, self._record_ops(docs, carry_new, d.release, bumped, ex["_etag"]))
+            except ConflictError:
+                eng.cache.suspect(d.execution_id)  # changed, or deleted (purged)
+                return AGAIN
+            except DocumentTooLarge as exc:
+                d.carry = _oversized(exc, d.carry)
+                return AGAIN
+            return DriveOutcome.DEFERRED
+        if d.eager and d.conflicts >= eng.settings.optimistic_attempts:
+            return DriveOutcome.DECLINED  # contention: a worker takes the lease (a caller's would only stall it)
+        if not d.holding and d.conflicts >= eng.settings.optimistic_attempts:
+            # contention: take the lease (with ours recorded) so others defer to us
+            claimed = strip_reserved(ex) | {
+                "lease": {"holder": d.me, "expires": now + eng.settings.lease_ttl},
+                "due_kind": DUE_EXEC,
+                "due_at": now + eng.settings.lease_ttl,
+            }
+            try:
+                eng.store.batch(d.execution_id, self._record_ops(docs, carry_new, d.release, claimed, ex["_etag"]))
+                d.holding = True
+                d.carry, d.release = [], []
+            except ConflictError:
+                eng.cache.suspect(d.execution_id)
+            except DocumentTooLarge as exc:
+                d.carry = _oversized(exc, d.carry)
+            return AGAIN
+        return None
+
+    def _decide(
+        self, d: _Drive, ex: Doc, docs: dict[str, Doc], carry_new: list[Doc], now: float
+    ) -> tuple[Replay, list[Op]] | DriveOutcome:
+        """Replay over the partition and what is carried (running local activities here), and
+        the one batch that records what it decided."""
+        history = dict(docs)
+        for x in carry_new:
+            history[x["id"]] = x
+        history.update(d.local.history_for(docs))  # local steps an earlier round ran
+        try:
+            replay = self.replay(ex, history, now)
+            if d.eager and not _eager_commit(replay, carry_new):
+                return DriveOutcome.DECLINED
+            if replay.local and d.oversize is None:  # run them here, then replay again
+                again = functools.partial(self.replay, ex, history, now)
+                replay = self.locals.drive_locals(ex, docs, history, replay, d.local, again)
+            if d.oversize is not None:  # what it decided does not fit the store: it fails
+                replay = Replay(ReplayKind.FAILED, error=d.oversize, steps=replay.steps)
+            ran = [x for x in d.local.created.values() if x["id"] not in docs]
+            ops = self._commit_ops(ex, docs, carry_new + ran, d.release + d.local.release, replay, now)
+            if ops is not None and d.local.replaced:
+                ops[-1:-1] = [Op.replace(strip_reserved(x), x["_etag"]) for x in d.local.replaced.values()]
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            # user code's errors are caught inside replay: what escapes is a document
+            # the engine cannot make sense of
+            self.fail_corrupt(d.execution_id, CorruptDocument(f"malformed document in {d.execution_id!r}: {exc!r}"))
+            return DriveOutcome.FAILED
+        if ops is None:
+            return DriveOutcome.NOOP
+        if d.eager and len(ops) > self.engine.store.max_batch_ops:  # not one batch: all or nothing is a worker's
+            return DriveOutcome.DECLINED
+        return replay, ops
+
+    def _commit(self, d: _Drive, ex: Doc, docs: dict[str, Doc], replay: Replay, ops: list[Op]) -> DriveOutcome | _Again:
+        """Commit the batch (conditional on the exec's etag); its sends go out after the drive."""
+        eng = self.engine
+        self._fence_cancelled_children(ex, docs, replay)
+        try:
+            with span("commit", execution_id=d.execution_id, ops=len(ops), outcome=replay.kind):
+                self._apply(d.execution_id, ops, replay, d.orphan_sends)
+            self.sticky.committed(d.execution_id, replay)
+        except ConflictError:
+            self.sticky.drop(d.execution_id)  # it assumed a commit that did not happen
+            eng.cache.suspect(d.execution_id)
+            d.conflicts += 1
+            eng.counters.incr("drive_conflict")
+            return AGAIN
+        except DocumentTooLarge as exc:
+            # a carried outcome too large: its activity fails; else (the workflow's result,
+            # a new step's arguments) the execution fails, recorded by the next round
+            # (a worker's: an eager drive records no failure)
+            if d.eager:
+                return DriveOutcome.DECLINED
+            if any(x["id"] == exc.doc_id for x in d.carry):
+                d.carry = _oversized(exc, d.carry)
+            elif d.oversize is None:
+                d.oversize = error_info(exc)
+            else:
+                raise
+            return AGAIN
+        log.debug(
+            "drive %s: %s after %d steps (%d new documents, %d sends)",
+            d.execution_id,
+            replay.kind,
+            replay.steps,
+            len(ops) - 1,
+            len(replay.sends),
+            extra={"workflow_id": d.execution_id, "workflow": ex.get("workflow"), "step": replay.steps},
+        )
+        for req in replay.sends:
+            d.orphan_sends[req.key] = req
+        d.committed = (ex, replay)
+        return DriveOutcome(replay.kind)
+
+    def _finish(self, d: _Drive) -> None:
+        """Whatever ended the drive (a store error too): send what it committed, then what follows."""
+        eng = self.engine
+        if d.eager:  # the caller keeps no live instance, whatever ended its drive
+            self.sticky.drop(d.execution_id)
+        # the replay's commands first, then what follows from its outcome: a continued run is
+        # pruned only after the effects it emitted were admitted (they live in its documents)
+        for req in d.orphan_sends.values():
+            eng.dispatch(req)
+        if d.committed is not None:
+            self._after_commit(*d.committed)
+        for child in sorted(d.reopen):
+            eng.reopen_child(child, d.execution_id)
 
     def fail_corrupt(self, execution_id: str, error: Exception) -> None:
-        """Fail the execution owning a document the engine cannot read, with a clear error.
-
-        ``error`` is a :class:`CorruptDocument` (a :class:`MalformedDocument` names its partition
-        and document). The documents stay as they are for inspection (a malformed exec keeps its
-        old body under ``malformed``); the offending one leaves every scan, so recovery keeps
-        running for everyone else, and a parent is told as for any failure. A finished execution
-        is never changed: only the offending document is taken out of the scans.
-        """
-        eng = self.engine
-        store = eng.store
-        pk = str(getattr(error, "pk", None) or execution_id)
-        doc_id = getattr(error, "doc_id", None)
-        now = eng.clock.now()
-        info = error_info(error)
-        if isinstance(error, CorruptDocument):
-            info["type"] = CorruptDocument.__name__  # the public name, whatever the subclass
-        fields: Doc = {
-            "status": FAILED,
-            "error": info,
-            "lease": None,
-            "completed_at": now,
-            "due_kind": None,
-            "due_at": None,
-        }
-        workflow = "?"
-        for _ in range(10):
-            try:
-                ex = store.read(pk, EXEC_ID)
-            except CorruptDocument:  # not even JSON: replace it
-                ex = None
-                store.upsert({"pk": pk, "id": EXEC_ID, "type": "exec", "workflow": "?"} | fields)
-                break
-            if ex is None:
-                log.error("corrupt document in %s, which has no execution: %s", pk, error)
-                return
-            if ex.get("status") in TERMINAL:
-                self._settle_doc(pk, doc_id)
-                log.error("finished execution %s has a corrupt document: %s", pk, error)
-                return
-            body = _salvaged(strip_reserved(ex)) if doc_id == EXEC_ID else strip_reserved(ex)
-            workflow = str(body.get("workflow", "?"))
-            if _parent_link(body) is not None:
-                # stays due until the parent has been told (recovery retries a lost notice)
-                fields.update(parent_notified=False, due_kind=DUE_EXEC, due_at=now + eng.settings.drive_timeout)
-            try:
-                store.replace(body | fields, if_match=ex["_etag"])
-                break
-            except ConflictError:
-                continue
-        else:
-            log.error("could not mark %s failed (contention): %s", pk, error)
-            return
-        log.error("execution %s failed: %s", pk, error)
-        if doc_id not in (None, EXEC_ID):
-            self._settle_doc(pk, doc_id)
-        eng.cache.invalidate(pk)
-        eng.emit("workflow_failed", execution_id=pk, workflow=workflow)
-        if fields.get("parent_notified") is False:
-            try:
-                eng.children.notify_parent(pk)
-            except Exception:  # recovery tells the parent later: the child stays due
-                log.warning("telling the parent of %s failed", pk, exc_info=True)
-
-    def _settle_doc(self, pk: str, doc_id: str | None) -> None:
-        """Best effort: take a (malformed) document out of every scan, leaving it otherwise as is."""
-        if doc_id is None:
-            return
-        try:
-            doc = self.engine.store.read(pk, doc_id)
-            if doc is not None and doc.get("due_kind") is not None:
-                self.engine.store.replace(settled(doc), if_match=doc["_etag"])
-        except Exception:  # the scan finds it again, and fails nothing more: the execution has ended
-            log.warning("could not settle %s/%s", pk, doc_id, exc_info=True)
+        """Fail the execution owning a document the engine cannot read (see :func:`.corrupt.fail_corrupt`)."""
+        fail_corrupt(self.engine, execution_id, error)
 
     def _commit_ops(
         self, ex: Doc, docs: dict[str, Doc], carry_new: list[Doc], release: list[int], replay: Replay, now: float
     ) -> list[Op] | None:
         eng = self.engine
-        run = int(ex.get("run") or 0)
+        run = run_of(ex)
         ops: list[Op] = [Op.create(d) for d in carry_new]
         ops += [Op.create(d) for d in replay.new_docs if d["id"] not in docs]
         ops += self._release_ops(docs, release, run)
@@ -436,7 +430,7 @@ class Driver:
         if status_changed:
             new_ex["custom_status"] = replay.custom_status
         status_changed = apply_search_updates(new_ex, ex, replay.search_updates) or status_changed
-        if replay.kind == "unknown":
+        if replay.kind == ReplayKind.UNKNOWN:
             known = ", ".join(sorted(eng.registry.workflows)) or "none"
             new_ex.update(
                 last_error=f"workflow {ex['workflow']!r} is not registered in this worker (registered: {known}); "
@@ -445,7 +439,7 @@ class Driver:
                 due_at=now + eng.settings.unknown_retry_delay,
             )
             log.error("execution %s: %s", ex["pk"], new_ex["last_error"])
-        elif replay.kind == "continued":
+        elif replay.kind == ReplayKind.CONTINUED:
             # a fresh run with a fresh history; the old run's documents are deleted after commit
             new_ex.update(
                 status=RUNNING,
@@ -456,17 +450,19 @@ class Driver:
                 due_kind=DUE_EXEC,
                 due_at=now + eng.settings.drive_timeout,
             )
-        elif replay.kind in ("completed", "failed", "cancelled"):
-            status = {"completed": COMPLETED, "failed": FAILED, "cancelled": CANCELLED}[replay.kind]
+        elif replay.kind in (ReplayKind.COMPLETED, ReplayKind.FAILED, ReplayKind.CANCELLED):
+            status = {ReplayKind.COMPLETED: COMPLETED, ReplayKind.FAILED: FAILED, ReplayKind.CANCELLED: CANCELLED}[
+                replay.kind
+            ]
             new_ex.update(status=status, completed_at=now)
-            if replay.kind == "completed":
+            if replay.kind == ReplayKind.COMPLETED:
                 new_ex["result"] = replay.value
             else:
                 new_ex["error"] = replay.error
             if ex.get("parent"):
                 # stays due until the parent has been told (recovery retries a lost notice)
                 new_ex.update(parent_notified=False, due_kind=DUE_EXEC, due_at=now + eng.settings.drive_timeout)
-        idle = replay.kind == "suspended" and not ops and not replay.sends and not status_changed
+        idle = replay.kind == ReplayKind.SUSPENDED and not ops and not replay.sends and not status_changed
         if idle and not ex.get("lease") and not ex.get("due_kind") and not ex.get("last_error"):
             return None  # nothing new: a duplicate drive message
         new_ex["updated_at"] = now
@@ -499,7 +495,7 @@ class Driver:
         cancels = {s.execution_id for s in replay.sends if isinstance(s, CancelRequest)}
         if not cancels:
             return
-        run = int(ex.get("run") or 0)
+        run = run_of(ex)
         markers = [
             d
             for d in docs.values()
@@ -537,7 +533,7 @@ class Driver:
         self, docs: dict[str, Doc], carry_new: list[Doc], release: list[int], new_ex: Doc, etag: str
     ) -> list[Op]:
         """Our documents, their markers settled, and the exec write (if-match ``etag``), for one batch."""
-        run = int(new_ex.get("run") or 0)
+        run = run_of(new_ex)
         ops = [Op.create(d) for d in carry_new] + self._release_ops(docs, release, run)
         return ops + [Op.replace(new_ex, etag)]
 
@@ -545,13 +541,13 @@ class Driver:
         eng = self.engine
         eng.signals.after_commit(ex["pk"], replay.new_docs)  # signal values rejected/ignored by the replay
         eng.emit("drive_committed", execution_id=ex["pk"], outcome=replay.kind)
-        if replay.kind in ("completed", "failed", "cancelled"):
+        if replay.kind in (ReplayKind.COMPLETED, ReplayKind.FAILED, ReplayKind.CANCELLED):
             eng.emit(f"workflow_{replay.kind}", execution_id=ex["pk"], workflow=ex["workflow"])
             if ex.get("parent"):
                 eng.children.notify_parent(ex["pk"])
-        elif replay.kind == "suspended":
+        elif replay.kind == ReplayKind.SUSPENDED:
             eng.emit("workflow_suspended", execution_id=ex["pk"], workflow=ex["workflow"])
-        elif replay.kind == "continued":
+        elif replay.kind == ReplayKind.CONTINUED:
             eng.emit("workflow_continued", execution_id=ex["pk"], workflow=ex["workflow"])
-            prune_run(eng, ex["pk"], int(ex.get("run") or 0))
+            prune_run(eng, ex["pk"], run_of(ex))
             eng.dispatcher.send_drive(ex["pk"])

@@ -34,6 +34,7 @@ from celery_durable.engine.documents.model import (
     marker_id,
     parse_step_id,
     result_id,
+    run_of,
     settled,
 )
 from celery_durable.errors import ConflictError, CorruptDocument
@@ -135,9 +136,7 @@ class Recovery:
         ex = docs.get(EXEC_ID)
         if marker is None or (ex is not None and isinstance(ex.get(PENDING), dict)):
             return  # an operation re-arming it is half done: its exec is finished first (due too)
-        done = (
-            result_id(seq, run) in docs or ex is None or ex.get("status") in TERMINAL or int(ex.get("run") or 0) != run
-        )
+        done = result_id(seq, run) in docs or ex is None or ex.get("status") in TERMINAL or run_of(ex) != run
         if not done and marker.get("kind") != "activity":
             raise MalformedDocument(pk, marker_id(seq, run), f"a {marker.get('kind')} step is due as an activity")
         if done:

@@ -51,6 +51,7 @@ from celery_durable.engine.outbox.model import strip as _strip
 from celery_durable.engine.outbox.reads import LEASE_LOST, READ_AFTER_STALE, READ_AHEAD, SettleReads, rows_found
 from celery_durable.engine.outbox.repeats import admit_once
 from celery_durable.engine.outbox.scan import Scanner
+from celery_durable.engine.outcomes import ClaimOutcome
 from celery_durable.errors import (
     ConfigurationError,
     ConflictError,
@@ -253,11 +254,11 @@ class OutboxEngine(SettleReads):
         for rounds in range(MAX_ROUNDS):
             head, row, *rows = store.read_many(lane, [HEAD_ID, row_id(effect_id), *map(row_id, ahead)])
             if row is None:
-                return ClaimResult(None, "missing")
+                return ClaimResult(None, ClaimOutcome.MISSING)
             status = row.get("status")
             if status == RUNNING:
                 if adopt is None or not held_by(row, head, effect_id, adopted, adopt[1]):
-                    return ClaimResult(None, "duplicate")
+                    return ClaimResult(None, ClaimOutcome.DUPLICATE)
                 assert head is not None  # _held_by checked it
                 now = self.clock.now()
                 taken = _strip(row) | {"lease": {"owner": owner, "expires": now + self.settings.lease_ttl}}
@@ -272,18 +273,18 @@ class OutboxEngine(SettleReads):
                 log.info("effect %s: an earlier claim applied though its answer was lost: taken over", effect_id)
                 claim = self._claim_of(taken, etag, head, owner, now)
                 claim.ahead = rows_found(ahead, rows)
-                return ClaimResult(claim, "claimed")
+                return ClaimResult(claim, ClaimOutcome.CLAIMED)
             if status != PENDING:
-                return ClaimResult(None, "settled")
+                return ClaimResult(None, ClaimOutcome.SETTLED)
             if head is None:
-                return ClaimResult(None, "missing")
+                return ClaimResult(None, ClaimOutcome.MISSING)
             live = head.get("live") or []
             if head.get("running") is not None or not live or live[0][1] != effect_id:
-                return ClaimResult(None, "blocked")
+                return ClaimResult(None, ClaimOutcome.BLOCKED)
             now = self.clock.now()
             available = float(row.get("available_at") or 0.0)
             if available > now + 0.005:
-                return ClaimResult(None, "early", wait=available - now)
+                return ClaimResult(None, ClaimOutcome.EARLY, wait=available - now)
             new_row, new_head = self._claimed(row, head, owner, now)
             try:
                 etags = store.batch(lane, [Op.replace(new_row, row["_etag"]), Op.replace(new_head, head["_etag"])])
@@ -313,8 +314,8 @@ class OutboxEngine(SettleReads):
                 new_row, new_head, etags = applied
             claim = self._claim_of(new_row, str(etags[0]), new_head | {"_etag": etags[1]}, owner, now)
             claim.ahead = rows_found(ahead, rows)
-            return ClaimResult(claim, "claimed")
-        return ClaimResult(None, "contended", wait=1.0)
+            return ClaimResult(claim, ClaimOutcome.CLAIMED)
+        return ClaimResult(None, ClaimOutcome.CONTENDED, wait=1.0)
 
     def _claimed_anyway(
         self, lane: str, effect_id: str, owner: str, attempt: int

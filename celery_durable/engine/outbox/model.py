@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from celery_durable.engine.documents.model import Clock
+from celery_durable.engine.outcomes import ClaimOutcome
 from celery_durable.errors import LaneFull, StoreUnavailable
 from celery_durable.settings import Settings
 from celery_durable.stores.base import Doc, Store, reads_may_lag, strip_reserved
@@ -287,8 +288,7 @@ def adopt_of(value: Any) -> tuple[tuple[str, ...], int] | None:
 @dataclass(frozen=True)
 class ClaimResult:
     claim: Claim | None
-    #: claimed | blocked | early | duplicate | settled | missing | contended (rounds used up: retry)
-    reason: str
+    reason: ClaimOutcome
     #: for ``early``: seconds until the row is available; ``contended``: until it is tried again
     wait: float = 0.0
 

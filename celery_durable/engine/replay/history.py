@@ -18,7 +18,8 @@ from typing import Any
 from celery_durable.engine.activities.delivery import stamped
 from celery_durable.engine.admin.reruns import rerun_count
 from celery_durable.engine.dispatcher import AdmitRequest, CancelRequest, Send
-from celery_durable.engine.documents.model import DUE_ACTIVITY, DUE_CHILD, DUE_CLOCK, error_info
+from celery_durable.engine.documents.model import DUE_ACTIVITY, DUE_CHILD, DUE_CLOCK, error_info, run_of
+from celery_durable.engine.outcomes import ReplayKind
 from celery_durable.engine.registry import Registry, WorkflowDef
 from celery_durable.engine.replay.context import ContinueAsNew, Fatal, LocalStep, Suspend, WorkflowContext, failed_step
 from celery_durable.engine.replay.sticky import Outcome, StickyCache, call
@@ -33,7 +34,7 @@ __all__ = ["Replay", "replay"]
 class Replay:
     """What one replay decided."""
 
-    kind: str  # completed | failed | cancelled | suspended | unknown | continued
+    kind: ReplayKind
     value: Any = None
     error: dict[str, Any] | None = None
     #: step documents to record (markers, outcomes decided by the replay itself)
@@ -90,7 +91,7 @@ def replay(
     decided is the same. Never for a read-only replay.
     """
     if wf is None:
-        return Replay("unknown")
+        return Replay(ReplayKind.UNKNOWN)
     if sticky is not None and (read_only or not sticky.enabled):
         sticky = None
     if sticky is not None:
@@ -106,7 +107,7 @@ def replay(
         cancel_requested=bool(ex.get("cancel_requested")),
         activity_queue_timeout=settings.activity_queue_timeout,
         admit_grace=settings.outbox_admit_grace,
-        run=int(ex.get("run") or 0),
+        run=run_of(ex),
         signal_types=wf.signals,
         read_only=read_only,
         resets=rerun_count(ex),
@@ -115,7 +116,7 @@ def replay(
         args, kwargs = wf.codec.decode_args(ex.get("payload") or {})
     except (PayloadValidationError, TypeError, AttributeError) as exc:
         err = CorruptDocument(f"stored payload of {ex['pk']!r} cannot be decoded: {exc}")
-        return Replay("failed", error=error_info(err))
+        return Replay(ReplayKind.FAILED, error=error_info(err))
     if sticky is not None:
         return _settled(sticky, ex, _decide(ex, wf, ctx, sticky.run(ctx, wf.fn, args, kwargs), read_only))
     return _decide(ex, wf, ctx, call(ctx, wf.fn, args, kwargs), read_only)
@@ -128,29 +129,29 @@ def _settled(sticky: StickyCache, ex: Doc, decided: Replay) -> Replay:
 
 def _decide(ex: Doc, wf: WorkflowDef, ctx: WorkflowContext, outcome: Outcome, read_only: bool) -> Replay:
     """What a replay decided, from how the workflow function ended (or suspended) in ``ctx``."""
-    kind, value, error, payload = "completed", None, None, None
+    kind, value, error, payload = ReplayKind.COMPLETED, None, None, None
     raised, result = outcome
     if ctx.unwinding:  # user code swallowed its Suspend and went on: it suspended (as a parked instance)
         raised = Suspend()
     if raised is not None:
         if isinstance(raised, Suspend):
-            kind = "suspended"
+            kind = ReplayKind.SUSPENDED
         elif isinstance(raised, ContinueAsNew):
-            kind, payload = "continued", raised.payload
+            kind, payload = ReplayKind.CONTINUED, raised.payload
         elif isinstance(raised, Fatal):
-            kind, error = "failed", error_info(raised.error)
+            kind, error = ReplayKind.FAILED, error_info(raised.error)
         elif isinstance(raised, WorkflowCancelledError):
-            kind, error = ("cancelled" if ctx.cancel_requested else "failed"), error_info(raised)
+            kind, error = (ReplayKind.CANCELLED if ctx.cancel_requested else ReplayKind.FAILED), error_info(raised)
         else:  # the workflow's own failure is its outcome
             assert isinstance(raised, Exception)
-            kind, error = "failed", error_info(raised)
+            kind, error = ReplayKind.FAILED, error_info(raised)
             cause = failed_step(raised)  # a step's failure ended it: retry re-runs that step
             if cause is not None:
                 error["step"], error["taken"] = cause
     else:
         recorded = int(ex.get("steps") or 0)
         if recorded > ctx.seq:
-            kind = "failed"
+            kind = ReplayKind.FAILED
             error = {
                 "type": "NonDeterminismError",
                 "message": f"workflow {wf.name!r} returned after {ctx.seq} steps but the history "
@@ -160,14 +161,14 @@ def _decide(ex: Doc, wf: WorkflowDef, ctx: WorkflowContext, outcome: Outcome, re
             try:
                 value = wf.codec.encode_result(result)
             except PayloadValidationError as exc:
-                kind, error = "failed", error_info(exc)
-    if kind == "failed" and error is not None:
+                kind, error = ReplayKind.FAILED, error_info(exc)
+    if kind == ReplayKind.FAILED and error is not None:
         # "step" present (None: the workflow code, not a step, failed) tells retry not to guess
         error.setdefault("step", None)
         error["run"] = ctx.run
     life = str(ex.get("incarnation") or "")
     new_docs, sends = stamped(ctx.new_docs.values(), ctx.sends, ctx.resets, life)  # engine/activities/delivery.py
-    if kind in ("failed", "continued"):
+    if kind in (ReplayKind.FAILED, ReplayKind.CONTINUED):
         new_docs, sends = _without_pending_work(new_docs, sends)
     return Replay(
         kind,
@@ -181,6 +182,6 @@ def _decide(ex: Doc, wf: WorkflowDef, ctx: WorkflowContext, outcome: Outcome, re
         custom_status=ctx.custom_status,
         search_updates=dict(ctx.search_updates),
         queries=dict(ctx.query_handlers),
-        local=list(ctx.local_steps) if kind == "suspended" else [],
+        local=list(ctx.local_steps) if kind == ReplayKind.SUSPENDED else [],
         context=ctx if read_only else None,
     )

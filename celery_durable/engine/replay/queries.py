@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from celery_durable.codecs import CallCodec
 from celery_durable.engine.documents.checks import check_partition
 from celery_durable.engine.documents.model import EXEC_ID, FAILED, TERMINAL
+from celery_durable.engine.outcomes import ReplayKind
 from celery_durable.engine.replay.context import ContinueAsNew, Fatal, Suspend
 from celery_durable.engine.replay.history import replay
 from celery_durable.errors import (
@@ -67,7 +68,7 @@ def answer_query(
     # (a cancel delivered afresh, a step taken anew; patch markers of newer code aside) lacks part of it
     invented = result.context is not None and any(d.get("kind") != "patch" for d in result.context.new_docs.values())
     ended = ex.get("status") in TERMINAL
-    if (ended and (result.kind == "suspended" or (recorded and invented))) or result.steps < recorded:
+    if (ended and (result.kind == ReplayKind.SUSPENDED or (recorded and invented))) or result.steps < recorded:
         raise HistoryUnavailableError(
             execution_id,
             name,
@@ -75,7 +76,7 @@ def answer_query(
             f"found {result.steps}): it was pruned, or rewritten while it was read (retry the query then)",
         )
     error = result.error or {}
-    if result.kind == "failed" and error.get("type") in _UNREPLAYABLE and ex.get("status") != FAILED:
+    if result.kind == ReplayKind.FAILED and error.get("type") in _UNREPLAYABLE and ex.get("status") != FAILED:
         raise QueryFailedError(execution_id, name, str(error["type"]), str(error.get("message", "")))
     handler = result.queries.get(name)
     if handler is None:

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from greenlet import greenlet
 
-from celery_durable.engine.documents.model import EXEC_ID, marker_id
+from celery_durable.engine.documents.model import EXEC_ID, marker_id, run_of
 from celery_durable.engine.replay.context import ContinueAsNew, Fatal, Suspend, WorkflowContext
 from celery_durable.stores.base import RESERVED, Doc
 
@@ -74,8 +74,11 @@ _PARKED = object()
 class Decided(Protocol):
     """What :meth:`StickyCache.settle` reads of a replay's decision (``replay.Replay``)."""
 
-    kind: str
-    local: list[Any]
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def local(self) -> list[Any]: ...
 
 
 def green_pool() -> bool:
@@ -217,12 +220,12 @@ class StickyCache:
                 return "uncommitted"
             if stored is not mine and not same_content(mine, stored):
                 return "changed"
-        run = int(ex.get("run") or 0)
+        run = run_of(ex)
         for doc_id in new_ids:
             if doc_id in created:
                 continue
             new = history[doc_id]
-            if new.get("type") != "result" or int(new.get("run") or 0) != run or not isinstance(new.get("seq"), int):
+            if new.get("type") != "result" or run_of(new) != run or not isinstance(new.get("seq"), int):
                 return "new-document"
             marker = seen.get(marker_id(new["seq"], run)) or created.get(marker_id(new["seq"], run))
             if marker is None or marker.get("kind") not in _RESUMABLE_KINDS:

@@ -21,6 +21,7 @@ from celery_durable.engine.documents.model import (
     DUE_EXEC,
     EXEC_ID,
     TERMINAL,
+    run_of,
 )
 from celery_durable.engine.documents.schema import DocType, signal_key_id
 from celery_durable.engine.signals.external import send_signal
@@ -115,7 +116,7 @@ class Signals:
             data = codec.encode(value, f"signal {name!r}")
             if ex.get("status") in TERMINAL:
                 return self._ignored(execution_id, name, str(ex["status"]))
-            run = int(ex.get("run") or 0)
+            run = run_of(ex)
             n = int(ex.get("signal_seq") or 0) + 1
             now = eng.clock.now()
             doc: Doc = {

@@ -20,6 +20,7 @@ from celery_durable.engine.documents.model import (
     marker_id,
     parse_step_id,
     result_id,
+    run_of,
 )
 from celery_durable.engine.documents.schema import signal_outcome_id
 from celery_durable.errors import (
@@ -30,6 +31,7 @@ from celery_durable.stores.base import Doc
 if TYPE_CHECKING:
     from celery_durable.engine.ports import EngineParts
 from celery_durable.engine.drive.upkeep import clear_due
+from celery_durable.engine.outcomes import ClockOutcome
 
 __all__ = ["Timers"]
 
@@ -42,7 +44,7 @@ class Timers:
     def __init__(self, engine: EngineParts) -> None:
         self.engine = engine
 
-    def fire_clock(self, execution_id: str, seq: int, run: int = 0) -> str:
+    def fire_clock(self, execution_id: str, seq: int, run: int = 0) -> ClockOutcome:
         """Fire a due timer (a sleep, or a signal wait's timeout). Idempotent.
 
         A signal wait's timeout records the fact that the timer fired (``r:<seq>``, with the
@@ -57,20 +59,20 @@ class Timers:
         ex = docs.get(EXEC_ID)
         marker = docs.get(marker_id(seq, run))
         if ex is None or marker is None:
-            return "missing"
+            return ClockOutcome.MISSING
         kind = marker.get("kind")
         if kind == "activity" and marker.get("local") and marker.get("fire_at") is not None:
             return self._fire_local_retry(ex, marker, docs, seq, run)
         if kind not in ("sleep", "signal") or marker.get("fire_at") is None:
-            return "missing"
+            return ClockOutcome.MISSING
         done = result_id(seq, run) in docs or (kind == "signal" and signal_outcome_id(marker, run) in docs)
-        if ex.get("status") in TERMINAL or done or int(ex.get("run") or 0) != run:
+        if ex.get("status") in TERMINAL or done or run_of(ex) != run:
             clear_due(self.engine, marker)
-            return "done"
+            return ClockOutcome.DONE
         now = eng.clock.now()
         fire_at = float(marker.get("fire_at") or 0.0)
         if now < fire_at:
-            return "early"
+            return ClockOutcome.EARLY
         doc: Doc = {"pk": execution_id, "id": result_id(seq, run), "type": "result", "run": run, "seq": seq}
         if kind == "signal":
             signals_seen = int(ex.get("signal_seq") or 0)
@@ -79,18 +81,18 @@ class Timers:
             doc.update(ok=True, value=None, fired_at=now)
         eng.emit("timer_fired", execution_id=execution_id, seq=seq, lateness=now - fire_at)
         eng.driver.drive(execution_id, carry=[doc], release=[seq])
-        return "fired"
+        return ClockOutcome.FIRED
 
-    def _fire_local_retry(self, ex: Doc | None, marker: Doc, docs: dict[str, Doc], seq: int, run: int) -> str:
+    def _fire_local_retry(self, ex: Doc | None, marker: Doc, docs: dict[str, Doc], seq: int, run: int) -> ClockOutcome:
         """A local activity's retry timer (a backoff too long to wait in the drive): drive, and
         the drive runs the next attempt in its process (``engine/activities/local_activities.py``)."""
-        if ex is None or ex.get("status") in TERMINAL or result_id(seq, run) in docs or int(ex.get("run") or 0) != run:
+        if ex is None or ex.get("status") in TERMINAL or result_id(seq, run) in docs or run_of(ex) != run:
             clear_due(self.engine, marker)
-            return "done"
+            return ClockOutcome.DONE
         if self.engine.clock.now() < float(marker["fire_at"]):
-            return "early"
+            return ClockOutcome.EARLY
         self.engine.driver.drive(str(ex["pk"]))
-        return "fired"
+        return ClockOutcome.FIRED
 
     def fire_due_clocks(self, limit: int = 500) -> int:
         """Beat's clock scan: fire everything due (including clocks whose fast path was lost).
@@ -101,7 +103,7 @@ class Timers:
         for ref in self.engine.store.scan_due(DUE_CLOCK, self.engine.clock.now(), limit):
             try:
                 run, seq = parse_step_id(ref.id)
-                if self.fire_clock(ref.pk, seq, run) == "fired":
+                if self.fire_clock(ref.pk, seq, run) == ClockOutcome.FIRED:
                     fired += 1
             except CorruptDocument as exc:
                 self.engine.driver.fail_corrupt(ref.pk, exc)
