@@ -10,6 +10,7 @@
 >>> fulfil.start("o-1", _workflow_id="order-o-1").result(timeout=60)
 """
 
+from celery_durable import _moved
 from celery_durable.app import Durable, Workflow, WorkflowOptions
 from celery_durable.errors import (
     ActivityError,
@@ -42,6 +43,8 @@ from celery_durable.settings import DurableSettings
 from celery_durable.workflow import DurableFuture
 
 __version__ = "0.1.0"
+
+_moved.install()  # the old module paths of the restructuring still import (with a warning)
 
 __all__ = [
     "Durable",

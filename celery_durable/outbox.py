@@ -5,6 +5,8 @@ Defined in :mod:`celery_durable.glue.outbox` (the outbox on Celery) and
 """
 
 from celery_durable.glue.outbox import (
+    EFFECT_TASK_PREFIX,
+    OUTBOX_SCAN_TASK,
     EffectCancelled,
     EffectContext,
     EffectInfo,
@@ -18,6 +20,8 @@ from celery_durable.glue.outbox import (
 )
 
 __all__ = [
+    "OUTBOX_SCAN_TASK",
+    "EFFECT_TASK_PREFIX",
     "Outbox",
     "EffectInfo",
     "EffectSpec",

@@ -20,7 +20,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 __all__ = ["COSMOS_URL_ENV", "account_url", "describe", "fresh_container", "drop_container"]
 
-log = logging.getLogger("celery_durable.testing.cosmos_account")
+log = logging.getLogger("harness.cosmos_account")
 
 #: the environment variable naming the account (a ``cosmos://`` store URL)
 COSMOS_URL_ENV = "DURABLE_TEST_COSMOS_URL"

@@ -24,11 +24,8 @@ thread.
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
-import sys
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -84,7 +81,6 @@ __all__ = [
     "check_seed",
     "parse_known_bugs",
     "replay_command",
-    "main",
 ]
 
 ACTIONS = (("deliver", 40), ("finish", 16), ("time", 14), ("recovery", 5), ("clocks", 5), ("heartbeat", 6))
@@ -574,35 +570,3 @@ def parse_known_bugs(spec: str) -> list[str]:
     if unknown:
         raise ValueError(f"unknown known-bug triggers {unknown}; known: {', '.join(KNOWN_BUGS)}")
     return bugs
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Run the deterministic simulation for one seed (or a range).")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--seeds", type=int, default=1, help="run this many seeds from --seed")
-    parser.add_argument("--faults", default="all", help=f"all, none or a comma list of {', '.join(FAULT_KINDS)}")
-    parser.add_argument(
-        "--known-bugs", default="all", help=f"all (default), none or a comma list of: {', '.join(KNOWN_BUGS)}"
-    )
-    args = parser.parse_args(argv)
-    faults = Faults.parse(args.faults)
-    bugs = parse_known_bugs(args.known_bugs)
-    failed = 0
-    started = time.perf_counter()
-    for seed in range(args.seed, args.seed + args.seeds):
-        result = run_seed(seed, faults, bugs)
-        if result.violations:
-            failed += 1
-            for v in result.violations:
-                print(f"seed {seed}: {v}")
-            print(f"replay: {replay_command(seed, faults, bugs)}")
-        elif args.seeds == 1:
-            print(f"seed {seed}: ok {json.dumps(result.stats, sort_keys=True)}")
-        for bug, v in result.tolerated:
-            print(f"seed {seed}: tolerated ({bug} is open): {v}")
-    print(f"{args.seeds} seed(s), {failed} failing, {time.perf_counter() - started:.1f}s")
-    return 1 if failed else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -60,7 +60,7 @@ try:
     from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, multiprocess, values
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
-        "celery_durable.glue.metrics needs prometheus_client: pip install 'celery-durable[prometheus]'"
+        "celery_durable.metrics needs prometheus_client: pip install 'celery-durable[prometheus]'"
     ) from exc
 
 from celery_durable.engine.core import Engine

@@ -15,6 +15,7 @@ PKG = Path(__file__).resolve().parents[2] / "celery_durable"
 
 #: layer of each module (by longest matching prefix); a module may import only its own layer or lower
 LAYERS = {
+    "_moved": 0,  # old module paths, imported by name at run time only
     "errors": 0,
     "codecs": 0,
     "retry": 0,

@@ -5,3 +5,27 @@ re-run takes (``reruns``), ``reset`` and the cancel cascade it withdraws (``canc
 ``child_ops``), the read model (``timeline``, ``undecodable``) and how operator tools word things
 (``wording``).
 """
+
+from typing import Any
+
+from celery_durable._moved import moved_attr
+
+#: the names of the module this package replaced (issue 24), still found here
+OLD_NAMES = frozenset(
+    {
+        "Admin",
+        "ExecutionSummary",
+        "ExecutionPage",
+        "ExecutionDetail",
+        "StepRecord",
+        "SignalRecord",
+        "PurgeReport",
+        "OperationRefused",
+        "summary_of",
+        "describe_docs",
+    }
+)
+
+
+def __getattr__(name: str) -> Any:
+    return moved_attr(__name__, name, "celery_durable.engine.admin.operator", OLD_NAMES)

@@ -266,7 +266,7 @@ class Admin:
         execution is deleted in batches of its own partition, the exec document last. A child
         whose parent has not been told its outcome yet is kept. ``progress`` gets the running
         report after each execution. Each purge is recorded (who, when, ``reason``) in its
-        first batch; one cut between its batches is finished by whoever comes next (purging.py).
+        first batch; one cut between its batches is finished by whoever comes next (purge.py).
         """
         check_purge(OperationRefused, older_than, dry_run, page_size)
         who = actor() if by is None else by

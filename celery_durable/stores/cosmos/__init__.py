@@ -5,3 +5,14 @@ session tokens (``session``), provisioning (``provision``) and in-place upgrades
 
 Importing ``store`` needs ``azure-cosmos`` (``pip install celery-durable[cosmos]``).
 """
+
+from typing import Any
+
+from celery_durable._moved import moved_attr
+
+#: the names of the module this package replaced (issue 24), still found here
+OLD_NAMES = frozenset({"CosmosStore", "from_url"})
+
+
+def __getattr__(name: str) -> Any:
+    return moved_attr(__name__, name, "celery_durable.stores.cosmos.store", OLD_NAMES)

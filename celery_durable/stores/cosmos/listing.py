@@ -49,7 +49,7 @@ class CosmosListing:
     def list_execs(self, flt: ExecFilter | None = None, limit: int = 100, cursor: str | None = None) -> ExecPage:
         check_page_size(limit)
         flt = flt or ExecFilter()
-        if flt.search:  # the search index (_cosmos_search.py): cost grows with the value's executions
+        if flt.search:  # the search index (search.py): cost grows with the value's executions
             return self._list_by_search(flt, limit, cursor)
         sql, params = exec_query(flt)
         c = self._container()
