@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins = ["tests.plugins.cosmos_server", "tests.plugins.workers"]
+pytest_plugins = ["tests.plugins.cosmos_server", "tests.plugins.workers", "tests.plugins.records"]
 
 TESTS = Path(__file__).resolve().parent
 

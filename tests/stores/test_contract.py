@@ -515,6 +515,7 @@ def test_awkward_ids_round_trip(store: Store, doc_id: str) -> None:
     assert store.read(pk, doc_id) is None
 
 
+@pytest.mark.foreign_documents  # a store holds any document: these are not the engine's
 @pytest.mark.parametrize("pk", AWKWARD_IDS)
 def test_awkward_partition_keys_round_trip(store: Store, pk: str) -> None:
     etag = store.create(D(pk, "exec", v=1, due_kind="lease", due_at=T0 - 1))
@@ -1107,6 +1108,7 @@ def test_reserved_and_malformed_fields_are_refused_alike(store) -> None:  # type
     assert store.read("p", "x") is None and store.read("p", "y") is None
 
 
+@pytest.mark.foreign_documents
 def test_a_lone_surrogate_in_a_document_reads_back_equal_or_is_refused_clearly(store: Store) -> None:
     """``"\\ud800"`` is a JSON string (``json.loads`` gives it) that UTF-8 cannot hold. Documents
     the engine writes itself (error messages, tracebacks, search attributes) can carry one: every

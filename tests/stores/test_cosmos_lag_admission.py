@@ -27,6 +27,7 @@ def two_processes(cosmos_server: CosmosTestServer) -> Iterator[tuple[Store, Stor
         yield pair
 
 
+@pytest.mark.foreign_documents  # a store test's own documents, not the engine's
 def test_an_enqueue_after_another_process_moved_the_head_waits_out_the_lag(two_processes: tuple[Store, Store]) -> None:
     client, worker = two_processes
     assert reads_may_lag(client)

@@ -644,6 +644,7 @@ def test_stuck_due_entries_do_not_hold_back_the_mark(store: CosmosStore, cosmos_
     assert store.scan_due("clock", now + 1) == [DueRef("s", "clock", now)]
 
 
+@pytest.mark.foreign_documents  # a store test's own documents, not the engine's
 def test_index_stays_complete_under_concurrent_writers_and_scanners(cosmos_url: str) -> None:
     """Writers move due times around (later, earlier, other kind, none) while scanners clean up:
     afterwards a scan still finds exactly the documents that are due."""

@@ -123,6 +123,7 @@ def test_batch_writes_are_lagged_as_one(container: ContainerProxy) -> None:
 # --- the store ------------------------------------------------------------------------------
 
 
+@pytest.mark.foreign_documents  # a store test's own documents, not the engine's
 def test_store_reads_its_own_writes_and_another_process_reads_them_with_the_token(
     lagging: CosmosTestServer, cosmos_url: str
 ) -> None:

@@ -56,6 +56,7 @@ class Listener:
         return [n.payload for n in self.conn.notifies(timeout=timeout, stop_after=expect)]
 
 
+@pytest.mark.foreign_documents  # a store test's own documents, not the engine's
 def test_postgres_notifies_in_the_transaction_of_a_terminal_exec_write(pg: PostgresStore) -> None:
     pg.enable_push(frozenset(TERMINAL))
     listener = Listener(pg)

@@ -1,0 +1,470 @@
+"""The engine's documents as types: one ``TypedDict`` per kind of document, and their accessors.
+
+A store hands back plain JSON objects (``stores.base.Doc``); :mod:`.checks` checks the shape of
+each engine document once as it is read (``check_shape``), and the code that uses them reads them
+through these types, so a field's name and type are written down once, here, instead of at each
+``doc.get("…")``. Every type is ``total=False``: a document written by an older version may lack
+a field added later, so the accessors below say what an absent field means (``run`` absent is
+run 0, a count absent is 0, no lease is ``None``). Values are the stored JSON, unchanged: a
+status is the plain string ``"running"`` (``Status`` members compare equal to it).
+
+``FIELDS`` lists each type's fields; ``undeclared`` reports a document's fields its type does
+not declare, which a test runs over every document the simulations and the engine tests store,
+so this module stays true to what is written (``tests/engine/test_records.py``).
+
+The documents themselves are described in ``docs/architecture.md`` §5 and in :mod:`.schema`
+(ids, statuses, due kinds); the outbox's in :mod:`celery_durable.engine.outbox.model`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, TypedDict, cast
+
+from celery_durable.engine.documents.schema import EXEC_ID, TERMINAL, DocType, Status, StepKind
+
+__all__ = [
+    "Lease",
+    "LaneLease",
+    "ErrorInfo",
+    "ParentRef",
+    "ActivityInput",
+    "EffectIntent",
+    "ExecDoc",
+    "MarkerDoc",
+    "OutcomeDoc",
+    "WaitDecisionDoc",
+    "SignalValueDoc",
+    "SignalMarkDoc",
+    "OperationDoc",
+    "LaneHeadDoc",
+    "LaneRowDoc",
+    "FIELDS",
+    "as_exec",
+    "maybe_exec",
+    "as_marker",
+    "as_outcome",
+    "is_marker",
+    "is_outcome",
+    "run_of",
+    "seq_of",
+    "count_of",
+    "lease_of",
+    "holder_of",
+    "status_of",
+    "is_terminal",
+    "undeclared",
+    "record_type",
+]
+
+
+class Lease(TypedDict, total=False):
+    """Who holds an exec's drive or a step's attempt, until when (epoch seconds)."""
+
+    holder: str
+    expires: float
+
+
+class LaneLease(TypedDict, total=False):
+    """Who runs an outbox row's handler, until when."""
+
+    owner: str
+    expires: float
+
+
+class ErrorInfo(TypedDict, total=False):
+    """An exception as stored (``model.error_info``); an exec's also says where it happened."""
+
+    type: str
+    message: str
+    traceback: str
+    attempts: int
+    #: of an exec's error: the step that failed it, its run, and how many steps the run had taken
+    step: int | None
+    run: int
+    taken: int
+
+
+class ParentRef(TypedDict, total=False):
+    """The step of another execution that waits on this one (a child's parent, a joiner)."""
+
+    pk: str
+    seq: int
+    run: int
+
+
+class ActivityInput(TypedDict, total=False):
+    args: list[Any]
+    kwargs: dict[str, Any]
+
+
+class EffectIntent(TypedDict, total=False):
+    """A portable copy of an outbox enqueue (an ``emit`` marker's or an intent's ``effect``)."""
+
+    id: str
+    type: str
+    key: str
+    payload: Any
+    max_attempts: int
+    replay_safe: bool
+    available_at: float
+    created_at: float
+
+
+class _Doc(TypedDict, total=False):
+    pk: str
+    id: str
+    type: str
+    #: added by a read (stores.base): the version a guarded write must match
+    _etag: str
+
+
+class _Due(_Doc, total=False):
+    #: a scan looks at the document once ``due_at`` passes (stores.base.Store.scan_due)
+    due_kind: str | None
+    due_at: float | None
+
+
+class ExecDoc(_Due, total=False):
+    """``exec``: one execution (``model.new_exec_doc`` writes a new one)."""
+
+    workflow: str
+    run: int
+    #: a fresh token per creation of the id (engine/drive/partition_cache.py)
+    incarnation: str
+    generation: int
+    payload: dict[str, Any]
+    parent: ParentRef | None
+    #: other executions' steps joined to this one (a parent that attached to an existing child)
+    joiners: list[ParentRef]
+    signals: list[str] | None
+    status: str
+    cancel_requested: bool
+    cancelled_by_parent: bool | None
+    parent_notified: bool | None
+    result: Any
+    error: ErrorInfo | None
+    #: why the execution cannot be driven here (its workflow is not registered in this worker)
+    last_error: str | None
+    lease: Lease | None
+    wakeups: int
+    drives: int
+    steps: int
+    continued: int
+    signal_seq: int
+    custom_status: Any
+    search: dict[str, Any]
+    search_run: dict[str, Any]
+    memo: Any
+    #: an operator operation's unfinished rest (engine/admin/pending_ops.py)
+    pending_op: dict[str, Any] | None
+    operations: int
+    last_op: str
+    reruns: int
+    resets: int
+    retried: int
+    #: a child created ahead of its parent's step (engine/children/links.py)
+    fence: bool
+    purging: bool
+    #: the exec as it was when found malformed (engine/drive/corrupt.py)
+    malformed: Any
+    created_at: float
+    updated_at: float
+    completed_at: float | None
+
+
+class MarkerDoc(_Due, total=False):
+    """``s:000007``: what step 7 is (``kind`` and ``name``, checked on replay) and its progress."""
+
+    kind: str
+    name: str
+    seq: int
+    run: int
+    created_at: float
+    # activity
+    input: ActivityInput
+    task_id: str
+    token: str
+    attempts: int
+    lost: int
+    started_at: float
+    lease: Lease | None
+    last_error: ErrorInfo | None
+    resends: int
+    resent_at: float
+    resent_due: float
+    local: bool
+    # child
+    child_id: str
+    child_reruns: int
+    # sleep, signal wait
+    fire_at: float
+    decision: str
+    names: list[str]
+    # emit
+    effect: EffectIntent
+    admitted: bool
+    conflict: str
+    reason: str
+    rerun: int
+    # signal_send
+    signal_id: str
+    target: str
+    #: when a send first found no target on a store whose reads may lag (engine/signals/external.py)
+    target_unseen: float
+    # now, uuid, seed, patch: the recorded answer; done: the step whose future it answered
+    value: Any
+    of: int
+
+
+class OutcomeDoc(_Doc, total=False):
+    """``r:000007``: the outcome of step 7, create-only (first writer wins)."""
+
+    seq: int
+    run: int
+    name: str
+    ok: bool
+    value: Any
+    error: ErrorInfo | None
+    attempts: int
+    token: str
+    cancelled: bool
+    cancel_at: int
+    cancelled_by_parent: bool
+    timeout: bool
+    fired_at: float
+    #: a timed wait's timer: how many signal values the exec had when it fired
+    signals_seen: int
+    child_id: str
+    child_reruns: int
+    #: a child step whose id another execution holds (the step fails; engine/children/links.py)
+    taken: bool
+    target: str
+    #: of a local activity (run in the drive: engine/activities/local_activities.py)
+    local: bool
+    completed_at: float
+
+
+class WaitDecisionDoc(_Doc, total=False):
+    """``w:000004``: what the signal wait at step 4 consumed, or its timeout; create-only."""
+
+    seq: int
+    run: int
+    name: str
+    ok: bool
+    value: Any
+    value_id: str
+    sent_at: float
+    received_at: float
+    timeout: bool
+    fired_at: float
+    cancelled: bool
+    error: ErrorInfo | None
+
+
+class SignalValueDoc(_Doc, total=False):
+    """``sgv:000003``: the 3rd signal value sent to the execution."""
+
+    n: int
+    name: str
+    value: Any
+    run: int
+    sent_at: float
+    #: of a value sent by a workflow (``wf.signal_external``): its send's id and who sent it
+    signal_id: str
+    sender: Any
+
+
+class SignalMarkDoc(_Doc, total=False):
+    """``sgx:000003``: how value 3 was settled (consumed, rejected, ignored)."""
+
+    name: str
+    value_id: str
+    run: int
+    seq: int
+    at: float
+    value: Any
+    error: ErrorInfo | None
+
+
+class OperationDoc(_Doc, total=False):
+    """``op:000001``: an operator's action on the execution (engine/admin/oplog.py)."""
+
+    action: str
+    by: str
+    at: float
+    reason: str | None
+    run: int
+    step: int
+    status: str
+    name: str
+    error: ErrorInfo
+    forgotten: list[Any]
+    forgotten_children: list[Any]
+    forgotten_more: int
+    archive_parts: int
+    parent_op: str
+
+
+class LaneHeadDoc(_Due, total=False):
+    """``fxq:{key}/head``: an outbox lane's next number, live rows and holder (outbox/model.py)."""
+
+    key: str
+    next_seq: int
+    #: ``[seq, effect_id, type]`` of the pending and running rows, in ``seq`` order
+    live: list[list[Any]]
+    running: str | None
+    waiting: list[list[Any]]
+    stored: int
+    freed_at: float
+
+
+class LaneRowDoc(_Due, total=False):
+    """``fxq:{key}/fx:{effect_id}``: one effect in its lane."""
+
+    key: str
+    seq: int
+    effect_id: str
+    effect_type: str
+    payload: Any
+    digest: str
+    token: str
+    status: str
+    attempt: int
+    max_attempts: int
+    replay_safe: bool
+    available_at: float
+    eligible_at: float
+    lease: LaneLease | None
+    lost: int
+    last_error: str | None
+    reason: str | None
+    source: dict[str, Any] | None
+    created_at: float
+    started_at: float | None
+    completed_at: float | None
+
+
+#: every document type's declared fields
+FIELDS: dict[str, frozenset[str]] = {
+    name: frozenset(t.__annotations__) | frozenset(_Due.__annotations__) | frozenset(_Doc.__annotations__)
+    for name, t in {
+        "exec": ExecDoc,
+        "marker": MarkerDoc,
+        "outcome": OutcomeDoc,
+        "wait_decision": WaitDecisionDoc,
+        "signal_value": SignalValueDoc,
+        "signal_mark": SignalMarkDoc,
+        "operation": OperationDoc,
+        "lane_head": LaneHeadDoc,
+        "lane_row": LaneRowDoc,
+    }.items()
+}
+
+
+def record_type(doc: Mapping[str, Any]) -> str | None:
+    """Which of :data:`FIELDS` a stored document is, from its ``type`` (and id); ``None``: not one."""
+    kind = doc.get("type")
+    if kind == DocType.EXEC or (kind is None and doc.get("id") == EXEC_ID):
+        return "exec"
+    if kind == DocType.STEP:
+        return "marker"
+    if kind == DocType.RESULT:
+        return "outcome"
+    if kind == DocType.SIGNAL:
+        return "wait_decision"
+    if kind == DocType.SIGNAL_VALUE:
+        return "signal_value"
+    if kind in (DocType.SIGNAL_REJECTED, DocType.SIGNAL_IGNORED, "signal_consumed"):
+        return "signal_mark"
+    if kind == DocType.OPERATION:
+        return "operation"
+    if str(doc.get("pk", "")).startswith("fxq:"):
+        return "lane_head" if doc.get("id") == "head" else "lane_row"
+    return None
+
+
+def undeclared(doc: Mapping[str, Any]) -> set[str]:
+    """The fields of ``doc`` its type does not declare (empty for a document of no known type).
+
+    Keys starting with ``_`` or ``~`` belong to the stores (``_etag``, the offload manifest)."""
+    kind = record_type(doc)
+    if kind is None:
+        return set()
+    return {k for k in doc if k not in FIELDS[kind] and not k.startswith(("_", "~"))}
+
+
+# -- decoding: a document already checked by checks.check_shape, typed ------------------------
+
+
+def as_exec(doc: Mapping[str, Any]) -> ExecDoc:
+    """``doc`` (an exec, checked by ``check_shape``) as an :class:`ExecDoc`."""
+    return cast(ExecDoc, doc)
+
+
+def maybe_exec(doc: Mapping[str, Any] | None) -> ExecDoc | None:
+    """An exec read without the shape check (a holder of an id, a child looked at from its
+    parent, whose malformation is its own execution's to report), typed; ``None`` stays."""
+    return None if doc is None else cast(ExecDoc, doc)
+
+
+def as_marker(doc: Mapping[str, Any]) -> MarkerDoc:
+    return cast(MarkerDoc, doc)
+
+
+def as_outcome(doc: Mapping[str, Any]) -> OutcomeDoc:
+    return cast(OutcomeDoc, doc)
+
+
+def is_marker(doc: Mapping[str, Any], kind: StepKind | None = None, run: int | None = None) -> bool:
+    """Whether ``doc`` is a step marker (of ``kind``, of ``run``, when given)."""
+    return (
+        doc.get("type") == DocType.STEP
+        and (kind is None or doc.get("kind") == kind)
+        and (run is None or run_of(doc) == run)
+    )
+
+
+def is_outcome(doc: Mapping[str, Any], run: int | None = None) -> bool:
+    """Whether ``doc`` is a step's outcome (of ``run``, when given)."""
+    return doc.get("type") == DocType.RESULT and (run is None or run_of(doc) == run)
+
+
+# -- accessors: what an absent field means ----------------------------------------------------
+
+
+def run_of(doc: Mapping[str, Any]) -> int:
+    """The run (0, then one more per continue-as-new) a document belongs to; absent means 0."""
+    return int(doc.get("run") or 0)
+
+
+def seq_of(doc: Mapping[str, Any]) -> int:
+    """The step number of a marker, outcome or decision (``parent`` refs too); absent means 0."""
+    return int(doc.get("seq") or 0)
+
+
+def count_of(doc: Mapping[str, Any], field: str) -> int:
+    """A counter field (``wakeups``, ``drives``, ``steps``, ``attempts``, …); absent means 0."""
+    return int(doc.get(field) or 0)
+
+
+def lease_of(doc: Mapping[str, Any]) -> Lease | None:
+    """The document's lease, or ``None`` when none is held."""
+    lease = doc.get("lease")
+    return cast(Lease, lease) if lease else None
+
+
+def holder_of(doc: Mapping[str, Any]) -> str | None:
+    """Who holds the document's lease (``None``: no one)."""
+    lease = lease_of(doc)
+    return None if lease is None else lease.get("holder")
+
+
+def status_of(ex: Mapping[str, Any]) -> Status:
+    """An exec's status as a :class:`Status` (a malformed one is refused by ``check_shape``)."""
+    return Status(ex["status"])
+
+
+def is_terminal(ex: Mapping[str, Any]) -> bool:
+    """Whether the execution has finished (completed, failed or cancelled)."""
+    return ex.get("status") in TERMINAL
