@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from celery_durable.engine.admin.operator import Admin
 from celery_durable.engine.admin.oplog import actor
 from celery_durable.engine.documents.model import CANCELLED, COMPLETED, FAILED
+from celery_durable.engine.documents.records import count_of
 from celery_durable.engine.replay.queries import answer_query
 from celery_durable.errors import WorkflowCancelledError, WorkflowFailedError
 
@@ -67,9 +68,9 @@ class WorkflowHandle(Generic[R]):
             workflow=str(doc.get("workflow")),
             status=str(doc.get("status")),
             result=doc.get("result"),
-            error=doc.get("error"),
+            error=cast("dict[str, Any] | None", doc.get("error")),
             last_error=doc.get("last_error"),
-            steps=int(doc.get("steps") or 0),
+            steps=count_of(doc, "steps"),
             cancel_requested=bool(doc.get("cancel_requested")),
             created_at=float(doc.get("created_at") or 0),
             updated_at=float(doc.get("updated_at") or 0),

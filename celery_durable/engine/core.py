@@ -33,13 +33,13 @@ from celery_durable.engine.documents.checks import check_workflow_id
 from celery_durable.engine.documents.model import (
     DUE_EXEC,
     EXEC_ID,
-    TERMINAL,
     Clock,
     Settings,
     SystemClock,
     new_exec_doc,
     worker_identity,
 )
+from celery_durable.engine.documents.records import ExecDoc, as_exec, count_of, is_terminal
 from celery_durable.engine.documents.schema import CANCELLED_BY_PARENT
 from celery_durable.engine.documents.search import start_fields
 from celery_durable.engine.drive.driver import Driver
@@ -236,13 +236,13 @@ class Engine:
             log.warning("eager start of %s: workflow code raised %r; a worker drives it", eid, exc)
             return False
 
-    def read_exec(self, execution_id: str) -> Doc:
+    def read_exec(self, execution_id: str) -> ExecDoc:
         doc = self.store.read(execution_id, EXEC_ID)
         if doc is None:
             raise UnknownWorkflowError(f"no execution with id {execution_id!r}")
-        return doc
+        return as_exec(doc)
 
-    def wait(self, execution_id: str, timeout: float | None = None, max_poll: float | None = None) -> Doc:
+    def wait(self, execution_id: str, timeout: float | None = None, max_poll: float | None = None) -> ExecDoc:
         """Block until the execution ends; return its exec document.
 
         Subscribed to the notifier *before* the first read, so an end committed after any read
@@ -261,7 +261,7 @@ class Engine:
         try:
             while True:
                 doc = self.read_exec(execution_id)
-                if doc.get("status") in TERMINAL:
+                if is_terminal(doc):
                     return doc
                 now = time.monotonic()
                 if deadline is not None and now >= deadline:
@@ -283,12 +283,12 @@ class Engine:
         """
         for _ in range(100):
             ex = self.read_exec(execution_id)
-            if ex.get("status") in TERMINAL:
+            if is_terminal(ex):
                 return False
             if ex.get("cancel_requested") and by is None:
                 return True  # an operator's (by) is recorded all the same: who else asked, and why
             updated = strip_reserved(ex)
-            updated.update(cancel_requested=True, wakeups=int(ex.get("wakeups") or 0) + 1)
+            updated.update(cancel_requested=True, wakeups=count_of(ex, "wakeups") + 1)
             try:
                 if by is None:  # a parent cancelling its child: its own history says so
                     if from_parent:  # the child's too: resuming the parent resumes it (cancel_withdrawal.py)

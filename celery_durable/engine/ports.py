@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from celery_durable.engine.dispatcher import Dispatcher, Send
     from celery_durable.engine.documents.model import Attempt, Clock
+    from celery_durable.engine.documents.records import ExecDoc
     from celery_durable.engine.drive.partition_cache import PartitionCache
     from celery_durable.engine.registry import Registry
     from celery_durable.observability import Counters
@@ -42,7 +43,7 @@ class ChildrenPort(Protocol):
 
     def check_child(self, parent_id: str, marker: Doc) -> None: ...
 
-    def fence_children(self, parent: Doc, markers: list[Doc]) -> None: ...
+    def fence_children(self, parent: Mapping[str, Any], markers: list[Doc]) -> None: ...
 
 
 class SignalsPort(Protocol):
@@ -105,4 +106,4 @@ class EngineParts(Protocol):
         self, workflow: str, payload: dict[str, Any], eid: str, parent: dict[str, Any] | None
     ) -> bool: ...
 
-    def read_exec(self, execution_id: str) -> Doc: ...
+    def read_exec(self, execution_id: str) -> ExecDoc: ...

@@ -33,7 +33,7 @@ import binascii
 import json
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -456,7 +456,7 @@ def due_fields(doc: Doc) -> tuple[str | None, float | None]:
     return str(kind), float(at)
 
 
-def strip_reserved(doc: Doc) -> Doc:
+def strip_reserved(doc: Mapping[str, Any]) -> Doc:
     return {k: v for k, v in doc.items() if k not in RESERVED}
 
 

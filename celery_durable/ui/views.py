@@ -18,6 +18,7 @@ from urllib.parse import quote
 from celery_durable.engine.admin.operator import ExecutionDetail, StepRecord
 from celery_durable.engine.admin.wording import prompt, ts
 from celery_durable.engine.core import Engine
+from celery_durable.engine.documents.records import seq_of
 from celery_durable.engine.documents.schema import TERMINAL, StepKind, marker_id
 from celery_durable.errors import DurableError
 from celery_durable.glue.outbox import EffectInfo
@@ -227,8 +228,8 @@ def _effect_keys(engine: Engine, detail: ExecutionDetail) -> dict[str, list[int]
     docs = engine.store.read_many(detail.summary.id, [marker_id(seq, run) for seq in emits[:1000]])
     for doc in docs:
         effect = doc.get("effect") if doc is not None else None
-        if isinstance(effect, dict) and isinstance(effect.get("key"), str):
-            keys.setdefault(effect["key"], []).append(int(doc.get("seq") or 0))  # type: ignore[union-attr]
+        if doc is not None and isinstance(effect, dict) and isinstance(effect.get("key"), str):
+            keys.setdefault(effect["key"], []).append(seq_of(doc))
     return keys
 
 

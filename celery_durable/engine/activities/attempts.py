@@ -24,7 +24,6 @@ from celery_durable.engine.activities.delivery import STALE_EVENT, Delivery, mar
 from celery_durable.engine.documents.model import (
     DUE_ACTIVITY,
     EXEC_ID,
-    TERMINAL,
     Attempt,
     error_info,
     lease_live,
@@ -32,6 +31,7 @@ from celery_durable.engine.documents.model import (
     result_id,
     run_of,
 )
+from celery_durable.engine.documents.records import count_of, holder_of, is_terminal
 from celery_durable.errors import ConflictError, StoreError
 from celery_durable.stores.base import Doc, strip_reserved
 
@@ -130,7 +130,7 @@ class ActivityRunner:
             ex = docs.get(EXEC_ID)
             if ex is None:
                 return None, "no such execution"
-            if ex.get("status") in TERMINAL:
+            if is_terminal(ex):
                 return None, f"execution is {ex['status']}"
             if run_of(ex) > run:
                 return None, "the execution continued as new"
@@ -149,7 +149,7 @@ class ActivityRunner:
             lease: dict[str, Any] = marker.get("lease") or {}
             if lease_live(marker, now) and (supersedes is None or lease.get("holder") != supersedes):
                 return None, f"another attempt is running ({lease.get('holder')})"
-            number = int(marker.get("attempts") or 0) + 1
+            number = count_of(marker, "attempts") + 1
             claimed = strip_reserved(marker)
             claimed.update(
                 attempts=number,
@@ -223,7 +223,7 @@ class ActivityRunner:
         try:
             for _ in range(3):
                 marker = eng.store.read(attempt.execution_id, marker_id(attempt.seq, attempt.run))
-                if marker is None or (marker.get("lease") or {}).get("holder") != attempt.holder:
+                if marker is None or holder_of(marker) != attempt.holder:
                     return
                 updated = strip_reserved(marker)
                 updated.update(

@@ -13,6 +13,7 @@ import time
 from typing import TYPE_CHECKING
 
 from celery_durable.engine.documents.model import marker_id
+from celery_durable.engine.documents.records import holder_of
 from celery_durable.errors import ConflictError, StoreError
 from celery_durable.stores.base import strip_reserved
 
@@ -111,7 +112,7 @@ class LeaseKeeper:
         self.untrack(attempt)
         try:
             marker = eng.store.read(attempt.execution_id, marker_id(attempt.seq, attempt.run))
-            if marker is None or (marker.get("lease") or {}).get("holder") != attempt.holder:
+            if marker is None or holder_of(marker) != attempt.holder:
                 return
             updated = strip_reserved(marker)
             updated.update(lease=None, due_at=eng.clock.now())

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from celery_durable.engine.activities.attempts import run_awaitable
 from celery_durable.engine.dispatcher import ClockRequest
 from celery_durable.engine.documents.model import DUE_CLOCK, error_info, marker_id, result_id, run_of
+from celery_durable.engine.documents.records import ExecDoc, count_of
 from celery_durable.engine.outcomes import ReplayKind
 from celery_durable.engine.replay.context import LocalStep
 from celery_durable.errors import NonRetryableError
@@ -90,7 +91,7 @@ class LocalRunner:
 
     def drive_locals(
         self,
-        ex: Doc,
+        ex: ExecDoc,
         docs: dict[str, Doc],
         history: dict[str, Doc],
         replay: Replay,
@@ -112,7 +113,7 @@ class LocalRunner:
         replay.sends.extend(run.sends)
         return replay
 
-    def _park(self, ex: Doc, history: dict[str, Doc], replay: Replay, run: LocalRun) -> None:
+    def _park(self, ex: ExecDoc, history: dict[str, Doc], replay: Replay, run: LocalRun) -> None:
         """A new local marker left without an outcome (too many steps in one drive) gets a timer
         due now, so a drive runs it: never a step nothing will run."""
         now = self.engine.clock.now()
@@ -123,7 +124,9 @@ class LocalRunner:
                 marker.update(fire_at=now, due_kind=DUE_CLOCK, due_at=now)
                 run.sends.append(ClockRequest(str(ex["pk"]), step.seq, now, rn))
 
-    def _run_step(self, ex: Doc, docs: dict[str, Doc], history: dict[str, Doc], step: LocalStep, run: LocalRun) -> bool:
+    def _run_step(
+        self, ex: ExecDoc, docs: dict[str, Doc], history: dict[str, Doc], step: LocalStep, run: LocalRun
+    ) -> bool:
         """Run one local step's attempts; True when its outcome (or retry timer) is now in ``history``."""
         eng = self.engine
         rn = run_of(ex)
@@ -133,7 +136,7 @@ class LocalRunner:
         if float(step.marker.get("fire_at") or 0.0) > now:
             return False  # waits for its retry timer (set by this drive or committed before)
         marker = strip_reserved(step.marker)
-        attempt = int(marker.get("attempts") or 0)
+        attempt = count_of(marker, "attempts")
         act = eng.registry.activity(step.name)
         policy = policy_of(act.options) if act is not None else TaskRetry()
         while True:

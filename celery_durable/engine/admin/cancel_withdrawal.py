@@ -14,10 +14,12 @@ What lands after the plan is the parent's drive's: ``kin.withdrawn_cancels`` and
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from celery_durable.engine.admin.timeline import _int, _str
 from celery_durable.engine.children.holders import is_fence
+from celery_durable.engine.documents.records import ExecDoc
 from celery_durable.engine.documents.schema import (
     CANCELLED_BY_PARENT,
     EXEC_ID,
@@ -42,15 +44,15 @@ class _Admin(Protocol):
     @property
     def engine(self) -> Any: ...
 
-    def _rearm(self, ex: Doc, marker: Doc, rewrite: Any, fresh: bool = False) -> None: ...
+    def _rearm(self, ex: ExecDoc, marker: Doc, rewrite: Any, fresh: bool = False) -> None: ...
 
 
-def ended_by_parent(child: Doc) -> bool:
+def ended_by_parent(child: Mapping[str, Any]) -> bool:
     """``child`` ended cancelled by its parent's cancel (or is a fence of it), not an operator's."""
     return child.get("status") == Status.CANCELLED and (bool(child.get(CANCELLED_BY_PARENT)) or is_fence(child))
 
 
-def cascaded(engine: Any, ex: Doc, docs: dict[str, Doc]) -> list[Doc]:
+def cascaded(engine: Any, ex: ExecDoc, docs: dict[str, Doc]) -> list[Doc]:
     """The outcomes of ``ex``'s child steps that its cancel caused: the child, pending when the
     cancel was delivered, was cancelled by it and its end recorded after. Withdrawing the cancel
     withdraws these too: kept, the re-run would fail on a cancel it withdrew."""
@@ -68,7 +70,7 @@ def cascaded(engine: Any, ex: Doc, docs: dict[str, Doc]) -> list[Doc]:
     return found
 
 
-def rearm_waiting_children(admin: _Admin, ex: Doc, docs: dict[str, Doc], rewrite: _Rewrite) -> None:
+def rearm_waiting_children(admin: _Admin, ex: ExecDoc, docs: dict[str, Doc], rewrite: _Rewrite) -> None:
     """Make the kept child steps that had no outcome when ``ex`` was cancelled due again, so the
     child scan (``Children.check_child``) looks after them once ``ex`` is reopened: a child the cancel
     claimed before it started (a fence) or ended is reopened now, one still running is waited

@@ -43,6 +43,7 @@ from celery_durable.engine.admin.undecodable import salvage
 from celery_durable.engine.children.holders import CHILD_RERUNS
 from celery_durable.engine.dispatcher import ActivityRequest, ClockRequest
 from celery_durable.engine.documents.model import lease_live
+from celery_durable.engine.documents.records import ExecDoc, as_exec, is_terminal, maybe_exec
 from celery_durable.engine.documents.schema import (
     CANCELLED_BY_PARENT,
     EXEC_ID,
@@ -183,7 +184,7 @@ class Admin:
             raise UnknownWorkflowError(unknown(self.engine, execution_id))  # says who purged it
         return describe_docs(ex, docs)
 
-    def _salvage(self, ex: Doc, failure: str) -> ExecutionDetail:
+    def _salvage(self, ex: Mapping[str, Any], failure: str) -> ExecutionDetail:
         return salvage(self.engine.store, ex, failure)
 
     # --- operations ----------------------------------------------------------------------------
@@ -242,7 +243,7 @@ class Admin:
         check_inputs(OperationRefused, execution_id, by=who, reason=reason)  # before anything is written
         before = self.describe(execution_id)
 
-        def _plan_reset(ex: Doc, docs: dict[str, Doc]) -> _Rewrite:
+        def _plan_reset(ex: ExecDoc, docs: dict[str, Doc]) -> _Rewrite:
             rewrite = _Rewrite()
             plan_reset(self, rewrite, OperationRefused, ex, docs, step, who, reason)
             return rewrite
@@ -313,11 +314,11 @@ class Admin:
 
     # --- internals -------------------------------------------------------------------------------
 
-    def _operate(self, execution_id: str, plan: Callable[[Doc, dict[str, Doc]], _Rewrite]) -> list[StepRecord]:
+    def _operate(self, execution_id: str, plan: Callable[[ExecDoc, dict[str, Doc]], _Rewrite]) -> list[StepRecord]:
         eng = self.engine
         for _ in range(5):
             docs = {d["id"]: d for d in eng.store.query_partition(execution_id).docs}
-            ex = docs.get(EXEC_ID)
+            ex = maybe_exec(docs.get(EXEC_ID))
             if ex is None:
                 raise UnknownWorkflowError(f"no execution with id {execution_id!r}")
             if settle(eng, ex, docs):
@@ -362,7 +363,7 @@ class Admin:
         doc = self.engine.store.read(execution_id, EXEC_ID)
         return None if doc is None else _str(doc.get("status"))
 
-    def _plan_retry(self, ex: Doc, docs: dict[str, Doc]) -> _Rewrite:
+    def _plan_retry(self, ex: ExecDoc, docs: dict[str, Doc]) -> _Rewrite:
         if ex.get("status") != Status.FAILED:
             raise OperationRefused(f"{ex['pk']} is {ex.get('status')}, not failed")
         run = _int(ex.get("run"))
@@ -406,7 +407,7 @@ class Admin:
             rewrite.fields.update(cancel_requested=True, **{CANCELLED_BY_PARENT: ex.get(CANCELLED_BY_PARENT)})
         return rewrite
 
-    def _forget_after(self, ex: Doc, docs: dict[str, Doc], seq: int, rewrite: _Rewrite, keep: set[int]) -> None:
+    def _forget_after(self, ex: ExecDoc, docs: dict[str, Doc], seq: int, rewrite: _Rewrite, keep: set[int]) -> None:
         """Plan to delete what run ``ex.run`` recorded after step ``seq`` (but the steps ``keep``):
         markers, outcomes, wait decisions and the settlements of signal values they made (so those
         values are pending again); values themselves are not bound to steps and stay. Children of
@@ -432,7 +433,7 @@ class Admin:
         ex = next((d for d in docs if d["id"] == EXEC_ID), None)
         if ex is None:
             return  # never created (the parent failed before the start), or already forgotten
-        if ex.get("status") not in TERMINAL or depth > 20:
+        if not is_terminal(ex) or depth > 20:
             raise OperationRefused(
                 f"child {execution_id} was started after the failed step and is {ex.get('status')}: "
                 "cancel it (or let it end) and retry again"
@@ -442,7 +443,7 @@ class Admin:
                 self._plan_forget(str(d["child_id"]), rewrite, depth + 1)
         rewrite.forget.append(execution_id)
 
-    def _plan_resume(self, ex: Doc, docs: dict[str, Doc]) -> _Rewrite:
+    def _plan_resume(self, ex: ExecDoc, docs: dict[str, Doc]) -> _Rewrite:
         status = ex.get("status")
         rewrite = _Rewrite()
         if status == Status.FAILED:
@@ -481,14 +482,14 @@ class Admin:
         rearm_waiting_children(self, ex, docs, rewrite)
         return rewrite
 
-    def _rerun(self, ex: Doc, docs: dict[str, Doc], outcome: Doc, rewrite: _Rewrite) -> None:
+    def _rerun(self, ex: ExecDoc, docs: dict[str, Doc], outcome: Doc, rewrite: _Rewrite) -> None:
         """Forget a step's outcome and make the step happen again."""
         rewrite.deletes.append(outcome)
         marker = docs.get(marker_id(_int(outcome.get("seq")), _int(ex.get("run"))))
         if marker is not None:
             self._rearm(ex, marker, rewrite, fresh=True)
 
-    def _rearm(self, ex: Doc, marker: Doc, rewrite: _Rewrite, fresh: bool = False) -> None:
+    def _rearm(self, ex: ExecDoc, marker: Doc, rewrite: _Rewrite, fresh: bool = False) -> None:
         """Make a step whose outcome is gone pending again, due (recovery's safety net) and sent."""
         eng = self.engine
         now = eng.clock.now()
@@ -526,7 +527,7 @@ class Admin:
         elif kind == StepKind.CHILD and marker.get("child_id"):
             child = str(marker["child_id"])
             updated.update(due_kind=DueKind.CHILD, due_at=now + eng.settings.activity_queue_timeout)
-            cex = eng.store.read(child, EXEC_ID) or {}
+            cex = as_exec(eng.store.read(child, EXEC_ID) or {})
             # a failed child is retried with its step; a cancelled one is resumed only if the
             # cancel was its parent's: an operator's cancel of it stands (the step takes its end)
             if cex.get("status") == Status.FAILED or ended_by_parent(cex):
@@ -568,7 +569,7 @@ class Admin:
                 return why  # the scan keeps trying; the next purge looks again
         else:
             return "its emitted effects were not admitted yet"
-        ex = next((d for d in docs if d["id"] == EXEC_ID), None)
+        ex = maybe_exec(next((d for d in docs if d["id"] == EXEC_ID), None))
         if ex is None:
             return "it no longer exists"
         if ex.get(PURGING):  # an earlier purge was cut between its batches (and recorded): finished
@@ -576,7 +577,7 @@ class Admin:
             return sum(1 for d in docs if d.get("type") != "purged")
         if settle(self.engine, ex, {d["id"]: d for d in docs}):
             return "an operation on it was half done: finished it"
-        if ex.get("status") not in TERMINAL:
+        if not is_terminal(ex):
             return f"it is {ex.get('status')}"
         if ex.get("parent") and ex.get("parent_notified") is False and not force:
             return "its parent was not told its outcome yet"

@@ -35,6 +35,7 @@ from celery_durable.engine.admin.purge import RECORD_TYPE, record_id
 from celery_durable.engine.admin.reruns import RERUNS, rerun_count
 from celery_durable.engine.admin.superseded import version_of
 from celery_durable.engine.admin.timeline import _int, _num, _step
+from celery_durable.engine.documents.records import ExecDoc
 from celery_durable.engine.documents.schema import EXEC_ID, OPERATION_PREFIX, DocType, StepKind, marker_id, operation_id
 from celery_durable.errors import ConflictError, DurableError, OperationRefused
 from celery_durable.stores.base import Doc, Op, strip_reserved
@@ -167,7 +168,7 @@ def archive(
     return out | ({"spilled": chunks[1:]} if parts > 1 else {})
 
 
-def next_op(ex: Doc, docs: dict[str, Doc] | None = None) -> int:
+def next_op(ex: ExecDoc, docs: dict[str, Doc] | None = None) -> int:
     """The number of the next operation document: past the exec's ``operations`` counter and past
     any record in ``docs`` (one written with the first batch of an action whose later batches,
     which count it, did not happen: a crash between them)."""
@@ -175,7 +176,9 @@ def next_op(ex: Doc, docs: dict[str, Doc] | None = None) -> int:
     return max([_int(ex.get("operations")), *(int(d[len(OPERATION_PREFIX) :]) for d in ids)]) + 1
 
 
-def op_doc(ex: Doc, action: str, by: str, reason: str | None, at: float, n: int | None = None, **fields: Any) -> Doc:
+def op_doc(
+    ex: ExecDoc, action: str, by: str, reason: str | None, at: float, n: int | None = None, **fields: Any
+) -> Doc:
     """The operation document ``op:<n>`` for ``ex`` (``n``: by default its ``operations``
     counter + 1; the caller writes ``operations=n`` on the exec document in the same batch, or
     in the last batch of the action)."""
@@ -201,7 +204,7 @@ class Engine(Protocol):
     def clock(self) -> Any: ...
     @property
     def cache(self) -> Any: ...
-    def read_exec(self, execution_id: str) -> Doc: ...
+    def read_exec(self, execution_id: str) -> ExecDoc: ...
 
 
 class _Rewrite(Protocol):
@@ -213,23 +216,24 @@ class _Rewrite(Protocol):
 
 def recorded(
     engine: Engine,
-    plan: Callable[[Doc, dict[str, Doc]], Any],
+    plan: Callable[[ExecDoc, dict[str, Doc]], Any],
     action: str,
     by: str | None,
     reason: str | None,
     **fields: Any,
-) -> Callable[[Doc, dict[str, Doc]], Any]:
+) -> Callable[[ExecDoc, dict[str, Doc]], Any]:
     """``plan`` (an ``Admin`` rewrite plan) that also records the action (and ``fields``) and
     archives the steps it deletes, in the op's first batch. Inputs are checked before any write."""
     who = actor() if by is None else _check_text(by, "by")
     _check_text(reason, "reason")
 
     @functools.wraps(plan)  # its name is the operation's kind (pending_ops.commit)
-    def plan_and_record(ex: Doc, docs: dict[str, Doc]) -> Any:
+    def plan_and_record(ex: ExecDoc, docs: dict[str, Doc]) -> Any:
         rewrite: _Rewrite = plan(ex, docs)
-        error = ex.get("error")
-        if isinstance(error, dict):  # the exec keeps the traceback; the record, what it was
-            error = {k: v for k, v in error.items() if k != "traceback"}
+        failure = ex.get("error")
+        error: Any = failure
+        if isinstance(failure, dict):  # the exec keeps the traceback; the record, what it was
+            error = {k: v for k, v in failure.items() if k != "traceback"}
         n = next_op(ex, docs)
         op = op_doc(ex, action, str(who), reason, engine.clock.now(), n, error=error, **fields)
         rewrite.creates += archived(engine, op, docs, rewrite.deletes, _int(ex.get("run")), rewrite.forget)
@@ -287,7 +291,7 @@ def _child(engine: Engine, execution_id: str, room: int) -> dict[str, Any]:
     return out | archive(docs, steps, run, max(0, room))
 
 
-def cascade(admin: Any, child: str, parent: str, token: str | None = None) -> Callable[[Doc, dict[str, Doc]], Any]:
+def cascade(admin: Any, child: str, parent: str, token: str | None = None) -> Callable[[ExecDoc, dict[str, Doc]], Any]:
     """The plan reopening a failed or cancelled child of a step an action re-runs, recorded
     (``by``: the parent; ``parent_op``: the parent's op ``token``) with what it forgets in the child."""
     how = "resume" if admin._status(child) == "cancelled" else "retry"
@@ -317,7 +321,7 @@ def note(
     raise DurableError(f"could not record the {action} of {execution_id!r}: too much contention")
 
 
-def cancel_ops(ex: Doc, body: Doc, by: str, reason: str | None, at: float) -> list[Op]:
+def cancel_ops(ex: ExecDoc, body: Doc, by: str, reason: str | None, at: float) -> list[Op]:
     """The batch that requests the cancel of ``ex`` (``body``: its updated exec document) and
     records it: who (``by``) asked and why."""
     _check_text(by, "by")
@@ -326,7 +330,7 @@ def cancel_ops(ex: Doc, body: Doc, by: str, reason: str | None, at: float) -> li
     return [Op.replace(body, ex["_etag"]), Op.create(op_doc(ex, "cancel", by, reason, at))]
 
 
-def signal_op(ex: Doc, docs: dict[str, Doc], body: Doc, by: str, name: str, at: float) -> Op:
+def signal_op(ex: ExecDoc, docs: dict[str, Doc], body: Doc, by: str, name: str, at: float) -> Op:
     """The operation document recording that operator ``by`` sent signal ``name`` to ``ex``,
     created in the batch that records the value (``body``: the exec's update, its counter set
     here), so a delivered signal is never left unrecorded (a separate write could fail)."""
@@ -335,7 +339,7 @@ def signal_op(ex: Doc, docs: dict[str, Doc], body: Doc, by: str, name: str, at: 
     return Op.create(op_doc(ex, "signal", by, None, at, n, name=name))
 
 
-def purge_record(ex: Doc, docs: Iterable[Doc], by: str, reason: str | None, at: float) -> Doc:
+def purge_record(ex: ExecDoc, docs: Iterable[Doc], by: str, reason: str | None, at: float) -> Doc:
     """The record of a purge of ``ex`` (``docs``: its partition), created with the purge's first
     batch (engine/admin/purge.py, which fills in ``documents``): ``purged`` for the first purge of
     the id, ``purged:<n>`` for a later one (an id used again): no purge erases another's record."""

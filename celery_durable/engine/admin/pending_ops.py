@@ -25,11 +25,12 @@ the children's archive with it) and its last, by whoever finishes it (engine/adm
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final
 
 from celery_durable.engine.admin.child_ops import run_children
 from celery_durable.engine.admin.purge import PURGING, finish_purge
+from celery_durable.engine.documents.records import ExecDoc, as_exec, maybe_exec
 from celery_durable.engine.documents.schema import EXEC_ID, PENDING_OP, DueKind
 from celery_durable.engine.drive.partition_cache import bump_generation
 from celery_durable.errors import ConfigurationError, ConflictError, DocumentTooLarge, PayloadValidationError
@@ -51,7 +52,7 @@ __all__ = [
     "settle",
 ]
 
-PENDING = PENDING_OP  # the exec field holding an operation's unfinished rest
+PENDING: Final = PENDING_OP  # the exec field holding an operation's unfinished rest
 #: the longest ``by`` and ``reason`` an operation records (refused beyond: never truncated)
 MAX_BY, MAX_REASON = 256, 4096
 
@@ -120,7 +121,7 @@ def _diff(old: Doc, new: Doc) -> dict[str, Any]:
 
 def commit(
     eng: Engine,
-    ex: Doc,
+    ex: ExecDoc,
     docs: dict[str, Doc],
     rewrite: Any,
     final: dict[str, Any],
@@ -169,13 +170,13 @@ def commit(
             ops = [Op.delete(d["id"], d["_etag"]) for d in first]
             etag = store.batch(ex["pk"], [*ops, Op.replace(pending, ex["_etag"])])[-1]
             gone = {d["id"] for d in first}
-            _roll(eng, pending | {"_etag": str(etag)}, {k: v for k, v in docs.items() if k not in gone}, token)
+            _roll(eng, as_exec(pending | {"_etag": str(etag)}), {k: v for k, v in docs.items() if k not in gone}, token)
     finally:
         eng.cache.invalidate(ex["pk"])
     return token
 
 
-def _roll(eng: Engine, ex: Doc, docs: dict[str, Doc], token: str) -> None:
+def _roll(eng: Engine, ex: ExecDoc, docs: dict[str, Doc], token: str) -> None:
     """Finish our own recorded op; a conflict is another finisher (the driver, the scan): read
     again and go on, or stop once it is done. Still pending after that: whoever comes next."""
     for _ in range(5):
@@ -184,19 +185,20 @@ def _roll(eng: Engine, ex: Doc, docs: dict[str, Doc], token: str) -> None:
             return
         except ConflictError:
             docs = {d["id"]: d for d in eng.store.query_partition(ex["pk"]).docs}
-            ex = docs.get(EXEC_ID) or {}
-            if not isinstance(ex.get(PENDING), dict) or ex[PENDING].get("token") != token:
+            ex = as_exec(docs.get(EXEC_ID) or {})
+            pending_op = ex.get(PENDING)
+            if not isinstance(pending_op, dict) or pending_op.get("token") != token:
                 return  # finished by someone else (or, never, replaced by another op)
 
 
-def finish(eng: Engine, pk: str, known: Doc | None = None) -> bool:
+def finish(eng: Engine, pk: str, known: Mapping[str, Any] | None = None) -> bool:
     """Finish the operation pending on ``pk``, if any; whether there was one. ``known``: its exec
     document as just read (the partition is read only when that has a pending op). A purge cut
     between its batches is finished too (engine/admin/purge.py)."""
     if known is not None and not isinstance(known.get(PENDING), dict) and not known.get(PURGING):
         return False
     docs = {d["id"]: d for d in eng.store.query_partition(pk).docs}
-    ex = docs.get(EXEC_ID)
+    ex = maybe_exec(docs.get(EXEC_ID))
     if ex is not None and ex.get(PURGING):
         finish_purge(eng, pk)
         return True
@@ -206,7 +208,7 @@ def finish(eng: Engine, pk: str, known: Doc | None = None) -> bool:
     return True
 
 
-def settle(eng: Engine, ex: Doc, docs: dict[str, Doc]) -> bool:
+def settle(eng: Engine, ex: ExecDoc, docs: dict[str, Doc]) -> bool:
     """Finish the op pending on ``ex`` (partition ``docs``) if there is one; whether there was
     (then read again: it changed, or a conflict says someone else is moving it on). A purge
     cut between its batches is finished, never operated on (engine/admin/purge.py)."""
@@ -222,7 +224,7 @@ def settle(eng: Engine, ex: Doc, docs: dict[str, Doc]) -> bool:
     return True
 
 
-def finish_loaded(eng: Engine, ex: Doc, docs: dict[str, Doc]) -> None:
+def finish_loaded(eng: Engine, ex: ExecDoc, docs: dict[str, Doc]) -> None:
     """Finish the operation pending on ``ex`` given its partition ``docs`` (as read with it).
     A ConflictError means someone else moved it on: read again."""
     try:
@@ -234,16 +236,17 @@ def finish_loaded(eng: Engine, ex: Doc, docs: dict[str, Doc]) -> None:
     eng.dispatcher.send_drive(ex["pk"])
 
 
-def _finish(eng: Engine, ex: Doc, docs: dict[str, Doc]) -> None:
+def _finish(eng: Engine, ex: ExecDoc, docs: dict[str, Doc]) -> None:
     """The idempotent rest: delete what is still there (batch by batch, the exec etag-chained,
     still pending), then re-arm, create and reopen in the last batch."""
     store = eng.store
-    rest: dict[str, Any] = ex[PENDING]
+    rest: dict[str, Any] = ex[PENDING] or {}
     room = store.max_batch_ops - 1
     deletes = [docs[i] for i in rest.get("deletes", []) if i in docs and i != EXEC_ID]
     creates = [d for d in rest.get("creates", []) if d.get("id") not in docs]
     rearm = {i: f for i, f in dict(rest.get("rearm") or {}).items() if i in docs}
-    body, etag = ex, str(ex["_etag"])
+    body: Mapping[str, Any] = ex
+    etag = str(ex["_etag"])
     while len(deletes) + len(rearm) + len(creates) > room:
         # deletes first, then re-arms (idempotent: the same fields again); the exec stays
         # terminal and pending until the last batch, so no drive sees a half re-armed history
@@ -257,12 +260,12 @@ def _finish(eng: Engine, ex: Doc, docs: dict[str, Doc]) -> None:
         etag = str(store.batch(ex["pk"], [*ops, Op.replace(new, etag)])[-1])
         body = new
     run_children(eng, str(ex["pk"]), rest)
-    _last(eng, body | {"_etag": etag}, docs, rest, deletes, rearm, creates)
+    _last(eng, as_exec({**body, "_etag": etag}), docs, rest, deletes, rearm, creates)
 
 
 def _last(
     eng: Engine,
-    ex: Doc,
+    ex: ExecDoc,
     docs: dict[str, Doc],
     rest: dict[str, Any],
     deletes: list[Doc] | None = None,

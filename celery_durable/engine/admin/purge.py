@@ -14,9 +14,10 @@ record with it (atomic as it stands).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
+from celery_durable.engine.documents.records import ExecDoc
 from celery_durable.engine.documents.schema import EXEC_ID, DueKind
 from celery_durable.engine.drive.partition_cache import bump_generation
 from celery_durable.errors import ConflictError
@@ -52,7 +53,7 @@ def _doomed(docs: list[Doc]) -> list[Doc]:
     return [d for d in docs if d["id"] != EXEC_ID and d.get("type") != RECORD_TYPE]
 
 
-def purge_partition(eng: Engine, ex: Doc, docs: list[Doc], record: Doc | None) -> int:
+def purge_partition(eng: Engine, ex: ExecDoc, docs: list[Doc], record: Doc | None) -> int:
     """Delete the partition ``docs`` of the terminal execution ``ex`` (as read with it), creating
     ``record`` (None: no record, a forgotten child) in the first batch; how many documents went.
     Raises ConflictError when the first batch found the execution changed (nothing written)."""
@@ -92,7 +93,7 @@ def _log(record: Doc | None, documents: int) -> None:
         log.info("purged %s (%s) by %s", record["pk"], what, record.get("by"))
 
 
-def _rest(eng: Engine, ex: Doc, others: list[Doc]) -> None:
+def _rest(eng: Engine, ex: Mapping[str, Any], others: list[Doc]) -> None:
     """The batches after the first: deletes (the exec etag-chained, still marked), the exec last."""
     store, pk = eng.store, str(ex["pk"])
     room = store.max_batch_ops - 1

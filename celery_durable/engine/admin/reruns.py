@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from celery_durable.engine.documents.records import ExecDoc, as_exec
 from celery_durable.stores.base import Doc
 
 __all__ = ["RERUNS", "rerun_count", "bump_reruns", "reborn", "emit_state", "children_of"]
@@ -42,17 +43,17 @@ def rerun_count(ex: Mapping[str, Any]) -> int:
 _PURGED = "purged"
 
 
-def reborn(ex: Doc, docs: Mapping[str, Doc]) -> Doc:
+def reborn(ex: Mapping[str, Any], docs: Mapping[str, Doc]) -> ExecDoc:
     """``ex`` as the driver replays it: an execution created under a purged id (its partition
     ``docs`` hold purge records) counts its reruns on past every count a purged life of the id
     recorded, so none of its ids is one an earlier life took. Written with its first commit."""
     if _PURGED not in docs:  # the common case, without a scan of the history
-        return ex
+        return as_exec(ex)
     base = max((_int(d.get(RERUNS)) + 1 for d in docs.values() if d.get("type") == _PURGED), default=0)
-    return ex if base <= rerun_count(ex) else {**ex, RERUNS: base}
+    return as_exec(ex if base <= rerun_count(ex) else {**ex, RERUNS: base})
 
 
-def bump_reruns(ex: Mapping[str, Any]) -> dict[str, int]:
+def bump_reruns(ex: ExecDoc) -> dict[str, int]:
     """The exec field an operation writes with the batch that reopens the execution."""
     return {RERUNS: rerun_count(ex) + 1}
 

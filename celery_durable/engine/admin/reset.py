@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from celery_durable.engine.admin.cancel_withdrawal import cascaded, rearm_waiting_children
 from celery_durable.engine.admin.oplog import actor, archived, next_op
 from celery_durable.engine.admin.timeline import _int
+from celery_durable.engine.documents.records import ExecDoc
 from celery_durable.engine.documents.schema import EXEC_ID, DocType, Status, marker_id, operation_id, result_id
 from celery_durable.engine.documents.search import run_start as search_run_start
 from celery_durable.stores.base import Doc
@@ -44,7 +45,7 @@ def cancel_point(cancelled: list[Doc]) -> int:
     return min(points) if points else max(_int(d.get("seq")) for d in cancelled)
 
 
-def _refuse_inside_compensations(refuse: type[Exception], ex: Doc, docs: dict[str, Doc], step: int) -> None:
+def _refuse_inside_compensations(refuse: type[Exception], ex: ExecDoc, docs: dict[str, Doc], step: int) -> None:
     """An execution whose run was cancelled (ended cancelled, or failed in a compensation) is not
     reset to a step after its cancel point: the steps between are
     what the cancel ran (compensations), which the re-run, its cancel withdrawn, would not take
@@ -74,12 +75,12 @@ class Planner(Protocol):
     @property
     def engine(self) -> Any: ...
 
-    def _forget_after(self, ex: Doc, docs: dict[str, Doc], seq: int, rewrite: Any, keep: set[int]) -> None: ...
+    def _forget_after(self, ex: ExecDoc, docs: dict[str, Doc], seq: int, rewrite: Any, keep: set[int]) -> None: ...
 
-    def _rearm(self, ex: Doc, marker: Doc, rewrite: Any, fresh: bool = False) -> None: ...
+    def _rearm(self, ex: ExecDoc, marker: Doc, rewrite: Any, fresh: bool = False) -> None: ...
 
 
-def _refuse_told_child(admin: Planner, refuse: type[Exception], ex: Doc) -> None:
+def _refuse_told_child(admin: Planner, refuse: type[Exception], ex: ExecDoc) -> None:
     """A child whose parent recorded its outcome is not reset alone: its re-run's outcome would
     reach nobody (the parent's step is decided, create-only), leaving the two disagreeing."""
     parent = ex.get("parent")
@@ -97,7 +98,7 @@ def plan_reset(
     admin: Planner,
     rewrite: Rewrite,
     refuse: type[Exception],
-    ex: Doc,
+    ex: ExecDoc,
     docs: dict[str, Doc],
     step: int,
     by: str,

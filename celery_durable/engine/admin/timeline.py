@@ -166,7 +166,7 @@ def _err_text(err: Any) -> str | None:
     return str(err)
 
 
-def summary_of(doc: Doc) -> ExecutionSummary:
+def summary_of(doc: Mapping[str, Any]) -> ExecutionSummary:
     """Decode an exec document; a malformed one comes back with ``corrupt`` set."""
     pk = str(doc.get("pk"))
     if CORRUPT_KEY in doc:
@@ -261,7 +261,7 @@ def _op_order(doc: Doc) -> str:
     return str(doc.get("id"))  # op:<n>, zero-padded: the order they were recorded in
 
 
-def describe_docs(ex: Doc, docs: list[Doc]) -> ExecutionDetail:
+def describe_docs(ex: Mapping[str, Any], docs: list[Doc]) -> ExecutionDetail:
     """The timeline of the current run from a partition's documents (malformed ones flagged)."""
     summary = summary_of(ex)
     run = summary.run
@@ -298,7 +298,7 @@ def describe_docs(ex: Doc, docs: list[Doc]) -> ExecutionDetail:
     )
 
 
-def _operations(ex: Doc, docs: Sequence[Doc], by_id: Mapping[str, Doc]) -> Iterator[Doc]:
+def _operations(ex: Mapping[str, Any], docs: Sequence[Doc], by_id: Mapping[str, Doc]) -> Iterator[Doc]:
     """The operation records, with the one of an operation cut between its batches: it is held
     in the exec's pending op until its last batch creates it, and its archive is already needed
     (the steps it forgot may be deleted)."""

@@ -7,12 +7,14 @@ of the same parent that started the same explicit id with the same workflow and 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from celery_durable.codecs import same_json
 from celery_durable.engine.admin.reruns import rerun_count
 from celery_durable.engine.dispatcher import ChildRequest
-from celery_durable.engine.documents.model import CANCELLED, COMPLETED, TERMINAL, marker_id, result_id, run_of
+from celery_durable.engine.documents.model import CANCELLED, COMPLETED, marker_id, result_id, run_of
+from celery_durable.engine.documents.records import ExecDoc, is_terminal
 from celery_durable.engine.documents.schema import CANCELLED_BY_PARENT
 from celery_durable.stores.base import Doc
 
@@ -29,7 +31,7 @@ __all__ = [
 ]
 
 
-def is_child_of(child: Doc, parent_id: str, run: int, seq: int) -> bool:
+def is_child_of(child: ExecDoc, parent_id: str, run: int, seq: int) -> bool:
     """Whether ``child`` was created (or fenced) for step ``seq`` of run ``run`` of ``parent_id``."""
     link = child.get("parent")
     if not isinstance(link, dict):
@@ -40,7 +42,7 @@ def is_child_of(child: Doc, parent_id: str, run: int, seq: int) -> bool:
         return False
 
 
-def joinable(child: Doc, req: ChildRequest) -> bool:
+def joinable(child: ExecDoc, req: ChildRequest) -> bool:
     """Whether step ``req`` may join ``child``: this parent's child (of any step or run, not a
     fence) of the same workflow and input. Another input would silently give the step a result
     computed from other arguments (as Stripe refuses a reused idempotency key): refused instead."""
@@ -54,12 +56,12 @@ def joinable(child: Doc, req: ChildRequest) -> bool:
     )
 
 
-def joiners_of(child: Doc) -> list[dict[str, Any]]:
+def joiners_of(child: ExecDoc) -> list[dict[str, Any]]:
     """The parent steps that joined ``child`` (``{"pk", "run", "seq"}``; shape checked by ``check_exec``)."""
     return [dict(j) for j in child.get("joiners") or []]
 
 
-def child_outcome(child_id: str, child: Doc, link: dict[str, Any], now: float) -> Doc:
+def child_outcome(child_id: str, child: ExecDoc, link: Mapping[str, Any], now: float) -> Doc:
     """The outcome document of the parent step at ``link`` for the finished ``child``."""
     seq, run = int(link["seq"]), run_of(link)
     status = child["status"]
@@ -85,14 +87,14 @@ def child_outcome(child_id: str, child: Doc, link: dict[str, Any], now: float) -
     }
 
 
-def withdrawn_cancels(ex: Doc, docs: dict[str, Doc], carry: list[Doc]) -> dict[int, str]:
+def withdrawn_cancels(ex: ExecDoc, docs: dict[str, Doc], carry: list[Doc]) -> dict[int, str]:
     """Step -> child of the outcomes in ``carry`` that record a cancel of ``ex``'s own that an
     operator has withdrawn since (resume, reset): the child, pending when ``ex`` was cancelled,
     ended cancelled by it, but ``ex`` runs again and waits for the step. Recorded, the step would
     fail on a cancel nobody wants any more; the child is resumed instead (``Engine.reopen_child``).
     The caller's commit is conditional on ``ex``'s etag, which that operation changed. An ``ex``
     that has ended since waits for nothing: the end is recorded as it is, the child left alone."""
-    if ex.get("cancel_requested") or ex.get("status") in TERMINAL:
+    if ex.get("cancel_requested") or is_terminal(ex):
         return {}
     run = run_of(ex)
     return {
@@ -132,7 +134,7 @@ def stale_child_outcomes(docs: dict[str, Doc], run: int, carry: list[Doc]) -> se
     return stale
 
 
-def describe_holder(ex: Doc) -> str:
+def describe_holder(ex: ExecDoc) -> str:
     what = f"an execution of {ex.get('workflow')!r} ({ex.get('status')})"
     link = ex.get("parent")
     if isinstance(link, dict) and link.get("pk"):
@@ -140,7 +142,7 @@ def describe_holder(ex: Doc) -> str:
     return f"{what} that has no parent"
 
 
-def is_fence(child: Doc) -> bool:
+def is_fence(child: Mapping[str, Any]) -> bool:
     """A child id claimed by its parent's cancel (``Children.fence_children``) and never run. Once an
     operator resumes it (resuming the parent resumes its cancelled children) it is driven and
     is a real child whose outcome its parent is told."""

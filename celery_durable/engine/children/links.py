@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from celery_durable.engine.children.holders import (
     child_outcome,
@@ -29,7 +30,6 @@ from celery_durable.engine.documents.model import (
     DUE_EXEC,
     EXEC_ID,
     RUNNING,
-    TERMINAL,
     new_exec_doc,
     parse_step_id,
     result_id,
@@ -44,6 +44,7 @@ from celery_durable.stores.base import Doc, strip_reserved
 
 if TYPE_CHECKING:
     from celery_durable.engine.ports import EngineParts
+from celery_durable.engine.documents.records import ExecDoc, is_terminal, maybe_exec
 from celery_durable.engine.drive.upkeep import clear_due, wake
 
 __all__ = ["Children"]
@@ -81,7 +82,7 @@ class Children:
             return False
         parent = {"pk": req.parent_id, "seq": req.seq, "run": req.run}
         if not eng.create_execution(req.workflow, req.payload, req.child_id, parent):
-            existing = eng.store.read(req.child_id, EXEC_ID)
+            existing = maybe_exec(eng.store.read(req.child_id, EXEC_ID))
             if existing is not None and not is_child_of(existing, req.parent_id, req.run, req.seq):
                 if joinable(existing, req):
                     return self._join(req, existing)
@@ -101,7 +102,7 @@ class Children:
                 pass
         return True
 
-    def _refuse_taken(self, req: ChildRequest, holder: Doc) -> None:
+    def _refuse_taken(self, req: ChildRequest, holder: ExecDoc) -> None:
         """Fail the parent's child step: its id is held by ``holder``, not this step's child.
 
         Recorded create-only like a child's own outcome, so a retry (recovery after a lost first
@@ -130,7 +131,7 @@ class Children:
         }
         eng.driver.drive(req.parent_id, carry=[doc], release=[req.seq])
 
-    def _join(self, req: ChildRequest, child: Doc) -> bool:
+    def _join(self, req: ChildRequest, child: ExecDoc) -> bool:
         """Give step ``req`` the outcome of ``child``, this parent's (joinable) child of another step.
 
         A finished child's outcome is recorded for the step at once. A running child gets the step
@@ -141,14 +142,14 @@ class Children:
         """
         eng = self.engine
         me = {"pk": req.parent_id, "run": req.run, "seq": req.seq}
-        current: Doc | None = child
+        current: ExecDoc | None = child
         for _ in range(20):
             if current is None:
                 return False  # gone (purged) meanwhile: recovery starts it again
             if not joinable(current, req):
                 self._refuse_taken(req, current)
                 return False
-            if current.get("status") in TERMINAL:
+            if is_terminal(current):
                 doc = child_outcome(req.child_id, current, me, eng.clock.now())
                 eng.driver.drive(req.parent_id, carry=[doc], release=[req.seq])
                 return True
@@ -168,7 +169,7 @@ class Children:
         """Cancel ``child_id`` if it is the child at ``link`` (parent id, run, step), or joined by
         it; an execution that merely holds the id (a taken explicit id) is never cancelled by
         this parent."""
-        child = self.engine.store.read(child_id, EXEC_ID)
+        child = maybe_exec(self.engine.store.read(child_id, EXEC_ID))
         pk, run, seq = link
         if child is None or not (is_child_of(child, *link) or {"pk": pk, "run": run, "seq": seq} in joiners_of(child)):
             return
@@ -183,7 +184,7 @@ class Children:
         except UnknownWorkflowError:
             pass
 
-    def _revive(self, fence: Doc) -> bool:
+    def _revive(self, fence: Mapping[str, Any]) -> bool:
         """Turn a fence into the running child it stood for (etag-guarded); False if it changed."""
         eng = self.engine
         now = eng.clock.now()
@@ -201,7 +202,7 @@ class Children:
         eng.dispatcher.send_drive(str(fence["pk"]))
         return True
 
-    def fence_children(self, parent: Doc, markers: list[Doc]) -> None:
+    def fence_children(self, parent: Mapping[str, Any], markers: list[Doc]) -> None:
         """Before a drive commits the cancel of pending child steps: claim each child's id.
 
         A child is created after its parent's commit, in another partition, by a creator that
@@ -243,7 +244,7 @@ class Children:
         ex = check_exec(req.parent_id, docs.get(EXEC_ID))
         if ex is None:
             return "the parent does not exist"
-        if ex.get("status") in TERMINAL:
+        if is_terminal(ex):
             return f"the parent is {ex['status']}"
         if fenced and ex.get("cancel_requested"):
             return "the parent is being cancelled"
@@ -260,10 +261,10 @@ class Children:
         joined it) and drive the parent."""
         eng = self.engine
         child = check_exec(child_id, eng.store.read(child_id, EXEC_ID))
-        if child is None or child.get("status") not in TERMINAL or not child.get("parent") or is_fence(child):
+        if child is None or not is_terminal(child) or not child.get("parent") or is_fence(child):
             return
         now = eng.clock.now()
-        docs = [child_outcome(child_id, child, link, now) for link in [child["parent"], *joiners_of(child)]]
+        docs = [child_outcome(child_id, child, link, now) for link in [child["parent"], *joiners_of(child)] if link]
         for pk in dict.fromkeys(str(d["pk"]) for d in docs):  # one drive per parent (joiners share it)
             mine = [d for d in docs if d["pk"] == pk]
             eng.driver.drive(pk, carry=mine, release=[int(d["seq"]) for d in mine])
@@ -274,7 +275,7 @@ class Children:
                 )
                 return
             except ConflictError:
-                child = eng.store.read(child_id, EXEC_ID)
+                child = maybe_exec(eng.store.read(child_id, EXEC_ID))
                 if child is None or child.get("parent_notified"):
                     return
 
@@ -303,7 +304,7 @@ class Children:
             return
         if child is not None and is_fence(child) and self._child_unwanted(req, fenced=True) is None:
             child = None  # the parent waits for it again (resumed by an operator): start it
-        if child is not None and child.get("status") in TERMINAL:
+        if child is not None and is_terminal(child):
             if is_fence(child):
                 wake(self.engine, parent_id)  # never a real outcome: the parent's cancel drive records the step's
             else:

@@ -18,11 +18,11 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
+from celery_durable.engine.documents.records import ExecDoc, as_exec, is_terminal
 from celery_durable.engine.documents.schema import (
     EXEC_ID,
     SIGNAL_MARK_PREFIX,
     SIGNAL_VALUE_PREFIX,
-    TERMINAL,
     Status,
     is_step_id,
     signal_mark_id,
@@ -278,9 +278,10 @@ def check_shape(pk: str, doc: Any) -> Doc:
     return doc
 
 
-def check_exec(pk: str, doc: Doc | None) -> Doc | None:
-    """Check an exec document read on its own (``None`` passes: the execution does not exist)."""
-    return None if doc is None else check_shape(pk, doc)
+def check_exec(pk: str, doc: Doc | None) -> ExecDoc | None:
+    """Check an exec document read on its own (``None`` passes: the execution does not exist),
+    and type it (engine/documents/records.py)."""
+    return None if doc is None else as_exec(check_shape(pk, doc))
 
 
 #: pk -> the serial of the last partition snapshot (``cache.Partition``) found well-formed. A
@@ -302,7 +303,7 @@ def check_partition(pk: str, docs: Mapping[str, Doc]) -> None:
     ex = docs.get(EXEC_ID)
     if ex is not None:
         check_shape(pk, ex)
-        if ex.get("status") in TERMINAL:
+        if is_terminal(ex):
             return
     if not isinstance(docs, Partition):
         for doc in docs.values():

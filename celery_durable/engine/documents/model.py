@@ -11,9 +11,11 @@ import threading
 import time
 import traceback
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from celery_durable.engine.documents.records import lease_of, run_of
 from celery_durable.engine.documents.schema import (
     EXEC_ID,
     TERMINAL,
@@ -119,20 +121,15 @@ def worker_identity() -> str:
         return _identity[1]
 
 
-def run_of(doc: Doc) -> int:
-    """The run (0, then one more per continue-as-new) a document belongs to; absent means 0."""
-    return int(doc.get("run") or 0)
-
-
-def settled(doc: Doc) -> Doc:
+def settled(doc: Mapping[str, Any]) -> Doc:
     """A copy to write back with no lease and out of every scan (the step or exec is done)."""
     return strip_reserved(doc) | {"lease": None, "due_kind": None, "due_at": None}
 
 
-def lease_live(doc: Doc, now: float) -> bool:
+def lease_live(doc: Mapping[str, Any], now: float) -> bool:
     """Whether the document's lease is held and not expired."""
-    lease = doc.get("lease") or {}
-    return "expires" in lease and float(lease["expires"]) > now
+    lease = lease_of(doc)
+    return lease is not None and "expires" in lease and float(lease["expires"]) > now
 
 
 def new_exec_doc(

@@ -28,7 +28,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from enum import StrEnum
-from typing import Any
+from typing import Any, Final
 
 __all__ = [
     "EXEC_ID",
@@ -68,7 +68,7 @@ OPERATION_PREFIX = "op:"
 #: id of the execution document in its partition
 EXEC_ID = "exec"
 #: the exec field holding an operator operation's unfinished rest (engine/admin/pending_ops.py)
-PENDING_OP = "pending_op"
+PENDING_OP: Final = "pending_op"
 #: the exec field of a child whose cancel came from its parent's (not from an operator): a resume
 #: or reset of the parent that withdraws its cancel withdraws the child's too (engine/admin/operator.py)
 CANCELLED_BY_PARENT = "cancelled_by_parent"

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from celery_durable.codecs import same_json
 from celery_durable.engine.documents.model import run_of
+from celery_durable.engine.documents.records import ExecDoc
 from celery_durable.stores.base import Doc
 from celery_durable.stores.search import check_memo, check_search, merge_search
 
@@ -46,7 +47,7 @@ def upsert(ctx: WorkflowContext, attrs: Mapping[str, Any]) -> None:
     ctx.search_updates.update(updates)
 
 
-def run_start(ex: Doc) -> dict[str, Any] | None:
+def run_start(ex: ExecDoc) -> dict[str, Any] | None:
     """The attributes the current run started with (recorded by its first upsert), or None."""
     base = ex.get("search_run")
     if isinstance(base, dict) and base.get("run") == run_of(ex) and isinstance(base.get("search"), dict):
@@ -54,7 +55,7 @@ def run_start(ex: Doc) -> dict[str, Any] | None:
     return None
 
 
-def apply_updates(new_ex: Doc, ex: Doc, updates: Mapping[str, Any]) -> bool:
+def apply_updates(new_ex: Doc, ex: ExecDoc, updates: Mapping[str, Any]) -> bool:
     """Set ``new_ex["search"]`` from ``ex``'s and the replay's updates; True when it changed. The
     first change of a run records what the run started with (``search_run``): a reset restores
     it (engine/admin/reset.py), as the re-run replays its upserts from there."""

@@ -7,9 +7,11 @@ keeps running for everyone else (docs/architecture.md §4, "Values").
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from celery_durable.engine.documents.model import DUE_EXEC, EXEC_ID, FAILED, TERMINAL, error_info, settled
+from celery_durable.engine.documents.model import DUE_EXEC, EXEC_ID, FAILED, error_info, settled
+from celery_durable.engine.documents.records import is_terminal
 from celery_durable.errors import ConflictError, CorruptDocument
 from celery_durable.stores.base import Doc, strip_reserved
 
@@ -21,14 +23,14 @@ __all__ = ["fail_corrupt", "parent_link"]
 log = logging.getLogger("celery_durable.drive")
 
 
-def parent_link(ex: Doc) -> dict[str, Any] | None:
+def parent_link(ex: Mapping[str, Any]) -> dict[str, Any] | None:
     parent = ex.get("parent")
     if isinstance(parent, dict) and isinstance(parent.get("pk"), str) and isinstance(parent.get("seq"), int):
         return parent
     return None
 
 
-def _salvaged(ex: Doc) -> Doc:
+def _salvaged(ex: Mapping[str, Any]) -> Doc:
     """A malformed exec reduced to the fields we can trust, its old body kept for inspection."""
     kept: Doc = {k: ex[k] for k in ("pk", "id", "type", "created_at", "payload") if k in ex}
     kept.update(workflow=ex["workflow"] if isinstance(ex.get("workflow"), str) else "?", parent=parent_link(ex))
@@ -72,7 +74,7 @@ def fail_corrupt(engine: EngineParts, execution_id: str, error: Exception) -> No
         if ex is None:
             log.error("corrupt document in %s, which has no execution: %s", pk, error)
             return
-        if ex.get("status") in TERMINAL:
+        if is_terminal(ex):
             _settle_doc(engine, pk, doc_id)
             log.error("finished execution %s has a corrupt document: %s", pk, error)
             return

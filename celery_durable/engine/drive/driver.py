@@ -36,13 +36,13 @@ from celery_durable.engine.documents.model import (
     EXEC_ID,
     FAILED,
     RUNNING,
-    TERMINAL,
     error_info,
     lease_live,
     marker_id,
     run_of,
     settled,
 )
+from celery_durable.engine.documents.records import ExecDoc, count_of, holder_of, is_terminal
 from celery_durable.engine.documents.search import apply_updates as apply_search_updates
 from celery_durable.engine.drive.corrupt import fail_corrupt
 from celery_durable.engine.drive.partition_cache import Partition
@@ -92,7 +92,7 @@ class _Drive:
     reopen: set[str] = field(default_factory=set)
     #: local activity steps run by this drive (kept across its rounds)
     local: LocalRun = field(default_factory=LocalRun)
-    committed: tuple[Doc, Replay] | None = None
+    committed: tuple[ExecDoc, Replay] | None = None
     #: why this drive fails the execution: a document it must write is too large to store
     oversize: dict[str, Any] | None = None
 
@@ -101,7 +101,7 @@ def _json(value: Any) -> str:
     return json.dumps(value, sort_keys=True)
 
 
-def _as_of(doc: Doc, ex: Doc | None) -> Doc:
+def _as_of(doc: Doc, ex: ExecDoc | None) -> Doc:
     """A carried signal-wait timeout, counting the values sent as of the exec this round read.
 
     The replay lets values numbered up to ``signals_seen`` win over the timeout. Counted when
@@ -111,7 +111,7 @@ def _as_of(doc: Doc, ex: Doc | None) -> Doc:
     """
     if ex is None or not doc.get("timeout") or "signals_seen" not in doc:
         return doc
-    return doc | {"signals_seen": int(ex.get("signal_seq") or 0)}
+    return doc | {"signals_seen": count_of(ex, "signal_seq")}
 
 
 def _oversized(exc: DocumentTooLarge, carry: list[Doc]) -> list[Doc]:
@@ -143,7 +143,7 @@ class Driver:
 
     # --- replay -------------------------------------------------------------------------
 
-    def replay(self, ex: Doc, history: dict[str, Doc], now: float) -> Replay:
+    def replay(self, ex: ExecDoc, history: dict[str, Doc], now: float) -> Replay:
         """Replay the execution over ``history`` (pure: see :func:`.replay.replay`)."""
         eng = self.engine
         workflow = eng.registry.workflow(str(ex.get("workflow")))
@@ -201,15 +201,15 @@ class Driver:
         docs = self._read(d, round_)
         if isinstance(docs, DriveOutcome):
             return docs
-        ex = docs.get(EXEC_ID)
-        if ex is None:
+        stored = docs.get(EXEC_ID)
+        if stored is None:
             log.error("drive %s: no such execution", d.execution_id)
             return DriveOutcome.MISSING
-        ex = reborn(ex, docs)  # a new life of a purged id takes no id an earlier one took
+        ex = reborn(stored, docs)  # a new life of a purged id takes no id an earlier one took
         carry_new = self._screen(d, ex, docs)
         if settle(eng, ex, dict(docs.items())):
             return AGAIN  # an operator's op was left half done: finish it before driving
-        if ex.get("status") in TERMINAL:
+        if is_terminal(ex):
             return self._record_late(d, ex, carry_new)
         now = eng.clock.now()
         contended = self._contend(d, ex, docs, carry_new, now)
@@ -235,7 +235,7 @@ class Driver:
             return DriveOutcome.FAILED
         return docs
 
-    def _screen(self, d: _Drive, ex: Doc, docs: dict[str, Doc]) -> list[Doc]:
+    def _screen(self, d: _Drive, ex: ExecDoc, docs: dict[str, Doc]) -> list[Doc]:
         """Drop carried outcomes nothing waits for any more; the rest not recorded yet, as of ``ex``."""
         run = run_of(ex)
         if any(run_of(x) != run for x in d.carry):
@@ -255,7 +255,7 @@ class Driver:
             d.reopen.update(withdrawn.values())
         return [_as_of(x, ex) for x in d.carry if x["id"] not in docs]
 
-    def _record_late(self, d: _Drive, ex: Doc, carry_new: list[Doc]) -> DriveOutcome | _Again:
+    def _record_late(self, d: _Drive, ex: ExecDoc, carry_new: list[Doc]) -> DriveOutcome | _Again:
         """An ended execution: record a late outcome (an attempt's, a child's) and drive nothing."""
         eng = self.engine
         if not carry_new:
@@ -274,15 +274,15 @@ class Driver:
         return DriveOutcome.TERMINAL
 
     def _contend(
-        self, d: _Drive, ex: Doc, docs: dict[str, Doc], carry_new: list[Doc], now: float
+        self, d: _Drive, ex: ExecDoc, docs: dict[str, Doc], carry_new: list[Doc], now: float
     ) -> DriveOutcome | _Again | None:
         """The exec lease: defer to a live holder (ours recorded with a bump), or take it after
         ``optimistic_attempts`` lost commits; ``None``: go on and replay."""
         eng = self.engine
-        lease: dict[str, Any] = ex.get("lease") or {}
-        mine = lease.get("holder") == d.me
+        holder = holder_of(ex)
+        mine = holder == d.me
         if d.holding and not mine:
-            log.warning("drive %s: lease lost to %s", d.execution_id, lease.get("holder"))
+            log.warning("drive %s: lease lost to %s", d.execution_id, holder)
             return DriveOutcome.LEASE_LOST
         # Below, our documents (and the markers they settle) are written in ONE batch with
         # the exec bump or claim: recorded apart, a failure in between left an outcome no
@@ -292,7 +292,7 @@ class Driver:
             if d.eager:  # nothing of ours to record: the lease holder (and the drive message) drive it
                 return DriveOutcome.DECLINED
             # someone else is driving: record ours with a bump, so their release re-reads
-            bumped = strip_reserved(ex) | {"wakeups": int(ex.get("wakeups") or 0) + 1}
+            bumped = strip_reserved(ex) | {"wakeups": count_of(ex, "wakeups") + 1}
             try:
                 eng.store.batch(d.execution_id, self._record_ops(docs, carry_new, d.release, bumped, ex["_etag"]))
             except ConflictError:
@@ -323,7 +323,7 @@ class Driver:
         return None
 
     def _decide(
-        self, d: _Drive, ex: Doc, docs: dict[str, Doc], carry_new: list[Doc], now: float
+        self, d: _Drive, ex: ExecDoc, docs: dict[str, Doc], carry_new: list[Doc], now: float
     ) -> tuple[Replay, list[Op]] | DriveOutcome:
         """Replay over the partition and what is carried (running local activities here), and
         the one batch that records what it decided."""
@@ -355,7 +355,9 @@ class Driver:
             return DriveOutcome.DECLINED
         return replay, ops
 
-    def _commit(self, d: _Drive, ex: Doc, docs: dict[str, Doc], replay: Replay, ops: list[Op]) -> DriveOutcome | _Again:
+    def _commit(
+        self, d: _Drive, ex: ExecDoc, docs: dict[str, Doc], replay: Replay, ops: list[Op]
+    ) -> DriveOutcome | _Again:
         """Commit the batch (conditional on the exec's etag); its sends go out after the drive."""
         eng = self.engine
         self._fence_cancelled_children(ex, docs, replay)
@@ -415,7 +417,7 @@ class Driver:
         fail_corrupt(self.engine, execution_id, error)
 
     def _commit_ops(
-        self, ex: Doc, docs: dict[str, Doc], carry_new: list[Doc], release: list[int], replay: Replay, now: float
+        self, ex: ExecDoc, docs: dict[str, Doc], carry_new: list[Doc], release: list[int], replay: Replay, now: float
     ) -> list[Op] | None:
         eng = self.engine
         run = run_of(ex)
@@ -423,7 +425,7 @@ class Driver:
         ops += [Op.create(d) for d in replay.new_docs if d["id"] not in docs]
         ops += self._release_ops(docs, release, run)
         new_ex = strip_reserved(ex)
-        steps = max(replay.steps, int(ex.get("steps") or 0))
+        steps = max(replay.steps, count_of(ex, "steps"))
         new_ex.update(lease=None, due_kind=None, due_at=None, last_error=None, steps=steps)
         # wf.set_status: recorded with this commit, only when the value changed (type-exact: 1 != True)
         status_changed = replay.status_set and _json(replay.custom_status) != _json(ex.get("custom_status"))
@@ -446,7 +448,7 @@ class Driver:
                 run=run + 1,
                 payload=replay.payload,
                 steps=0,
-                continued=int(ex.get("continued") or 0) + 1,
+                continued=count_of(ex, "continued") + 1,
                 due_kind=DUE_EXEC,
                 due_at=now + eng.settings.drive_timeout,
             )
@@ -466,7 +468,7 @@ class Driver:
         if idle and not ex.get("lease") and not ex.get("due_kind") and not ex.get("last_error"):
             return None  # nothing new: a duplicate drive message
         new_ex["updated_at"] = now
-        new_ex["drives"] = int(ex.get("drives") or 0) + 1
+        new_ex["drives"] = count_of(ex, "drives") + 1
         ops.append(Op.replace(new_ex, ex["_etag"]))
         return ops
 
@@ -485,7 +487,7 @@ class Driver:
                 orphan_sends[req.key] = req
         store.batch(pk, ops)
 
-    def _fence_cancelled_children(self, ex: Doc, docs: dict[str, Doc], replay: Replay) -> None:
+    def _fence_cancelled_children(self, ex: ExecDoc, docs: dict[str, Doc], replay: Replay) -> None:
         """Claim the ids of the children this replay cancels, before its commit (``Children.fence_children``).
 
         Only steps already committed: a child step this replay itself takes is committed with its
@@ -537,7 +539,7 @@ class Driver:
         ops = [Op.create(d) for d in carry_new] + self._release_ops(docs, release, run)
         return ops + [Op.replace(new_ex, etag)]
 
-    def _after_commit(self, ex: Doc, replay: Replay) -> None:
+    def _after_commit(self, ex: ExecDoc, replay: Replay) -> None:
         eng = self.engine
         eng.signals.after_commit(ex["pk"], replay.new_docs)  # signal values rejected/ignored by the replay
         eng.emit("drive_committed", execution_id=ex["pk"], outcome=replay.kind)

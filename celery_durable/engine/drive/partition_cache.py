@@ -15,10 +15,11 @@ import itertools
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from celery_durable.engine.documents.model import EXEC_ID
+from celery_durable.engine.documents.records import count_of
 from celery_durable.stores.base import Doc, Store, strip_reserved
 
 __all__ = ["Partition", "PartitionCache", "bump_generation", "lineage"]
@@ -31,13 +32,13 @@ def lineage(exec_doc: Doc | None) -> tuple[Any, Any] | None:
     return exec_doc.get("incarnation"), exec_doc.get("generation") or 0
 
 
-def bump_generation(exec_doc: Doc) -> Doc:
+def bump_generation(exec_doc: Mapping[str, Any]) -> Doc:
     """A copy of the exec document (to write back) telling every cache to read the partition afresh.
 
     Whoever deletes or rewrites recorded documents of an execution writes this in the same
     batch as the deletes (or before them).
     """
-    return strip_reserved(exec_doc) | {"generation": int(exec_doc.get("generation") or 0) + 1}
+    return strip_reserved(exec_doc) | {"generation": count_of(exec_doc, "generation") + 1}
 
 
 #: serials of partition snapshots: process-wide, never reused (unlike ``id()``)

@@ -28,7 +28,6 @@ from celery_durable.engine.documents.model import (
     DUE_CHILD,
     DUE_EXEC,
     EXEC_ID,
-    TERMINAL,
     error_info,
     lease_live,
     marker_id,
@@ -37,6 +36,7 @@ from celery_durable.engine.documents.model import (
     run_of,
     settled,
 )
+from celery_durable.engine.documents.records import count_of, is_terminal
 from celery_durable.errors import ConflictError, CorruptDocument
 from celery_durable.stores.base import DueRef, find_inner, strip_reserved
 from celery_durable.stores.offload.chunk_gc import collect_chunks
@@ -106,12 +106,12 @@ class Recovery:
         ex = check_exec(pk, eng.store.read(pk, EXEC_ID))
         if ex is None or finish(eng, pk, ex):  # an operator's op left half done: finished, it drives
             return
-        if ex.get("status") in TERMINAL and ex.get("parent") and not ex.get("parent_notified"):
+        if is_terminal(ex) and ex.get("parent") and not ex.get("parent_notified"):
             eng.children.notify_parent(pk)  # the child finished but its parent was never told
             report.redriven += 1
             return
-        if ex.get("status") in TERMINAL or lease_live(ex, now):
-            if ex.get("status") in TERMINAL:
+        if is_terminal(ex) or lease_live(ex, now):
+            if is_terminal(ex):
                 try:
                     eng.store.replace(settled(ex), if_match=ex["_etag"])
                     report.cleared += 1
@@ -136,7 +136,7 @@ class Recovery:
         ex = docs.get(EXEC_ID)
         if marker is None or (ex is not None and isinstance(ex.get(PENDING), dict)):
             return  # an operation re-arming it is half done: its exec is finished first (due too)
-        done = result_id(seq, run) in docs or ex is None or ex.get("status") in TERMINAL or run_of(ex) != run
+        done = result_id(seq, run) in docs or ex is None or is_terminal(ex) or run_of(ex) != run
         if not done and marker.get("kind") != "activity":
             raise MalformedDocument(pk, marker_id(seq, run), f"a {marker.get('kind')} step is due as an activity")
         if done:
@@ -148,7 +148,7 @@ class Recovery:
             return
         if lease_live(marker, now):
             return
-        lost = int(marker.get("lost") or 0) + (1 if marker.get("lease") else 0)
+        lost = count_of(marker, "lost") + (1 if marker.get("lease") else 0)
         if lost > eng.settings.max_lost_attempts:
             err = RuntimeError(f"activity {marker['name']!r} was lost {lost} times (worker killed?)")
             result = {
@@ -159,8 +159,8 @@ class Recovery:
                 "seq": seq,
                 "name": marker["name"],
                 "ok": False,
-                "error": error_info(err, attempts=int(marker.get("attempts") or 0)),
-                "attempts": int(marker.get("attempts") or 0),
+                "error": error_info(err, attempts=count_of(marker, "attempts")),
+                "attempts": count_of(marker, "attempts"),
                 "completed_at": now,
             }
             eng.driver.drive(pk, carry=[result], release=[seq])
@@ -173,7 +173,7 @@ class Recovery:
         # whoever else rewrites it (an attempt's start, a retry, a reset/resume sending afresh)
         # breaks the chain. Never by clocks: started_at is a worker's, resent_at a beat's.
         chained = marker.get("resent_due") is not None and marker.get("resent_due") == marker.get("due_at")
-        queued = int(marker.get("resends") or 0) + 1 if chained else 1
+        queued = count_of(marker, "resends") + 1 if chained else 1
         due_at = now + eng.settings.activity_queue_timeout * min(2 ** (queued - 1), MAX_RESEND_SPACING)
         pushed = strip_reserved(marker) | {
             "lease": None,

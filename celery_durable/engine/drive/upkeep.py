@@ -15,9 +15,9 @@ from celery_durable.engine.documents.checks import (
 from celery_durable.engine.documents.model import (
     DUE_EXEC,
     EXEC_ID,
-    TERMINAL,
     settled,
 )
+from celery_durable.engine.documents.records import count_of, is_terminal
 from celery_durable.engine.documents.schema import run_prefixes
 from celery_durable.engine.drive.partition_cache import bump_generation
 from celery_durable.engine.outbox.model import DUE_ADMIT
@@ -41,9 +41,9 @@ def wake(engine: EngineParts, execution_id: str) -> None:
     eng = engine
     for _ in range(100):
         ex = check_exec(execution_id, eng.store.read(execution_id, EXEC_ID))
-        if ex is None or ex.get("status") in TERMINAL:
+        if ex is None or is_terminal(ex):
             return
-        bumped = strip_reserved(ex) | {"wakeups": int(ex.get("wakeups") or 0) + 1}
+        bumped = strip_reserved(ex) | {"wakeups": count_of(ex, "wakeups") + 1}
         if not ex.get("due_kind"):
             bumped.update(due_kind=DUE_EXEC, due_at=eng.clock.now() + eng.settings.drive_timeout)
         try:

@@ -30,6 +30,7 @@ from celery_durable.engine.dispatcher import (
 )
 from celery_durable.engine.documents.checks import check_workflow_id, pending_signal_values, signal_mark_id
 from celery_durable.engine.documents.model import DUE_ACTIVITY, DUE_CHILD, DUE_CLOCK, marker_id, result_id
+from celery_durable.engine.documents.records import count_of
 from celery_durable.engine.documents.schema import (
     child_execution_id,
     default_effect_id,
@@ -472,7 +473,7 @@ class WorkflowContext:
         if self.doc(oid) is not None:
             return True
         timer = self.doc(result_id(seq, self.run))
-        horizon = int(timer.get("signals_seen") or 0) if timer is not None and timer.get("timeout") else None
+        horizon = count_of(timer, "signals_seen") if timer is not None and timer.get("timeout") else None
         pending = sorted(
             (v for n in names for v in pending_signal_values(self.history, n) if self.doc(self._settle_id(v)) is None),
             key=lambda v: int(v["n"]),

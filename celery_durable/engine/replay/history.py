@@ -19,6 +19,7 @@ from celery_durable.engine.activities.delivery import stamped
 from celery_durable.engine.admin.reruns import rerun_count
 from celery_durable.engine.dispatcher import AdmitRequest, CancelRequest, Send
 from celery_durable.engine.documents.model import DUE_ACTIVITY, DUE_CHILD, DUE_CLOCK, error_info, run_of
+from celery_durable.engine.documents.records import ExecDoc, count_of
 from celery_durable.engine.outcomes import ReplayKind
 from celery_durable.engine.registry import Registry, WorkflowDef
 from celery_durable.engine.replay.context import ContinueAsNew, Fatal, LocalStep, Suspend, WorkflowContext, failed_step
@@ -73,7 +74,7 @@ def _without_pending_work(new_docs: list[Doc], sends: list[Send]) -> tuple[list[
 
 
 def replay(
-    ex: Doc,
+    ex: ExecDoc,
     history: Mapping[str, Doc],
     wf: WorkflowDef | None,
     registry: Registry,
@@ -122,12 +123,12 @@ def replay(
     return _decide(ex, wf, ctx, call(ctx, wf.fn, args, kwargs), read_only)
 
 
-def _settled(sticky: StickyCache, ex: Doc, decided: Replay) -> Replay:
+def _settled(sticky: StickyCache, ex: ExecDoc, decided: Replay) -> Replay:
     sticky.settle(ex, decided)
     return decided
 
 
-def _decide(ex: Doc, wf: WorkflowDef, ctx: WorkflowContext, outcome: Outcome, read_only: bool) -> Replay:
+def _decide(ex: ExecDoc, wf: WorkflowDef, ctx: WorkflowContext, outcome: Outcome, read_only: bool) -> Replay:
     """What a replay decided, from how the workflow function ended (or suspended) in ``ctx``."""
     kind, value, error, payload = ReplayKind.COMPLETED, None, None, None
     raised, result = outcome
@@ -149,7 +150,7 @@ def _decide(ex: Doc, wf: WorkflowDef, ctx: WorkflowContext, outcome: Outcome, re
             if cause is not None:
                 error["step"], error["taken"] = cause
     else:
-        recorded = int(ex.get("steps") or 0)
+        recorded = count_of(ex, "steps")
         if recorded > ctx.seq:
             kind = ReplayKind.FAILED
             error = {

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from celery_durable.codecs import CallCodec
 from celery_durable.engine.documents.checks import check_partition
-from celery_durable.engine.documents.model import EXEC_ID, FAILED, TERMINAL
+from celery_durable.engine.documents.model import EXEC_ID, FAILED
+from celery_durable.engine.documents.records import count_of, is_terminal, maybe_exec
 from celery_durable.engine.outcomes import ReplayKind
 from celery_durable.engine.replay.context import ContinueAsNew, Fatal, Suspend
 from celery_durable.engine.replay.history import replay
@@ -50,7 +51,7 @@ def answer_query(
 ) -> Any:
     """Answer query ``name(*args)`` of ``execution_id`` from a read-only replay; never writes or sends."""
     docs = {d["id"]: d for d in store.query_partition(execution_id).docs}
-    ex = docs.get(EXEC_ID)
+    ex = maybe_exec(docs.get(EXEC_ID))
     if ex is None:
         raise UnknownWorkflowError(f"no execution with id {execution_id!r} (never started, or purged)")
     check_partition(execution_id, docs)  # CorruptDocument names the document
@@ -63,11 +64,11 @@ def answer_query(
             "a query replays the workflow in the caller, so import the module that defines it"
         )
     result = replay(ex, docs, definition, registry, clock.now(), settings, read_only=True)
-    recorded = int(ex.get("steps") or 0)
+    recorded = count_of(ex, "steps")
     # an ended run's full history decides every step it takes: a replay that records anything
     # (a cancel delivered afresh, a step taken anew; patch markers of newer code aside) lacks part of it
     invented = result.context is not None and any(d.get("kind") != "patch" for d in result.context.new_docs.values())
-    ended = ex.get("status") in TERMINAL
+    ended = is_terminal(ex)
     if (ended and (result.kind == ReplayKind.SUSPENDED or (recorded and invented))) or result.steps < recorded:
         raise HistoryUnavailableError(
             execution_id,

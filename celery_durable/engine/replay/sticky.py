@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from greenlet import greenlet
 
 from celery_durable.engine.documents.model import EXEC_ID, marker_id, run_of
+from celery_durable.engine.documents.records import ExecDoc
 from celery_durable.engine.replay.context import ContinueAsNew, Fatal, Suspend, WorkflowContext
 from celery_durable.stores.base import RESERVED, Doc
 
@@ -90,7 +91,7 @@ def green_pool() -> bool:
     return bool(eventlet is not None and eventlet.is_monkey_patched("thread"))
 
 
-def _exec_key(ex: Doc) -> tuple[Any, ...]:
+def _exec_key(ex: ExecDoc) -> tuple[Any, ...]:
     return tuple(ex.get(k) for k in _EXEC_KEY)
 
 
@@ -163,7 +164,7 @@ class StickyCache:
         return self._switch(held)
 
     def resume(
-        self, ex: Doc, history: Mapping[str, Doc], wf: WorkflowDef, now: float
+        self, ex: ExecDoc, history: Mapping[str, Doc], wf: WorkflowDef, now: float
     ) -> tuple[WorkflowContext, Outcome] | None:
         """Resume the live instance of ``ex`` with what is new in ``history``; None: replay fully."""
         pk = str(ex["pk"])
@@ -186,7 +187,7 @@ class StickyCache:
         self._lru()[pk] = held
         return ctx, self._switch(held)
 
-    def _stale(self, held: Held, ex: Doc, history: Mapping[str, Doc], wf: WorkflowDef) -> str | None:
+    def _stale(self, held: Held, ex: ExecDoc, history: Mapping[str, Doc], wf: WorkflowDef) -> str | None:
         """Why the held instance cannot be resumed over ``history`` (None: it can)."""
         if not held.committed:
             return "uncommitted"
@@ -242,7 +243,7 @@ class StickyCache:
 
     # --- after a replay -----------------------------------------------------------------
 
-    def settle(self, ex: Doc, decided: Decided) -> None:
+    def settle(self, ex: ExecDoc, decided: Decided) -> None:
         """Keep the instance that just replayed ``ex`` if it is parked (pending its commit)."""
         pk = str(ex["pk"])
         held = self._lru().get(pk)

@@ -14,7 +14,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from celery_durable.engine.dispatcher import SignalRequest
-from celery_durable.engine.documents.model import EXEC_ID, TERMINAL, error_info, marker_id, result_id, run_of, settled
+from celery_durable.engine.documents.model import EXEC_ID, error_info, marker_id, result_id, run_of, settled
+from celery_durable.engine.documents.records import is_terminal
 from celery_durable.engine.documents.schema import external_signal_id
 from celery_durable.errors import ConflictError, InvalidWorkflowId, PayloadValidationError, UnknownWorkflowError
 from celery_durable.stores.base import Doc, reads_may_lag, strip_reserved
@@ -57,7 +58,7 @@ def send_signal(eng: EngineParts, signal: Signal, req: SignalRequest) -> None:
     A store error propagates: the marker stays due and recovery sends again."""
     docs = eng.cache.load(req.execution_id)
     ex = docs.get(EXEC_ID)
-    if ex is None or ex.get("status") in TERMINAL or run_of(ex) != req.run:
+    if ex is None or is_terminal(ex) or run_of(ex) != req.run:
         return  # the sender no longer waits (its marker is settled by the scan that finds it so)
     if result_id(req.seq, req.run) in docs:
         return
@@ -96,7 +97,7 @@ def send_signal_again(eng: EngineParts, signal: Signal, pk: str, marker: Doc) ->
     forward first (etag), so two scans send once per interval; the signal id dedupes the rest."""
     seq, run = int(marker["seq"]), run_of(marker)
     ex = eng.store.read(pk, EXEC_ID)
-    done = ex is None or ex.get("status") in TERMINAL or run_of(ex) != run
+    done = ex is None or is_terminal(ex) or run_of(ex) != run
     if done or eng.store.read(pk, result_id(seq, run)) is not None:
         try:
             eng.store.replace(settled(marker), marker["_etag"])

@@ -8,6 +8,7 @@ Signals are values *sent* to an execution (``sgv:<n>``, recorded atomically with
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from celery_durable.codecs import ValueCodec
@@ -20,9 +21,9 @@ from celery_durable.engine.documents.checks import (
 from celery_durable.engine.documents.model import (
     DUE_EXEC,
     EXEC_ID,
-    TERMINAL,
     run_of,
 )
+from celery_durable.engine.documents.records import count_of, is_terminal
 from celery_durable.engine.documents.schema import DocType, signal_key_id
 from celery_durable.engine.signals.external import send_signal
 from celery_durable.errors import (
@@ -43,7 +44,7 @@ __all__ = ["Signals", "declared_signals"]
 log = logging.getLogger("celery_durable.links")
 
 
-def declared_signals(ex: Doc, wf: WorkflowDef | None) -> list[str] | None:
+def declared_signals(ex: Mapping[str, Any], wf: WorkflowDef | None) -> list[str] | None:
     """The signal names an execution accepts, or ``None`` for any name.
 
     The starter records them in the exec document (``signals``); a workflow declaring none
@@ -114,10 +115,10 @@ class Signals:
             declared = wf.signals.get(name, Any) if wf is not None and name in wf.signals else None
             codec = ValueCodec(Any if declared is None or signal_id is not None else declared)
             data = codec.encode(value, f"signal {name!r}")
-            if ex.get("status") in TERMINAL:
+            if is_terminal(ex):
                 return self._ignored(execution_id, name, str(ex["status"]))
             run = run_of(ex)
-            n = int(ex.get("signal_seq") or 0) + 1
+            n = count_of(ex, "signal_seq") + 1
             now = eng.clock.now()
             doc: Doc = {
                 "pk": execution_id,
@@ -129,7 +130,7 @@ class Signals:
                 "value": data,
                 "sent_at": now,
             }
-            bumped = strip_reserved(ex) | {"signal_seq": n, "wakeups": int(ex.get("wakeups") or 0) + 1}
+            bumped = strip_reserved(ex) | {"signal_seq": n, "wakeups": count_of(ex, "wakeups") + 1}
             if not ex.get("due_kind"):  # a lost drive message is recovered
                 bumped.update(due_kind=DUE_EXEC, due_at=now + eng.settings.drive_timeout)
             record = [] if by is None else [signal_op(ex, docs, bumped, by, name, now)]

@@ -16,7 +16,6 @@ from celery_durable.engine.documents.checks import (
 from celery_durable.engine.documents.model import (
     DUE_CLOCK,
     EXEC_ID,
-    TERMINAL,
     marker_id,
     parse_step_id,
     result_id,
@@ -30,6 +29,7 @@ from celery_durable.stores.base import Doc
 
 if TYPE_CHECKING:
     from celery_durable.engine.ports import EngineParts
+from celery_durable.engine.documents.records import ExecDoc, count_of, is_terminal, maybe_exec
 from celery_durable.engine.drive.upkeep import clear_due
 from celery_durable.engine.outcomes import ClockOutcome
 
@@ -56,7 +56,7 @@ class Timers:
         eng = self.engine
         docs = eng.cache.load(execution_id)
         check_partition(execution_id, docs)
-        ex = docs.get(EXEC_ID)
+        ex = maybe_exec(docs.get(EXEC_ID))
         marker = docs.get(marker_id(seq, run))
         if ex is None or marker is None:
             return ClockOutcome.MISSING
@@ -66,7 +66,7 @@ class Timers:
         if kind not in ("sleep", "signal") or marker.get("fire_at") is None:
             return ClockOutcome.MISSING
         done = result_id(seq, run) in docs or (kind == "signal" and signal_outcome_id(marker, run) in docs)
-        if ex.get("status") in TERMINAL or done or run_of(ex) != run:
+        if is_terminal(ex) or done or run_of(ex) != run:
             clear_due(self.engine, marker)
             return ClockOutcome.DONE
         now = eng.clock.now()
@@ -75,7 +75,7 @@ class Timers:
             return ClockOutcome.EARLY
         doc: Doc = {"pk": execution_id, "id": result_id(seq, run), "type": "result", "run": run, "seq": seq}
         if kind == "signal":
-            signals_seen = int(ex.get("signal_seq") or 0)
+            signals_seen = count_of(ex, "signal_seq")
             doc.update(name=marker["name"], ok=False, timeout=True, signals_seen=signals_seen, fired_at=now)
         else:
             doc.update(ok=True, value=None, fired_at=now)
@@ -83,10 +83,12 @@ class Timers:
         eng.driver.drive(execution_id, carry=[doc], release=[seq])
         return ClockOutcome.FIRED
 
-    def _fire_local_retry(self, ex: Doc | None, marker: Doc, docs: dict[str, Doc], seq: int, run: int) -> ClockOutcome:
+    def _fire_local_retry(
+        self, ex: ExecDoc | None, marker: Doc, docs: dict[str, Doc], seq: int, run: int
+    ) -> ClockOutcome:
         """A local activity's retry timer (a backoff too long to wait in the drive): drive, and
         the drive runs the next attempt in its process (``engine/activities/local_activities.py``)."""
-        if ex is None or ex.get("status") in TERMINAL or result_id(seq, run) in docs or run_of(ex) != run:
+        if ex is None or is_terminal(ex) or result_id(seq, run) in docs or run_of(ex) != run:
             clear_due(self.engine, marker)
             return ClockOutcome.DONE
         if self.engine.clock.now() < float(marker["fire_at"]):
