@@ -39,7 +39,7 @@ SLOW_PLACES = ("integration", "sim", "test_example_project.py")
 #: further files slower than the inner loop can carry (seconds measured on the 2-core CI machine)
 SLOW_FILES = frozenset(
     {
-        "adversarial/test_chunk_gc_breaks.py",  # 155 s
+        "stores/test_chunk_gc_breaks.py",  # 155 s
         "unit/test_pytest_plugin.py",  # 27 s: runs pytest in subprocesses
         "engine/test_pending_ops.py",  # 29 s: hypothesis over crash points
     }
@@ -59,12 +59,12 @@ SLOW_TESTS = frozenset(
         "stores/test_sqlite_wait.py::test_many_processes_writing_at_once_all_succeed",
         "unit/test_typing.py::test_wrong_arguments_are_reported_and_results_typed",
         "engine/test_regressions_outbox_adversarial.py::test_cancel_misses_an_unadmitted_intent_behind_a_thousand_others",
-        "adversarial/test_result_push.py::test_a_waiter_goes_back_to_push_once_the_listener_is_back",
+        "stores/test_result_push_breaks.py::test_a_waiter_goes_back_to_push_once_the_listener_is_back",
         "stores/test_contract_chunk_gc.py::test_chunks_of_a_write_that_never_committed_are_collected_after_the_grace",
-        "adversarial/test_sticky.py::test_every_drive_of_wide_workflows_decides_what_a_full_replay_decides",
+        "engine/test_sticky_breaks.py::test_every_drive_of_wide_workflows_decides_what_a_full_replay_decides",
         "unit/test_imports.py::test_the_graph_reader_sees_imports",
         "stores/test_contract_chunk_gc.py::test_chunks_a_committed_write_did_not_drop_are_collected",
-        "adversarial/test_offload.py::test_racing_upserts_of_a_big_document_leave_no_orphan_chunks",
+        "stores/test_offload_breaks.py::test_racing_upserts_of_a_big_document_leave_no_orphan_chunks",
         "stores/test_contract_large.py::test_a_batch_with_big_documents",
         "stores/test_contract_chunk_gc.py::test_referenced_chunks_survive_and_are_looked_at_once",
         "ui/test_access.py::test_the_cli_on_every_interface",
@@ -73,20 +73,20 @@ SLOW_TESTS = frozenset(
         "engine/test_heartbeat_reuse.py::test_leases_are_renewed_after_the_engine_was_shut_down_and_used_again",
         "unit/test_codecs_fidelity.py::test_a_value_is_carried_exactly_or_refused_never_changed",
         "stores/test_contract_azure_limits.py::test_the_offloading_store_keeps_a_big_batch_under_the_limit",
-        "adversarial/test_issue23_breaks_r2.py::test_auth_signing_over_pickle_still_sends_pickle",
+        "unit/test_message_boundary_breaks.py::test_auth_signing_over_pickle_still_sends_pickle",
         "engine/test_sticky.py::test_an_uncommitted_replay_is_never_resumed",
-        "adversarial/test_result_push.py::test_fifty_waiters_in_threads_share_one_listener_and_leave_nothing_behind",
+        "stores/test_result_push_breaks.py::test_fifty_waiters_in_threads_share_one_listener_and_leave_nothing_behind",
         "stores/test_contract_large.py::test_delete_removes_the_chunks",
         "stores/test_contract_search.py::test_a_big_exec_keeps_its_attributes_indexed",
         "unit/test_docs_site.py::test_the_site_builds_strict",
-        "adversarial/test_offload.py::test_batch_with_one_unicode_heavy_doc_commits",
+        "stores/test_offload_breaks.py::test_batch_with_one_unicode_heavy_doc_commits",
         "engine/test_oplog.py::test_a_big_forgotten_history_is_archived_capped_never_failing",
         "engine/test_oplog_property.py::test_nothing_that_ran_is_forgotten_under_random_operations",
         "stores/test_contract_large.py::test_a_missing_or_corrupt_chunk_is_a_clear_error_not_a_wrong_value",
         "stores/test_contract.py::test_document_just_under_the_limit_is_accepted",
         "stores/test_contract_large.py::test_a_reader_racing_a_replace_gets_the_new_version",
         "engine/test_chunk_collection.py::test_recovery_deletes_chunks_of_a_write_that_died_and_keeps_the_result",
-        "adversarial/test_result_push.py::test_two_threads_first_subscribing_after_a_fork_start_one_listener",
+        "stores/test_result_push_breaks.py::test_two_threads_first_subscribing_after_a_fork_start_one_listener",
     }
 )
 
@@ -99,7 +99,7 @@ def marks_for(rel: Path, name: str, fixtures: set[str], param_id: str) -> set[st
     for service in ("cosmos", "postgres"):
         if service in param_id.lower():
             marks.add(service)
-    if rel.parts[0] == "adversarial" or "breaks" in rel.name or "adversarial" in rel.name:
+    if "breaks" in rel.name or "adversarial" in rel.name:
         marks.add("adversarial")
     if "regression" in rel.name:
         marks.add("regression")

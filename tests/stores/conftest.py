@@ -112,3 +112,38 @@ def other_handle(backend: str, store_url: str, store: Store) -> Iterator[Callabl
 def shared_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """URL of a fresh store that several processes can open (sqlite, postgres, cosmos)."""
     return _url_for(request, request.param, tmp_path, shared=True)
+
+
+# -- the breaks' stores (test_*_breaks.py): memory, SQLite and Cosmos, and a second handle on one --
+@pytest.fixture(params=["memory", "sqlite", pytest.param("cosmos", marks=pytest.mark.cosmos)])
+def adv_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "memory":
+        return "memory://"
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'store.db'}"
+    url: str = request.getfixturevalue("cosmos_url")
+    return url
+
+
+@pytest.fixture
+def adv_store(adv_store_url: str) -> Iterator[Store]:
+    s = store_from_url(adv_store_url)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def adv_other_handle(adv_store_url: str, adv_store: Store) -> Iterator[Callable[[], Store]]:
+    """Another handle on the same data (for memory: the same object)."""
+    opened: list[Store] = []
+
+    def open_() -> Store:
+        if adv_store_url == "memory://":
+            return adv_store
+        s = store_from_url(adv_store_url)
+        opened.append(s)
+        return s
+
+    yield open_
+    for s in opened:
+        s.close()

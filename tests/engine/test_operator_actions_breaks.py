@@ -458,7 +458,7 @@ def test_a_cli_signal_whose_record_fails_is_delivered_unrecorded(monkeypatch: py
     # raising=False: the fixed CLI makes no separate note write (nothing named note to fail)
     monkeypatch.setattr(cli_mod, "note", note, raising=False)
     out = CliRunner().invoke(
-        celery_cli, ["-A", "tests.adversarial.test_issue23_breaks_r1", "durable", "signal", h.id, "go", '"now"']
+        celery_cli, ["-A", "tests.engine.test_operator_actions_breaks", "durable", "signal", h.id, "go", '"now"']
     )
     assert "delivered" in out.output, out.output
     env.run_until_idle()

@@ -114,7 +114,7 @@ def test_auth_signing_over_pickle_still_sends_pickle() -> None:
     import sys
     from pathlib import Path
 
-    script = Path(__file__).parent / "r2_scripts" / "auth_inner_serializer.py"
+    script = Path(__file__).parent / "message_boundary_scripts" / "auth_inner_serializer.py"
     out = subprocess.run(
         [sys.executable, str(script), "pickle"], capture_output=True, text=True, timeout=60, check=False
     )
