@@ -53,11 +53,18 @@ class Holder:
     def wait_released(self) -> None:
         assert self.proc.stdout is not None and self.proc.stdout.readline() == "released\n"
         assert self.proc.wait(30) == 0
+        self._close()
 
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(30)
+        self._close()
+
+    def _close(self) -> None:
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None and not pipe.closed:
+                pipe.close()
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
+from celery_durable.engine.documents.records import count_of
 from celery_durable.engine.outbox.model import (
     DUE_LANE,
     DUE_PRUNE,
@@ -301,7 +302,7 @@ class Admission:
             seq = int((head or {}).get("next_seq") or 1)
             live.append([seq, eid, row["effect_type"]])
             new_head: Doc = _strip(head) if head is not None else {"pk": lane, "id": HEAD_ID, "type": "effect_lane"}
-            stored = int(new_head.get("stored") or 0) + (1 if known is None else 0)
+            stored = count_of(new_head, "stored") + (1 if known is None else 0)
             new_head.update(key=key, live=live, next_seq=seq + 1, stored=stored)
             if waiting or new_head.get("waiting"):
                 new_head["waiting"] = waiting
@@ -467,7 +468,7 @@ class Admission:
             live.append([seq, row["effect_id"], row["effect_type"]])
             seq += 1
         new_head: Doc = _strip(head) if head is not None else {"pk": lane, "id": HEAD_ID, "type": "effect_lane"}
-        new_head.update(key=key, live=live, next_seq=seq, stored=int(new_head.get("stored") or 0) + len(rows))
+        new_head.update(key=key, live=live, next_seq=seq, stored=count_of(new_head, "stored") + len(rows))
         send_in = self._head_for_new_row(new_head, rows[0], first=was_empty)
         head_op = Op.create(new_head) if head is None else Op.replace(new_head, head["_etag"])
         try:

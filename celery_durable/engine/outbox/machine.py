@@ -17,6 +17,7 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from celery_durable.engine.documents.model import Clock, SystemClock, worker_identity
+from celery_durable.engine.documents.records import count_of, seq_of
 from celery_durable.engine.outbox.admission import MAX_ROUNDS, Admission
 from celery_durable.engine.outbox.cancel import Canceller
 from celery_durable.engine.outbox.model import (
@@ -269,7 +270,7 @@ class OutboxEngine(SettleReads):
                     continue  # changed meanwhile (a duplicate of this delivery took it): look again
                 except StoreError as exc:
                     # unknown again: the lease names the claim's owner(s) or ours; the next retry takes either
-                    raise ClaimUnknown(str(exc), owner, int(row.get("attempt") or 0), adopted) from exc
+                    raise ClaimUnknown(str(exc), owner, count_of(row, "attempt"), adopted) from exc
                 log.info("effect %s: an earlier claim applied though its answer was lost: taken over", effect_id)
                 claim = self._claim_of(taken, etag, head, owner, now)
                 claim.ahead = rows_found(ahead, rows)
@@ -338,7 +339,7 @@ class OutboxEngine(SettleReads):
         new_row = _strip(row)
         new_row.update(
             status=RUNNING,
-            attempt=int(row.get("attempt") or 0) + 1,
+            attempt=count_of(row, "attempt") + 1,
             lease={"owner": owner, "expires": expires},
             started_at=now,
             eligible_at=max(available, float(row.get("created_at") or 0.0), float(head.get("freed_at") or 0.0)),
@@ -587,7 +588,7 @@ class OutboxEngine(SettleReads):
         """Every row of a key (live, settled not yet pruned, failed), in lane order."""
         docs = self.store.query_partition(lane_pk(key)).docs
         rows = [d for d in docs if d.get("type") == "effect"]
-        return sorted(rows, key=lambda d: (int(d.get("seq") or 0), float(d.get("created_at") or 0.0)))
+        return sorted(rows, key=lambda d: (seq_of(d), float(d.get("created_at") or 0.0)))
 
     def head(self, key: str) -> Doc | None:
         return self.store.read(lane_pk(key), HEAD_ID)

@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from celery_durable.engine.documents.model import Clock
+from celery_durable.engine.documents.records import count_of
 from celery_durable.engine.outcomes import ClaimOutcome
 from celery_durable.errors import LaneFull, StoreUnavailable
 from celery_durable.settings import Settings
@@ -359,4 +360,4 @@ def held_by(row: Doc | None, head: Doc | None, effect_id: str, owners: Collectio
     if row is None or head is None or row.get("status") != RUNNING:
         return False
     lease = row.get("lease") or {}
-    return lease.get("owner") in owners and int(row.get("attempt") or 0) == attempt and head.get("running") == effect_id
+    return lease.get("owner") in owners and count_of(row, "attempt") == attempt and head.get("running") == effect_id

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from celery_durable.engine.documents.model import lease_live
+from celery_durable.engine.documents.records import count_of
 from celery_durable.engine.outbox.model import (
     CANCELLED,
     DUE_ADMIT,
@@ -132,8 +133,8 @@ class Scanner:
         """The worker running this row died (or hung past its lease): requeue or fail it."""
         lane = str(head["pk"])
         owner = (row.get("lease") or {}).get("owner")
-        attempt, max_attempts = int(row.get("attempt") or 0), int(row.get("max_attempts") or 1)
-        new_row = _strip(row) | {"lease": None, "lost": int(row.get("lost") or 0) + 1}
+        attempt, max_attempts = count_of(row, "attempt"), int(row.get("max_attempts") or 1)
+        new_row = _strip(row) | {"lease": None, "lost": count_of(row, "lost") + 1}
         new_head = _strip(head) | {"running": None, "freed_at": now}
         if row.get("replay_safe") and attempt < max_attempts:
             new_row.update(
