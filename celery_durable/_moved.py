@@ -101,6 +101,25 @@ MOVED: dict[str, str] = {
     "celery_durable.testing.sim_store": "harness.sim_store",
     "celery_durable.testing.sim_workload": "harness.sim_workload",
     "celery_durable.wire": "celery_durable.glue.wire",
+    # the Celery-style hooks were a package (signals/, with receivers.py); signals.py has a __path__
+    "celery_durable.signals.receivers": "celery_durable.glue.hook_receivers",
+}
+
+#: names an old module had that the module now holding it lacks (renamed, or moved to a third
+#: module): old module -> {name: "new.module:new_name"}, or a sentence saying what replaced it
+NAMES: dict[str, dict[str, str]] = {
+    "celery_durable.cli_ops": {"prompt": "celery_durable.engine.admin.wording:prompt"},
+    "celery_durable.cli_render": {"ts": "celery_durable.engine.admin.wording:ts"},
+    "celery_durable.engine.checks": {"check_doc": "celery_durable.engine.documents.checks:check_shape"},
+    "celery_durable.engine.links": {
+        "declared_signals": "celery_durable.engine.signals.inbox:declared_signals",
+        "Links": "it was split into Timers (celery_durable.engine.timers.clocks), Signals"
+        " (celery_durable.engine.signals.inbox) and Children (celery_durable.engine.children.links)",
+    },
+    "celery_durable.engine.parts": {
+        "LinksPort": "it was split into ChildrenPort and SignalsPort (celery_durable.engine.ports)",
+    },
+    "celery_durable.testing.sim": {"main": "harness.sim_main:main"},
 }
 
 
@@ -110,7 +129,9 @@ class _Alias(importlib.abc.Loader):
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
         warnings.warn(f"{spec.name} moved to {self.new}", DeprecationWarning, stacklevel=2)
-        return importlib.import_module(self.new)
+        module = importlib.import_module(self.new)
+        extra = NAMES.get(spec.name)
+        return module if extra is None else _shim(spec.name, module, extra)
 
     def exec_module(self, module: ModuleType) -> None:
         """Nothing to run: the module is the one the new path imported."""
@@ -127,6 +148,25 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 
 _FINDER = _Finder()
+
+
+def _shim(old: str, module: ModuleType, extra: dict[str, str]) -> ModuleType:
+    """A module standing for ``old``: ``module``'s names (the same objects) and ``extra``'s."""
+    shim = ModuleType(old, module.__doc__)
+    shim.__all__ = [*getattr(module, "__all__", ()), *(n for n, t in extra.items() if ":" in t)]  # type: ignore[attr-defined]
+
+    def __getattr__(name: str) -> Any:
+        target = extra.get(name)
+        if target is None:
+            return getattr(module, name)
+        if ":" not in target:
+            raise AttributeError(f"{old}.{name} is gone: {target}")
+        new, _, new_name = target.partition(":")
+        warnings.warn(f"{old}.{name} moved to {new}.{new_name}", DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module(new), new_name)
+
+    shim.__getattr__ = __getattr__  # type: ignore[method-assign]
+    return shim
 
 
 def install() -> None:

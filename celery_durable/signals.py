@@ -37,6 +37,10 @@ from celery_durable.glue.hooks import (
     workflow_suspended,
 )
 
+#: a package path, empty: the hooks were a package before issue 24 (``signals/receivers.py``), so
+#: ``celery_durable.signals.receivers`` still imports (celery_durable/_moved.py answers it)
+__path__: list[str] = []
+
 __all__ = [
     "workflow_started",
     "workflow_suspended",

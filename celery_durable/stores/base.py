@@ -484,3 +484,12 @@ def reads_may_lag(store: Store) -> bool:
     write: a backend with session tokens (Cosmos at Session consistency, docs/architecture.md §4)."""
     backend = find_inner(store, _unwrapped) or store
     return type(backend).session_token is not Store.session_token
+
+
+def __getattr__(name: str) -> Any:
+    if name == "check_doc":  # its name before issue 24, when the engine had a check_doc of its own
+        import warnings
+
+        warnings.warn("celery_durable.stores.base.check_doc is encode_doc now", DeprecationWarning, stacklevel=2)
+        return encode_doc
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -25,6 +25,8 @@ OLD_NAMES = frozenset(
         "describe_docs",
     }
 )
+#: a star import binds them as it did
+__all__ = sorted(OLD_NAMES)
 
 
 def __getattr__(name: str) -> Any:

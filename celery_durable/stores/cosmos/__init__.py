@@ -12,6 +12,8 @@ from celery_durable._moved import moved_attr
 
 #: the names of the module this package replaced (issue 24), still found here
 OLD_NAMES = frozenset({"CosmosStore", "from_url"})
+#: a star import binds them as it did
+__all__ = sorted(OLD_NAMES)
 
 
 def __getattr__(name: str) -> Any:

@@ -19,6 +19,8 @@ OLD_NAMES = frozenset(
         "inline_limit",
     }
 )
+#: a star import binds them as it did
+__all__ = sorted(OLD_NAMES)
 
 
 def __getattr__(name: str) -> Any:
