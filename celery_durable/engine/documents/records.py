@@ -39,7 +39,14 @@ __all__ = [
     "OperationDoc",
     "LaneHeadDoc",
     "LaneRowDoc",
+    "OperationPartDoc",
+    "PurgeRecordDoc",
+    "SignalKeyDoc",
+    "SealKeyDoc",
+    "EffectIndexDoc",
+    "EffectIntentDoc",
     "FIELDS",
+    "KINDS",
     "as_exec",
     "maybe_exec",
     "as_marker",
@@ -345,6 +352,63 @@ class LaneRowDoc(_Due, total=False):
     completed_at: float | None
 
 
+class OperationPartDoc(_Doc, total=False):
+    """``op:000001.2``: the rest of an operation's archive of forgotten steps (engine/admin/oplog.py)."""
+
+    op: str
+    part: int
+    forgotten: list[Any]
+
+
+class PurgeRecordDoc(_Doc, total=False):
+    """``purged``, ``purged:2``…: who purged the execution, when, and what it was (engine/admin/purge.py)."""
+
+    action: str
+    by: str
+    at: float
+    reason: str | None
+    workflow: str | None
+    status: str | None
+    documents: int
+    reruns: int
+    #: of a child deleted by its parent's operation (engine/admin/child_ops.py): which, and whose
+    op: str
+    parent: str
+
+
+class SignalKeyDoc(_Doc, total=False):
+    """``sgk:<hash>``: a value sent by another workflow was recorded (as ``value_id``)."""
+
+    value_id: str
+
+
+class SealKeyDoc(_Doc, total=False):
+    """The store's message-sealing key (engine/drive/seals.py)."""
+
+    secret: str
+
+
+class EffectIndexDoc(_Doc, total=False):
+    """``fxid:{effect_id}/fx``: what an effect id was first enqueued with (engine/outbox/model.py)."""
+
+    key: str
+    effect_type: str
+    digest: str
+    token: str
+    created_at: float
+    touched_at: float
+
+
+class EffectIntentDoc(_Due, total=False):
+    """``fxi:{effect_id}``: an enqueue waiting for admission into its lane, in the caller's partition."""
+
+    effect: EffectIntent
+    admitted: bool
+    cancelled: str
+    conflict: str
+    reason: str
+
+
 #: every document type's declared fields
 FIELDS: dict[str, frozenset[str]] = {
     name: frozenset(t.__annotations__) | frozenset(_Due.__annotations__) | frozenset(_Doc.__annotations__)
@@ -358,30 +422,43 @@ FIELDS: dict[str, frozenset[str]] = {
         "operation": OperationDoc,
         "lane_head": LaneHeadDoc,
         "lane_row": LaneRowDoc,
+        "operation_part": OperationPartDoc,
+        "purge_record": PurgeRecordDoc,
+        "signal_key": SignalKeyDoc,
+        "seal_key": SealKeyDoc,
+        "effect_index": EffectIndexDoc,
+        "effect_intent": EffectIntentDoc,
     }.items()
+}
+
+#: a document's ``type`` -> which of :data:`FIELDS` it is
+KINDS: dict[str, str] = {
+    DocType.EXEC: "exec",
+    DocType.STEP: "marker",
+    DocType.RESULT: "outcome",
+    DocType.SIGNAL: "wait_decision",
+    DocType.SIGNAL_VALUE: "signal_value",
+    DocType.SIGNAL_REJECTED: "signal_mark",
+    DocType.SIGNAL_IGNORED: "signal_mark",
+    "signal_consumed": "signal_mark",
+    DocType.SIGNAL_KEY: "signal_key",
+    DocType.OPERATION: "operation",
+    DocType.OPERATION_PART: "operation_part",
+    "purged": "purge_record",
+    "key": "seal_key",
+    "effect_lane": "lane_head",
+    "effect": "lane_row",
+    "effect_index": "effect_index",
+    "effect_intent": "effect_intent",
 }
 
 
 def record_type(doc: Mapping[str, Any]) -> str | None:
-    """Which of :data:`FIELDS` a stored document is, from its ``type`` (and id); ``None``: not one."""
+    """Which of :data:`FIELDS` a stored document is, from its ``type``; ``None``: not the engine's."""
     kind = doc.get("type")
-    if kind == DocType.EXEC or (kind is None and doc.get("id") == EXEC_ID):
-        return "exec"
-    if kind == DocType.STEP:
-        return "marker"
-    if kind == DocType.RESULT:
-        return "outcome"
-    if kind == DocType.SIGNAL:
-        return "wait_decision"
-    if kind == DocType.SIGNAL_VALUE:
-        return "signal_value"
-    if kind in (DocType.SIGNAL_REJECTED, DocType.SIGNAL_IGNORED, "signal_consumed"):
-        return "signal_mark"
-    if kind == DocType.OPERATION:
-        return "operation"
-    if str(doc.get("pk", "")).startswith("fxq:"):
-        return "lane_head" if doc.get("id") == "head" else "lane_row"
-    return None
+    if kind is None:  # an exec written before documents had types
+        return "exec" if doc.get("id") == EXEC_ID else None
+    return KINDS.get(kind) if isinstance(kind, str) else None
 
 
 def undeclared(doc: Mapping[str, Any]) -> set[str]:
