@@ -14,7 +14,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -377,13 +377,15 @@ def race_processes(url: str, doc_id: str) -> dict[int, Any]:
 
 
 def test_first_writer_wins_across_processes(shared_store_url: str) -> None:
-    store_from_url(shared_store_url).read("race", "set-up")  # the store exists before the race
+    with closing(store_from_url(shared_store_url)) as setup:
+        setup.read("race", "set-up")  # the store exists before the race
     answers = race_processes(shared_store_url, "winner")
     errors = {i: r for i, r in answers.items() if isinstance(r, BaseException)}
     assert not errors, errors
     winners = [i for i, r in answers.items() if r is not None]
     assert len(answers) == N_RACERS and len(winners) == 1, answers
-    got = store_from_url(shared_store_url).read("race", "winner")
+    with closing(store_from_url(shared_store_url)) as after:
+        got = after.read("race", "winner")
     assert got is not None and got["who"] == winners[0] and got["_etag"] == answers[winners[0]]
 
 
@@ -393,7 +395,8 @@ def test_processes_can_start_together_on_a_fresh_store(shared_store_url: str) ->
     errors = {i: r for i, r in answers.items() if isinstance(r, BaseException)}
     assert not errors, errors
     assert all(isinstance(r, str) for r in answers.values()) and len(answers) == N_RACERS
-    ids = {d["id"] for d in store_from_url(shared_store_url).query_partition("race").docs}
+    with closing(store_from_url(shared_store_url)) as after:
+        ids = {d["id"] for d in after.query_partition("race").docs}
     assert ids == {f"mine-{i}" for i in range(N_RACERS)}
 
 

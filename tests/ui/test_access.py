@@ -183,13 +183,15 @@ def _free_port() -> int:
 
 def _get(port: int, host: str, path: str, headers: dict[str, str] | None = None) -> tuple[int, str]:
     for _ in range(100):
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
         try:
-            c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
             c.request("GET", path, headers={"Host": host, **(headers or {})})
             r = c.getresponse()
             return r.status, r.read().decode("utf-8", "replace")
         except OSError:
             time.sleep(0.2)
+        finally:
+            c.close()
     raise AssertionError("the UI did not start")
 
 
