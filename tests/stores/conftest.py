@@ -91,21 +91,26 @@ def store(backend: str, store_url: str) -> Iterator[Store]:
     s.close()
 
 
-@pytest.fixture
-def other_handle(backend: str, store_url: str, store: Store) -> Iterator[Callable[[], Store]]:
-    """Open another handle on the same data (for ``memory``: the same object)."""
+def _handles(url: str, store: Store) -> Iterator[Callable[[], Store]]:
+    """Open other handles on ``store``'s data (for ``memory``: the same object); closed after."""
     opened: list[Store] = []
 
     def open_() -> Store:
-        if backend == "memory":
+        if url.startswith("memory:"):
             return store
-        s = store_from_url(store_url)
+        s = store_from_url(url)
         opened.append(s)
         return s
 
     yield open_
     for s in opened:
         s.close()
+
+
+@pytest.fixture
+def other_handle(store_url: str, store: Store) -> Iterator[Callable[[], Store]]:
+    """Open another handle on the same data (for ``memory``: the same object)."""
+    yield from _handles(store_url, store)
 
 
 @pytest.fixture(params=SHARED_BACKENDS)
@@ -135,15 +140,4 @@ def adv_store(adv_store_url: str) -> Iterator[Store]:
 @pytest.fixture
 def adv_other_handle(adv_store_url: str, adv_store: Store) -> Iterator[Callable[[], Store]]:
     """Another handle on the same data (for memory: the same object)."""
-    opened: list[Store] = []
-
-    def open_() -> Store:
-        if adv_store_url == "memory://":
-            return adv_store
-        s = store_from_url(adv_store_url)
-        opened.append(s)
-        return s
-
-    yield open_
-    for s in opened:
-        s.close()
+    yield from _handles(adv_store_url, adv_store)
