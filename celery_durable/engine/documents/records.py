@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, TypedDict, cast
 
-from celery_durable.engine.documents.schema import EXEC_ID, TERMINAL, DocType, Status, StepKind
+from celery_durable.engine.documents.schema import EXEC_ID, TERMINAL, DocType
 
 __all__ = [
     "Lease",
@@ -49,16 +49,11 @@ __all__ = [
     "KINDS",
     "as_exec",
     "maybe_exec",
-    "as_marker",
-    "as_outcome",
-    "is_marker",
-    "is_outcome",
     "run_of",
     "seq_of",
     "count_of",
     "lease_of",
     "holder_of",
-    "status_of",
     "is_terminal",
     "undeclared",
     "record_type",
@@ -411,7 +406,7 @@ class EffectIntentDoc(_Due, total=False):
 
 #: every document type's declared fields
 FIELDS: dict[str, frozenset[str]] = {
-    name: frozenset(t.__annotations__) | frozenset(_Due.__annotations__) | frozenset(_Doc.__annotations__)
+    name: frozenset(t.__annotations__)  # a TypedDict's annotations hold its bases' keys too
     for name, t in {
         "exec": ExecDoc,
         "marker": MarkerDoc,
@@ -485,28 +480,6 @@ def maybe_exec(doc: Mapping[str, Any] | None) -> ExecDoc | None:
     return None if doc is None else cast(ExecDoc, doc)
 
 
-def as_marker(doc: Mapping[str, Any]) -> MarkerDoc:
-    return cast(MarkerDoc, doc)
-
-
-def as_outcome(doc: Mapping[str, Any]) -> OutcomeDoc:
-    return cast(OutcomeDoc, doc)
-
-
-def is_marker(doc: Mapping[str, Any], kind: StepKind | None = None, run: int | None = None) -> bool:
-    """Whether ``doc`` is a step marker (of ``kind``, of ``run``, when given)."""
-    return (
-        doc.get("type") == DocType.STEP
-        and (kind is None or doc.get("kind") == kind)
-        and (run is None or run_of(doc) == run)
-    )
-
-
-def is_outcome(doc: Mapping[str, Any], run: int | None = None) -> bool:
-    """Whether ``doc`` is a step's outcome (of ``run``, when given)."""
-    return doc.get("type") == DocType.RESULT and (run is None or run_of(doc) == run)
-
-
 # -- accessors: what an absent field means ----------------------------------------------------
 
 
@@ -535,11 +508,6 @@ def holder_of(doc: Mapping[str, Any]) -> str | None:
     """Who holds the document's lease (``None``: no one)."""
     lease = lease_of(doc)
     return None if lease is None else lease.get("holder")
-
-
-def status_of(ex: Mapping[str, Any]) -> Status:
-    """An exec's status as a :class:`Status` (a malformed one is refused by ``check_shape``)."""
-    return Status(ex["status"])
 
 
 def is_terminal(ex: Mapping[str, Any]) -> bool:
