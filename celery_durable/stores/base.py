@@ -32,6 +32,7 @@ import base64
 import binascii
 import json
 import re
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -488,8 +489,6 @@ def reads_may_lag(store: Store) -> bool:
 
 def __getattr__(name: str) -> Any:
     if name == "check_doc":  # its name before issue 24, when the engine had a check_doc of its own
-        import warnings
-
         warnings.warn("celery_durable.stores.base.check_doc is encode_doc now", DeprecationWarning, stacklevel=2)
         return encode_doc
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

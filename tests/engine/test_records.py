@@ -216,7 +216,7 @@ def test_a_purge_and_an_enqueue_write_only_declared_documents() -> None:
     env.clock.advance(10)
     Admin(env.engine).purge(older_than=1, by="records", reason="test")
     durable.outbox.enqueue("records.note", "hi", key="k1", effect_id="e1")
-    docs = [*_documents(store), *_documents(durable.store)]  # type: ignore[arg-type]
+    docs = [*_documents(store), *_documents(durable.store)]
     assert {"purge_record", "effect_index", "lane_head", "lane_row"} <= {record_type(d) for d in docs}
     assert all(record_type(d) is not None for d in docs), [d for d in docs if record_type(d) is None]
     assert not [(d["id"], undeclared(d), mistyped(d)) for d in docs if undeclared(d) or mistyped(d)]

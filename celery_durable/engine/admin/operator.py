@@ -184,7 +184,7 @@ class Admin:
             raise UnknownWorkflowError(unknown(self.engine, execution_id))  # says who purged it
         return describe_docs(ex, docs)
 
-    def _salvage(self, ex: Mapping[str, Any], failure: str) -> ExecutionDetail:
+    def _salvage(self, ex: Doc, failure: str) -> ExecutionDetail:
         return salvage(self.engine.store, ex, failure)
 
     # --- operations ----------------------------------------------------------------------------

@@ -3,9 +3,8 @@ the exec implies, read by id, each undecodable one flagged."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
 
 from celery_durable.engine.admin.timeline import ExecutionDetail, StepRecord, _int, describe_docs, summary_of
 from celery_durable.engine.documents.schema import (
@@ -25,7 +24,7 @@ __all__ = ["salvage", "SALVAGE_MAX"]
 SALVAGE_MAX = 5000
 
 
-def salvage(store: Store, ex: Mapping[str, Any], failure: str) -> ExecutionDetail:
+def salvage(store: Store, ex: Doc, failure: str) -> ExecutionDetail:
     """:meth:`describe` of a partition holding an undecodable document (``failure`` says which):
     the documents of the current run's steps and the signal values, read by id, the
     undecodable ones flagged."""
@@ -36,7 +35,7 @@ def salvage(store: Store, ex: Mapping[str, Any], failure: str) -> ExecutionDetai
     ]
     ids += [f(n) for n in range(1, min(sent, SALVAGE_MAX) + 1) for f in (signal_value_id, signal_mark_id)]
     docs, bad = _read_tolerant(store, str(ex["pk"]), ids)
-    detail = describe_docs(ex, [dict(ex), *docs])
+    detail = describe_docs(ex, [ex, *docs])
     broken: dict[int, str] = {}
     for doc_id, why in bad.items():
         try:

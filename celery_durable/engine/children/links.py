@@ -261,10 +261,11 @@ class Children:
         joined it) and drive the parent."""
         eng = self.engine
         child = check_exec(child_id, eng.store.read(child_id, EXEC_ID))
-        if child is None or not is_terminal(child) or not child.get("parent") or is_fence(child):
+        parent = None if child is None else child.get("parent")
+        if child is None or not is_terminal(child) or not parent or is_fence(child):
             return
         now = eng.clock.now()
-        docs = [child_outcome(child_id, child, link, now) for link in [child["parent"], *joiners_of(child)] if link]
+        docs = [child_outcome(child_id, child, link, now) for link in [parent, *joiners_of(child)]]
         for pk in dict.fromkeys(str(d["pk"]) for d in docs):  # one drive per parent (joiners share it)
             mine = [d for d in docs if d["pk"] == pk]
             eng.driver.drive(pk, carry=mine, release=[int(d["seq"]) for d in mine])
