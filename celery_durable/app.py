@@ -20,7 +20,7 @@ from celery_durable.engine.registry import Registry, WorkflowDef
 from celery_durable.engine.replay.context import DurableFuture, current_context, require_context
 from celery_durable.errors import ConfigurationError
 from celery_durable.glue.beat_shutdown import install_beat_shutdown
-from celery_durable.glue.bootsteps import DurableMetricsStep, DurableShutdownStep, DurableStep
+from celery_durable.glue.bootsteps import DurableEventsStep, DurableMetricsStep, DurableShutdownStep, DurableStep
 from celery_durable.glue.extension import EXTENSION_ATTR, durable_of
 from celery_durable.glue.hook_receivers import forward_event, install
 from celery_durable.glue.outbox import OUTBOX_SCAN_TASK, CeleryEffectSender, Outbox
@@ -190,6 +190,7 @@ class Durable:
         app.steps["worker"].add(DurableStep)
         app.steps["worker"].add(DurableMetricsStep)  # durable_metrics_port: Prometheus /metrics
         app.steps["consumer"].add(DurableShutdownStep)
+        app.steps["consumer"].add(DurableEventsStep)  # eager activities send task events as the worker does
         #: the effect outbox (docs/architecture.md §9): ``durable.outbox.enqueue(...)``, ``@durable.effect``
         self.outbox = Outbox(self)
         install(self)

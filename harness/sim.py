@@ -397,7 +397,7 @@ class Sim:
         finally:  # by identity: an equal copy (a duplicate) may be handled at the same time
             del self.handling[next(i for i, h in enumerate(self.handling) if h is m)]
 
-    def _handle_message(self, w: Actor, m: Message) -> None:
+    def _handle_message(self, w: Actor, m: Message, claimed: str | None = None) -> None:
         eng = w.engine
         if m.kind == "drive":
             self._eager(w, lambda: eng.drive(str(m.item)))
@@ -410,7 +410,9 @@ class Sim:
             before = self.inner.read(req.execution_id, marker_id(req.seq, req.run)) or {}
             lease = before.get("lease") or {}
             try:
-                attempt, _why = eng.activities.begin(req.execution_id, req.seq, req.run, None, Delivery.of_request(req))
+                # claimed: a kept activity's lease its commit took (never a message's)
+                delivery = Delivery.of_request(req)
+                attempt, _why = eng.activities.begin(req.execution_id, req.seq, req.run, None, delivery, claimed)
             except StoreUnavailable:
                 self._resend(w, req, 2.0)  # the Celery glue retries the task
                 return
@@ -428,7 +430,11 @@ class Sim:
         if not self.eager_activities:
             commit()
             return
-        w.dispatcher.eagerly(commit, lambda req: self._handle_message(w, Message("activity", req, self.now)))
+
+        def begin(req: Any) -> None:
+            self._handle_message(w, Message("activity", req, self.now), req.holder)
+
+        w.dispatcher.eagerly(commit, begin)
 
     def _resend(self, w: Actor, req: Any, countdown: float) -> None:
         if w.alive:

@@ -190,8 +190,13 @@ class SimDispatcher:
             raise WorkerCrash(self.actor.name)
         self.actor.sim.pool.append(Message(kind, item, at))
 
+    def keeps(self, request: ActivityRequest) -> bool:
+        """Asked before a commit (``Dispatcher.keeps``): the first activity a handler's commit
+        sends is kept, so the commit takes its first attempt's lease."""
+        return self.kept is not None and not self.kept and self.actor.alive
+
     def send_activity(self, request: ActivityRequest) -> None:
-        if self.kept is not None and not self.kept:
+        if self.kept is not None and not self.kept and request.holder is not None:
             if not self.actor.alive:
                 raise WorkerCrash(self.actor.name)
             self.kept.append(request)
@@ -213,6 +218,10 @@ class SimDispatcher:
             raise
         except BaseException:
             for request in kept:
+                try:  # its claimed lease back first, as the glue's drain does
+                    self.actor.engine.activities.unclaim(request)
+                except Exception:  # noqa: BLE001 - sent all the same: recovered once the lease lapses
+                    pass
                 self._put("activity", request, self.actor.sim.now)
             raise
         finally:

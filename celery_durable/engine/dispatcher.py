@@ -42,6 +42,9 @@ class ActivityRequest:
     run: int = 0
     #: the marker's token (engine/activities/delivery.py): the message proves which marker it is for
     token: str | None = None
+    #: the lease holder of its first attempt, taken by the commit that scheduled it because the
+    #: dispatcher keeps it to run next in this process (``Dispatcher.keeps``); never on a message
+    holder: str | None = None
 
     @property
     def key(self) -> str:
@@ -132,6 +135,12 @@ Send = ActivityRequest | ClockRequest | ChildRequest | CancelRequest | AdmitRequ
 class Dispatcher(Protocol):
     def send_activity(self, request: ActivityRequest) -> None: ...
 
+    # optional: ``keeps(request) -> bool``, asked by a drive before its commit. True: the
+    # dispatcher will run ``request`` in this process right after the commit (an eager activity),
+    # so the commit takes its first attempt's lease (``ActivityRequest.holder``) and the attempt
+    # begins without a write of its own; a process killed before it starts is then recovered
+    # when that lease lapses, not after the activity queue timeout.
+
     def send_drive(self, execution_id: str, countdown: float | None = None) -> None: ...
 
     def send_clock(self, request: ClockRequest) -> None:
@@ -146,12 +155,22 @@ class Dispatcher(Protocol):
 class InlineDispatcher:
     """Queues work and runs it when :meth:`run_until_idle` is called (tests, no broker)."""
 
-    def __init__(self) -> None:
+    def __init__(self, eager: bool = False) -> None:
         self.queue: deque[tuple[str, Any]] = deque()
         self.sent: list[tuple[str, Any]] = []
         self.handlers: dict[str, Callable[[Any], None]] = {}
+        #: as a worker with eager activities: the first activity a commit schedules has its
+        #: first attempt's lease taken by that commit (``keeps``) and is run next
+        self.eager = eager
+
+    def keeps(self, request: ActivityRequest) -> bool:
+        return self.eager
 
     def send_activity(self, request: ActivityRequest) -> None:
+        if request.holder is not None:  # run it next, as the committing worker would
+            self.queue.appendleft(("activity", request))
+            self.sent.append(("activity", request))
+            return
         self._put("activity", request)
 
     def send_drive(self, execution_id: str, countdown: float | None = None) -> None:

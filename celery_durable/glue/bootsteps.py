@@ -35,11 +35,19 @@ import celery.app.utils as celery_app_utils
 from celery import bootsteps
 
 from celery_durable.engine.drive import seals
+from celery_durable.glue import pool_board
 from celery_durable.glue.extension import DurableLike, durable_of
 from celery_durable.glue.pools import check_worker, note_worker_limits, pool_name
 from celery_durable.settings import censor_conf, redact_url
 
-__all__ = ["DurableStep", "DurableShutdownStep", "DurableMetricsStep", "check_store", "install_censoring"]
+__all__ = [
+    "DurableStep",
+    "DurableShutdownStep",
+    "DurableEventsStep",
+    "DurableMetricsStep",
+    "check_store",
+    "install_censoring",
+]
 
 log = logging.getLogger("celery_durable.worker")
 
@@ -106,6 +114,9 @@ class DurableStep(bootsteps.StartStopStep):
         # --time-limit/--soft-time-limit are the worker's, not app.conf's: an eager activity
         # must not run under them, nor an outbox drain past them (pools.time_limit); noted before the pool forks
         note_worker_limits(getattr(worker, "time_limit", None), getattr(worker, "soft_time_limit", None))
+        # what the pool processes running eager activities must learn from this one (revokes,
+        # shutdown, task events): shared memory they inherit, so made before the pool forks
+        pool_board.install()
         # before the worker connects: a gevent/eventlet worker must not take effects it cannot stop,
         # and no worker may report ready on a store it cannot use
         check_worker(worker, self.durable)
@@ -142,6 +153,18 @@ class DurableShutdownStep(bootsteps.StartStopStep):
 
     def shutdown(self, consumer: Any) -> None:
         self.durable.shutdown()
+
+
+class DurableEventsStep(bootsteps.StartStopStep):
+    """A consumer step after Celery's ``Events``: tells the processes running eager activities
+    whether this worker sends task events (glue/pool_board.py; ``enable_events`` and
+    ``disable_events`` update it later)."""
+
+    label = "celery_durable.events"
+    requires = ("celery.worker.consumer.events:Events",)
+
+    def start(self, consumer: Any) -> None:
+        pool_board.note_task_events(getattr(consumer, "event_dispatcher", None))
 
 
 class DurableMetricsStep(bootsteps.StartStopStep):

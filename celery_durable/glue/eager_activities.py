@@ -37,7 +37,7 @@ from __future__ import annotations
 import contextvars
 import logging
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
@@ -45,8 +45,11 @@ from celery import Celery
 from celery._state import get_current_task
 from celery.app.task import Context
 from celery.app.trace import trace_task
+from celery.utils.saferepr import saferepr
 
 from celery_durable.engine.dispatcher import ActivityRequest
+from celery_durable.glue import pool_board
+from celery_durable.glue.eager_events import send_event, send_traced
 from celery_durable.glue.pools import time_limit
 
 __all__ = [
@@ -55,8 +58,10 @@ __all__ = [
     "Kept",
     "committing",
     "draining",
+    "claimed_holder",
     "eagerly",
     "keep",
+    "keeps",
     "run_kept",
 ]
 
@@ -106,6 +111,10 @@ class Drain:
 
 
 _DRAIN: contextvars.ContextVar[Drain | None] = contextvars.ContextVar("celery_durable_eager_drain", default=None)
+#: the kept activity running now in this context: (its task id, the lease holder its commit took)
+_CLAIMED: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar(
+    "celery_durable_eager_claim", default=None
+)
 #: the execution whose commit runs now in this context: only its own sends are kept (what a
 #: local activity or an activity's own code sends, e.g. an eager start, goes out as usual)
 _COMMITTING: contextvars.ContextVar[str | None] = contextvars.ContextVar("celery_durable_eager_commit", default=None)
@@ -120,16 +129,29 @@ def _rate_limited(task: Any, app: Celery) -> bool:
 
 
 def _stopping() -> bool:
-    """A warm or cold shutdown has begun in this process (Celery sets the exit code there, 0
-    included). Only a worker's own process knows: a prefork pool child never does, so there a
-    warm shutdown waits for the rest of the delivery's budget."""
+    """A warm or cold shutdown has begun: in this process (Celery sets the exit code there, 0
+    included) or, for a prefork pool child, in the worker's main process (glue/pool_board.py)."""
     from celery.worker import state
 
+    board = pool_board.board()
+    if board is not None and board.stopping:
+        return True
     return any(flag is not None and flag is not False for flag in (state.should_stop, state.should_terminate))
 
 
+def _revoked(task_id: str) -> bool:
+    """``revoke(task_id)`` reached this worker: its main process's revoked set (this process's
+    own in a threads or solo worker), as Celery looks a delivered message up."""
+    from celery.worker import state
+
+    board = pool_board.board()
+    return (board is not None and board.revoked(task_id)) or task_id in state.revoked
+
+
 @contextmanager
-def draining(task: Any, budget: int, sender: ActivitySender | None) -> Iterator[Drain | None]:
+def draining(
+    task: Any, budget: int, sender: ActivitySender | None, unclaim: Callable[[ActivityRequest], None] | None = None
+) -> Iterator[Drain | None]:
     """Around a broker delivery's commit and what follows it: keep the next activity the
     commit schedules (:func:`keep`); the caller runs it with :func:`run_kept`. ``None`` (nothing
     kept) when eager activities are off, this is itself an eager run (the outer delivery's
@@ -165,8 +187,13 @@ def draining(task: Any, budget: int, sender: ActivitySender | None) -> Iterator[
     finally:
         _DRAIN.reset(token)
         left, drain.pending = drain.pending, None
-        if left is not None:
-            drain.sender.publish_activity(left.request)  # committed and not run: it needs its message
+        if left is not None:  # committed and not run: it needs its message
+            if unclaim is not None:
+                try:  # its lease back first, or its delivery is refused until the lease lapses
+                    unclaim(left.request)
+                except Exception as exc:  # noqa: BLE001 - sent all the same: recovery once the lease lapses
+                    log.warning("could not give back the lease of kept activity %s: %s", left.request.task_id, exc)
+            drain.sender.publish_activity(left.request)
 
 
 @contextmanager
@@ -179,29 +206,34 @@ def committing(execution_id: str) -> Iterator[None]:
         _COMMITTING.reset(token)
 
 
-def keep(request: ActivityRequest) -> bool:
-    """The dispatcher's question before it sends an activity: ``True`` if the current delivery
-    keeps it to run next (then it must not be sent)."""
+def keeps(request: ActivityRequest) -> bool:
+    """The driver's question before its commit (``Dispatcher.keeps``): would the current
+    delivery keep ``request`` to run next? Then the commit takes its first attempt's lease."""
+    return _route(request) is not None
+
+
+def _route(request: ActivityRequest) -> Kept | None:
+    """``request`` as the current delivery would keep it, or None: it must be sent."""
     drain = _DRAIN.get()
     if drain is None or drain.pending is not None or drain.budget <= 0:
-        return False
+        return None
     if _COMMITTING.get() != request.execution_id:
-        return False  # not the commit's own send: user code the delivery runs (an eager start)
+        return None  # not the commit's own send: user code the delivery runs (an eager start)
     task = drain.app.tasks.get(request.name)
     if task is None or time_limit(task, drain.app) is not None or _rate_limited(task, drain.app) or _stopping():
-        return False
+        return None
     try:
         # as apply_async routes it: the task's own options (queue=...), the send's, task_routes
         sent = drain.sender.activity_options(request)
         options = {**getattr(task, "_get_exec_options", dict)(), **sent}
         route = drain.app.amqp.router.route(options, request.name, request.args, request.kwargs, task_type=task)
     except Exception:  # a router of the user's that fails here fails the send too: let it
-        return False
+        return None
     queue = route.get("queue")
     if queue is None and route.get("exchange") is None:  # a route without a queue: the default one
         queue = drain.app.conf.get("task_default_queue")
     if getattr(queue, "name", queue) != drain.queue:
-        return False
+        return None
     parent = getattr(get_current_task(), "request", None)
     # the priority its message would have had (a retry() of it is sent with it): the route's or
     # the task's, else the parent's if inherited, else the worker's default; none at all: the
@@ -211,7 +243,21 @@ def keep(request: ActivityRequest) -> bool:
         priority = (getattr(parent, "delivery_info", None) or {}).get("priority")
     if priority is None:
         priority = drain.app.conf.get("task_default_priority")
-    drain.pending = Kept(request, sent, getattr(parent, "id", None), priority)
+    return Kept(request, sent, getattr(parent, "id", None), priority)
+
+
+def keep(request: ActivityRequest) -> bool:
+    """The dispatcher's question before it sends an activity: ``True`` if the current delivery
+    keeps it to run next (then it must not be sent). Only an activity whose first attempt's
+    lease its commit took (``request.holder``: :func:`keeps` said yes before the commit): a
+    process killed before it starts is then recovered when that lease lapses."""
+    if request.holder is None:
+        return False
+    kept = _route(request)
+    drain = _DRAIN.get()
+    if kept is None or drain is None:
+        return False
+    drain.pending = kept
     return True
 
 
@@ -246,13 +292,47 @@ def run_kept(drain: Drain) -> None:
                 "is_eager": False,
                 "ignore_result": True,
             }
+            args, kwargs = list(request.args), dict(request.kwargs)
+            events = drain.hostname, task
+            send_event(
+                events,
+                "task-received",
+                uuid=request.task_id,
+                name=request.name,
+                args=saferepr(args),
+                kwargs=saferepr(kwargs),
+                root_id=drain.root_id,
+                parent_id=kept.parent_id,
+                retries=0,
+                eta=None,
+                expires=None,
+            )
+            if _revoked(request.task_id):
+                # as the worker discards a revoked message: not run, the step left to recovery
+                log.info("Discarding revoked task: %s[%s]", request.name, request.task_id)
+                send_event(events, "task-revoked", uuid=request.task_id, terminated=False, signum=None, expired=False)
+                continue
             log.info("activity %s (%s step %d): run here, not sent", request.name, request.execution_id, request.seq)
+            send_event(events, "task-started", uuid=request.task_id)
             # the tracer catches what the task raises (as for a delivery: logged, signalled, a
             # Retry already sent its message); the next kept activity, if any, is its drive's
-            args, kwargs = list(request.args), dict(request.kwargs)
-            trace_task(task, request.task_id, args, kwargs, context, app=drain.app, eager=False)
+            board = pool_board.board()
+            claim = _CLAIMED.set((request.task_id, request.holder) if request.holder else None)
+            try:
+                with board.running(request.task_id) if board is not None else nullcontext():
+                    traced = trace_task(task, request.task_id, args, kwargs, context, app=drain.app, eager=False)
+            finally:
+                _CLAIMED.reset(claim)
+            send_traced(events, request.task_id, traced)
     finally:
         drain.task.request_stack.pop()
+
+
+def claimed_holder(task_id: str | None) -> str | None:
+    """The lease holder the commit that kept ``task_id`` took for it, while this process runs
+    it as a kept activity (never read from a message: a header cannot claim a lease)."""
+    claim = _CLAIMED.get()
+    return claim[1] if claim is not None and claim[0] == task_id else None
 
 
 def eagerly(task: Any, engine: Any, execution_id: str, commit: Callable[[], T]) -> T:
@@ -260,7 +340,7 @@ def eagerly(task: Any, engine: Any, execution_id: str, commit: Callable[[], T]) 
     timer's), then the activities it kept, if ``engine`` sends through a worker's dispatcher
     (:class:`ActivitySender`) with ``durable_eager_activities`` on."""
     sender = engine.dispatcher if isinstance(engine.dispatcher, ActivitySender) else None
-    with draining(task, engine.settings.eager_activities, sender) as drain:
+    with draining(task, engine.settings.eager_activities, sender, engine.activities.unclaim) as drain:
         with committing(execution_id):
             outcome = commit()
         if drain is not None:

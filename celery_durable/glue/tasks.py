@@ -20,7 +20,7 @@ from celery_durable.engine.outbox.model import EffectRef, EffectSender
 from celery_durable.engine.outcomes import ClockOutcome, DriveOutcome
 from celery_durable.errors import StoreUnavailable
 from celery_durable.glue.durable_activity import DURABLE_HEADER
-from celery_durable.glue.eager_activities import eagerly, keep
+from celery_durable.glue.eager_activities import eagerly, keep, keeps
 from celery_durable.glue.session_tokens import retry_stale, session_headers, use_session
 from celery_durable.glue.wire import WireTask, serializer
 
@@ -69,6 +69,10 @@ class CeleryDispatcher:
         if keep(request):  # the delivery that scheduled it runs it next (glue/eager_activities.py)
             return
         self.publish_activity(request)
+
+    def keeps(self, request: ActivityRequest) -> bool:
+        """Would the current delivery run ``request`` next (``Dispatcher.keeps``)?"""
+        return keeps(request)
 
     def publish_activity(self, request: ActivityRequest) -> None:
         """Send the activity's message (never kept for an eager run)."""

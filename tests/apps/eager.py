@@ -82,3 +82,54 @@ def crash(key: str) -> int:
 def after_sleep(seconds: float) -> int:
     wf.sleep(seconds)
     return inc(inc(0))
+
+
+def _gate(name: str, timeout: float = 60.0) -> None:
+    """Wait for the test to create the marks file ``name``."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not (MARKS / name).exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gate {name} never opened")
+        time.sleep(0.02)
+
+
+@durable_activity
+def gated(key: str, step: int, x: int) -> int:
+    """Marks its start (its pid), waits for the test's ``gate-{key}-{step}``, marks its end."""
+    mark(f"start-{key}-{step}")
+    _gate(f"gate-{key}-{step}")
+    mark(f"end-{key}-{step}")
+    return x + 1
+
+
+@durable.workflow(name="eager.gated")
+def gated_steps(key: str, n: int) -> int:
+    x = 0
+    for step in range(1, n + 1):
+        x = gated(key, step, x)
+    return x
+
+
+@durable_activity
+def after_kill(key: str, x: int) -> int:
+    mark(f"ran-{key}")
+    return x + 5
+
+
+@durable.workflow(name="eager.kill_before")
+def kill_before(key: str) -> int:
+    return inc(after_kill(key, inc(0)))
+
+
+if os.environ.get("TEST_DIE_BEFORE_START"):
+    from celery.signals import task_prerun
+
+    @task_prerun.connect(weak=False)
+    def _die_before_start(sender: object = None, args: object = None, **_: object) -> None:
+        """The process dies after the commit that scheduled ``after_kill`` and before its first
+        attempt begins (its first run here is a kept one: the commit of ``inc`` kept it)."""
+        name = getattr(sender, "name", None)
+        if name == after_kill.name and isinstance(args, list | tuple) and mark(f"prerun-{args[0]}") == 1:
+            os._exit(1)

@@ -90,3 +90,25 @@ def test_a_broken_sticky_cache_is_caught(monkeypatch: pytest.MonkeyPatch) -> Non
 
 def test_known_bug_names_are_documented() -> None:
     assert all(isinstance(v, str) and v for v in KNOWN_BUGS.values())
+
+
+def test_a_claimed_lease_nothing_recovers_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An eager activity's lease taken by its scheduling commit (``claim_kept``) but left with
+    nothing due: a worker killed before the kept attempt starts strands the step."""
+    from celery_durable.engine.activities import attempts
+
+    claim_kept = attempts.claim_kept
+
+    def undue(eng: Engine, sends: list, ops: list[Op], now: float) -> None:  # type: ignore[type-arg]
+        claim_kept(eng, sends, ops, now)
+        for i, op in enumerate(ops):
+            if op.kind == "create" and op.doc is not None and op.doc.get("lease"):
+                ops[i] = Op.create(op.doc | {"due_kind": None, "due_at": None})
+
+    def broken(seed: int) -> SimResult:
+        with monkeypatch.context() as m:
+            m.setattr("celery_durable.engine.drive.driver.claim_kept", undue)
+            return run_seed(seed, Faults(), ())
+
+    found = first_caught(broken)
+    assert found is not None, f"no violation in {SEEDS} seeds"

@@ -12,7 +12,7 @@ import pytest
 from celery import Celery
 
 from celery_durable.engine.dispatcher import ActivityRequest
-from celery_durable.glue.eager_activities import Drain, committing, draining, keep
+from celery_durable.glue.eager_activities import Drain, committing, draining, keep, keeps
 
 
 class Sender:
@@ -67,8 +67,9 @@ def delivery(app: Celery, **request: Any) -> Any:
     return SimpleNamespace(app=app, request=SimpleNamespace(**(fields | request)), **limits)
 
 
-def req(name: str = "t.step", seq: int = 2, execution_id: str = "e1") -> ActivityRequest:
-    return ActivityRequest(execution_id, seq, name, [1], {}, f"{execution_id}:{seq}", "wf")
+def req(name: str = "t.step", seq: int = 2, execution_id: str = "e1", holder: str | None = "w:1") -> ActivityRequest:
+    """An activity a commit sends; ``holder``: the lease that commit took for it (``keeps`` said yes)."""
+    return ActivityRequest(execution_id, seq, name, [1], {}, f"{execution_id}:{seq}", "wf", holder=holder)
 
 
 def kept(request: ActivityRequest) -> bool:
@@ -186,3 +187,17 @@ def test_a_route_without_a_queue_means_the_default_queue_and_sets_the_priority(a
     with draining(delivery(app), 5, sender) as drain:
         assert kept(req("t.prioritised")) is True
         assert drain is not None and drain.pending is not None and drain.pending.priority == 5
+
+
+def test_only_an_activity_whose_commit_took_its_lease_is_kept(app: Celery) -> None:
+    """``keeps`` (before the commit) and ``keep`` (after it) agree, and an activity sent with no
+    claimed lease (the commit did not ask, or asked another) is sent: a process killed before
+    it starts must leave a lease that lapses, not a step that waits for the queue timeout."""
+    with draining(delivery(app), 5, Sender()) as drain:
+        assert drain is not None
+        with committing("e1"):
+            assert keeps(req(holder=None))
+            assert keep(req(holder=None)) is False
+            assert drain.pending is None
+            assert keep(req()) is True
+            assert keeps(req(seq=3)) is False  # one at a time

@@ -5,7 +5,14 @@ live attempt holds the step's lease) and takes the step's lease (one etag replac
 is then committed together with the next drive (one batch): that is the inline continuation —
 the worker that finishes an activity drives the workflow itself, no extra broker hop, on the
 partition it read in ``begin`` (the commit is conditional on the exec etag). Three store round
-trips per activity on the common path: query, lease, commit.
+trips per delivered activity: query, lease, commit.
+
+An activity the dispatcher keeps to run next in the committing process (eager activities,
+``Dispatcher.keeps``) has its first attempt's lease taken by the commit that schedules it
+(:func:`claim_kept`): its ``begin`` finds the lease its own and writes nothing. Two round trips
+per such activity (query, commit), and a process killed between that commit and the attempt
+leaves a lease that lapses (recovery re-sends the step after the lease TTL), as a process
+killed in the attempt does.
 """
 
 from __future__ import annotations
@@ -18,9 +25,11 @@ import logging
 import threading
 import uuid
 from collections.abc import Callable
+from dataclasses import replace as dc_replace
 from typing import TYPE_CHECKING, Any
 
 from celery_durable.engine.activities.delivery import STALE_EVENT, Delivery, marker_token, refusal
+from celery_durable.engine.dispatcher import ActivityRequest, Send
 from celery_durable.engine.documents.model import (
     DUE_ACTIVITY,
     EXEC_ID,
@@ -33,12 +42,12 @@ from celery_durable.engine.documents.model import (
 )
 from celery_durable.engine.documents.records import count_of, holder_of, is_terminal
 from celery_durable.errors import ConflictError, StoreError
-from celery_durable.stores.base import Doc, strip_reserved
+from celery_durable.stores.base import Doc, Op, strip_reserved
 
 if TYPE_CHECKING:
     from celery_durable.engine.ports import EngineParts
 
-__all__ = ["Attempt", "ActivityRunner", "run_awaitable", "sync_callable", "may_be_stale"]
+__all__ = ["Attempt", "ActivityRunner", "claim_kept", "run_awaitable", "sync_callable", "may_be_stale"]
 
 log = logging.getLogger("celery_durable.activity")
 
@@ -103,6 +112,35 @@ def may_be_stale(why: str) -> bool:
     return why.startswith(STALE_REASONS)
 
 
+def claim_kept(eng: EngineParts, sends: list[Send], ops: list[Op], now: float) -> None:
+    """Before a drive commits ``ops``: the first activity its ``sends`` schedule that the
+    dispatcher keeps (``Dispatcher.keeps``) gets its first attempt's lease in its marker (the
+    create in ``ops``) and the holder in its request (``ActivityRequest.holder``)."""
+    keeps = getattr(eng.dispatcher, "keeps", None)
+    if keeps is None:
+        return
+    for i, req in enumerate(sends):
+        if not isinstance(req, ActivityRequest) or not keeps(req):
+            continue
+        mid = marker_id(req.seq, req.run)
+        for j, op in enumerate(ops):
+            if op.kind == "create" and op.doc is not None and op.doc.get("id") == mid and op.doc.get("type") == "step":
+                holder = f"{eng.identity()}:{uuid.uuid4().hex[:12]}"
+                expires = now + eng.settings.lease_ttl
+                ops[j] = Op.create(
+                    op.doc
+                    | {
+                        "attempts": 1,
+                        "lease": {"holder": holder, "expires": expires},
+                        "due_kind": DUE_ACTIVITY,
+                        "due_at": expires,
+                        "started_at": now,
+                    }
+                )
+                sends[i] = dc_replace(req, holder=holder)
+        return  # one per commit: the dispatcher keeps only the first it is offered
+
+
 class ActivityRunner:
     def __init__(self, engine: EngineParts) -> None:
         self.engine = engine
@@ -114,6 +152,7 @@ class ActivityRunner:
         run: int = 0,
         supersedes: str | None = None,
         delivery: Delivery | None = None,
+        claimed: str | None = None,
     ) -> tuple[Attempt | None, str]:
         """Take the step's lease; ``(None, reason)`` when this delivery must not run.
 
@@ -122,8 +161,13 @@ class ActivityRunner:
         the attempt whose retry this delivery is (it ended, maybe unable to give its lease back).
         ``delivery`` must belong to the marker (engine/activities/delivery.py): a stale one is dropped. None
         only for callers that hold no message (in-process runs of the marker's own request).
+        ``claimed``: the holder the scheduling commit took the lease for (:func:`claim_kept`), known
+        only in the process that committed it (never from a message); the attempt is that one,
+        without a write, if the lease is still that holder's.
         """
         eng = self.engine
+        if claimed is not None and (found := self._claimed(execution_id, seq, run, claimed)) is not None:
+            return found
         me = f"{eng.identity()}:{uuid.uuid4().hex[:12]}"
         for _ in range(5):
             docs = eng.cache.load(execution_id)
@@ -150,8 +194,8 @@ class ActivityRunner:
             if lease_live(marker, now) and (supersedes is None or lease.get("holder") != supersedes):
                 return None, f"another attempt is running ({lease.get('holder')})"
             number = count_of(marker, "attempts") + 1
-            claimed = strip_reserved(marker)
-            claimed.update(
+            leased = strip_reserved(marker)
+            leased.update(
                 attempts=number,
                 lease={"holder": me, "expires": now + eng.settings.lease_ttl},
                 due_kind=DUE_ACTIVITY,
@@ -159,15 +203,59 @@ class ActivityRunner:
                 started_at=now,
             )
             try:
-                etag = eng.store.replace(claimed, if_match=marker["_etag"])
+                etag = eng.store.replace(leased, if_match=marker["_etag"])
             except ConflictError:
                 eng.cache.suspect(execution_id)  # changed, or deleted (purged)
                 continue
-            eng.cache.put(execution_id, claimed | {"_etag": etag})
+            eng.cache.put(execution_id, leased | {"_etag": etag})
             attempt = Attempt(execution_id, seq, str(marker["name"]), etag, me, number, run, token=marker_token(marker))
             eng.leases.track(attempt)
             return attempt, "started"
         return None, "the step kept changing under us"
+
+    def _claimed(self, execution_id: str, seq: int, run: int, holder: str) -> tuple[Attempt | None, str] | None:
+        """The attempt whose lease the scheduling commit took (``holder``), or None: not (or no
+        longer) that holder's lease, begin as any delivery."""
+        eng = self.engine
+        docs = eng.cache.load(execution_id)
+        ex, marker = docs.get(EXEC_ID), docs.get(marker_id(seq, run))
+        if ex is None or marker is None or holder_of(marker) != holder:
+            return None
+        if is_terminal(ex):
+            return None, f"execution is {ex['status']}"
+        if result_id(seq, run) in docs:
+            return None, "duplicate: the result is already recorded"
+        if not lease_live(marker, eng.clock.now()):
+            return None  # lapsed: recovery may have re-sent it; take it as a delivery would
+        number = count_of(marker, "attempts")
+        attempt = Attempt(
+            execution_id, seq, str(marker["name"]), marker["_etag"], holder, number, run, token=marker_token(marker)
+        )
+        eng.leases.track(attempt)
+        return attempt, "started"
+
+    def unclaim(self, request: ActivityRequest) -> None:
+        """A kept activity that will not run here after all (the delivery failed, the worker
+        stops): give its claimed lease back, so the message sent instead is not refused until
+        the lease lapses. Raises :class:`StoreError` (the caller sends it all the same)."""
+        eng = self.engine
+        if request.holder is None:
+            return
+        docs = eng.cache.load(request.execution_id)
+        marker = docs.get(marker_id(request.seq, request.run))
+        if marker is None or holder_of(marker) != request.holder:
+            return
+        now = eng.clock.now()
+        released = strip_reserved(marker)
+        released.pop("started_at", None)
+        released.update(
+            attempts=max(0, count_of(marker, "attempts") - 1),  # the claimed attempt never began
+            lease=None,
+            due_kind=DUE_ACTIVITY,
+            due_at=now + eng.settings.activity_queue_timeout,
+        )
+        etag = eng.store.replace(released, if_match=marker["_etag"])
+        eng.cache.put(request.execution_id, released | {"_etag": etag})
 
     def result_doc(self, attempt: Attempt, value: Any = None, error: BaseException | None = None) -> Doc:
         doc: Doc = {

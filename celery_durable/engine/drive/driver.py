@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
+from celery_durable.engine.activities.attempts import claim_kept
 from celery_durable.engine.activities.delivery import STALE_EVENT, stale_outcomes
 from celery_durable.engine.activities.local_activities import LocalRun, LocalRunner
 from celery_durable.engine.admin.pending_ops import settle
@@ -353,6 +354,8 @@ class Driver:
             return DriveOutcome.NOOP
         if d.eager and len(ops) > self.engine.store.max_batch_ops:  # not one batch: all or nothing is a worker's
             return DriveOutcome.DECLINED
+        if not d.eager and len(ops) <= self.engine.store.max_batch_ops:
+            claim_kept(self.engine, replay.sends, ops, now)  # an eager activity's lease, in this commit
         return replay, ops
 
     def _commit(

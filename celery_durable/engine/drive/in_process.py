@@ -52,7 +52,10 @@ class LocalWorker:
 
     def _activity(self, req: ActivityRequest) -> None:
         eng = self.engine
-        attempt, _why = eng.activities.begin(req.execution_id, req.seq, req.run, delivery=Delivery.of_request(req))
+        # req.holder: the commit that scheduled it took its lease (an eager dispatcher's ``keeps``)
+        attempt, _why = eng.activities.begin(
+            req.execution_id, req.seq, req.run, delivery=Delivery.of_request(req), claimed=req.holder
+        )
         if attempt is None:
             return
         act = eng.registry.activity(req.name)

@@ -1,0 +1,212 @@
+"""What a worker's main process tells the processes that run eager activities, and back.
+
+An eager activity (glue/eager_activities.py) runs in the pool process of the delivery that kept
+it. In a prefork worker that is a child, forked at start-up, which never sees what the main
+process handles: the control messages (``revoke``, ``enable_events``) and the shutdown signal.
+For a delivered task Celery needs none of that in the child (the main process discards a revoked
+message, sends the task events, stops handing out messages, kills the child running a task
+revoked with ``terminate``). For a kept one the child must ask, so the main process writes what
+it learns to a :class:`Board`: one anonymous shared memory map, made before the pool forks and
+inherited by every child (in a threads or solo worker, the same process reads it).
+
+- ``stopping``: a warm or cold shutdown began (``worker_shutting_down``): no more kept runs.
+- ``task_events``: the worker sends task events (``-E``, ``worker_send_task_events``, Flower's
+  or ``celery control enable_events``): an eager run sends its own.
+- revoked ids: a ring of the last :data:`RING` revoked task ids (as digests) that a kept run's
+  id is looked up in before it starts.
+- running: per pool process, the pid and the id of the eager run it is in, so ``revoke(id,
+  terminate=True)`` kills that process as Celery kills the one running a delivered task.
+
+Nothing here is durable: it is the worker's view, as Celery's own revoked set is. The main
+process learns of control messages by wrapping Celery's handlers (``Panel.data``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import mmap
+import os
+import struct
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+__all__ = ["Board", "board", "install", "note_task_events"]
+
+log = logging.getLogger("celery_durable.worker")
+
+#: revoked ids remembered (16-byte digests: 64 KiB)
+RING = 4096
+#: pool processes whose eager run ``terminate`` can find (a prefork child's index, else its pid)
+SLOTS = 256
+_DIGEST = 16
+_HEADER = 64  # [0] stopping, [1] task events, [8:16] revoked ids written (u64)
+_SLOT = 24  # pid (u32), 4 bytes unused, digest
+_RING_AT = _HEADER + SLOTS * _SLOT
+_SIZE = _RING_AT + RING * _DIGEST
+
+
+def _digest(task_id: str) -> bytes:
+    return hashlib.blake2b(task_id.encode("utf-8", "surrogatepass"), digest_size=_DIGEST).digest()
+
+
+def _slot_index() -> int:
+    """This pool process's slot: a prefork child's index (Celery numbers them 0..concurrency-1,
+    reused for a replacement), else the pid."""
+    try:
+        from billiard.process import current_process
+
+        index = getattr(current_process(), "index", None)
+    except Exception:  # noqa: BLE001 - no billiard context: use the pid
+        index = None
+    return int(index) % SLOTS if isinstance(index, int) else os.getpid() % SLOTS
+
+
+class Board:
+    """The shared map (see the module docstring). Single bytes and whole digests are written
+    with one slice assignment each; a reader that races a write sees the old or the new value of
+    a flag, and at worst misses a revoke made in the same instant (as a delivered task that
+    started just before its revoke is missed)."""
+
+    def __init__(self) -> None:
+        self._map = mmap.mmap(-1, _SIZE, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_ANONYMOUS", 0x20))
+        self._lock = threading.Lock()  # writers of the ring: the main process's control handlers
+
+    # -- main process --------------------------------------------------------------------
+    def set_stopping(self) -> None:
+        self._map[0:1] = b"\x01"
+
+    def set_task_events(self, on: bool) -> None:
+        self._map[1:2] = b"\x01" if on else b"\x00"
+
+    def revoke(self, task_ids: list[str]) -> None:
+        with self._lock:
+            (written,) = struct.unpack_from("<Q", self._map, 8)
+            for task_id in task_ids:
+                at = _RING_AT + (written % RING) * _DIGEST
+                self._map[at : at + _DIGEST] = _digest(task_id)
+                written += 1
+            struct.pack_into("<Q", self._map, 8, written)
+
+    def running_pids(self, task_id: str) -> list[int]:
+        """The pool processes whose current eager run is ``task_id``."""
+        digest, pids = _digest(task_id), []
+        for i in range(SLOTS):
+            at = _HEADER + i * _SLOT
+            (pid,) = struct.unpack_from("<I", self._map, at)
+            if pid and self._map[at + 8 : at + 8 + _DIGEST] == digest:
+                pids.append(pid)
+        return pids
+
+    # -- the process running eager activities --------------------------------------------
+    @property
+    def stopping(self) -> bool:
+        return self._map[0] == 1
+
+    @property
+    def task_events(self) -> bool:
+        return self._map[1] == 1
+
+    def revoked(self, task_id: str) -> bool:
+        digest, ring = _digest(task_id), self._map[_RING_AT:_SIZE]
+        at = ring.find(digest)
+        while at != -1:
+            if at % _DIGEST == 0:
+                return True
+            at = ring.find(digest, at + 1)
+        return False
+
+    @contextmanager
+    def running(self, task_id: str) -> Iterator[None]:
+        """Announce this process's eager run of ``task_id`` while it runs (for ``terminate``)."""
+        at = _HEADER + _slot_index() * _SLOT
+        self._map[at : at + _SLOT] = struct.pack("<I4x", os.getpid()) + _digest(task_id)
+        try:
+            yield
+        finally:
+            self._map[at : at + _SLOT] = bytes(_SLOT)
+
+
+_BOARD: Board | None = None
+
+
+def board() -> Board | None:
+    """This worker's board (``None`` outside a worker, or before :func:`install`)."""
+    return _BOARD
+
+
+def note_task_events(dispatcher: Any) -> None:
+    """Record whether ``dispatcher`` (the consumer's) sends task events."""
+    if _BOARD is None:
+        return
+    # as EventDispatcher.send decides: no groups means every group
+    on = bool(dispatcher is not None and dispatcher.enabled and (not dispatcher.groups or "task" in dispatcher.groups))
+    _BOARD.set_task_events(on)
+
+
+def _wrap(name: str, after: Callable[..., None]) -> None:
+    """Run ``after(state, *args, **kwargs)`` after Celery's control handler ``name``."""
+    from celery.worker.control import Panel
+
+    original = Panel.data.get(name)
+    if original is None or getattr(original, "celery_durable", False):
+        return
+
+    def handler(state: Any, *args: Any, **kwargs: Any) -> Any:
+        reply = original(state, *args, **kwargs)
+        try:
+            after(state, *args, **kwargs)
+        except Exception:  # noqa: BLE001 - the board must never break a control command
+            log.exception("celery_durable: could not note control command %s", name)
+        return reply
+
+    handler.celery_durable = True  # type: ignore[attr-defined]
+    for attr in ("__name__", "__doc__", "__qualname__"):
+        setattr(handler, attr, getattr(original, attr, None))
+    Panel.data[name] = handler
+
+
+def _after_revoke(state: Any, task_id: Any = None, terminate: bool = False, signal: Any = None, **_: Any) -> None:
+    if _BOARD is None:
+        return
+    ids = [task_id] if isinstance(task_id, str) else [str(t) for t in (task_id or ())]
+    _BOARD.revoke(ids)
+    if not terminate:
+        return
+    from celery.platforms import signals as platform_signals
+
+    signum = platform_signals.signum(signal or "TERM")
+    for task in ids:
+        for pid in _BOARD.running_pids(task):
+            if pid == os.getpid():
+                continue  # a threads/solo worker: no process to kill, as for its delivered tasks
+            log.info("Terminating eager activity %s in process %d (%s)", task, pid, signum)
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
+
+
+def _after_events(state: Any, *_: Any, **__: Any) -> None:
+    note_task_events(getattr(state.consumer, "event_dispatcher", None))
+
+
+def install() -> Board:
+    """Make this process's board: in a worker's main process, before the pool forks."""
+    global _BOARD
+    if _BOARD is None:
+        _BOARD = Board()
+        from celery import signals
+
+        signals.worker_shutting_down.connect(_on_shutting_down, weak=False, dispatch_uid="celery_durable.board")
+        _wrap("revoke", _after_revoke)
+        _wrap("enable_events", _after_events)
+        _wrap("disable_events", _after_events)
+    return _BOARD
+
+
+def _on_shutting_down(**_: Any) -> None:
+    if _BOARD is not None:
+        _BOARD.set_stopping()
