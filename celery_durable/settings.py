@@ -31,7 +31,7 @@ setting                                default                     meaning
 ``durable_sticky_cache_size``          256                         live workflow instances per thread
 ``durable_eager_start``                False                       ``start()`` drives the first step in
                                                                    the caller (no drive message)
-``durable_eager_activities``           0                           activities a worker runs after its
+``durable_eager_activities``           16                          activities a worker runs after its
                                                                    own, unsent (0: off)
 ``durable_outbox_scan_interval``       5 s                         beat: lost effects, due retries
 ``durable_outbox_retention``           7 days                      settled rows then deleted
@@ -208,8 +208,9 @@ class Settings:
     #: activities or timers, and sends those itself: one broker hop fewer (see "Eager start")
     eager_start: bool = False
     #: a worker that finishes an activity runs the next one its drive schedules itself, instead
-    #: of sending it, up to this many in a row (0: off; see "Eager activities")
-    eager_activities: int = 0
+    #: of sending it, up to this many in a row (0: off; see "Eager activities"): on by default,
+    #: it is still a Celery task to Flower, revoke and shutdown (glue/pool_board.py)
+    eager_activities: int = 16
     #: beat: lost effect messages, due retries, expired leases
     outbox_scan_interval: float = 5.0
     #: succeeded/cancelled effect rows are deleted after this (failed rows are kept); dedupe by ``effect_id`` lasts

@@ -38,7 +38,7 @@ def test_a_sequential_workflow_runs_its_next_steps_without_messages(cluster: Any
     assert eager.steps.start(3).result(timeout=60) == 3
 
 
-def test_off_by_default_every_activity_is_delivered(cluster: Any, fx: Any) -> None:
+def test_turned_off_every_activity_is_delivered(cluster: Any, fx: Any) -> None:
     worker = cluster.start_worker(app=APP, env={"TEST_EAGER_ACTIVITIES": "0"})
     h = eager.steps.start(4)
     assert h.result(timeout=60) == 4
