@@ -9,8 +9,9 @@ trips per delivered activity: query, lease, commit.
 
 An activity the dispatcher keeps to run next in the committing process (eager activities,
 ``Dispatcher.keeps``) has its first attempt's lease taken by the commit that schedules it
-(:func:`claim_kept`): its ``begin`` finds the lease its own and writes nothing. Two round trips
-per such activity (query, commit), and a process killed between that commit and the attempt
+(:func:`claim_kept`): its ``begin`` finds the lease its own, in the copy of the partition that
+commit left in the cache, and reads and writes nothing. One round trip per such activity (the
+commit), and a process killed between that commit and the attempt
 leaves a lease that lapses (recovery re-sends the step after the lease TTL), as a process
 killed in the attempt does.
 """
@@ -217,7 +218,10 @@ class ActivityRunner:
         """The attempt whose lease the scheduling commit took (``holder``), or None: not (or no
         longer) that holder's lease, begin as any delivery."""
         eng = self.engine
-        docs = eng.cache.load(execution_id)
+        # the copy its own commit left in the cache, if young: that commit wrote the lease, and
+        # whatever changed since (a cancel, a reset) is found by the outcome's commit, which is
+        # conditional on the exec as an attempt begun a moment earlier would be
+        docs = eng.cache.peek(execution_id, eng.settings.trust_cache_for) or eng.cache.load(execution_id)
         ex, marker = docs.get(EXEC_ID), docs.get(marker_id(seq, run))
         if ex is None or marker is None or holder_of(marker) != holder:
             return None

@@ -488,7 +488,9 @@ class Driver:
                 store.create(op.doc)
             for req in replay.sends:
                 orphan_sends[req.key] = req
-        store.batch(pk, ops)
+            self.engine.cache.suspect(pk)  # the overflow is not in the batch: read it back
+        etags = store.batch(pk, ops)
+        self.engine.cache.committed(pk, ops, etags)  # the next read of ours needs no store call
 
     def _fence_cancelled_children(self, ex: ExecDoc, docs: dict[str, Doc], replay: Replay) -> None:
         """Claim the ids of the children this replay cancels, before its commit (``Children.fence_children``).

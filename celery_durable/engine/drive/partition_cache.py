@@ -15,12 +15,12 @@ import itertools
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from celery_durable.engine.documents.model import EXEC_ID
 from celery_durable.engine.documents.records import count_of
-from celery_durable.stores.base import Doc, Store, strip_reserved
+from celery_durable.stores.base import Doc, Op, Store, strip_reserved
 
 __all__ = ["Partition", "PartitionCache", "bump_generation", "lineage"]
 
@@ -145,6 +145,30 @@ class PartitionCache:
                 docs = Partition(entry[1], entry[1], (doc["id"],))
                 docs[doc["id"]] = doc
                 self._entries[pk] = (entry[0], docs, entry[2])
+
+    def committed(self, pk: str, ops: Sequence[Op], etags: Sequence[str | None]) -> None:
+        """Record a batch this process committed (``etags``: what the store returned): the
+        documents as written, with their new etags, so the read that follows its own commit
+        (an eager activity's begin, the inline drive) finds them without a store call. Only
+        into a copy that was current before the batch: the batch was conditional on the exec
+        etag that copy holds, so nothing else changed in between that a drive must see (every
+        such write changes the exec document)."""
+        based_on = next((op.if_match for op in ops if op.doc_id == EXEC_ID and op.kind == "replace"), None)
+        with self._lock:
+            entry = self._entries.get(pk)
+            if entry is None or pk in self._suspect:
+                return
+            cached_ex = entry[1].get(EXEC_ID)
+            if based_on is None or cached_ex is None or cached_ex.get("_etag") != based_on:
+                return  # the batch was not decided on this copy: the next load reads
+            docs = Partition(entry[1], entry[1], (op.doc_id for op in ops))
+            for op, etag in zip(ops, etags, strict=True):
+                if op.kind == "delete" or op.doc is None:
+                    docs.pop(op.doc_id, None)
+                elif etag is not None:
+                    docs[op.doc_id] = strip_reserved(op.doc) | {"_etag": etag}
+            self._entries[pk] = (entry[0], docs, time.monotonic())
+            self._entries.move_to_end(pk)
 
     def invalidate(self, pk: str | None = None) -> None:
         with self._lock:
