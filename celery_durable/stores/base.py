@@ -56,6 +56,7 @@ __all__ = [
     "MAX_PK_BYTES",
     "batch_bytes",
     "encode_doc",
+    "EncodedDoc",
     "utf8_json",
     "check_pk",
     "check_ids",
@@ -280,6 +281,19 @@ def utf8_json(text: str, doc_id: str) -> str:
     return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
+class EncodedDoc(dict[str, Any]):
+    """A document with its compact JSON already made (``text``: its body without reserved keys,
+    ``ensure_ascii=False``), by a wrapper that had to measure it (the offload store measures
+    every document it passes on): :func:`encode_doc` then checks it without encoding it again.
+    Made just before the backend call and never changed after."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, doc: Doc, text: str) -> None:
+        super().__init__(doc)
+        self.text = text
+
+
 def encode_doc(doc: Doc, limit: int = MAX_DOC_BYTES) -> str:
     """Validate shape and size; return the compact JSON body (without reserved keys), lone
     surrogates escaped (:func:`utf8_json`): UTF-8 text every backend can store."""
@@ -305,8 +319,11 @@ def encode_doc(doc: Doc, limit: int = MAX_DOC_BYTES) -> str:
         raise ConfigurationError(f"document {doc['id']!r}: due_kind must be a string")
     if at is not None and (isinstance(at, bool) or not isinstance(at, int | float)):
         raise ConfigurationError(f"document {doc['id']!r}: due_at must be a number (epoch seconds)")
-    body = {k: v for k, v in doc.items() if k not in RESERVED}
-    text = json.dumps(body, separators=(",", ":"), ensure_ascii=False)
+    if type(doc) is EncodedDoc:  # measured by a wrapper already: one encoding per document
+        text = doc.text
+    else:
+        body = {k: v for k, v in doc.items() if k not in RESERVED}
+        text = json.dumps(body, separators=(",", ":"), ensure_ascii=False)
     size = sent_size(text)
     if size > limit:
         raise DocumentTooLarge(doc["id"], size, limit)

@@ -50,7 +50,9 @@ from celery_durable.errors import (
 )
 from celery_durable.stores.base import (
     CORRUPT_KEY,
+    RESERVED,
     Doc,
+    EncodedDoc,
     ExecFilter,
     ExecPage,
     Op,
@@ -60,6 +62,7 @@ from celery_durable.stores.base import (
     check_ids,
     doc_size,
     find_inner,
+    sent_size,
     utf8_json,
 )
 from celery_durable.stores.offload.chunks import (
@@ -181,14 +184,16 @@ class Offloading(ABC):  # noqa: B024 - a mixin, registered (not inherited) by th
     ) -> tuple[tuple[Doc, list[Doc], tuple[str, int] | None], int]:
         """:meth:`_ofl_split` and the :func:`doc_size` of the document to write (a batch weighs
         its documents: measured once, not again)."""
-        body = {k: v for k, v in doc.items() if k != "_etag"}
-        size = doc_size(body)
+        body = {k: v for k, v in doc.items() if k not in RESERVED}
+        # encoded once: measured here, and the backend writes this text (EncodedDoc)
+        text = json.dumps(body, separators=(",", ":"), ensure_ascii=False)
+        size = sent_size(text)
         if size > self.max_payload:
             raise PayloadTooLarge(str(doc.get("id")), size, self.max_payload)
         limit = self.inline_bytes if inline is None else inline
         if size <= limit or not isinstance(doc.get("pk"), str) or not isinstance(doc.get("id"), str):
             # within the item limit (or malformed: the backend says why)
-            return (doc, [], None), (size if len(body) == len(doc) else doc_size(doc))
+            return (EncodedDoc(doc, text), [], None), (size if len(body) == len(doc) else doc_size(doc))
         sizes = {k: doc_size({k: v}) for k, v in body.items()}
         kept, moved, left = dict(body), {}, size
         for key in sorted(sizes, key=lambda k: -sizes[k]):
