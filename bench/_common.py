@@ -288,3 +288,40 @@ def wait_all(
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{len(ids) - i} executions still running after {timeout}s")
             time.sleep(interval)
+
+
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _stat(pid: int) -> tuple[str, int, float] | None:
+    """(command name, parent pid, CPU seconds: user + system) of a live process, from /proc."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    name = raw[raw.index("(") + 1 : raw.rindex(")")]
+    fields = raw[raw.rindex(")") + 2 :].split()
+    return name, int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def cpu_seconds(root_pid: int) -> dict[str, float]:
+    """CPU time used so far (user + system, from /proc) by the process tree of ``root_pid`` (a
+    worker and its pool children: ``workers``), this process (the client: ``client``) and every
+    PostgreSQL server process (``db``). Take one before and one after, and subtract: a process
+    that exited in between takes its time with it."""
+    stats = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            found = _stat(int(entry.name))
+            if found is not None:
+                stats[int(entry.name)] = found
+    tree, frontier = set(), {root_pid}
+    while frontier:
+        tree |= frontier
+        frontier = {pid for pid, (_, ppid, _) in stats.items() if ppid in frontier and pid not in tree}
+    own = os.times()
+    return {
+        "workers": sum(stats[pid][2] for pid in tree if pid in stats),
+        "client": own.user + own.system,
+        "db": sum(cpu for name, _, cpu in stats.values() if name == "postgres"),
+    }

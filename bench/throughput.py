@@ -43,6 +43,7 @@ from _common import (
     POSTGRES_URL,
     BenchEnv,
     bench_env,
+    cpu_seconds,
     drop_postgres_schema,
     exit_on_sigterm,
     machine,
@@ -205,9 +206,13 @@ def measure(args: argparse.Namespace, store: str) -> dict[str, Any]:
                 v.clear()
             dbos.retries.count = 0
             walls = {name: [] for name, _ in variants}
+            cpu: dict[str, list[dict[str, float]]] = {name: [] for name, _ in variants}
             for _ in range(args.rounds):
                 for name, fn in variants:
+                    before = cpu_seconds(worker.proc.pid)
                     walls[name].append(fn(n))
+                    after = cpu_seconds(worker.proc.pid)
+                    cpu[name].append({k: after[k] - before[k] for k in after})
         finally:
             worker.stop()
             if ours is not None:
@@ -226,6 +231,7 @@ def measure(args: argparse.Namespace, store: str) -> dict[str, Any]:
         "store": store,
         "n": n,
         "walls": walls,
+        "cpu": cpu,
         "starts": {name: starts[name] for name in walls},
         "server_side": ours.server_side,
         "retries": dbos.retries.count,
@@ -270,6 +276,17 @@ def report(r: dict[str, Any], args: argparse.Namespace) -> None:
         ["variant", "rounds", "best wall s", "mean wall s", "start phase s", "best wf/s", "mean wf/s", "ours/this"],
         rows,
         title=f"Workflows per second on {label} (first start -> all results seen by the caller)",
+    )
+    cpu_rows = []
+    for name, rounds in r["cpu"].items():
+        per = {k: mean([c[k] for c in rounds]) * 1e3 / n for k in ("workers", "client", "db")}
+        total = sum(per.values())
+        shares = [f"{per[k]:.2f}" for k in ("workers", "client", "db")]
+        cpu_rows.append([name, *shares, f"{total:.2f}", f"{total / 3:.2f}"])
+    print_table(
+        ["variant", "workers ms/wf", "client ms/wf", "database ms/wf", "CPU ms/wf", "CPU ms/step"],
+        cpu_rows,
+        title=f"CPU per workflow (from /proc, mean of the rounds; {label}; DBOS runs in the client)",
     )
     print(
         "celery_durable worker-side span (last completed_at - first created_at): "

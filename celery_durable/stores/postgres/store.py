@@ -32,10 +32,10 @@ holds ``xmin`` back) — the contract allows that, readers merge by id.
 
 Writes are one autocommit statement each (create: ``INSERT … ON CONFLICT DO NOTHING``, so the
 first writer wins; replace and delete check the etag in their ``WHERE``), one round trip. A
-:meth:`PostgresStore.batch` is one transaction in two round trips (pipeline mode): lock the rows
-it touches (``FOR UPDATE``, in id order so batches never deadlock) and check every op, then write
-and commit; a concurrent create of the same id ends in a unique violation, i.e. ``ConflictError``
-with nothing applied. Every psycopg error is translated at the boundary
+:meth:`PostgresStore.batch` is one transaction in one round trip (pipeline mode): its writes, in
+id order (row locks in one order: batches never deadlock), each failing the transaction when it
+finds no row of the expected version (a cast error, read back as ``ConflictError``) or, for a
+create, an existing row (a unique violation); nothing is applied then. Every psycopg error is translated at the boundary
 (:func:`.connection.translate`); messages show the URL with its password replaced.
 Connections: see :mod:`.connection` (why not ``psycopg_pool``); after ``fork()`` the child
 opens its own.
@@ -49,6 +49,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import psycopg
+import psycopg.errors as pge
 
 from celery_durable.errors import ConfigurationError, ConflictError
 from celery_durable.stores.base import (
@@ -85,6 +86,19 @@ _XV = f"(pg_current_xact_id()::text::bigint * {_SLOTS})"
 _COLS = "body, version, due_kind, due_at, created, workflow, status, search"
 _SET = "body = %s, version = {v}, due_kind = %s, due_at = %s, created = %s, workflow = %s, status = %s, search = %s"
 _EXCLUDED = ", ".join(f"{c} = excluded.{c}" for c in _COLS.split(", "))
+#: what a batch's write that finds no row (of the expected version) casts to an integer: the
+#: error aborts the batch's transaction and is read back as a ConflictError
+_CONFLICT = "celery_durable_batch_conflict"
+
+
+def _checked(write: str) -> str:
+    """``write`` (an UPDATE or DELETE of one row) as a statement that fails unless it wrote
+    exactly one row. The cast depends on the row count, so it is evaluated at run time only."""
+    return (
+        f"WITH w AS ({write} RETURNING 1) SELECT CASE WHEN count(*) = 1 THEN 1 "
+        f"ELSE ('{_CONFLICT}:' || count(*))::int END FROM w"
+    )
+
 
 Row = tuple[str, str | None, float | None, float | None, str | None, str | None, str | None]
 
@@ -321,55 +335,43 @@ class PostgresStore(Store):
     def _batch(
         self, conn: psycopg.Connection[Any], pk: str, ops: Sequence[Op], ids: list[str], prepared: list[Row | None]
     ) -> list[str | None]:
-        # Pipeline mode: BEGIN and the two queries go in one round trip, the writes and COMMIT
-        # (or ROLLBACK) in a second (psycopg's transaction() would add syncs of its own).
-        with conn.pipeline():
-            conn.execute("BEGIN")
-            first = conn.execute(f"SELECT {_XV}")
-            locked = conn.execute(
-                f"SELECT id, version FROM {self._t} WHERE pk = %s AND id = ANY(%s) ORDER BY id FOR UPDATE", (pk, ids)
-            )
+        # One round trip (pipeline mode): BEGIN, the first version, every write and COMMIT are
+        # sent together. Each write checks itself: a create fails on the primary key, a replace or
+        # delete that finds no row of the expected version fails a cast (_CONFLICT), which aborts
+        # the transaction; the server skips the rest, COMMIT included, and nothing is applied.
+        # Written in id order: row locks are taken in one order, two batches never wait in a circle.
+        try:
+            with conn.pipeline():
+                conn.execute("BEGIN")
+                first = conn.execute(f"SELECT {_XV}")
+                for i in sorted(range(len(ops)), key=lambda i: ids[i]):
+                    op, prep = ops[i], prepared[i]
+                    expected = _parse_etag(op.if_match)
+                    check = "" if expected is None else " AND version = %s"
+                    where = (pk, op.doc_id) + (() if expected is None else (expected,))
+                    if op.kind == "delete":
+                        conn.execute(_checked(f"DELETE FROM {self._t} WHERE pk = %s AND id = %s{check}"), where)
+                        continue
+                    assert prep is not None
+                    body, *cols = prep
+                    version = f"{_XV} + {i}"
+                    if op.kind == "create":  # an existing row (a concurrent creator's too): unique violation
+                        conn.execute(self._sql_insert.format(v=version), (pk, op.doc_id, body, *cols))
+                    elif op.kind == "upsert":
+                        conn.execute(self._sql_upsert.format(v=version), (pk, op.doc_id, body, *cols))
+                    else:
+                        conn.execute(_checked(self._sql_update.format(v=version) + check), (body, *cols, *where))
+                if any(self._notifies(op.doc) for op in ops):  # delivered at COMMIT, never before the data
+                    conn.execute("SELECT pg_notify(%s, %s)", self._note(pk))
+                conn.execute("COMMIT")
             row = first.fetchone()
-            assert row is not None
-            base = int(row[0])
-            current = {str(doc_id): int(version) for doc_id, version in locked.fetchall()}
-            try:
-                self._validate(ops, current)
-            except ConflictError:
-                conn.execute("ROLLBACK")
+        except pge.InvalidTextRepresentation as exc:
+            if _CONFLICT not in str(exc):
                 raise
-            # written in id order, as locked: two batches never wait on each other in a circle
-            for i in sorted(range(len(ops)), key=lambda i: ids[i]):
-                op, prep = ops[i], prepared[i]
-                if op.kind == "delete":
-                    conn.execute(f"DELETE FROM {self._t} WHERE pk = %s AND id = %s", (pk, op.doc_id))
-                    continue
-                assert prep is not None
-                body, *cols = prep
-                if op.kind == "create":  # a concurrent creator's row fails it: unique violation
-                    conn.execute(self._sql_insert.format(v="%s"), (pk, op.doc_id, body, base + i, *cols))
-                elif op.kind == "upsert":
-                    conn.execute(self._sql_upsert.format(v="%s"), (pk, op.doc_id, body, base + i, *cols))
-                else:
-                    conn.execute(self._sql_update.format(v="%s"), (body, base + i, *cols, pk, op.doc_id))
-            if any(self._notifies(op.doc) for op in ops):  # delivered at COMMIT, never before the data
-                conn.execute("SELECT pg_notify(%s, %s)", self._note(pk))
-            conn.execute("COMMIT")
+            raise ConflictError(f"batch in {pk!r}: a document does not exist or changed since it was read") from None
+        assert row is not None
+        base = int(row[0])
         return [None if op.kind == "delete" else str(base + i) for i, op in enumerate(ops)]
-
-    @staticmethod
-    def _validate(ops: Sequence[Op], current: dict[str, int]) -> None:
-        """Check every op against the locked versions, so a failing op leaves nothing applied."""
-        for op in ops:
-            version = current.get(op.doc_id)
-            if op.kind == "create" and version is not None:
-                raise ConflictError(f"batch create: {op.doc_id!r} exists")
-            if op.kind in ("replace", "delete"):
-                if version is None:
-                    raise ConflictError(f"batch {op.kind}: {op.doc_id!r} does not exist")
-                expected = _parse_etag(op.if_match)
-                if expected is not None and version != expected:
-                    raise ConflictError(f"batch {op.kind}: {op.doc_id!r} changed since it was read")
 
     # scans ------------------------------------------------------------------------------------
 
