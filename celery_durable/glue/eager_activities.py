@@ -45,11 +45,13 @@ from celery import Celery
 from celery._state import get_current_task
 from celery.app.task import Context
 from celery.app.trace import trace_task
+from celery.signals import task_revoked
 from celery.utils.saferepr import saferepr
 
 from celery_durable.engine.dispatcher import ActivityRequest
 from celery_durable.glue import pool_board
 from celery_durable.glue.eager_events import send_event, send_traced
+from celery_durable.glue.extension import durable_of
 from celery_durable.glue.pools import time_limit
 
 __all__ = [
@@ -60,6 +62,7 @@ __all__ = [
     "draining",
     "claimed_holder",
     "eagerly",
+    "give_back",
     "keep",
     "keeps",
     "run_kept",
@@ -125,6 +128,10 @@ def _rate_limited(task: Any, app: Celery) -> bool:
     it never sees an eager run, so such a task is always sent."""
     if app.conf.get("worker_disable_rate_limits"):
         return False
+    board = pool_board.board()
+    set_at_run_time = board.rate_limited(task.name) if board is not None else None
+    if set_at_run_time is not None:  # celery control rate_limit (a prefork child's task never learns it)
+        return set_at_run_time
     return bool(getattr(task, "rate_limit", None) or app.conf.get("task_default_rate_limit"))
 
 
@@ -149,9 +156,7 @@ def _revoked(task_id: str) -> bool:
 
 
 @contextmanager
-def draining(
-    task: Any, budget: int, sender: ActivitySender | None, unclaim: Callable[[ActivityRequest], None] | None = None
-) -> Iterator[Drain | None]:
+def draining(task: Any, budget: int, sender: ActivitySender | None) -> Iterator[Drain | None]:
     """Around a broker delivery's commit and what follows it: keep the next activity the
     commit schedules (:func:`keep`); the caller runs it with :func:`run_kept`. ``None`` (nothing
     kept) when eager activities are off, this is itself an eager run (the outer delivery's
@@ -187,12 +192,8 @@ def draining(
     finally:
         _DRAIN.reset(token)
         left, drain.pending = drain.pending, None
-        if left is not None:  # committed and not run: it needs its message
-            if unclaim is not None:
-                try:  # its lease back first, or its delivery is refused until the lease lapses
-                    unclaim(left.request)
-                except Exception as exc:  # noqa: BLE001 - sent all the same: recovery once the lease lapses
-                    log.warning("could not give back the lease of kept activity %s: %s", left.request.task_id, exc)
+        if left is not None:  # committed and not run: its lease back first, then its message
+            give_back(drain.app, left.request)
             drain.sender.publish_activity(left.request)
 
 
@@ -294,6 +295,13 @@ def run_kept(drain: Drain) -> None:
             }
             args, kwargs = list(request.args), dict(request.kwargs)
             events = drain.hostname, task
+            if _revoked(request.task_id):
+                # as the worker discards a revoked message: no task-received, the task_revoked
+                # signal and event, not run; the step is left to recovery
+                log.info("Discarding revoked task: %s[%s]", request.name, request.task_id)
+                task_revoked.send(sender=task, request=Context(context), terminated=False, signum=None, expired=False)
+                send_event(events, "task-revoked", uuid=request.task_id, terminated=False, signum=None, expired=False)
+                continue
             send_event(
                 events,
                 "task-received",
@@ -307,11 +315,6 @@ def run_kept(drain: Drain) -> None:
                 eta=None,
                 expires=None,
             )
-            if _revoked(request.task_id):
-                # as the worker discards a revoked message: not run, the step left to recovery
-                log.info("Discarding revoked task: %s[%s]", request.name, request.task_id)
-                send_event(events, "task-revoked", uuid=request.task_id, terminated=False, signum=None, expired=False)
-                continue
             log.info("activity %s (%s step %d): run here, not sent", request.name, request.execution_id, request.seq)
             send_event(events, "task-started", uuid=request.task_id)
             # the tracer catches what the task raises (as for a delivery: logged, signalled, a
@@ -328,6 +331,15 @@ def run_kept(drain: Drain) -> None:
         drain.task.request_stack.pop()
 
 
+def give_back(app: Celery, request: ActivityRequest) -> None:
+    """The lease ``request``'s commit claimed, given back before its message is sent instead
+    (``ActivityRunner.unclaim``); a failure is logged: recovery re-sends it once the lease lapses."""
+    try:
+        durable_of(app).engine.activities.unclaim(request)
+    except Exception as exc:  # noqa: BLE001 - the message goes all the same
+        log.warning("could not give back the lease of kept activity %s: %s", request.task_id, exc)
+
+
 def claimed_holder(task_id: str | None) -> str | None:
     """The lease holder the commit that kept ``task_id`` took for it, while this process runs
     it as a kept activity (never read from a message: a header cannot claim a lease)."""
@@ -340,7 +352,7 @@ def eagerly(task: Any, engine: Any, execution_id: str, commit: Callable[[], T]) 
     timer's), then the activities it kept, if ``engine`` sends through a worker's dispatcher
     (:class:`ActivitySender`) with ``durable_eager_activities`` on."""
     sender = engine.dispatcher if isinstance(engine.dispatcher, ActivitySender) else None
-    with draining(task, engine.settings.eager_activities, sender, engine.activities.unclaim) as drain:
+    with draining(task, engine.settings.eager_activities, sender) as drain:
         with committing(execution_id):
             outcome = commit()
         if drain is not None:

@@ -16,8 +16,11 @@ import os
 import threading
 from typing import Any
 
+from billiard.einfo import ExceptionWithTraceback
 from celery import states
+from celery.exceptions import Retry
 from celery.utils.saferepr import saferepr
+from celery.utils.serialization import get_pickled_exception
 
 from celery_durable.glue import pool_board
 
@@ -62,7 +65,14 @@ def send_traced(source: tuple[str | None, Any], task_id: str, traced: Any) -> No
         return
     state = getattr(info, "state", None)
     einfo = retval
-    exception = saferepr(getattr(einfo, "exception", getattr(info, "retval", None)))
+    exc = getattr(einfo, "exception", getattr(info, "retval", None))
+    # as the worker's Request does: the exception itself, not billiard's ExceptionWithTraceback,
+    # and for a retry the exception it retries for (Retry.exc)
+    if isinstance(exc, ExceptionWithTraceback):
+        exc = exc.exc
+    if state == states.RETRY and isinstance(exc, Retry) and exc.exc is not None:
+        exc = exc.exc
+    exception = saferepr(get_pickled_exception(exc))
     traceback = str(getattr(einfo, "traceback", "") or "")
     if state == states.RETRY:
         send_event(source, "task-retried", uuid=task_id, exception=exception, traceback=traceback)

@@ -16,6 +16,8 @@ inherited by every child (in a threads or solo worker, the same process reads it
   id is looked up in before it starts.
 - running: per pool process, the pid and the id of the eager run it is in, so ``revoke(id,
   terminate=True)`` kills that process as Celery kills the one running a delivered task.
+- rate limits set at run time (``celery control rate_limit``): the consumer enforces those on
+  messages, so a task that has one is sent, not kept.
 
 Nothing here is durable: it is the worker's view, as Celery's own revoked set is. The main
 process learns of control messages by wrapping Celery's handlers (``Panel.data``).
@@ -42,10 +44,14 @@ RING = 4096
 #: pool processes whose eager run ``terminate`` can find (a prefork child's index, else its pid)
 SLOTS = 256
 _DIGEST = 16
-_HEADER = 64  # [0] stopping, [1] task events, [8:16] revoked ids written (u64)
+#: rate limits set at run time (``celery control rate_limit``) remembered, the last per task wins
+RATES = 256
+_HEADER = 64  # [0] stopping, [1] task events, [8:16] revoked ids written, [16:24] rate limits written (u64)
 _SLOT = 24  # pid (u32), 4 bytes unused, digest
+_RATE = 24  # digest of the task name, then 1: limited, 2: unlimited
 _RING_AT = _HEADER + SLOTS * _SLOT
-_SIZE = _RING_AT + RING * _DIGEST
+_RATES_AT = _RING_AT + RING * _DIGEST
+_SIZE = _RATES_AT + RATES * _RATE
 
 
 def _digest(task_id: str) -> bytes:
@@ -90,6 +96,13 @@ class Board:
                 written += 1
             struct.pack_into("<Q", self._map, 8, written)
 
+    def set_rate_limited(self, task_name: str, limited: bool) -> None:
+        with self._lock:
+            (written,) = struct.unpack_from("<Q", self._map, 16)
+            at = _RATES_AT + (written % RATES) * _RATE
+            self._map[at : at + _DIGEST + 1] = _digest(task_name) + (b"\x01" if limited else b"\x02")
+            struct.pack_into("<Q", self._map, 16, written + 1)
+
     def running_pids(self, task_id: str) -> list[int]:
         """The pool processes whose current eager run is ``task_id``."""
         digest, pids = _digest(task_id), []
@@ -117,6 +130,16 @@ class Board:
                 return True
             at = ring.find(digest, at + 1)
         return False
+
+    def rate_limited(self, task_name: str) -> bool | None:
+        """Whether a rate limit set at run time applies to ``task_name`` (None: none was set)."""
+        digest, found = _digest(task_name), None
+        (written,) = struct.unpack_from("<Q", self._map, 16)
+        for n in range(max(0, written - RATES), written):  # oldest first: the last one wins
+            at = _RATES_AT + (n % RATES) * _RATE
+            if self._map[at : at + _DIGEST] == digest:
+                found = self._map[at + _DIGEST] == 1
+        return found
 
     @contextmanager
     def running(self, task_id: str) -> Iterator[None]:
@@ -186,7 +209,25 @@ def _after_revoke(state: Any, task_id: Any = None, terminate: bool = False, sign
             try:
                 os.kill(pid, signum)
             except ProcessLookupError:
-                pass
+                continue
+            # as Celery announces a task it terminates (Request._announce_revoked)
+            dispatcher = getattr(getattr(state, "consumer", None), "event_dispatcher", None)
+            if dispatcher is not None and dispatcher.enabled:
+                dispatcher.send("task-revoked", uuid=task, terminated=True, signum=signum, expired=False)
+
+
+def _after_rate_limit(state: Any, task_name: Any = None, rate_limit: Any = None, **_: Any) -> None:
+    """``celery control rate_limit``: the main process's task has it now, a prefork child's not."""
+    if _BOARD is None or not isinstance(task_name, str):
+        return
+    from celery.utils.time import rate
+
+    try:
+        limited = rate(rate_limit) > 0
+    except (TypeError, ValueError):
+        return  # refused by Celery's handler too
+    if task_name in state.app.tasks:
+        _BOARD.set_rate_limited(task_name, limited)
 
 
 def _after_events(state: Any, *_: Any, **__: Any) -> None:
@@ -202,6 +243,7 @@ def install() -> Board:
 
         signals.worker_shutting_down.connect(_on_shutting_down, weak=False, dispatch_uid="celery_durable.board")
         _wrap("revoke", _after_revoke)
+        _wrap("rate_limit", _after_rate_limit)
         _wrap("enable_events", _after_events)
         _wrap("disable_events", _after_events)
     return _BOARD

@@ -20,7 +20,7 @@ from celery_durable.engine.outbox.model import EffectRef, EffectSender
 from celery_durable.engine.outcomes import ClockOutcome, DriveOutcome
 from celery_durable.errors import StoreUnavailable
 from celery_durable.glue.durable_activity import DURABLE_HEADER
-from celery_durable.glue.eager_activities import eagerly, keep, keeps
+from celery_durable.glue.eager_activities import eagerly, give_back, keep, keeps
 from celery_durable.glue.session_tokens import retry_stale, session_headers, use_session
 from celery_durable.glue.wire import WireTask, serializer
 
@@ -68,6 +68,10 @@ class CeleryDispatcher:
     def send_activity(self, request: ActivityRequest) -> None:
         if keep(request):  # the delivery that scheduled it runs it next (glue/eager_activities.py)
             return
+        if request.holder is not None:
+            # its commit took its lease to run it here, and now it cannot be (the worker began to
+            # stop in between): give the lease back, or its message is refused until it lapses
+            give_back(self.app, request)
         self.publish_activity(request)
 
     def keeps(self, request: ActivityRequest) -> bool:

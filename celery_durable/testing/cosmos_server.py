@@ -279,8 +279,9 @@ class CosmosTestServer:
 
     def stats(self) -> dict[str, Any]:
         """Since the last reset: ``{"total": n, "ops": {"read": n, "query": n, ...}, "queryDocs": n,
-        "faults": n, "staleReads": n}`` (requests, served requests by operation, documents returned
-        by queries, injected faults, reads served an older version by the replica-lag mode)."""
+        "queryScanned": n, "faults": n, "staleReads": n}`` (requests, served requests by operation,
+        documents returned by queries, items the query engine evaluated, injected faults, reads
+        served an older version by the replica-lag mode)."""
         stats: dict[str, Any] = self._control("GET", "/stats")
         return stats
 

@@ -141,3 +141,31 @@ def test_scans_and_listing_use_their_partial_indexes(postgres_url: str, postgres
     assert "durable_docs_due" in str(due) and "Sort" not in str(due), due
     assert "durable_docs_execs" in str(execs) and "Sort" not in str(execs), execs
     store.close()
+
+
+def test_batches_that_conflict_again_and_again_stay_conflicts(postgres_url: str) -> None:
+    """A batch fails inside its one round trip (pipeline); psycopg prepares a statement run
+    often, and a prepare sent in an aborted pipeline never happened: the next batch then used a
+    statement the server did not have (InvalidSqlStatementName, a StoreError instead of a
+    ConflictError, under racing completions)."""
+    from celery_durable.errors import ConflictError
+    from celery_durable.stores.base import Op
+
+    store = store_from_url(postgres_url)
+    try:
+        etag = store.create({"pk": "b", "id": "x", "n": 0})
+        assert etag is not None
+        for n in range(1, 15):
+            with pytest.raises(ConflictError):  # a stale etag: the update finds no row
+                store.batch(
+                    "b", [Op.create({"pk": "b", "id": f"r{n}"}), Op.replace({"pk": "b", "id": "x", "n": n}, "1")]
+                )
+            with pytest.raises(ConflictError):  # an existing id: the insert fails
+                store.batch("b", [Op.create({"pk": "b", "id": "x"})])
+            etag = store.batch(
+                "b", [Op.create({"pk": "b", "id": f"r{n}"}), Op.replace({"pk": "b", "id": "x", "n": n}, etag)]
+            )[1]
+        doc = store.read("b", "x")
+        assert doc is not None and doc["n"] == 14
+    finally:
+        store.close()

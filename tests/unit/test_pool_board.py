@@ -60,3 +60,13 @@ def test_task_events_follow_the_dispatcher_as_celery_decides(monkeypatch: object
         assert board.task_events is on
     pool_board.note_task_events(None)
     assert board.task_events is False
+
+
+def test_a_rate_limit_set_at_run_time_is_the_last_one_set() -> None:
+    board = Board()
+    assert board.rate_limited("t.a") is None
+    board.set_rate_limited("t.a", True)
+    board.set_rate_limited("t.b", True)
+    assert board.rate_limited("t.a") is True
+    board.set_rate_limited("t.a", False)
+    assert board.rate_limited("t.a") is False and board.rate_limited("t.b") is True

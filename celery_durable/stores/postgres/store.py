@@ -340,30 +340,35 @@ class PostgresStore(Store):
         # delete that finds no row of the expected version fails a cast (_CONFLICT), which aborts
         # the transaction; the server skips the rest, COMMIT included, and nothing is applied.
         # Written in id order: row locks are taken in one order, two batches never wait in a circle.
+        def run(sql: str, params: tuple[Any, ...] | None = None) -> psycopg.Cursor[Any]:
+            # never prepared: a PREPARE sent in a pipeline that a conflict aborts is skipped by the
+            # server, while psycopg would believe it done and use it next time (a StoreError)
+            return conn.execute(sql, params, prepare=False)
+
         try:
             with conn.pipeline():
-                conn.execute("BEGIN")
-                first = conn.execute(f"SELECT {_XV}")
+                run("BEGIN")
+                first = run(f"SELECT {_XV}")
                 for i in sorted(range(len(ops)), key=lambda i: ids[i]):
                     op, prep = ops[i], prepared[i]
                     expected = _parse_etag(op.if_match)
                     check = "" if expected is None else " AND version = %s"
                     where = (pk, op.doc_id) + (() if expected is None else (expected,))
                     if op.kind == "delete":
-                        conn.execute(_checked(f"DELETE FROM {self._t} WHERE pk = %s AND id = %s{check}"), where)
+                        run(_checked(f"DELETE FROM {self._t} WHERE pk = %s AND id = %s{check}"), where)
                         continue
                     assert prep is not None
                     body, *cols = prep
                     version = f"{_XV} + {i}"
                     if op.kind == "create":  # an existing row (a concurrent creator's too): unique violation
-                        conn.execute(self._sql_insert.format(v=version), (pk, op.doc_id, body, *cols))
+                        run(self._sql_insert.format(v=version), (pk, op.doc_id, body, *cols))
                     elif op.kind == "upsert":
-                        conn.execute(self._sql_upsert.format(v=version), (pk, op.doc_id, body, *cols))
+                        run(self._sql_upsert.format(v=version), (pk, op.doc_id, body, *cols))
                     else:
-                        conn.execute(_checked(self._sql_update.format(v=version) + check), (body, *cols, *where))
+                        run(_checked(self._sql_update.format(v=version) + check), (body, *cols, *where))
                 if any(self._notifies(op.doc) for op in ops):  # delivered at COMMIT, never before the data
-                    conn.execute("SELECT pg_notify(%s, %s)", self._note(pk))
-                conn.execute("COMMIT")
+                    run("SELECT pg_notify(%s, %s)", self._note(pk))
+                run("COMMIT")
             row = first.fetchone()
         except pge.InvalidTextRepresentation as exc:
             if _CONFLICT not in str(exc):
