@@ -146,7 +146,10 @@ class WorkflowEnvironment:
     def _activity(self, req: ActivityRequest) -> None:
         """One delivery of an activity message, as ``_run_attempt`` runs it on a worker."""
         eng = self.engine
-        attempt, _why = eng.activities.begin(req.execution_id, req.seq, req.run, delivery=Delivery.of_request(req))
+        # req.holder: its scheduling commit took its lease (an eager dispatcher: InlineDispatcher(eager=True))
+        attempt, _why = eng.activities.begin(
+            req.execution_id, req.seq, req.run, delivery=Delivery.of_request(req), claimed=req.holder
+        )
         if attempt is None:
             return
         act = eng.registry.activity(req.name)
