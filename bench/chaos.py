@@ -147,7 +147,7 @@ def run(env: BenchEnv, args: argparse.Namespace) -> bool:
     ok = lost == 0 and results_equal
     print(
         f"\n{len(completed)}/{args.workflows} completed, {lost} lost, results equal: {results_equal}"
-        f"{f' (eager activities {args.eager_activities})' if args.eager_activities else ''} -> "
+        f"{'' if args.eager_activities is None else f' (eager activities {args.eager_activities})'} -> "
         f"{'PASS' if ok else 'MISS'}"
     )
     return ok
@@ -166,7 +166,10 @@ def main() -> int:
         "--replica-lag-ms", type=int, default=0, help="cosmos: reads without a fresh session token may be stale"
     )
     p.add_argument(
-        "--eager-activities", type=int, default=0, help="durable_eager_activities of the workers (default 0: off)"
+        "--eager-activities",
+        type=int,
+        default=None,
+        help="durable_eager_activities of the workers (default: the library's, 16; 0: off)",
     )
     p.add_argument("--quick", action="store_true", help="40 workflows")
     p.add_argument("--keep-logs", metavar="DIR", help="copy the worker and beat logs into DIR")
@@ -195,7 +198,8 @@ def main() -> int:
     exit_on_sigterm()
     with bench_env("chaos", store="postgres" if args.store == "postgres" else "sqlite") as env:
         env.env["BENCH_COUNTER_PREFIX"] = f"chaos-{env.queue}"
-        env.env["BENCH_EAGER_ACTIVITIES"] = str(args.eager_activities)
+        if args.eager_activities is not None:
+            env.env["BENCH_EAGER_ACTIVITIES"] = str(args.eager_activities)
         if args.queue_timeout is None:
             args.queue_timeout = 60.0 if args.store == "cosmos" else 5.0
         env.env["BENCH_QUEUE_TIMEOUT"] = str(args.queue_timeout)

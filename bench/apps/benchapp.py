@@ -30,9 +30,11 @@ app.conf.update(
     durable_install_beat=False,
     # BENCH_STICKY_CACHE_SIZE=0: every drive replays from the top (to compare with the cache)
     durable_sticky_cache_size=int(os.environ.get("BENCH_STICKY_CACHE_SIZE", "256")),
-    # BENCH_EAGER_ACTIVITIES=N: this worker runs up to N next activities itself (overhead.py)
-    durable_eager_activities=int(os.environ.get("BENCH_EAGER_ACTIVITIES", "0")),
 )
+if os.environ.get("BENCH_EAGER_ACTIVITIES"):
+    # BENCH_EAGER_ACTIVITIES=N: this worker runs up to N next activities itself (0: off); unset,
+    # the library's default (the benches judge the defaults)
+    app.conf.durable_eager_activities = int(os.environ["BENCH_EAGER_ACTIVITIES"])
 durable = Durable(app)
 
 #: every message goes to this queue when set (else the default): overhead.py's second worker

@@ -35,9 +35,9 @@ app.conf.update(
     durable_activity_queue_timeout=float(os.environ.get("BENCH_QUEUE_TIMEOUT", "5")),
     durable_clock_interval=float(os.environ.get("BENCH_CLOCK_INTERVAL", "1")),
     durable_timer_fast_path_max=float(os.environ.get("BENCH_FAST_TIMER_MAX", "60")),
-    # chaos.py --eager-activities N: workers run the next activities themselves
-    durable_eager_activities=int(os.environ.get("BENCH_EAGER_ACTIVITIES", "0")),
 )
+if os.environ.get("BENCH_EAGER_ACTIVITIES"):  # chaos.py --eager-activities N; unset: the library's default
+    app.conf.durable_eager_activities = int(os.environ["BENCH_EAGER_ACTIVITIES"])
 durable = Durable(app)
 _redis = redis.Redis.from_url(BROKER)
 

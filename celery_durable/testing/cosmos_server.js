@@ -110,6 +110,62 @@ const documentOperations = require(path.join(pkgRoot, "lib", "handler", "_docume
 const { patchOperation } = require(path.join(pkgRoot, "lib", "handler", "_patch-operations"));
 const getValue = lib("utils/get-value");
 const trueHeader = lib("true-header");
+const Items = lib("account/items");
+
+// --- a partition index: a single-partition query costs what its partition holds -----------------
+// Items keep one Map of every item; a query scoped to a partition filtered it whole. Like Cosmos,
+// which reads only the physical partition of the key, keep the items' ids per partition key value.
+function partitionOf(items, data) {
+  return JSON.stringify(getValue(items._getPartitionKeyPath(), data));
+}
+function byPartition(items) {
+  let index = items._byPartition;
+  if (!index || items._byPartitionSize !== items._data.size) {
+    // first use, or items moved in by other means (replaceCollection): rebuild once
+    index = new Map();
+    for (const [rid, item] of items._data) {
+      const key = partitionOf(items, item.read());
+      if (!index.has(key)) index.set(key, new Set());
+      index.get(key).add(rid);
+    }
+    items._byPartition = index;
+    items._byPartitionSize = items._data.size;
+  }
+  return index;
+}
+const originalSet = Items.prototype._set;
+Items.prototype._set = function set(data) {
+  const had = this._data.has(data._rid);
+  const out = originalSet.call(this, data);
+  if (this._byPartition && !had && this._byPartitionSize + 1 === this._data.size) {
+    const key = partitionOf(this, data);
+    if (!this._byPartition.has(key)) this._byPartition.set(key, new Set());
+    this._byPartition.get(key).add(data._rid);
+    this._byPartitionSize = this._data.size;
+  }
+  return out;
+};
+const originalDelete = Items.prototype.delete;
+Items.prototype.delete = function del(idOrRid, partition) {
+  const data = this._item("/id", idOrRid, partition).read();
+  const out = originalDelete.call(this, idOrRid, partition);
+  if (data && this._byPartition && this._byPartitionSize - 1 === this._data.size) {
+    const rids = this._byPartition.get(partitionOf(this, data));
+    if (rids) rids.delete(data._rid);
+    this._byPartitionSize = this._data.size;
+  }
+  return out;
+};
+function partitionItems(items, value) {
+  const rids = byPartition(items).get(JSON.stringify(value));
+  if (!rids) return [];
+  const out = [];
+  for (const rid of rids) {
+    const item = items._data.get(rid);
+    if (item) out.push(item.read());
+  }
+  return out;
+}
 const getPartitionFromHeader = lib("utils/get-partition-from-header");
 const { parsePartitionKey } = require(path.join(pkgRoot, "lib", "utils", "get-partition-from-header"));
 
@@ -358,9 +414,14 @@ async function queryDocuments(account, req, res, params) {
     const items = collection.documents;
     let data;
     if (cross) {
-      data = [...items._data.values()]
-        .map((it) => it.read())
-        .filter((d) => d && narrowed.every(([f, allowed]) => d[f] !== undefined && allowed.has(JSON.stringify(d[f]))));
+      const keyPath = items._getPartitionKeyPath();
+      const onKey = narrowed.find(([f]) => keyPath.length === 1 && keyPath[0] === f);
+      const candidates = onKey
+        ? [...onKey[1]].flatMap((v) => partitionItems(items, JSON.parse(v))) // "c.pk IN (...)": those partitions
+        : [...items._data.values()].map((it) => it.read());
+      data = candidates.filter(
+        (d) => d && narrowed.every(([f, allowed]) => d[f] !== undefined && allowed.has(JSON.stringify(d[f])))
+      );
     } else {
       let value;
       try {
@@ -370,7 +431,7 @@ async function queryDocuments(account, req, res, params) {
         return { code: "BadRequest", message: err.message };
       }
       const keyPath = items._getPartitionKeyPath();
-      const latest = [...items._data.values()].map((it) => it.read()).filter((d) => d && getValue(keyPath, d) === value);
+      const latest = partitionItems(items, value).filter((d) => d && getValue(keyPath, d) === value);
       data = lag.visibleItems(`${params.dbId}/${params.collId}`, JSON.stringify(value), latest, lag.requestLsn(req));
     }
     stats.queryScanned += data.length;
