@@ -306,7 +306,7 @@ def run_kept(drain: Drain) -> None:
                 events,
                 "task-received",
                 uuid=request.task_id,
-                name=request.name,
+                name=options.get("shadow") or request.name,  # as a delivered request names itself
                 args=saferepr(args),
                 kwargs=saferepr(kwargs),
                 root_id=drain.root_id,

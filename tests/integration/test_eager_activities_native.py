@@ -86,7 +86,9 @@ def test_eager_runs_send_the_task_events_a_delivery_does(cluster: Any, fx: Any, 
         succeeded = [e for e in events.seen if e["type"] == "task-succeeded" and e.get("uuid") == f"{h.id}:2"]
         assert succeeded[0]["hostname"].startswith(worker.name) and succeeded[0]["runtime"] >= 0
         received = [e for e in events.seen if e["type"] == "task-received" and e.get("uuid") == f"{h.id}:2"]
-        assert received[0]["name"] == eager.inc.name and received[0]["parent_id"] == f"{h.id}:1"
+        # named as its message would be (the shadow name a delivered request takes)
+        assert received[0]["name"] == f"{eager.inc.name} [eager.steps {h.id} #2]"
+        assert received[0]["parent_id"] == f"{h.id}:1"
 
 
 def test_no_events_when_the_worker_sends_none(cluster: Any, fx: Any) -> None:
