@@ -78,7 +78,7 @@ class Board:
 
     def __init__(self) -> None:
         self._map = mmap.mmap(-1, _SIZE, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_ANONYMOUS", 0x20))
-        self._lock = threading.Lock()  # writers of the ring: the main process's control handlers
+        self._lock = threading.Lock()  # writers of the rings: the main process's control handlers
 
     # -- main process --------------------------------------------------------------------
     def set_stopping(self) -> None:
@@ -87,21 +87,23 @@ class Board:
     def set_task_events(self, on: bool) -> None:
         self._map[1:2] = b"\x01" if on else b"\x00"
 
-    def revoke(self, task_ids: list[str]) -> None:
+    def _append(self, count_at: int, start: int, slots: int, width: int, records: list[bytes]) -> None:
+        """Write ``records`` into the ring of ``slots`` records of ``width`` bytes at ``start``,
+        after the last one written (the header's counter at ``count_at``), the oldest overwritten."""
         with self._lock:
-            (written,) = struct.unpack_from("<Q", self._map, 8)
-            for task_id in task_ids:
-                at = _RING_AT + (written % RING) * _DIGEST
-                self._map[at : at + _DIGEST] = _digest(task_id)
+            (written,) = struct.unpack_from("<Q", self._map, count_at)
+            for record in records:
+                at = start + (written % slots) * width
+                self._map[at : at + len(record)] = record
                 written += 1
-            struct.pack_into("<Q", self._map, 8, written)
+            struct.pack_into("<Q", self._map, count_at, written)
+
+    def revoke(self, task_ids: list[str]) -> None:
+        self._append(8, _RING_AT, RING, _DIGEST, [_digest(task_id) for task_id in task_ids])
 
     def set_rate_limited(self, task_name: str, limited: bool) -> None:
-        with self._lock:
-            (written,) = struct.unpack_from("<Q", self._map, 16)
-            at = _RATES_AT + (written % RATES) * _RATE
-            self._map[at : at + _DIGEST + 1] = _digest(task_name) + (b"\x01" if limited else b"\x02")
-            struct.pack_into("<Q", self._map, 16, written + 1)
+        record = _digest(task_name) + (b"\x01" if limited else b"\x02")
+        self._append(16, _RATES_AT, RATES, _RATE, [record])
 
     def running_pids(self, task_id: str) -> list[int]:
         """The pool processes whose current eager run is ``task_id``."""

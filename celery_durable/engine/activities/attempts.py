@@ -25,7 +25,7 @@ import inspect
 import logging
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace as dc_replace
 from typing import TYPE_CHECKING, Any
 
@@ -113,6 +113,30 @@ def may_be_stale(why: str) -> bool:
     return why.startswith(STALE_REASONS)
 
 
+def _not_runnable(docs: Mapping[str, Doc], seq: int, run: int) -> str | None:
+    """Why no attempt of step ``seq`` of ``run`` may begin on this partition (None: one may)."""
+    ex = docs.get(EXEC_ID)
+    if ex is None:
+        return "no such execution"
+    if is_terminal(ex):
+        return f"execution is {ex['status']}"
+    if run_of(ex) > run:
+        return "the execution continued as new"
+    if run_of(ex) < run:  # the message follows a run we do not see (yet)
+        return f"the run is not yet {run}"
+    if result_id(seq, run) in docs:
+        return "duplicate: the result is already recorded"
+    marker = docs.get(marker_id(seq, run))
+    if marker is None or marker.get("kind") != "activity":
+        return "no such activity step"
+    return None
+
+
+def _lease_back(marker: Doc, due_at: float) -> Doc:
+    """``marker`` (to write back) with its lease given back, due again at ``due_at``."""
+    return strip_reserved(marker) | {"lease": None, "due_kind": DUE_ACTIVITY, "due_at": due_at}
+
+
 def claim_kept(eng: EngineParts, sends: list[Send], ops: list[Op], now: float) -> None:
     """Before a drive commits ``ops``: the first activity its ``sends`` schedule that the
     dispatcher keeps (``Dispatcher.keeps``) gets its first attempt's lease in its marker (the
@@ -139,6 +163,7 @@ def claim_kept(eng: EngineParts, sends: list[Send], ops: list[Op], now: float) -
                     }
                 )
                 sends[i] = dc_replace(req, holder=holder)
+                break
         return  # one per commit: the dispatcher keeps only the first it is offered
 
 
@@ -172,20 +197,10 @@ class ActivityRunner:
         me = f"{eng.identity()}:{uuid.uuid4().hex[:12]}"
         for _ in range(5):
             docs = eng.cache.load(execution_id)
-            ex = docs.get(EXEC_ID)
-            if ex is None:
-                return None, "no such execution"
-            if is_terminal(ex):
-                return None, f"execution is {ex['status']}"
-            if run_of(ex) > run:
-                return None, "the execution continued as new"
-            if run_of(ex) < run:  # the message follows a run we do not see (yet)
-                return None, f"the run is not yet {run}"
-            if result_id(seq, run) in docs:
-                return None, "duplicate: the result is already recorded"
-            marker = docs.get(marker_id(seq, run))
-            if marker is None or marker.get("kind") != "activity":
-                return None, "no such activity step"
+            refused = _not_runnable(docs, seq, run)
+            if refused is not None:
+                return None, refused
+            marker = docs[marker_id(seq, run)]
             if delivery is not None and (stale := refusal(marker, delivery)) is not None:
                 log.warning("activity %s (%s step %d) dropped: %s", delivery.name, execution_id, seq, stale)
                 eng.emit(STALE_EVENT, execution_id=execution_id, seq=seq, activity=delivery.name)
@@ -222,13 +237,12 @@ class ActivityRunner:
         # whatever changed since (a cancel, a reset) is found by the outcome's commit, which is
         # conditional on the exec as an attempt begun a moment earlier would be
         docs = eng.cache.peek(execution_id, eng.settings.trust_cache_for) or eng.cache.load(execution_id)
-        ex, marker = docs.get(EXEC_ID), docs.get(marker_id(seq, run))
-        if ex is None or marker is None or holder_of(marker) != holder:
+        marker = docs.get(marker_id(seq, run))
+        if marker is None or holder_of(marker) != holder:
             return None
-        if is_terminal(ex):
-            return None, f"execution is {ex['status']}"
-        if result_id(seq, run) in docs:
-            return None, "duplicate: the result is already recorded"
+        refused = _not_runnable(docs, seq, run)
+        if refused is not None:
+            return None, refused
         if not lease_live(marker, eng.clock.now()):
             return None  # lapsed: recovery may have re-sent it; take it as a delivery would
         number = count_of(marker, "attempts")
@@ -249,15 +263,9 @@ class ActivityRunner:
         marker = docs.get(marker_id(request.seq, request.run))
         if marker is None or holder_of(marker) != request.holder:
             return
-        now = eng.clock.now()
-        released = strip_reserved(marker)
+        released = _lease_back(marker, eng.clock.now() + eng.settings.activity_queue_timeout)
         released.pop("started_at", None)
-        released.update(
-            attempts=max(0, count_of(marker, "attempts") - 1),  # the claimed attempt never began
-            lease=None,
-            due_kind=DUE_ACTIVITY,
-            due_at=now + eng.settings.activity_queue_timeout,
-        )
+        released["attempts"] = max(0, count_of(marker, "attempts") - 1)  # the claimed attempt never began
         etag = eng.store.replace(released, if_match=marker["_etag"])
         eng.cache.put(request.execution_id, released | {"_etag": etag})
 
@@ -317,13 +325,8 @@ class ActivityRunner:
                 marker = eng.store.read(attempt.execution_id, marker_id(attempt.seq, attempt.run))
                 if marker is None or holder_of(marker) != attempt.holder:
                     return
-                updated = strip_reserved(marker)
-                updated.update(
-                    lease=None,
-                    due_kind=DUE_ACTIVITY,
-                    due_at=now + countdown + eng.settings.activity_queue_timeout,
-                    last_error=error_info(exc, attempts=attempt.number) if exc is not None else None,
-                )
+                updated = _lease_back(marker, now + countdown + eng.settings.activity_queue_timeout)
+                updated["last_error"] = error_info(exc, attempts=attempt.number) if exc is not None else None
                 try:
                     eng.store.replace(updated, if_match=marker["_etag"])
                     return
