@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,15 @@ def mark_in(marks: Path, name: str) -> int:
     with path.open("a") as fh:
         fh.write(f"{os.getpid()}\n")
     return len(path.read_text().splitlines())
+
+
+def gate_in(marks: Path, name: str, timeout: float = 60.0) -> None:
+    """Wait (in a worker) until the test creates the marks file ``name``."""
+    deadline = time.monotonic() + timeout
+    while not (marks / name).exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gate {name} never opened")
+        time.sleep(0.02)
 
 
 def note_in(marks: Path, name: str, doc: dict[str, Any]) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from celery_durable import Durable, durable_activity
 from celery_durable import workflow as wf
-from tests.apps._common import env_app, env_float, mark_in
+from tests.apps._common import env_app, env_float, gate_in, mark_in
 
 app = env_app(
     "eager",
@@ -84,15 +84,8 @@ def after_sleep(seconds: float) -> int:
     return inc(inc(0))
 
 
-def _gate(name: str, timeout: float = 60.0) -> None:
-    """Wait for the test to create the marks file ``name``."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not (MARKS / name).exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"gate {name} never opened")
-        time.sleep(0.02)
+def _gate(name: str) -> None:
+    gate_in(MARKS, name)
 
 
 @durable_activity

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from celery_durable import Durable, durable_activity
-from tests.apps._common import env_app, env_float, mark_in
+from tests.apps._common import env_app, env_float, gate_in, mark_in
 
 app = env_app(
     "eager_breaker",
@@ -25,12 +25,8 @@ def mark(name: str) -> int:
     return mark_in(MARKS, name)
 
 
-def _gate(name: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not (MARKS / name).exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"gate {name} never opened")
-        time.sleep(0.02)
+def _gate(name: str) -> None:
+    gate_in(MARKS, name)
 
 
 @durable_activity

@@ -3,12 +3,11 @@ revoke, shutdown, limits set at run time."""
 
 from __future__ import annotations
 
-import os
 import signal
-import threading
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ import pytest
 
 from tests.apps import eager_breaker as bk
 from tests.integration.eager_logs import eager_steps
+from tests.integration.task_events import Events, process_gone
 from tests.plugins.workers import wait_until
 
 pytestmark = pytest.mark.worker
@@ -27,43 +27,6 @@ APP = "tests.apps.eager_breaker"
 def fx(cluster: Any, tmp_path: Path) -> Iterator[Any]:
     with cluster.client_of(bk, tmp_path / "marks") as durable:
         yield durable
-
-
-class Events:
-    """Every event on the cluster's broker (as Flower receives them)."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-        self.seen: list[dict[str, Any]] = []
-        self.conn = app.connection_for_read()
-        self.receiver = app.events.Receiver(self.conn, handlers={"*": self.seen.append})
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        self.receiver.capture(limit=None, timeout=None, wakeup=False)
-
-    def __enter__(self) -> Events:
-        self.thread.start()
-        probe = uuid.uuid4().hex
-        with self.app.events.default_dispatcher() as dispatcher:
-
-            def ready() -> bool:
-                dispatcher.send("custom-probe", probe=probe)
-                return any(e.get("probe") == probe for e in self.seen)
-
-            wait_until(ready, timeout=30, interval=0.2, what="the event receiver to consume")
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.receiver.should_stop = True
-        self.thread.join(10)
-        self.conn.release()
-
-    def of(self, task_id: str) -> list[dict[str, Any]]:
-        return [e for e in list(self.seen) if e.get("uuid") == task_id]
-
-    def types(self, task_id: str) -> list[str]:
-        return [e["type"] for e in self.of(task_id)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -113,8 +76,10 @@ def test_warm_shutdown_between_commit_and_keep_does_not_delay_the_step(cluster: 
 # 2. events of kept runs versus Celery's own
 
 
-def test_terminate_of_an_eager_activity_sends_task_revoked(cluster: Any, fx: Any) -> None:
-    """Celery sends ``task-revoked`` (terminated=True) for a delivered task it terminates."""
+@contextmanager
+def _step_2_running(cluster: Any) -> Iterator[tuple[Any, Events, Path]]:
+    """A prefork worker sending task events runs ``gated_steps`` (3 steps) and is in step 2 (kept):
+    the handle, the events seen, and step 2's start mark (the pid of the process running it)."""
     cluster.start_worker(app=APP, pool="prefork", extra=["-E"])
     key = uuid.uuid4().hex[:8]
     bk.MARKS.mkdir(parents=True, exist_ok=True)
@@ -123,19 +88,18 @@ def test_terminate_of_an_eager_activity_sends_task_revoked(cluster: Any, fx: Any
         h = bk.gated_steps.start(key, 3)
         start = bk.MARKS / f"start-{key}-2"
         wait_until(start.exists, timeout=60, what="step 2 to start")
+        yield h, events, start
+
+
+def test_terminate_of_an_eager_activity_sends_task_revoked(cluster: Any, fx: Any) -> None:
+    """Celery sends ``task-revoked`` (terminated=True) for a delivered task it terminates."""
+    with _step_2_running(cluster) as (h, events, start):
         pid = int(start.read_text().split()[0])
         task_id = f"{h.id}:2"
         wait_until(lambda: "task-started" in events.types(task_id), timeout=30, what="step 2 started event")
         assert bk.app.control.revoke(task_id, terminate=True, signal="SIGKILL", reply=True, timeout=10)
 
-        def gone() -> bool:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                return True
-            return False
-
-        wait_until(gone, timeout=30, what="the child to be killed")
+        wait_until(lambda: process_gone(pid), timeout=30, what="the child to be killed")
         wait_until(lambda: "task-revoked" in events.types(task_id), timeout=30, what=f"task-revoked of {task_id}")
         revoked = next(e for e in events.of(task_id) if e["type"] == "task-revoked")
         assert revoked["terminated"] is True and revoked["signum"] == signal.SIGKILL
@@ -150,14 +114,7 @@ def test_terminate_of_an_eager_activity_sends_task_revoked(cluster: Any, fx: Any
 def test_terminating_a_kept_activity_does_not_fail_the_delivery_that_kept_it(cluster: Any, fx: Any) -> None:
     """Step 1 succeeded (its result is recorded); terminating step 2 (kept by step 1's
     delivery) must not make Flower show step 1 as failed (WorkerLostError)."""
-    cluster.start_worker(app=APP, pool="prefork", extra=["-E"])
-    key = uuid.uuid4().hex[:8]
-    bk.MARKS.mkdir(parents=True, exist_ok=True)
-    (bk.MARKS / f"gate-{key}-1").touch()
-    with Events(bk.app) as events:
-        h = bk.gated_steps.start(key, 3)
-        start = bk.MARKS / f"start-{key}-2"
-        wait_until(start.exists, timeout=60, what="step 2 to start")
+    with _step_2_running(cluster) as (h, events, _):
         parent = _delivery_of(events, h.id)
         wait_until(lambda: "task-started" in events.types(parent), timeout=30, what="the delivery's start")
         assert bk.app.control.revoke(f"{h.id}:2", terminate=True, signal="SIGKILL", reply=True, timeout=10)

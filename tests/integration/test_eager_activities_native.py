@@ -5,9 +5,7 @@ worker whose child runs it as in a threads worker."""
 
 from __future__ import annotations
 
-import os
 import signal
-import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +15,7 @@ import pytest
 
 from tests.apps import eager
 from tests.integration.eager_logs import eager_steps
+from tests.integration.task_events import Events, process_gone
 from tests.plugins.workers import wait_until
 
 pytestmark = pytest.mark.worker
@@ -28,40 +27,6 @@ APP = "tests.apps.eager"
 def fx(cluster: Any, tmp_path: Path) -> Iterator[Any]:
     with cluster.client_of(eager, tmp_path / "marks") as durable:
         yield durable
-
-
-class Events:
-    """Every event on the cluster's broker, captured by Celery's own receiver (as Flower does)."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-        self.seen: list[dict[str, Any]] = []
-        self.conn = app.connection_for_read()
-        self.receiver = app.events.Receiver(self.conn, handlers={"*": self.seen.append})
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        self.receiver.capture(limit=None, timeout=None, wakeup=False)
-
-    def __enter__(self) -> Events:
-        self.thread.start()
-        probe = uuid.uuid4().hex
-        with self.app.events.default_dispatcher() as dispatcher:
-
-            def ready() -> bool:
-                dispatcher.send("custom-probe", probe=probe)
-                return any(e.get("probe") == probe for e in self.seen)
-
-            wait_until(ready, timeout=30, interval=0.2, what="the event receiver to consume")
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.receiver.should_stop = True
-        self.thread.join(10)
-        self.conn.release()
-
-    def of(self, task_id: str) -> list[str]:
-        return [e["type"] for e in list(self.seen) if e.get("uuid") == task_id]
 
 
 @pytest.mark.parametrize("pool", ["prefork", "threads"])
@@ -79,9 +44,9 @@ def test_eager_runs_send_the_task_events_a_delivery_does(cluster: Any, fx: Any, 
         for seq in (1, 2, 3):  # ... and each shows as a task: received, started, succeeded
             task_id = f"{h.id}:{seq}"
             wait_until(
-                lambda task_id=task_id: events.of(task_id) == ["task-received", "task-started", "task-succeeded"],
+                lambda task_id=task_id: events.types(task_id) == ["task-received", "task-started", "task-succeeded"],
                 timeout=30,
-                what=f"the events of {task_id} (seen {events.of(task_id)})",
+                what=f"the events of {task_id} (seen {events.types(task_id)})",
             )
         succeeded = [e for e in events.seen if e["type"] == "task-succeeded" and e.get("uuid") == f"{h.id}:2"]
         assert succeeded[0]["hostname"].startswith(worker.name) and succeeded[0]["runtime"] >= 0
@@ -132,14 +97,7 @@ def test_revoke_with_terminate_kills_the_child_running_an_eager_activity(cluster
     assert pid != worker.proc.pid
     assert eager.app.control.revoke(f"{h.id}:2", terminate=True, signal="SIGKILL", reply=True, timeout=10)
 
-    def gone() -> bool:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        return False
-
-    wait_until(gone, timeout=30, what=f"the child {pid} to be killed")
+    wait_until(lambda: process_gone(pid), timeout=30, what=f"the child {pid} to be killed")
     assert "Terminating eager activity" in worker.log()
     (eager.MARKS / f"gate-{key}-2").touch()
     assert not (eager.MARKS / f"end-{key}-2").exists()
