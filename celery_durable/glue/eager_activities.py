@@ -39,6 +39,7 @@ import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from dataclasses import replace as dc_replace
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from celery import Celery
@@ -50,7 +51,7 @@ from celery.utils.saferepr import saferepr
 
 from celery_durable.engine.dispatcher import ActivityRequest
 from celery_durable.glue import pool_board
-from celery_durable.glue.eager_events import send_event, send_traced
+from celery_durable.glue.eager_events import events_on, send_event, send_traced
 from celery_durable.glue.extension import durable_of
 from celery_durable.glue.pools import time_limit
 
@@ -111,6 +112,8 @@ class Drain:
     root_id: str | None
     #: the activity it kept, to run next
     pending: Kept | None = None
+    #: the route :func:`keeps` found before the commit, for :func:`keep` after it
+    offered: Kept | None = None
 
 
 _DRAIN: contextvars.ContextVar[Drain | None] = contextvars.ContextVar("celery_durable_eager_drain", default=None)
@@ -210,7 +213,11 @@ def committing(execution_id: str) -> Iterator[None]:
 def keeps(request: ActivityRequest) -> bool:
     """The driver's question before its commit (``Dispatcher.keeps``): would the current
     delivery keep ``request`` to run next? Then the commit takes its first attempt's lease."""
-    return _route(request) is not None
+    kept = _route(request)
+    drain = _DRAIN.get()
+    if drain is not None:
+        drain.offered = kept
+    return kept is not None
 
 
 def _route(request: ActivityRequest) -> Kept | None:
@@ -221,7 +228,14 @@ def _route(request: ActivityRequest) -> Kept | None:
     if _COMMITTING.get() != request.execution_id:
         return None  # not the commit's own send: user code the delivery runs (an eager start)
     task = drain.app.tasks.get(request.name)
-    if task is None or time_limit(task, drain.app) is not None or _rate_limited(task, drain.app) or _stopping():
+    if task is None or _rate_limited(task, drain.app) or _stopping():
+        return None
+    offered, drain.offered = drain.offered, None
+    if offered is not None and offered.request.task_id == request.task_id:
+        # routed by keeps() before this commit: the same task, options and parent (the
+        # checks above may have changed since: a shutdown, a rate limit set meanwhile)
+        return dc_replace(offered, request=request)
+    if time_limit(task, drain.app) is not None:
         return None
     try:
         # as apply_async routes it: the task's own options (queue=...), the send's, task_routes
@@ -302,19 +316,20 @@ def run_kept(drain: Drain) -> None:
                 task_revoked.send(sender=task, request=Context(context), terminated=False, signum=None, expired=False)
                 send_event(events, "task-revoked", uuid=request.task_id, terminated=False, signum=None, expired=False)
                 continue
-            send_event(
-                events,
-                "task-received",
-                uuid=request.task_id,
-                name=options.get("shadow") or request.name,  # as a delivered request names itself
-                args=saferepr(args),
-                kwargs=saferepr(kwargs),
-                root_id=drain.root_id,
-                parent_id=kept.parent_id,
-                retries=0,
-                eta=None,
-                expires=None,
-            )
+            if events_on(events):  # saferepr only for an event that is sent
+                send_event(
+                    events,
+                    "task-received",
+                    uuid=request.task_id,
+                    name=options.get("shadow") or request.name,  # as a delivered request names itself
+                    args=saferepr(args),
+                    kwargs=saferepr(kwargs),
+                    root_id=drain.root_id,
+                    parent_id=kept.parent_id,
+                    retries=0,
+                    eta=None,
+                    expires=None,
+                )
             log.info("activity %s (%s step %d): run here, not sent", request.name, request.execution_id, request.seq)
             send_event(events, "task-started", uuid=request.task_id)
             # the tracer catches what the task raises (as for a delivery: logged, signalled, a

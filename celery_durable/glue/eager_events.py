@@ -45,11 +45,16 @@ def _dispatcher(app: Any, hostname: str | None) -> Any:
         return found
 
 
+def events_on(source: tuple[str | None, Any]) -> bool:
+    """Whether the worker sends task events for ``source`` = (worker hostname, task)."""
+    board = pool_board.board()
+    return board is not None and board.task_events and bool(getattr(source[1], "send_events", True))
+
+
 def send_event(source: tuple[str | None, Any], type_: str, **fields: Any) -> None:
     """Send one task event for an eager run of ``source`` = (worker hostname, task)."""
     hostname, task = source
-    board = pool_board.board()
-    if board is None or not board.task_events or not getattr(task, "send_events", True):
+    if not events_on(source):
         return
     try:
         _dispatcher(task.app, hostname).send(type_, **fields)

@@ -125,12 +125,16 @@ class Board:
         return self._map[1] == 1
 
     def revoked(self, task_id: str) -> bool:
-        digest, ring = _digest(task_id), self._map[_RING_AT:_SIZE]
-        at = ring.find(digest)
+        (written,) = struct.unpack_from("<Q", self._map, 8)
+        if not written:  # asked before every eager run: most workers never see a revoke
+            return False
+        # searched in place (a slice would copy the whole ring on every run)
+        digest, end = _digest(task_id), _RING_AT + min(written, RING) * _DIGEST
+        at = self._map.find(digest, _RING_AT, end)
         while at != -1:
-            if at % _DIGEST == 0:
+            if (at - _RING_AT) % _DIGEST == 0:
                 return True
-            at = ring.find(digest, at + 1)
+            at = self._map.find(digest, at + 1, end)
         return False
 
     def rate_limited(self, task_name: str) -> bool | None:
