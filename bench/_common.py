@@ -54,6 +54,9 @@ REDIS_DB = int(os.environ.get("BENCH_REDIS_DB", "11"))
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", f"redis://127.0.0.1:6379/{REDIS_DB}")
 #: the PostgreSQL the ``--store postgres`` runs use: a fresh schema in it per run, dropped at the end
 POSTGRES_URL = os.environ.get("BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
+#: ``--broker rabbitmq``: the workers' broker (the result backend stays Redis)
+RABBITMQ_URL = os.environ.get("BENCH_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672//")
+BROKERS = {"redis": ("Redis", REDIS_URL), "rabbitmq": ("RabbitMQ", RABBITMQ_URL)}
 
 
 def wait_until(predicate: Callable[[], object], timeout: float, interval: float = 0.02, what: str = "") -> object:
@@ -98,17 +101,19 @@ def drop_postgres_schema(schema: str, base: str = POSTGRES_URL) -> None:
 
 
 @contextmanager
-def bench_env(prefix: str, store: str = "sqlite") -> Iterator[BenchEnv]:
+def bench_env(prefix: str, store: str = "sqlite", broker: str = "redis") -> Iterator[BenchEnv]:
     """``store``: ``sqlite`` (a file in the temp dir) or ``postgres`` (a fresh schema in
-    ``$BENCH_POSTGRES_URL``, dropped on exit)."""
+    ``$BENCH_POSTGRES_URL``, dropped on exit); ``broker``: ``redis`` or ``rabbitmq``."""
     if store not in ("sqlite", "postgres"):
         raise SystemExit(f"unknown store {store!r} (sqlite, postgres)")
+    if broker not in BROKERS:
+        raise SystemExit(f"unknown broker {broker!r} ({', '.join(BROKERS)})")
     tmp = Path(tempfile.mkdtemp(prefix=f"celery-durable-{prefix}-"))
     queue = f"bench-{prefix}-{uuid.uuid4().hex[:8]}"
     schema = f"bench_{prefix}_{uuid.uuid4().hex[:8]}" if store == "postgres" else None
     store_url = f"sqlite:///{tmp / 'durable.db'}" if schema is None else postgres_url(schema)
     env = {
-        "BENCH_BROKER_URL": REDIS_URL,
+        "BENCH_BROKER_URL": BROKERS[broker][1],
         "BENCH_RESULT_URL": REDIS_URL,
         "BENCH_QUEUE": queue,
         "DURABLE_STORE_URL": store_url,

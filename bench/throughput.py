@@ -1,12 +1,12 @@
-"""Throughput: 200 concurrent 3-activity workflows, celery_durable vs DBOS, SQLite on both sides.
+"""Throughput: 200 concurrent 3-activity workflows, celery_durable vs DBOS, on the same database.
 
-celery_durable (what a Celery user deploys): the bench process is the client; it starts 200
-``bench.three`` executions (each start = one SQLite create + one Redis message) and waits for
-all of them by polling their exec documents (in start order, every 10 ms). One
-``celery worker`` (prefork, ``--concurrency``, default 2 = the cores; -c 1 and -c 4 measured no
-better) runs the drives and the activities: every activity is a Redis message to a separate
-worker process, and every step is committed to the SQLite file shared by the worker processes
-(WAL, one writer at a time).
+celery_durable (what a Celery user deploys, on the library's defaults): the bench process is the
+client; it starts 200 ``bench.three`` executions (each start = one store create + one broker
+message) and waits for all of them by polling their exec documents (in start order, every
+10 ms). One ``celery worker`` (prefork, ``--concurrency``, default 2 = the cores) runs them: the
+drive message's delivery commits the first step and runs it itself, and so on to the end (eager
+activities, the default), one store batch per step. ``--broker rabbitmq`` uses RabbitMQ instead
+of Redis for the workers' messages.
 
 DBOS 3.4 (its own model): everything runs *in the bench process*: ``DBOS.start_workflow``
 records the workflow and runs it on a thread of DBOS's executor (one thread per workflow, no
@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from _common import (
+    BROKERS,
     POSTGRES_URL,
     BenchEnv,
     bench_env,
@@ -93,7 +94,7 @@ class Ours:
         self.bench.durable.shutdown()
 
 
-LOCAL = "celery_durable local steps (Redis + worker)"
+LOCAL = "celery_durable local steps (worker)"
 
 
 class RetryCounter(logging.Filter):
@@ -169,7 +170,7 @@ class Dbos:
                 drop_postgres_schema(self.schema)
 
 
-OURS = "celery_durable (Redis + worker)"
+OURS = "celery_durable (worker)"
 STORE_LABEL = {"sqlite": "SQLite", "postgres": "PostgreSQL"}
 
 
@@ -180,7 +181,7 @@ def measure(args: argparse.Namespace, store: str) -> dict[str, Any]:
     print(f"{load_start} at the start ({STORE_LABEL[store]})", flush=True)
     n = args.workflows
     walls: dict[str, list[float]] = {}
-    with bench_env("throughput", store=store) as env:
+    with bench_env("throughput", store=store, broker=args.broker) as env:
         env.apply_to_process()
         worker = start_worker(env, concurrency=args.concurrency)
         ours: Ours | None = None
@@ -273,7 +274,8 @@ def report(r: dict[str, Any], args: argparse.Namespace) -> None:
     n, walls, label = r["n"], r["walls"], STORE_LABEL[r["store"]]
     print(
         f"\nthroughput: {n} workflows of 3 trivial steps started at once, {args.rounds} round(s) after a "
-        f"warm-up of {args.warmup}; celery_durable: 1 worker prefork -c {args.concurrency}, Redis broker, "
+        f"warm-up of {args.warmup}; celery_durable: 1 worker prefork -c {args.concurrency}, "
+        f"{BROKERS[args.broker][0]} broker, "
         f"{label} store; DBOS 3.4: in-process, {label} system database"
     )
     ours_rate = best_rate(r, OURS)
@@ -392,7 +394,8 @@ def run(args: argparse.Namespace) -> None:
             cmd = [
                 sys.executable, __file__, "--store", store, "--result-file", str(out),
                 "--workflows", str(args.workflows), "--rounds", str(args.rounds), "--warmup", str(args.warmup),
-                "--concurrency", str(args.concurrency), *(["--no-queue"] if args.no_queue else []),
+                "--concurrency", str(args.concurrency), "--broker", args.broker,
+                *(["--no-queue"] if args.no_queue else []),
             ]  # fmt: skip
             subprocess.run(cmd, check=True)
             results.append(json.loads(out.read_text()))
@@ -410,6 +413,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=20, help="workflows per side in the warm-up (default 20)")
     parser.add_argument("--concurrency", type=int, default=2, help="worker prefork concurrency (default 2)")
     parser.add_argument("--no-queue", action="store_true", help="skip the DBOS queue variant")
+    parser.add_argument(
+        "--broker", choices=sorted(BROKERS), default="redis", help="the workers' broker (default redis)"
+    )
     parser.add_argument(
         "--marginal-workflows", type=int, default=50, help="workflows of 3 and of 30 steps for the CPU of one step"
     )
