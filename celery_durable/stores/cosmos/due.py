@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 from azure.core import MatchConditions
 from azure.cosmos import exceptions as cx
 
-from celery_durable.stores.base import Doc, DueRef
-from celery_durable.stores.cosmos.index import ENTRY_KIND, LATE, DueIndex, lwm_pk
+from celery_durable.stores.base import Doc, DueRef, due_fields
+from celery_durable.stores.cosmos.index import ENTRY_KIND, LATE, ORIGINAL_ID, DueIndex, lwm_pk
 
 if TYPE_CHECKING:
     from azure.cosmos import ContainerProxy
@@ -124,6 +124,16 @@ class CosmosDueScan:
         """Apply the verdict on one entry; True if the entry is gone from its bucket."""
         ref = (str(entry["tpk"]), str(entry["tid"]))
         verdict, due_at = self.index.verdict(entry, targets[ref], now, real)
+        if self.index.needs_holder(entry, targets[ref], verdict):
+            # the target let go of it: it may have handed it to a document of its batch
+            holder = self._holder(entry)
+            if holder is None:
+                verdict = "delete"
+            else:
+                h_kind, h_at = due_fields(holder)
+                if h_kind != kind or h_at is None or h_at > now:
+                    return False  # relied on, not due yet
+                ref, verdict, due_at = (ref[0], str(holder.get(ORIGINAL_ID) or holder["id"])), "due", h_at
         if verdict == "delete":
             return self._delete_entry(entry)
         if verdict == "keep":
@@ -138,6 +148,16 @@ class CosmosDueScan:
         moved.pop("b", None)
         self._upsert_internal(moved)
         return self._delete_entry(entry)
+
+    def _holder(self, entry: Doc) -> Doc | None:
+        """The document of the entry's target partition relying on it, if any (one at most:
+        ``DueIndex.handoffs``). One single-partition query over that execution's documents,
+        made only for an entry whose target let go of it."""
+        sql = "SELECT c.id, c._oid, c.due_kind, c.due_at, c._dx FROM c WHERE c.pk = @pk"
+        for doc in self._query(f"scan_due holder in {entry['tpk']!r}", sql, {"@pk": entry["tpk"]}, entry["tpk"]):
+            if self.index.relies(doc, entry):
+                return doc
+        return None
 
     def _delete_entry(self, entry: Doc) -> bool:
         """Delete unless a writer touched it since we read it; True if it is gone."""

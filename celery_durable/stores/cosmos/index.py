@@ -13,16 +13,19 @@ import hashlib
 import json
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from celery_durable.stores.base import Doc
+from celery_durable.stores.base import Doc, due_fields
 
 #: Keys the store adds to a user document in Cosmos (never returned to callers).
 ORIGINAL_ID = "_oid"  # the caller's id when the Cosmos id had to be encoded
 DUE_REF = "_dx"  # [kind, at, bucket] of the index entry that covers this document
+#: the entry the version before this one relied on and this one let go of (DueIndex.handoffs)
+LET_GO = "_gx"
 #: Cosmos system properties (and ours) stripped from documents handed back to callers.
-SYSTEM_KEYS = frozenset({"_rid", "_self", "_etag", "_ts", "_attachments", "_lsn", ORIGINAL_ID, DUE_REF})
+SYSTEM_KEYS = frozenset({"_rid", "_self", "_etag", "_ts", "_attachments", "_lsn", ORIGINAL_ID, DUE_REF, LET_GO})
 
 #: Index entry fields. An entry's partition is ``_due:{kind}:{bucket}:{shard}`` (``_due:{kind}:{bucket}``
 #: with one shard).
@@ -66,6 +69,10 @@ def split_etag(etag: str) -> tuple[str, list[Any] | None]:
     except (ValueError, binascii.Error, UnicodeError):
         return etag, None
     return (server, ref) if isinstance(ref, list) and len(ref) == 3 else (etag, None)
+
+
+def _same(ref: Any, entry: Doc) -> bool:
+    return isinstance(ref, list) and len(ref) == 3 and ref[0] == entry[ENTRY_KIND] and ref[1] == entry["at"]
 
 
 def entry_id(target_pk: str, target_id: str, at: float) -> str:
@@ -146,6 +153,52 @@ class DueIndex:
             return False
         prev_at = float(prev[1])
         return prev_at <= at <= prev_at + self.trust_slack and prev_at >= now + self.trust_margin
+
+    def handoffs(self, ops: Sequence[tuple[str, Doc | None, list[Any] | None]], now: float) -> dict[int, list[Any]]:
+        """In one batch ``ops`` = ``(op kind, document, due ref of the replaced version)``: the
+        created documents that may rely on an entry another op of the batch lets go of, by index.
+
+        A replace whose new version has no due time lets go of its entry; a create whose due time
+        that entry may cover (:meth:`trusted`) takes it, so a workflow's step commit (settle one
+        step, create the next) writes no new entry. One taker per entry: an entry is relied on by
+        at most one document at a time, its target or the one document it was handed to last,
+        and the batch hands it over atomically (the scanner looks the holder up when the target
+        let go: :meth:`needs_holder`).
+        """
+        free = [
+            prev
+            for kind, doc, prev in ops
+            if kind == "replace" and prev is not None and doc is not None and due_fields(doc)[0] is None
+        ]
+        taken: dict[int, list[Any]] = {}
+        for i, (kind, doc, _prev) in enumerate(ops):
+            if kind != "create" or doc is None or not free:
+                continue
+            d_kind, at = due_fields(doc)
+            if d_kind is None or at is None or at != at:
+                continue
+            for j, ref in enumerate(free):
+                if self.trusted(ref, d_kind, at, now):
+                    taken[i] = free.pop(j)
+                    break
+        return taken
+
+    @staticmethod
+    def needs_holder(entry: Doc, target: Doc | None, verdict: Verdict) -> bool:
+        """Whether to look for the document an entry was handed to (:meth:`handoffs`) before
+        trusting ``verdict`` on it: when its target does not rely on it and was written after it.
+        The target says so (``_gx``, the entry it let go of), or the verdict found it newer
+        (``delete``); otherwise its writer may be in flight. (A target with a due time of its
+        own may have handed the entry over in an earlier version: it is looked for too.)"""
+        if target is not None and _same(target.get(DUE_REF), entry):
+            return False
+        return verdict == "delete" or (target is not None and _same(target.get(LET_GO), entry))
+
+    @staticmethod
+    def relies(doc: Doc, entry: Doc) -> bool:
+        """Whether the raw document ``doc`` relies on ``entry`` (in any bucket: it may have
+        been moved to ``late``)."""
+        return _same(doc.get(DUE_REF), entry)
 
     def new_entry(self, kind: str, at: float, target_pk: str, target_id: str, now: float) -> tuple[list[Any], Doc]:
         """``(due_ref, entry document)`` for a document becoming due ``(kind, at)``."""

@@ -48,7 +48,11 @@ minute is spread over ``due_shards`` logical partitions, each capped at 10,000 R
 write of a due document first upserts its entry, then writes the document recording the entry as
 ``_dx``; an etag replace may instead keep its predecessor's entry when that is of the same kind, no
 later than the new due time and still in the future (``DueIndex.trusted``), so heartbeats pushing a
-lease forward cost no extra write. A scan reads the ``late`` partition and the buckets (each with
+lease forward cost no extra write; and a document created in a batch may take the entry another op
+of that batch lets go of (``DueIndex.handoffs``: a step commit settles one marker and creates the
+next, which writes no entry). An entry is relied on by one document at a time: its target, or the
+one it was handed to last, which a scan looks up (one single-partition query) when the target let
+go of it. A scan reads the ``late`` partition and the buckets (each with
 one query naming its shards) from a per-kind low-water mark (doc ``_due:{kind}``/``lwm``, cached
 in-process) up to ``now``, point-reads the entries' documents (a few in parallel), reports the due
 ones, keeps entries a not-yet-due document still relies on and deletes the others with an etag
@@ -85,6 +89,7 @@ from celery_durable.stores.cosmos.due import CosmosDueScan
 from celery_durable.stores.cosmos.errors import NOT_APPLIED, TRANSIENT, translate
 from celery_durable.stores.cosmos.index import (
     DUE_REF,
+    LET_GO,
     MAX_ID_LENGTH,
     ORIGINAL_ID,
     SYSTEM_KEYS,
@@ -307,24 +312,30 @@ class CosmosStore(CosmosSessions, CosmosReads, CosmosListing, CosmosSearch, Cosm
             raise ConfigurationError(f"id {doc_id[:80]!r}... is too long for Cosmos DB")
         return cid
 
-    def _prepare(self, doc: Doc, base_etag: str | None) -> tuple[Doc, list[Doc]]:
-        """The body to send for ``doc`` and the index entries (due, search) to upsert first."""
-        body, entries = self._prepare_due(doc, base_etag)
+    def _prepare(self, doc: Doc, base_etag: str | None, handed: list[Any] | None = None) -> tuple[Doc, list[Doc]]:
+        """The body to send for ``doc`` and the index entries (due, search) to upsert first
+        (``handed``: the due entry another op of its batch lets go of, for it to rely on)."""
+        body, entries = self._prepare_due(doc, base_etag, handed)
         return body, entries + self._search_entries(doc, base_etag)
 
-    def _prepare_due(self, doc: Doc, base_etag: str | None) -> tuple[Doc, list[Doc]]:
+    def _prepare_due(self, doc: Doc, base_etag: str | None, handed: list[Any] | None) -> tuple[Doc, list[Doc]]:
         encode_doc(doc, self.max_doc_bytes)
         body = {k: v for k, v in doc.items() if k not in SYSTEM_KEYS}
         cid = self._cosmos_id(doc["id"])
         if cid != doc["id"]:
             body["id"], body[ORIGINAL_ID] = cid, doc["id"]
         kind, at = due_fields(doc)
+        prev = split_etag(base_etag)[1] if base_etag is not None else None
         if kind is None or at is None or at != at:  # no due fields (or NaN)
+            if prev is not None:  # lets go of its entry: the scanner then knows this version is newer
+                body[LET_GO] = prev
             return body, []
         now = time.time()
-        prev = split_etag(base_etag)[1] if base_etag is not None else None
         if self.index.trusted(prev, kind, at, now):
             body[DUE_REF] = prev
+            return body, []
+        if handed is not None:  # DueIndex.handoffs checked it
+            body[DUE_REF] = handed
             return body, []
         ref, entry = self.index.new_entry(kind, at, doc["pk"], doc["id"], now)
         body[DUE_REF] = ref
@@ -483,13 +494,16 @@ class CosmosStore(CosmosSessions, CosmosReads, CosmosListing, CosmosSearch, Cosm
             return []
         calls: list[tuple[Any, ...]] = []
         entries: list[Doc] = []
-        for op in ops:
+        handed = self.index.handoffs(
+            [(op.kind, op.doc, split_etag(op.if_match)[1] if op.if_match else None) for op in ops], time.time()
+        )
+        for i, op in enumerate(ops):
             if op.kind == "delete":
                 extra = {"if_match_etag": split_etag(op.if_match)[0]} if op.if_match is not None else {}
                 calls.append(("delete", (self._cosmos_id(op.doc_id),), extra))
                 continue
             assert op.doc is not None
-            body, new = self._prepare(op.doc, op.if_match if op.kind == "replace" else None)
+            body, new = self._prepare(op.doc, op.if_match if op.kind == "replace" else None, handed.get(i))
             entries.extend(new)
             if op.kind == "replace":
                 extra = {"if_match_etag": split_etag(op.if_match)[0]} if op.if_match is not None else {}
