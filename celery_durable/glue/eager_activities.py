@@ -362,11 +362,24 @@ def claimed_holder(task_id: str | None) -> str | None:
     return claim[1] if claim is not None and claim[0] == task_id else None
 
 
+_SENDERS: dict[type, bool] = {}
+
+
+def _is_sender(cls: type) -> bool:
+    """``isinstance(…, ActivitySender)`` by class, once per class: a runtime-checkable protocol's
+    check walks its members every time, and this runs for every delivery and kept run."""
+    known = _SENDERS.get(cls)
+    if known is None:
+        names = ("publish_activity", "activity_options")
+        known = _SENDERS[cls] = all(callable(getattr(cls, name, None)) for name in names)
+    return known
+
+
 def eagerly(task: Any, engine: Any, execution_id: str, commit: Callable[[], T]) -> T:
     """``commit()`` (a delivery's drive of ``execution_id``: an activity's, a drive message's, a
     timer's), then the activities it kept, if ``engine`` sends through a worker's dispatcher
     (:class:`ActivitySender`) with ``durable_eager_activities`` on."""
-    sender = engine.dispatcher if isinstance(engine.dispatcher, ActivitySender) else None
+    sender = engine.dispatcher if _is_sender(type(engine.dispatcher)) else None
     with draining(task, engine.settings.eager_activities, sender) as drain:
         with committing(execution_id):
             outcome = commit()
