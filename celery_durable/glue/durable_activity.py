@@ -29,7 +29,7 @@ from celery_durable.engine.documents.model import Attempt
 from celery_durable.engine.drive import seals
 from celery_durable.engine.registry import GLOBAL_ACTIVITIES, ActivityDef
 from celery_durable.engine.replay.context import DurableFuture, current_context, require_context
-from celery_durable.errors import ConfigurationError, NonRetryableError, StoreUnavailable
+from celery_durable.errors import ActivityError, ConfigurationError, NonRetryableError, StoreUnavailable
 from celery_durable.glue.eager_activities import claimed_holder, eagerly
 from celery_durable.glue.extension import durable_of
 from celery_durable.glue.session_tokens import retry_stale, use_session
@@ -65,6 +65,13 @@ class DurableActivityTask(Task):  # type: ignore[misc]
         if meta is None:
             return super().__call__(*args, **kwargs)
         return _run_attempt(self, meta, args, kwargs)
+
+    def after_return(self, *args: Any, **kwargs: Any) -> None:
+        # an attempt that failed for good is recorded once Celery has reported it (_run_attempt)
+        try:
+            record_failure(self)
+        finally:
+            super().after_return(*args, **kwargs)
 
     def retry(self, *args: Any, **kwargs: Any) -> Any:
         """Celery's retry, but the step's lease is given back *before* the retry message is
@@ -232,10 +239,14 @@ def _run_attempt(task: Task, meta: dict[str, Any], args: tuple[Any, ...], kwargs
             return None
         log.info("activity %s (%s step %d) not run: %s", task.name, execution_id, seq, why)
         return None
+    failed: BaseException | None = None  # the exception the attempt failed with for good
     if outcome is not None:
         # an earlier delivery ran the function but could not record it: record only
         doc = outcome
         doc["attempts"] = attempt.number
+        if doc.get("ok") is False:
+            error = doc.get("error") or {}
+            failed = ActivityError(task.name, str(error.get("type")), str(error.get("message")), attempt.number)
     else:
         definition = _definition(task)
         task.request.durable_attempt = attempt  # for retry(): release before resending
@@ -259,9 +270,30 @@ def _run_attempt(task: Task, meta: dict[str, Any], args: tuple[Any, ...], kwargs
             raise
         except Exception as exc:  # retries exhausted or not retryable: the workflow decides
             doc = runner.result_doc(attempt, error=exc)
+            failed = exc
+    if failed is not None:
+        # Failed for good: Celery reports it first, as of any task (FAILURE with the exception
+        # and its traceback, task_failure, the worker's ERROR line, Flower's Failed list); then
+        # after_return records it and drives the workflow, so whoever waits on the workflow
+        # learns of its failure after Celery did. A kill in between loses the outcome as a kill
+        # just after the function returned does: the step's lease lapses and it runs again.
+        task.request.durable_failed = (attempt, doc, meta)
+        raise failed
+    _record(task, attempt, doc, meta, eager=True)
+    return None
+
+
+def _record(task: Task, attempt: Any, doc: dict[str, Any], meta: dict[str, Any], eager: bool) -> None:
+    """Record ``attempt``'s outcome and drive its workflow on (``eager``: running the next
+    activity it schedules here, glue/eager_activities.py); a store outage re-delivers the
+    message with the outcome sealed into it (:func:`_outage_retry`, raises ``Retry``)."""
+    engine = durable_of(task.app).engine
+    execution_id, seq = attempt.execution_id, attempt.seq
     try:
-        # the next activity its drive schedules may run here after it (glue/eager_activities.py)
-        eagerly(task, engine, execution_id, lambda: runner.complete(attempt, doc))
+        if eager:
+            eagerly(task, engine, execution_id, lambda: engine.activities.complete(attempt, doc))
+        else:
+            engine.activities.complete(attempt, doc)
     except StoreUnavailable as exc:
         # Never lose a result to a store outage: re-deliver with the outcome attached, so the
         # next try records it without running the function again.
@@ -269,13 +301,32 @@ def _run_attempt(task: Task, meta: dict[str, Any], args: tuple[Any, ...], kwargs
         engine.leases.release(attempt)  # may fail too: the retry then takes the lease over
         task.request.durable_attempt = attempt
         task.request.durable_released = True
+        step = (execution_id, attempt.run, seq)
         sealed = seals.seal_outcome(engine.store, step, meta.get("t"), doc)  # the key read at start
         if sealed is None:  # no key to seal with: the step stays due, the recovery scan re-sends it
             raise
         headers = dict(getattr(task.request, "headers", None) or {})
         headers[DURABLE_HEADER] = dict(meta, sealed=sealed)
         raise _outage_retry(task, exc, headers) from exc
-    return None
+
+
+def record_failure(task: Task) -> None:
+    """After Celery reported an attempt that failed for good (``Task.after_return``): record it
+    and drive its workflow (the next activities are sent, not run here). A store outage sends
+    the message again with the outcome sealed in it; with no key to seal with, the step's lease
+    lapses and recovery runs it again."""
+    pending = getattr(task.request, "durable_failed", None)
+    if pending is None:
+        return
+    task.request.durable_failed = None
+    attempt, doc, meta = pending
+    try:
+        _record(task, attempt, doc, meta, eager=False)
+    except Retry:
+        pass  # its message is sent: that delivery records the outcome
+    except StoreUnavailable as exc:
+        eid, seq = attempt.execution_id, attempt.seq
+        log.warning("could not record that %s step %d failed, recovery runs it again: %s", eid, seq, exc)
 
 
 class ActivityTask(Protocol[P, R]):

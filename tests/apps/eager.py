@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from celery_durable import Durable, durable_activity
+from celery_durable import Durable, NonRetryableError, durable_activity
 from celery_durable import workflow as wf
 from tests.apps._common import env_app, env_float, gate_in, mark_in
 
@@ -126,3 +126,22 @@ if os.environ.get("TEST_DIE_BEFORE_START"):
         name = getattr(sender, "name", None)
         if name == after_kill.name and isinstance(args, list | tuple) and mark(f"prerun-{args[0]}") == 1:
             os._exit(1)
+
+
+@durable_activity
+def out_of_paper(order: str) -> str:
+    mark(f"label-{order}")
+    raise NonRetryableError("label printer is out of paper")
+
+
+@durable_activity(autoretry_for=(ConnectionError,), max_retries=1, default_retry_delay=0)
+def carrier_down(order: str) -> str:
+    mark(f"label-{order}")
+    raise ConnectionError("the carrier API is down")
+
+
+@durable.workflow(name="eager.label")
+def label(order: str, retried: bool) -> str:
+    """Fails for good at its second step (``retried``: after a retry)."""
+    inc(0)
+    return carrier_down(order) if retried else out_of_paper(order)

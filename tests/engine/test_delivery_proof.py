@@ -69,9 +69,10 @@ def message(eid: str, seq: int) -> tuple[list[Any], dict[str, Any]]:
     return list(marker["input"]["args"]), {DURABLE_HEADER: meta}
 
 
-def deliver(name: str, msg: tuple[list[Any], dict[str, Any]]) -> None:
+def deliver(name: str, msg: tuple[list[Any], dict[str, Any]], state: str = "SUCCESS") -> None:
+    """Deliver ``msg`` as a worker would; an attempt that fails for good is a Celery FAILURE."""
     res = app.tasks[name].apply(args=msg[0], headers=msg[1])
-    assert res.state == "SUCCESS", res.traceback
+    assert res.state == state, res.traceback
 
 
 @pytest.fixture(autouse=True)
@@ -92,7 +93,7 @@ def test_a_queued_message_of_the_old_run_does_not_complete_the_reset_runs_step(
     h = reset_flow.start(flag)
     durable.engine.drive(h.id)  # steps 1-3 recorded; 2 and 3 sent
     old = message(h.id, 2)  # the echo message: queued behind a backlog
-    deliver("dp.fail_once", message(h.id, 3))
+    deliver("dp.fail_once", message(h.id, 3), "FAILURE")
     assert h.status() == "failed"
     before = durable.counters.snapshot().get("activity_stale_delivery", 0)
     Admin(durable.engine).reset(h.id, 1, reason="fixed fail_once")
@@ -114,7 +115,7 @@ def test_retry_rotates_the_token_so_an_old_message_of_the_failed_attempt_is_stal
     h = retry_flow.start(flag)
     durable.engine.drive(h.id)
     old = message(h.id, 1)
-    deliver("dp.fail_once", old)
+    deliver("dp.fail_once", old, "FAILURE")
     assert h.status() == "failed"
     durable.retry(h.id)
     deliver("dp.fail_once", old)  # a duplicate of the failed attempt's message
@@ -177,5 +178,5 @@ def test_a_step_recorded_before_tokens_still_runs_its_token_less_message() -> No
     tokened = (list(marker["input"]["args"]), {DURABLE_HEADER: {"e": h.id, "s": 1, "r": 0, "t": marker["token"]}})
     deliver("dp.fail_once", tokened)  # a newer message cannot claim a legacy marker
     assert store.read(h.id, result_id(1)) is None
-    deliver("dp.fail_once", message(h.id, 1))  # the legacy, token-less message runs (and fails once)
+    deliver("dp.fail_once", message(h.id, 1), "FAILURE")  # the legacy, token-less message runs (and fails once)
     assert h.status() == "failed"

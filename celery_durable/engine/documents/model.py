@@ -100,7 +100,8 @@ def error_info(exc: BaseException, attempts: int | None = None) -> dict[str, Any
     info: dict[str, Any] = {
         "type": type(exc).__name__,
         "message": str(exc),
-        "traceback": "".join(traceback.format_exception(exc, limit=8))[-4000:],
+        # the innermost frames: the line that raised, not the worker's machinery above it
+        "traceback": "".join(traceback.format_exception(exc, limit=-12))[-4000:],
     }
     if attempts is not None:
         info["attempts"] = attempts

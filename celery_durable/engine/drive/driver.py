@@ -550,6 +550,19 @@ class Driver:
         eng.emit("drive_committed", execution_id=ex["pk"], outcome=replay.kind)
         if replay.kind in (ReplayKind.COMPLETED, ReplayKind.FAILED, ReplayKind.CANCELLED):
             eng.emit(f"workflow_{replay.kind}", execution_id=ex["pk"], workflow=ex["workflow"])
+            if replay.kind != ReplayKind.COMPLETED:  # once: only the commit that ended it gets here
+                # WARNING, not ERROR: the activity that failed is Celery's ERROR line already, and
+                # a workflow may fail by design (a declined payment, compensated)
+                error = replay.error or {}
+                log.warning(
+                    "workflow %s (%s) %s: %s: %s",
+                    ex["workflow"],
+                    ex["pk"],
+                    replay.kind,
+                    error.get("type"),
+                    error.get("message"),
+                    extra={"workflow_id": ex["pk"]},
+                )
             if ex.get("parent"):
                 eng.children.notify_parent(ex["pk"])
         elif replay.kind == ReplayKind.SUSPENDED:
