@@ -242,6 +242,10 @@ def show(ctx: click.Context, execution_id: str, as_json: bool) -> None:
         ]
         print_table(["#", "KIND", "NAME", "STATE", "ATTEMPTS", "SCHEDULED", "FINISHED", "TASK ID"], rows, right=[0, 4])
         for step in info.steps:
+            if step.input is not None:  # the whole of it in --json
+                text = json.dumps(step.input, default=str)
+                text = text if len(text) <= 500 else text[:500] + "... (truncated)"
+                click.echo(f"  step {step.seq} input: {_cell(text)}")
             if step.error or step.corrupt:
                 click.echo(f"  step {step.seq}: {_cell(step.corrupt or step.error)}")
     for sig in info.signals:

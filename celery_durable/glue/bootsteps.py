@@ -55,8 +55,9 @@ log = logging.getLogger("celery_durable.worker")
 PROBE_PK, PROBE_ID = "celery_durable.startup_check", "probe"
 
 
-def check_store(durable: DurableLike) -> None:
-    """Read the settings, open the store and read one document; if any fails, exit (one line).
+def check_store(durable: DurableLike, who: str = "this worker") -> None:
+    """Read the settings, open the store and read one document; if any fails, exit (one line:
+    ``… not starting <who>: <why>``).
 
     :class:`SystemExit` with the message: ``celery worker`` prints a traceback for any other
     exception, while Python prints the message of a ``SystemExit`` alone on stderr and exits with
@@ -66,21 +67,32 @@ def check_store(durable: DurableLike) -> None:
     try:
         durable.settings  # noqa: B018 - unknown keys, bad values
     except Exception as exc:
-        raise SystemExit(_one_line("bad configuration", exc)) from None
+        raise SystemExit(_one_line("bad configuration", exc, who)) from None
     built = durable.engine_if_built is not None
     try:
         store = durable.engine.store
-        store.read(PROBE_PK, PROBE_ID)
+    except Exception as exc:
+        raise SystemExit(_one_line("cannot use the store", exc, who)) from None
+    probe_store(store, who)
+    try:
         seals.warm(store)  # the message seal key, read once: a store outage later can still seal
     except Exception as exc:
-        raise SystemExit(_one_line("cannot use the store", exc)) from None
+        raise SystemExit(_one_line("cannot use the store", exc, who)) from None
     if not built:
         store.close()
 
 
-def _one_line(what: str, exc: Exception) -> str:
+def probe_store(store: Any, who: str) -> None:
+    """Read one document (which never exists); exit with one line if the store cannot answer."""
+    try:
+        store.read(PROBE_PK, PROBE_ID)
+    except Exception as exc:
+        raise SystemExit(_one_line("cannot use the store", exc, who)) from None
+
+
+def _one_line(what: str, exc: Exception, who: str) -> str:
     reason = redact_url(" ".join(f"{type(exc).__name__}: {exc}".split()))
-    return f"celery_durable: {what}, not starting this worker: {reason}"
+    return f"celery_durable: {what}, not starting {who}: {reason}"
 
 
 def install_censoring() -> None:
@@ -188,7 +200,7 @@ class DurableMetricsStep(bootsteps.StartStopStep):
 
             self.exporter = WorkerExporter(durable, port, pool_name(getattr(worker, "pool_cls", None)))
         except Exception as exc:  # bad port, prometheus_client missing, store unusable
-            message = _one_line("cannot export metrics", exc)
+            message = _one_line("cannot export metrics", exc, "this worker")
             log.critical("%s", message)
             raise SystemExit(message) from None
 

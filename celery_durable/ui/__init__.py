@@ -11,6 +11,7 @@ import sys
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, TextIO
 
+from celery_durable.glue.bootsteps import probe_store
 from celery_durable.ui.access import Access
 from celery_durable.ui.app import create_app
 from celery_durable.ui.auth import Guard, new_token
@@ -41,6 +42,7 @@ def serve(
     token = token or new_token()
     Guard(token)  # a token too short is refused before the store is opened
     access = Access.for_bind(host, allow_hosts, public_read)
+    probe_store(durable.engine.store, "the UI")  # as the worker: a store it cannot use ends it here
     app = create_app(durable.engine, token, access)
     print(f"celery-durable UI on http://{host}:{port}/", file=out)
     what = "actions" if access.public_read else "pages and actions"

@@ -29,7 +29,8 @@ from celery_durable.engine.admin.wording import ts
 from celery_durable.engine.core import Engine
 from celery_durable.engine.documents.schema import Status
 from celery_durable.engine.signals.inbox import declared_signals
-from celery_durable.errors import DurableError, PayloadValidationError, UnknownWorkflowError
+from celery_durable.errors import DurableError, PayloadValidationError, StoreUnavailable, UnknownWorkflowError
+from celery_durable.glue.bootsteps import PROBE_ID, PROBE_PK
 from celery_durable.stores.base import MAX_PAGE_SIZE
 from celery_durable.stores.search import parse_pairs
 from celery_durable.ui.access import Access, Gate
@@ -139,7 +140,9 @@ class UI:
         body, content_type = exposition()
         return Response(body, headers={"Content-Type": content_type})
 
-    async def health(self, request: Request) -> Response:
+    def health(self, request: Request) -> Response:
+        """``ok``, or 503 when the store does not answer (what a load balancer's check needs)."""
+        self.engine.store.read(PROBE_PK, PROBE_ID)  # StoreUnavailable: 503 (_store_down)
         return PlainTextResponse("ok")
 
     def executions(self, request: Request) -> Response:
@@ -178,6 +181,8 @@ class UI:
             page = self.admin.executions(
                 workflow, status, bounds.get("newer_than"), bounds.get("older_than"), limit, cursor, search or None
             )
+        except StoreUnavailable:
+            raise  # a 503 (_store_down), not the caller's mistake
         except (DurableError, ValueError) as exc:
             # a cursor from another listing, say: said on the page, not a traceback
             msg = f"{type(exc).__name__}: {exc}"
@@ -265,6 +270,8 @@ class UI:
             code = self._act(name, execution_id, {k: str(v) for k, v in form.items()}, by)
         except (OperationRefused, PayloadValidationError, ValueError) as exc:
             return _answer(request, 400, str(exc), execution_id)
+        except StoreUnavailable:
+            raise
         except DurableError as exc:
             return _answer(request, 409, f"{type(exc).__name__}: {exc}", execution_id)
         if _wants_json(request):
@@ -334,6 +341,12 @@ def _answer(request: Request, status: int, message: str, execution_id: str | Non
     return ui.page(request, "refused.html", status, message=message, back=back)
 
 
+async def _store_down(request: Request, exc: Exception) -> Response:
+    """A store outage is the server's trouble, not the client's: 503, as a probe expects."""
+    log.warning("UI %s: %s", request.url.path, exc)
+    return _answer(request, 503, f"the store is unavailable: {exc}")
+
+
 def create_app(engine: Engine, token: str, access: Access | None = None) -> Starlette:
     """The web UI over ``engine`` (its store, registry and dispatcher); actions need ``token``.
     ``access``: the Host names it answers and whether reads need the token (access.py; None: any
@@ -352,7 +365,7 @@ def create_app(engine: Engine, token: str, access: Access | None = None) -> Star
         Route("/actions/{action}", ui.action, methods=["POST"]),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
-    app = Starlette(routes=routes)
+    app = Starlette(routes=routes, exception_handlers={StoreUnavailable: _store_down})
     app.state.ui = ui
     if access is not None:
         app.add_middleware(Gate, access=access, guard=ui.guard)

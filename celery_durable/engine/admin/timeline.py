@@ -93,6 +93,8 @@ class StepRecord:
     value: Any = None
     error: str | None = None
     corrupt: str | None = None
+    #: what the step was called with, as recorded (an activity's ``{"args": [...], "kwargs": {...}}``)
+    input: Any = None
 
 
 @dataclass(frozen=True)
@@ -187,7 +189,8 @@ def summary_of(doc: Mapping[str, Any]) -> ExecutionSummary:
         updated_at=_num(doc.get("updated_at")),
         completed_at=_num(doc.get("completed_at")),
         cancel_requested=bool(doc.get("cancel_requested")),
-        last_error=_err_text(doc.get("last_error")),
+        # an ended execution's error (failed, cancelled) is its last; a running one's last_error
+        last_error=_err_text(doc.get("last_error") or doc.get("error")),
         parent=_str(parent.get("pk")) if isinstance(parent, dict) else None,
         corrupt="; ".join(problems) or None,
         search=dict(search) if isinstance(search := doc.get("search"), dict) and search else None,
@@ -229,6 +232,7 @@ def _step(marker: Doc, by_id: dict[str, Doc], run: int) -> StepRecord:
         finished_at=_num(out.get("completed_at")) or _num(out.get("fired_at")) or _num(out.get("sent_at")),
         value=marker.get("value") if kind in _INLINE else out.get("value"),
         error=_err_text(out.get("error")) or _err_text(marker.get("last_error") if outcome is None else None),
+        input=marker.get("input"),
     )
 
 
