@@ -132,7 +132,7 @@ def test_stacked_autoretry_task_does_not_retry_non_retryable(stack: str) -> None
 
     flow.start(_workflow_id="N")
     res = _apply(durable, app.tasks[name], "N", [1], flow.name)
-    assert res.state == "SUCCESS", res.traceback
+    assert res.state == "FAILURE", res.traceback  # failed for good: a failed task, not retried
     assert runs == [1]
     assert durable.engine.read_exec("N")["result"] == {
         "type": "NonRetryableError",
