@@ -66,13 +66,6 @@ class DurableActivityTask(Task):  # type: ignore[misc]
             return super().__call__(*args, **kwargs)
         return _run_attempt(self, meta, args, kwargs)
 
-    def after_return(self, *args: Any, **kwargs: Any) -> None:
-        # an attempt that failed for good is recorded once Celery has reported it (_run_attempt)
-        try:
-            record_failure(self)
-        finally:
-            super().after_return(*args, **kwargs)
-
     def retry(self, *args: Any, **kwargs: Any) -> Any:
         """Celery's retry, but the step's lease is given back *before* the retry message is
         sent: otherwise the redelivery can arrive while the lease still looks held, and skip."""
@@ -271,29 +264,24 @@ def _run_attempt(task: Task, meta: dict[str, Any], args: tuple[Any, ...], kwargs
         except Exception as exc:  # retries exhausted or not retryable: the workflow decides
             doc = runner.result_doc(attempt, error=exc)
             failed = exc
+    _record(task, attempt, doc, meta)
     if failed is not None:
-        # Failed for good: Celery reports it first, as of any task (FAILURE with the exception
-        # and its traceback, task_failure, the worker's ERROR line, Flower's Failed list); then
-        # after_return records it and drives the workflow, so whoever waits on the workflow
-        # learns of its failure after Celery did. A kill in between loses the outcome as a kill
-        # just after the function returned does: the step's lease lapses and it runs again.
-        task.request.durable_failed = (attempt, doc, meta)
+        # Recorded (never lost to what Celery does next: a result backend or an on_failure hook
+        # that fails); now Celery reports it as of any task that failed for good: FAILURE with
+        # the exception and its traceback, task_failure, the worker's ERROR line, Flower's Failed
+        # list. Nothing runs again for it: a redelivery finds the step settled.
         raise failed
-    _record(task, attempt, doc, meta, eager=True)
     return None
 
 
-def _record(task: Task, attempt: Any, doc: dict[str, Any], meta: dict[str, Any], eager: bool) -> None:
-    """Record ``attempt``'s outcome and drive its workflow on (``eager``: running the next
-    activity it schedules here, glue/eager_activities.py); a store outage re-delivers the
-    message with the outcome sealed into it (:func:`_outage_retry`, raises ``Retry``)."""
+def _record(task: Task, attempt: Any, doc: dict[str, Any], meta: dict[str, Any]) -> None:
+    """Record ``attempt``'s outcome and drive its workflow on, running the next activity it
+    schedules here (glue/eager_activities.py); a store outage re-delivers the message with the
+    outcome sealed into it (:func:`_outage_retry`, raises ``Retry``)."""
     engine = durable_of(task.app).engine
     execution_id, seq = attempt.execution_id, attempt.seq
     try:
-        if eager:
-            eagerly(task, engine, execution_id, lambda: engine.activities.complete(attempt, doc))
-        else:
-            engine.activities.complete(attempt, doc)
+        eagerly(task, engine, execution_id, lambda: engine.activities.complete(attempt, doc))
     except StoreUnavailable as exc:
         # Never lose a result to a store outage: re-deliver with the outcome attached, so the
         # next try records it without running the function again.
@@ -308,25 +296,6 @@ def _record(task: Task, attempt: Any, doc: dict[str, Any], meta: dict[str, Any],
         headers = dict(getattr(task.request, "headers", None) or {})
         headers[DURABLE_HEADER] = dict(meta, sealed=sealed)
         raise _outage_retry(task, exc, headers) from exc
-
-
-def record_failure(task: Task) -> None:
-    """After Celery reported an attempt that failed for good (``Task.after_return``): record it
-    and drive its workflow (the next activities are sent, not run here). A store outage sends
-    the message again with the outcome sealed in it; with no key to seal with, the step's lease
-    lapses and recovery runs it again."""
-    pending = getattr(task.request, "durable_failed", None)
-    if pending is None:
-        return
-    task.request.durable_failed = None
-    attempt, doc, meta = pending
-    try:
-        _record(task, attempt, doc, meta, eager=False)
-    except Retry:
-        pass  # its message is sent: that delivery records the outcome
-    except StoreUnavailable as exc:
-        eid, seq = attempt.execution_id, attempt.seq
-        log.warning("could not record that %s step %d failed, recovery runs it again: %s", eid, seq, exc)
 
 
 class ActivityTask(Protocol[P, R]):
