@@ -124,21 +124,26 @@ class CosmosDueScan:
         """Apply the verdict on one entry; True if the entry is gone from its bucket."""
         ref = (str(entry["tpk"]), str(entry["tid"]))
         verdict, due_at = self.index.verdict(entry, targets[ref], now, real)
-        if self.index.needs_holder(entry, targets[ref], verdict):
-            # the target let go of it: it may have handed it to a document of its batch
-            holder = self._holder(entry)
-            if holder is None:
-                verdict = "delete"
-            else:
+        if verdict == "due":
+            found[ref] = DueRef(ref[0], ref[1], due_at)
+        if self.index.needs_holder(entry, targets[ref]):
+            # the target does not rely on it: it may have handed it to other documents of its partition
+            waiting = False
+            for holder in self._holders(entry):
                 h_kind, h_at = due_fields(holder)
                 if h_kind != kind or h_at is None or h_at > now:
-                    return False  # relied on, not due yet
-                ref, verdict, due_at = (ref[0], str(holder.get(ORIGINAL_ID) or holder["id"])), "due", h_at
+                    waiting = True  # relied on, not due yet
+                    continue
+                h_ref = (ref[0], str(holder.get(ORIGINAL_ID) or holder["id"]))
+                found[h_ref], verdict = DueRef(h_ref[0], h_ref[1], h_at), "due"
+            if waiting:
+                return False
+            if verdict == "keep" and self.index.let_go(entry, targets[ref]):
+                verdict = "delete"  # nobody relies on it, and no writer can be in flight
         if verdict == "delete":
             return self._delete_entry(entry)
         if verdict == "keep":
             return False
-        found[ref] = DueRef(ref[0], ref[1], due_at)
         if bucket == LATE or int(bucket) >= self.index.bucket_of(real) - self.index.stuck_buckets:
             return False
         # due but not handled for a while: move it to the always-scanned late partition so the
@@ -149,15 +154,14 @@ class CosmosDueScan:
         self._upsert_internal(moved)
         return self._delete_entry(entry)
 
-    def _holder(self, entry: Doc) -> Doc | None:
-        """The document of the entry's target partition relying on it, if any (one at most:
-        ``DueIndex.handoffs``). One single-partition query over that execution's documents,
-        made only for an entry whose target let go of it."""
+    def _holders(self, entry: Doc) -> list[Doc]:
+        """The documents of the entry's target partition relying on it (one, as
+        ``DueIndex.handoffs`` hands an entry over; all of them if ever more). One
+        single-partition query over that execution's documents, made only for an entry whose
+        target let go of it."""
         sql = "SELECT c.id, c._oid, c.due_kind, c.due_at, c._dx FROM c WHERE c.pk = @pk"
-        for doc in self._query(f"scan_due holder in {entry['tpk']!r}", sql, {"@pk": entry["tpk"]}, entry["tpk"]):
-            if self.index.relies(doc, entry):
-                return doc
-        return None
+        docs = self._query(f"scan_due holder in {entry['tpk']!r}", sql, {"@pk": entry["tpk"]}, entry["tpk"])
+        return [doc for doc in docs if self.index.relies(doc, entry)]
 
     def _delete_entry(self, entry: Doc) -> bool:
         """Delete unless a writer touched it since we read it; True if it is gone."""

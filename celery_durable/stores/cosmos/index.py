@@ -13,6 +13,7 @@ import hashlib
 import json
 import math
 import re
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -21,7 +22,7 @@ from celery_durable.stores.base import Doc, due_fields
 
 #: Keys the store adds to a user document in Cosmos (never returned to callers).
 ORIGINAL_ID = "_oid"  # the caller's id when the Cosmos id had to be encoded
-DUE_REF = "_dx"  # [kind, at, bucket] of the index entry that covers this document
+DUE_REF = "_dx"  # [kind, at, bucket, entry id] of the index entry that covers this document
 #: the entry the version before this one relied on and this one let go of (DueIndex.handoffs)
 LET_GO = "_gx"
 #: Cosmos system properties (and ours) stripped from documents handed back to callers.
@@ -68,16 +69,21 @@ def split_etag(etag: str) -> tuple[str, list[Any] | None]:
         ref = json.loads(base64.urlsafe_b64decode(tail.encode("ascii")))
     except (ValueError, binascii.Error, UnicodeError):
         return etag, None
-    return (server, ref) if isinstance(ref, list) and len(ref) == 3 else (etag, None)
+    return (server, ref) if isinstance(ref, list) and len(ref) in (3, 4) else (etag, None)
 
 
 def _same(ref: Any, entry: Doc) -> bool:
-    return isinstance(ref, list) and len(ref) == 3 and ref[0] == entry[ENTRY_KIND] and ref[1] == entry["at"]
+    """Whether due reference ``ref`` names ``entry``: by its id (in any bucket: it may have been
+    moved to ``late``); a reference written before ids were in it, by kind and due time."""
+    if not isinstance(ref, list) or len(ref) not in (3, 4) or ref[0] != entry[ENTRY_KIND] or ref[1] != entry["at"]:
+        return False
+    return len(ref) == 3 or ref[3] == entry["id"]
 
 
-def entry_id(target_pk: str, target_id: str, at: float) -> str:
-    """Deterministic id of the index entry for one (document, due time)."""
-    raw = json.dumps([target_pk, target_id, at], separators=(",", ":"), ensure_ascii=False)
+def entry_id(target_pk: str, target_id: str, at: float, nonce: str = "") -> str:
+    """The id of an index entry for one (document, due time), unique per write (``nonce``): a
+    document due again at the same instant gets a new entry, never the one it handed over."""
+    raw = json.dumps([target_pk, target_id, at, nonce], separators=(",", ":"), ensure_ascii=False)
     return hashlib.blake2b(raw.encode("utf-8"), digest_size=16).hexdigest()
 
 
@@ -184,15 +190,16 @@ class DueIndex:
         return taken
 
     @staticmethod
-    def needs_holder(entry: Doc, target: Doc | None, verdict: Verdict) -> bool:
-        """Whether to look for the document an entry was handed to (:meth:`handoffs`) before
-        trusting ``verdict`` on it: when its target does not rely on it and was written after it.
-        The target says so (``_gx``, the entry it let go of), or the verdict found it newer
-        (``delete``); otherwise its writer may be in flight. (A target with a due time of its
-        own may have handed the entry over in an earlier version: it is looked for too.)"""
-        if target is not None and _same(target.get(DUE_REF), entry):
-            return False
-        return verdict == "delete" or (target is not None and _same(target.get(LET_GO), entry))
+    def needs_holder(entry: Doc, target: Doc | None) -> bool:
+        """Whether to look for the documents an entry was handed to (:meth:`handoffs`): when its
+        target does not rely on it (any more, or did so in an earlier version)."""
+        return target is None or not _same(target.get(DUE_REF), entry)
+
+    @staticmethod
+    def let_go(entry: Doc, target: Doc | None) -> bool:
+        """Whether the target's current version let go of ``entry`` (``_gx``): written after it,
+        so the entry is no writer's in flight."""
+        return target is not None and _same(target.get(LET_GO), entry)
 
     @staticmethod
     def relies(doc: Doc, entry: Doc) -> bool:
@@ -205,7 +212,7 @@ class DueIndex:
         bucket: int | str = LATE if at < now - self.late_after else self.bucket_of(at)
         entry: Doc = {
             "pk": self.partition(kind, bucket, target_pk),
-            "id": entry_id(target_pk, target_id, at),
+            "id": entry_id(target_pk, target_id, at, uuid.uuid4().hex),
             ENTRY_KIND: kind,
             "at": at,
             "tpk": target_pk,
@@ -215,7 +222,7 @@ class DueIndex:
             entry["late"] = True
         else:
             entry["b"] = bucket
-        return [kind, at, bucket], entry
+        return [kind, at, bucket, entry["id"]], entry
 
     def verdict(self, entry: Doc, target: Doc | None, now: float, real_now: float) -> tuple[Verdict, float]:
         """What the scanner does with an entry whose time has come, given the raw target document.
@@ -230,8 +237,7 @@ class DueIndex:
         t_kind, t_at = target.get("due_kind"), target.get("due_at")
         if t_kind == kind and t_at is not None and float(t_at) <= now:
             return "due", float(t_at)
-        ref = [kind, entry["at"], LATE if entry.get("late") else entry.get("b")]
-        if target.get(DUE_REF) == ref:
+        if _same(target.get(DUE_REF), entry):
             return "keep", 0.0
         # The target no longer relies on this entry. If the target was written after the entry,
         # the entry's writer has finished (or lost its race); otherwise wait for orphan_age.
