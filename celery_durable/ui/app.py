@@ -227,6 +227,8 @@ class UI:
             return self.page(request, "lane.html", lane=None, head=None, key="")
         try:
             head = self.engine.outbox.head(key)
+        except StoreUnavailable:
+            raise
         except DurableError as exc:
             head = {"error": str(exc)}
         return self.page(request, "lane.html", lane=read_lane(self.engine, key), head=head, key=key)

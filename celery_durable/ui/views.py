@@ -20,7 +20,7 @@ from celery_durable.engine.admin.wording import prompt, ts
 from celery_durable.engine.core import Engine
 from celery_durable.engine.documents.records import seq_of
 from celery_durable.engine.documents.schema import TERMINAL, StepKind, marker_id
-from celery_durable.errors import DurableError
+from celery_durable.errors import DurableError, StoreUnavailable
 from celery_durable.glue.outbox import EffectInfo
 
 __all__ = [
@@ -238,6 +238,8 @@ def lanes_of(engine: Engine, detail: ExecutionDetail) -> list[Lane]:
     be read says why; it does not hide the page)."""
     try:
         keys = _effect_keys(engine, detail)
+    except StoreUnavailable:
+        raise  # the page is a 503 (ui/app.py), not a page saying so
     except DurableError as exc:
         return [Lane(detail.summary.id, error=f"the emit steps cannot be read: {exc}")]
     out: list[Lane] = []
@@ -249,6 +251,8 @@ def lanes_of(engine: Engine, detail: ExecutionDetail) -> list[Lane]:
 def read_lane(engine: Engine, key: str, steps: tuple[int, ...] = ()) -> Lane:
     try:
         return Lane(key, tuple(EffectInfo.from_row(r) for r in engine.outbox.rows(key)), None, steps)
+    except StoreUnavailable:
+        raise
     except (DurableError, KeyError, TypeError, ValueError) as exc:
         return Lane(key, error=f"{type(exc).__name__}: {exc}", steps=steps)
 
