@@ -19,6 +19,7 @@ from celery_durable.engine.documents.search import start_fields
 from celery_durable.engine.registry import Registry, WorkflowDef
 from celery_durable.engine.replay.context import DurableFuture, current_context, require_context
 from celery_durable.errors import ConfigurationError
+from celery_durable.glue.beat_scans import install_beat_scans
 from celery_durable.glue.beat_shutdown import install_beat_shutdown
 from celery_durable.glue.bootsteps import DurableEventsStep, DurableMetricsStep, DurableShutdownStep, DurableStep
 from celery_durable.glue.extension import EXTENSION_ATTR, durable_of
@@ -195,6 +196,7 @@ class Durable:
         self.outbox = Outbox(self)
         install(self)
         install_beat_shutdown()  # celery beat: SIGTERM mid-publish exits 0, the schedule saved
+        install_beat_scans()  # celery beat: the scans run in its process (durable_scans_in_beat)
         if app.configured:  # the config was already read (e.g. app.conf.update() ran first)
             check_wire(app)  # a serializer it cannot send with fails here, not at the first send
             self._install_beat()
@@ -307,6 +309,9 @@ class Durable:
             return
         schedule = dict(self.app.conf.beat_schedule or {})
         schedule.update(self._schedules)
+        if settings.scans_in_beat:  # beat runs them itself (glue/beat_scans.py): no message
+            self.app.conf.beat_schedule = schedule
+            return
         schedule.setdefault(
             RECOVER_TASK,
             {"task": RECOVER_TASK, "schedule": timedelta(seconds=float(settings.recovery_interval))},

@@ -21,7 +21,9 @@ setting                                default                     meaning
 ``durable_drive_timeout``              30 s                        undriven execution → re-driven
 ``durable_timer_fast_path_max``        60 s                        timers up to this get a countdown
                                                                    task too (0: beat's scan only)
-``durable_install_beat``               True                        add the beat entries
+``durable_install_beat``               True                        beat runs the scans and schedules
+``durable_scans_in_beat``              True                        the scans run inside beat (False:
+                                                                   beat sends them as tasks)
 ``durable_unknown_retry_delay``        60 s                        workflow unknown here → retried
 ``durable_max_lost_attempts``          10                          lost activity attempts → failed
 ``durable_max_payload``                64 MiB                      largest document (payload) stored,
@@ -184,9 +186,12 @@ class Settings:
     drive_timeout: float = 30.0
     #: timers up to this also get a countdown task; 0 = beat only
     timer_fast_path_max: float = 60.0
-    #: add the beat entries (``celery_durable.recover``, ``celery_durable.fire_due_clocks``,
-    #: ``celery_durable.outbox_scan``)
+    #: beat runs the recovery, timer and outbox scans and the workflow schedules
     install_beat: bool = True
+    #: the scans run inside the beat process, which sends only the drives and re-sends they find
+    #: (an idle system sends no message); False: beat sends them as tasks
+    #: (``celery_durable.recover``, ``.fire_due_clocks``, ``.outbox_scan``) for a worker to run
+    scans_in_beat: bool = True
     #: how long before an execution whose workflow is unknown here is tried again
     unknown_retry_delay: float = 60.0
     #: times an activity may be lost (worker killed) before it is failed

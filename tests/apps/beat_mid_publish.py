@@ -18,7 +18,10 @@ from kombu.transport import redis as kombu_redis
 from celery_durable import Durable
 from tests.apps._common import env_app
 
-app = env_app("beat_mid_publish", durable_clock_interval=0.05, durable_recovery_interval=0.05)
+# the scans sent as tasks (durable_scans_in_beat=False): a beat that publishes all the time
+app = env_app(
+    "beat_mid_publish", durable_clock_interval=0.05, durable_recovery_interval=0.05, durable_scans_in_beat=False
+)
 durable = Durable(app)
 
 _ARM_AFTER = int(os.environ.get("TEST_BEAT_ARM_AFTER", "3"))
