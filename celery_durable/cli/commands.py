@@ -297,9 +297,11 @@ def signal(ctx: click.Context, execution_id: str, name: str, value: str) -> None
         delivered = d.engine.signal(execution_id, name, data, by=actor())
     except PayloadValidationError as exc:
         raise click.ClickException(str(exc)) from exc
-    click.echo("delivered" if delivered else "ignored: the execution has ended")
+    if not delivered:  # a script must see it: exit status 1, as `durable signal` refusing it
+        raise click.ClickException(f"not delivered: execution {execution_id!r} has ended")
+    click.echo("delivered")
     try:
-        ex = d.engine.store.read(execution_id, "exec") if delivered else None
+        ex = d.engine.store.read(execution_id, "exec")
     except DurableError:
         ex = None  # the value and its sender are recorded; only this hint is lost
     if ex is not None and declared_signals(ex, d.registry.workflow(str(ex.get("workflow")))) is None:

@@ -121,3 +121,21 @@ def test_the_ui_command_exits_on_an_unreachable_store(tmp_path: Path) -> None:
     )
     assert done.returncode != 0
     assert "cannot use the store, not starting the UI" in done.stderr, done.stderr
+
+
+def test_a_signal_to_an_ended_execution_exits_non_zero(
+    env: WorkflowEnvironment, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from click.testing import CliRunner
+
+    from celery_durable.cli.commands import durable as durable_cli
+
+    h = env.start(flows.echo, "hi", _workflow_id="ended-1")
+    env.run_until_idle()
+    assert h.status() == "completed"
+    admin = Admin(env.engine)
+    fake = SimpleNamespace(describe=admin.describe, engine=env.engine, registry=env.engine.registry)
+    monkeypatch.setattr("celery_durable.cli.commands._durable", lambda ctx: fake)
+    out = CliRunner().invoke(durable_cli, ["signal", "ended-1", "approve", "true"], obj=SimpleNamespace())
+    assert out.exit_code == 1, out.output
+    assert "not delivered: execution 'ended-1' has ended" in out.output
