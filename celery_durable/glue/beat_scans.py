@@ -44,7 +44,6 @@ class BeatScans:
 
     scans: list[Scan]
     stop: threading.Event = field(default_factory=threading.Event)
-    thread: threading.Thread | None = None
 
     @classmethod
     def of(cls, durable: Any) -> BeatScans:
@@ -68,10 +67,6 @@ class BeatScans:
             ]
         )
 
-    def start(self) -> None:
-        self.thread = threading.Thread(target=self._loop, name="celery-durable-scans", daemon=True)
-        self.thread.start()
-
     def _loop(self) -> None:
         while not self.stop.is_set():
             now = time.monotonic()
@@ -86,20 +81,39 @@ class BeatScans:
 
 
 _RUNNING: list[BeatScans] = []
+_STARTED: list[threading.Thread] = []
+
+
+def _start(durable: Any, stop: threading.Event) -> None:
+    """Build the scans (the engine, its store) and run them; a store beat cannot open yet is
+    tried again every clock interval, never given up (a receiver of beat_init that raised would
+    leave beat without scans for good)."""
+    while not stop.is_set():
+        try:
+            scans = BeatScans.of(durable)
+        except Exception as exc:  # noqa: BLE001 - the store down at start-up: try again
+            log.warning("celery_durable: cannot start the scans yet, trying again: %s", exc)
+            stop.wait(float(durable.settings.clock_interval))
+            continue
+        scans.stop = stop
+        _RUNNING.append(scans)
+        log.info("celery_durable: the timer, outbox and recovery scans run in this beat process")
+        scans._loop()
+        return
 
 
 def _on_beat_init(sender: Any = None, **_: Any) -> None:
     app = getattr(sender, "app", None)
     durable = getattr(app, EXTENSION_ATTR, None)
-    if durable is None or _RUNNING:
+    if durable is None or _STARTED:
         return
     settings = durable.settings
     if not (settings.install_beat and settings.scans_in_beat):
         return
-    scans = BeatScans.of(durable)
-    scans.start()
-    _RUNNING.append(scans)
-    log.info("celery_durable: the timer, outbox and recovery scans run in this beat process")
+    thread = threading.Thread(target=_start, args=(durable, threading.Event()), name="celery-durable-scans")
+    thread.daemon = True
+    thread.start()
+    _STARTED.append(thread)
 
 
 def install_beat_scans() -> None:

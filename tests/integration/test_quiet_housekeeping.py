@@ -43,3 +43,13 @@ def test_beat_runs_the_scans_it_used_to_send(cluster: Any) -> None:
     h = basic.sleeper.start("beat-scan", 1.0)
     late = h.result(timeout=60)
     assert 0 <= late < 5, late  # the scan runs every second (durable_clock_interval)
+
+
+def test_beat_scans_again_once_the_store_answers(cluster: Any, tmp_path: Any) -> None:
+    """A store beat cannot open (here: a SQLite file in a folder not made yet) fails the scans
+    and logs it; they go on, and open the store once it can be opened."""
+    folder = tmp_path / "not-yet"
+    beat = cluster.workers.start_beat(env={"DURABLE_STORE_URL": f"sqlite:///{folder / 'durable.db'}"})
+    wait_until(lambda: "timers scan failed" in beat.log(), timeout=30, what="beat to fail opening the store")
+    folder.mkdir()
+    wait_until(lambda: (folder / "durable.db").exists(), timeout=30, what="a scan to open the store")
