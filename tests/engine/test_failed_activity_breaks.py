@@ -18,6 +18,9 @@ from celery_durable.glue.durable_activity import DURABLE_HEADER
 from celery_durable.stores.memory import MemoryStore
 
 app = Celery("breaker-failed", broker="memory://", set_as_current=False)
+# the memory broker is one per process: a queue of its own, so no later test's worker consumes
+# what these workflows send
+app.conf.task_default_queue = "breaker-failed"
 store = MemoryStore()
 durable = Durable(app, store=store)
 ran: list[str] = []

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from typing import Any
 
 import pytest
@@ -25,7 +26,9 @@ RELEASE = threading.Event()
 
 def _app(**settings: Any) -> tuple[Celery, Durable]:
     app = Celery("bootstep-test", broker="memory://", backend="cache+memory://", set_as_current=False)
-    app.conf.update(task_serializer="json", accept_content=["json"])
+    # a queue of its own: the memory broker is one per process, and other test modules' apps
+    # leave messages in its default queue
+    app.conf.update(task_serializer="json", accept_content=["json"], task_default_queue=f"bootstep-{uuid.uuid4().hex}")
     durable = Durable(app, store="memory://", **({"heartbeat_interval": 0.05, "lease_ttl": 30} | settings))
     return app, durable
 
