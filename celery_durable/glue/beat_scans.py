@@ -14,20 +14,50 @@ tried again at its next interval. Beat must reach the store, as the workers do.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 from celery import signals as celery_signals
 
 from celery_durable.glue.extension import EXTENSION_ATTR
 
-__all__ = ["BeatScans", "install_beat_scans"]
+if TYPE_CHECKING:
+    from celery_durable.engine.core import Engine
+    from celery_durable.engine.drive.recovery import ScanReport as RecoveryReport
+    from celery_durable.engine.outbox.model import ScanReport as OutboxReport
+
+__all__ = ["BeatScans", "install_beat_scans", "outbox_pass", "recovery_pass"]
 
 log = logging.getLogger("celery_durable.beat")
+
+
+def recovery_pass(engine: Engine) -> RecoveryReport:
+    """One recovery scan (beat's, in its process or as ``celery_durable.recover``), logged when
+    it did anything."""
+    report = engine.recovery.scan()
+    if report.redriven or report.resent or report.failed or report.errors or report.chunks_collected:
+        logging.getLogger("celery_durable.tasks").info("recovery: %s", report)  # its logger as a task
+    return report
+
+
+class _Scanned(Protocol):
+    """What :func:`outbox_pass` scans (``glue.outbox.Outbox``, which imports this module)."""
+
+    def scan(self) -> OutboxReport: ...
+
+
+def outbox_pass(outbox: _Scanned) -> OutboxReport:
+    """One outbox liveness scan (beat's, in its process or as ``celery_durable.outbox_scan``),
+    logged when it did anything."""
+    report = outbox.scan()
+    if any(dataclasses.astuple(report)):
+        logging.getLogger("celery_durable.outbox").info("outbox scan: %s", report)
+    return report
 
 
 @dataclass
@@ -43,28 +73,18 @@ class BeatScans:
     """The scans of one beat process, each at its interval, on one daemon thread."""
 
     scans: list[Scan]
-    stop: threading.Event = field(default_factory=threading.Event)
+    stop: threading.Event
 
     @classmethod
-    def of(cls, durable: Any) -> BeatScans:
+    def of(cls, durable: Any, stop: threading.Event) -> BeatScans:
         settings, engine = durable.settings, durable.engine
-
-        def recover() -> None:
-            report = engine.recovery.scan()
-            if report.redriven or report.resent or report.failed or report.errors or report.chunks_collected:
-                log.info("recovery: %s", report)
-
-        def outbox() -> None:
-            report = durable.outbox.scan()
-            if any(vars(report).values()):
-                log.info("outbox scan: %s", report)
-
         return cls(
             [
                 Scan("timers", float(settings.clock_interval), engine.timers.fire_due_clocks),
-                Scan("outbox", float(settings.outbox_scan_interval), outbox),
-                Scan("recovery", float(settings.recovery_interval), recover),
-            ]
+                Scan("outbox", float(settings.outbox_scan_interval), lambda: outbox_pass(durable.outbox)),
+                Scan("recovery", float(settings.recovery_interval), lambda: recovery_pass(engine)),
+            ],
+            stop,
         )
 
     def _loop(self) -> None:
@@ -80,7 +100,6 @@ class BeatScans:
             self.stop.wait(max(0.0, min(scan.due for scan in self.scans) - time.monotonic()))
 
 
-_RUNNING: list[BeatScans] = []
 _STARTED: list[threading.Thread] = []
 
 
@@ -90,13 +109,11 @@ def _start(durable: Any, stop: threading.Event) -> None:
     leave beat without scans for good)."""
     while not stop.is_set():
         try:
-            scans = BeatScans.of(durable)
+            scans = BeatScans.of(durable, stop)
         except Exception as exc:  # noqa: BLE001 - the store down at start-up: try again
             log.warning("celery_durable: cannot start the scans yet, trying again: %s", exc)
             stop.wait(float(durable.settings.clock_interval))
             continue
-        scans.stop = stop
-        _RUNNING.append(scans)
         log.info("celery_durable: the timer, outbox and recovery scans run in this beat process")
         scans._loop()
         return

@@ -75,6 +75,7 @@ from celery_durable.errors import (
     StoreError,
     StoreUnavailable,
 )
+from celery_durable.glue.beat_scans import outbox_pass
 from celery_durable.glue.pools import effect_refusal, time_limit
 from celery_durable.glue.session_tokens import header, retry_stale, session_headers, use_session
 from celery_durable.glue.wire import WireTask, serializer
@@ -340,13 +341,8 @@ class Outbox:
         self._durable.app.task(**options)(run)
 
     def _register_scan_task(self) -> None:
-        outbox = self
-
         def outbox_scan() -> dict[str, int]:
-            report = outbox.scan()
-            if any(dataclasses.astuple(report)):
-                log.info("outbox scan: %s", report)
-            return dataclasses.asdict(report)
+            return dataclasses.asdict(outbox_pass(self))
 
         self._durable.app.task(base=WireTask, name=OUTBOX_SCAN_TASK, ignore_result=True, shared=False)(outbox_scan)
 
@@ -596,5 +592,5 @@ class Outbox:
 
     @_shielded
     def scan(self) -> ScanReport:
-        """One liveness pass (what beat's ``celery_durable.outbox_scan`` runs)."""
+        """One liveness pass (what beat's outbox scan runs: glue/beat_scans.py ``outbox_pass``)."""
         return self.core.scan()

@@ -6,7 +6,6 @@ Task names are stored in messages and schedules, so they are explicit and stable
 
 from __future__ import annotations
 
-import logging
 import math
 import time
 from datetime import UTC, datetime
@@ -19,6 +18,7 @@ from celery_durable.engine.documents.checks import check_workflow_id
 from celery_durable.engine.outbox.model import EffectRef, EffectSender
 from celery_durable.engine.outcomes import ClockOutcome, DriveOutcome
 from celery_durable.errors import StoreUnavailable
+from celery_durable.glue.beat_scans import recovery_pass
 from celery_durable.glue.durable_activity import DURABLE_HEADER
 from celery_durable.glue.eager_activities import eagerly, give_back, keep, keeps
 from celery_durable.glue.session_tokens import retry_stale, session_headers, use_session
@@ -36,7 +36,6 @@ __all__ = [
     "FIRE_DUE_CLOCKS_TASK",
 ]
 
-log = logging.getLogger("celery_durable.tasks")
 
 DRIVE_TASK = "celery_durable.drive"
 RECOVER_TASK = "celery_durable.recover"
@@ -193,7 +192,4 @@ def register_tasks(app: Celery, durable: DurableLike) -> None:
 
     @app.task(base=WireTask, name=RECOVER_TASK, ignore_result=True, shared=False)
     def recover() -> dict[str, int]:
-        report = durable.engine.recovery.scan()
-        if report.redriven or report.resent or report.failed or report.errors or report.chunks_collected:
-            log.info("recovery: %s", report)
-        return dict(report.__dict__)
+        return dict(recovery_pass(durable.engine).__dict__)
