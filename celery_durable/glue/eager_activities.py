@@ -370,8 +370,7 @@ def _is_sender(cls: type) -> bool:
     check walks its members every time, and this runs for every delivery and kept run."""
     known = _SENDERS.get(cls)
     if known is None:
-        names = ("publish_activity", "activity_options")
-        known = _SENDERS[cls] = all(callable(getattr(cls, name, None)) for name in names)
+        known = _SENDERS[cls] = issubclass(cls, ActivitySender)
     return known
 
 
