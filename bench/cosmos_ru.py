@@ -39,7 +39,7 @@ from _common import print_table, verdict
 from celery import Celery
 
 from celery_durable import Durable, durable_activity
-from celery_durable.stores.base import Doc, DueRef, Op, PartitionRead, due_fields
+from celery_durable.stores.base import Doc, DueRef, Op, PartitionRead
 from celery_durable.stores.cosmos.index import DueIndex
 from celery_durable.stores.memory import MemoryStore
 from celery_durable.testing.counting import CountingStore
@@ -82,17 +82,11 @@ class PricedStore(CountingStore):
     def _due(self, op: str, doc: Doc, handed: list[Any] | None = None) -> None:
         """The entry ``doc``'s write relies on: its predecessor's (a trusted replace), the one
         ``handed`` to it, or a new one (a request and ~5.5 RU now, a cleanup later)."""
-        key, now = (str(doc["pk"]), str(doc["id"])), time.time()
-        prev = self.refs.get(key) if op == "replace" else None
-        kind, at = due_fields(doc)
-        if kind is None or at is None:
-            self.refs[key] = None
-        elif self.index.trusted(prev, kind, at, now):
-            pass
-        elif handed is not None:
-            self.refs[key] = handed
-        else:
-            self.refs[key] = self.index.new_entry(kind, at, key[0], key[1], now)[0]
+        key = (str(doc["pk"]), str(doc["id"]))
+        self.refs[key], entry = self.index.cover(
+            doc, self.refs.get(key) if op == "replace" else None, handed, time.time()
+        )
+        if entry is not None:
             self.counts["index entry"] += 1
             self.ru["index entry"] += ENTRY_RU
             self.later["requests"] += CLEANUP_REQUESTS

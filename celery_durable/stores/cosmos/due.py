@@ -157,8 +157,8 @@ class CosmosDueScan:
     def _holders(self, entry: Doc) -> list[Doc]:
         """The documents of the entry's target partition relying on it (one, as
         ``DueIndex.handoffs`` hands an entry over; all of them if ever more). One
-        single-partition query over that execution's documents, made only for an entry whose
-        target let go of it."""
+        single-partition query over that execution's documents, made only for an entry its target
+        does not rely on."""
         sql = "SELECT c.id, c._oid, c.due_kind, c.due_at, c._dx FROM c WHERE c.pk = @pk"
         docs = self._query(f"scan_due holder in {entry['tpk']!r}", sql, {"@pk": entry["tpk"]}, entry["tpk"])
         return [doc for doc in docs if self.index.relies(doc, entry)]

@@ -169,7 +169,7 @@ class DueIndex:
         step, create the next) writes no new entry. One taker per entry: an entry is relied on by
         at most one document at a time, its target or the one document it was handed to last,
         and the batch hands it over atomically (the scanner looks the holder up when the target
-        let go: :meth:`needs_holder`).
+        does not rely on it: :meth:`needs_holder`).
         """
         free = [
             prev
@@ -189,11 +189,26 @@ class DueIndex:
                     break
         return taken
 
+    def cover(
+        self, doc: Doc, prev: list[Any] | None, handed: list[Any] | None, now: float
+    ) -> tuple[list[Any] | None, Doc | None]:
+        """The due reference a write of ``doc`` relies on, and the entry to write first if it is
+        a new one: its predecessor's (``prev``, when :meth:`trusted`), the one another op of its
+        batch ``handed`` it (:meth:`handoffs`), else a new entry. ``(None, None)``: not due."""
+        kind, at = due_fields(doc)
+        if kind is None or at is None or at != at:  # no due fields (or NaN)
+            return None, None
+        if self.trusted(prev, kind, at, now):
+            return prev, None
+        if handed is not None:
+            return handed, None
+        return self.new_entry(kind, at, doc["pk"], doc["id"], now)
+
     @staticmethod
     def needs_holder(entry: Doc, target: Doc | None) -> bool:
         """Whether to look for the documents an entry was handed to (:meth:`handoffs`): when its
         target does not rely on it (any more, or did so in an earlier version)."""
-        return target is None or not _same(target.get(DUE_REF), entry)
+        return target is None or not DueIndex.relies(target, entry)
 
     @staticmethod
     def let_go(entry: Doc, target: Doc | None) -> bool:
@@ -237,7 +252,7 @@ class DueIndex:
         t_kind, t_at = target.get("due_kind"), target.get("due_at")
         if t_kind == kind and t_at is not None and float(t_at) <= now:
             return "due", float(t_at)
-        if _same(target.get(DUE_REF), entry):
+        if self.relies(target, entry):
             return "keep", 0.0
         # The target no longer relies on this entry. If the target was written after the entry,
         # the entry's writer has finished (or lost its race); otherwise wait for orphan_age.

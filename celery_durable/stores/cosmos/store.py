@@ -51,8 +51,8 @@ later than the new due time and still in the future (``DueIndex.trusted``), so h
 lease forward cost no extra write; and a document created in a batch may take the entry another op
 of that batch lets go of (``DueIndex.handoffs``: a step commit settles one marker and creates the
 next, which writes no entry). An entry is relied on by one document at a time: its target, or the
-one it was handed to last, which a scan looks up (one single-partition query) when the target let
-go of it. A scan reads the ``late`` partition and the buckets (each with
+one it was handed to last, which a scan looks up (one single-partition query) when the target does
+not rely on it. A scan reads the ``late`` partition and the buckets (each with
 one query naming its shards) from a per-kind low-water mark (doc ``_due:{kind}``/``lwm``, cached
 in-process) up to ``now``, point-reads the entries' documents (a few in parallel), reports the due
 ones, keeps entries a not-yet-due document still relies on and deletes the others with an etag
@@ -83,7 +83,7 @@ from azure.cosmos import ContainerProxy, CosmosClient, PartitionKey
 from azure.cosmos import exceptions as cx
 
 from celery_durable.errors import ConfigurationError, ConflictError, DocumentTooLarge, DurableError, StoreUnavailable
-from celery_durable.stores.base import Doc, Op, PartitionRead, Store, doc_size, due_fields, encode_doc
+from celery_durable.stores.base import Doc, Op, PartitionRead, Store, doc_size, encode_doc
 from celery_durable.stores.cosmos.config import CallDeadline, DeadlineExceeded, Secret, end_sdk_threads, parse_url
 from celery_durable.stores.cosmos.due import CosmosDueScan
 from celery_durable.stores.cosmos.errors import NOT_APPLIED, TRANSIENT, translate
@@ -324,22 +324,14 @@ class CosmosStore(CosmosSessions, CosmosReads, CosmosListing, CosmosSearch, Cosm
         cid = self._cosmos_id(doc["id"])
         if cid != doc["id"]:
             body["id"], body[ORIGINAL_ID] = cid, doc["id"]
-        kind, at = due_fields(doc)
         prev = split_etag(base_etag)[1] if base_etag is not None else None
-        if kind is None or at is None or at != at:  # no due fields (or NaN)
+        ref, entry = self.index.cover(doc, prev, handed, time.time())
+        if ref is None:  # not due
             if prev is not None:  # lets go of its entry: the scanner then knows this version is newer
                 body[LET_GO] = prev
             return body, []
-        now = time.time()
-        if self.index.trusted(prev, kind, at, now):
-            body[DUE_REF] = prev
-            return body, []
-        if handed is not None:  # DueIndex.handoffs checked it
-            body[DUE_REF] = handed
-            return body, []
-        ref, entry = self.index.new_entry(kind, at, doc["pk"], doc["id"], now)
         body[DUE_REF] = ref
-        return body, [entry]
+        return body, [] if entry is None else [entry]
 
     def _write_entries(self, entries: list[Doc]) -> None:
         for entry in entries:
