@@ -224,9 +224,13 @@ class Sim:
                 args = [[rng.randint(0, 3) for _ in range(rng.randint(1, 3))]]
                 cancel = 0.3 if "cancel_parent" in self.known_bugs else 0.0
             elif kind == "w_saga":
-                args, cancel = [f"i{i}"], 0.6
+                # every other one with an input too large to ride in the exec (its own document);
+                # chosen without the rng, so each seed's other choices stay what they were
+                args, cancel = [f"i{i}" + ("-" * 700 if (self.seed + i) % 2 else "")], 0.6
             elif kind == "w_counter":
                 args = [rng.randint(1, 3), 0, "stale_run_release" in self.known_bugs]
+                if (self.seed + i) % 2:
+                    args.append("p" * 2400)  # large, then halved each run: 1200, 600 (own), 300 (inline)
             else:
                 args = [0]
             self._add(f"s{self.seed}-{i}-{kind}", kind, args, cancel=rng.random() < cancel, signals=signals)

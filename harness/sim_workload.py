@@ -169,17 +169,19 @@ def w_saga(item: str) -> str:
     return "shipped"
 
 
-def w_counter(n: int, total: int, activity: bool) -> int:
+def w_counter(n: int, total: int, activity: bool, pad: str = "") -> int:
     """Continue-as-new ``n`` times; each run adds ``n`` with an activity (or inline, after a
-    recorded side effect: nothing of an old run can then complete late)."""
+    recorded side effect: nothing of an old run can then complete late). ``pad`` halves each
+    run: a large input (its own document) turns small (inline in the exec), and the last run's
+    length is in the result, so a run given another run's input shows."""
     if activity:
         total = int(act("add", total, n).result())
     else:
         wf.uuid4()
         total += n
     if n > 0:
-        wf.continue_as_new(n - 1, total, activity)
-    return total
+        wf.continue_as_new(n - 1, total, activity, pad[: len(pad) // 2])
+    return total + len(pad)
 
 
 def w_generations(g: int) -> int:

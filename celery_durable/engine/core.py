@@ -37,6 +37,7 @@ from celery_durable.engine.documents.model import (
     Settings,
     SystemClock,
     new_exec_doc,
+    split_payload,
     worker_identity,
 )
 from celery_durable.engine.documents.records import ExecDoc, as_exec, count_of, is_terminal
@@ -63,7 +64,7 @@ from celery_durable.errors import (
     UnknownWorkflowError,
 )
 from celery_durable.observability import Counters, tracing_configured
-from celery_durable.stores.base import Doc, Store, strip_reserved
+from celery_durable.stores.base import Doc, Op, Store, strip_reserved
 from celery_durable.stores.offload.store import offloaded
 from celery_durable.stores.push.base import READY_TIMEOUT, NoPush, Notifier
 
@@ -207,15 +208,38 @@ class Engine:
             due_at=now + self.settings.drive_timeout,
             **fields,
         )
-        etag = self.store.create(doc)
-        if etag is None:
-            return False
+        doc, input_doc = split_payload(doc)
+        if input_doc is None:
+            etag = self.store.create(doc)
+            if etag is None:
+                return False
+            known = {EXEC_ID: doc | {"_etag": etag}}
+        else:
+            etags = self._create_with_input(eid, doc, input_doc)
+            if etags is None:
+                return False
+            known = {EXEC_ID: doc | {"_etag": etags[0]}, input_doc["id"]: input_doc | {"_etag": etags[1]}}
         self.emit("workflow_started", execution_id=eid, workflow=workflow)
-        if not (eager and definition is not None and self._eager_drive(eid, doc | {"_etag": etag})):
+        if not (eager and definition is not None and self._eager_drive(eid, known)):
             self.dispatcher.send_drive(eid)
         return True
 
-    def _eager_drive(self, eid: str, created: Doc) -> bool:
+    def _create_with_input(self, eid: str, doc: Doc, input_doc: Doc) -> list[str | None] | None:
+        """Create the exec and its input document in one batch (the exec never names an input
+        that is not there); ``None`` when the exec exists. Both create-only: an unconditional
+        write costs the offloading store a read. An input document with no exec (left by nothing
+        the engine writes, but a hand-deleted exec) is overwritten, never joined."""
+        try:
+            return self.store.batch(eid, [Op.create(doc), Op.create(input_doc)])
+        except ConflictError:
+            if self.store.read(eid, EXEC_ID) is not None:
+                return None
+        try:
+            return self.store.batch(eid, [Op.create(doc), Op.upsert(input_doc)])
+        except ConflictError:
+            return None  # created meanwhile
+
+    def _eager_drive(self, eid: str, created: dict[str, Doc]) -> bool:
         """The first drive in the caller; False when a worker must drive it (declined, failed).
 
         Any failure here only costs the usual drive message: the execution exists and is due, a

@@ -43,6 +43,7 @@ TYPES: dict[str, type] = {
     "seal_key": records.SealKeyDoc,
     "effect_index": records.EffectIndexDoc,
     "effect_intent": records.EffectIntentDoc,
+    "input": records.InputDoc,
 }
 
 
@@ -133,6 +134,7 @@ def test_every_field_check_shape_reads_is_declared() -> None:
         "_signal": "wait_decision",
         "_signal_value": "signal_value",
         "_signal_mark": "signal_mark",
+        "_input": "input",
     }
     seen = 0
     for fn in (n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in kinds):

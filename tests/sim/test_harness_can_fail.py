@@ -112,3 +112,22 @@ def test_a_claimed_lease_nothing_recovers_is_caught(monkeypatch: pytest.MonkeyPa
 
     found = first_caught(broken)
     assert found is not None, f"no violation in {SEEDS} seeds"
+
+
+def test_an_input_written_apart_from_its_exec_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A large input (engine/documents/model.py split_payload) created in a call of its own after
+    the exec instead of in the exec's batch: a fault in between leaves an exec naming no input."""
+
+    def apart(self: Engine, eid: str, doc: Doc, input_doc: Doc) -> list[str | None] | None:
+        etag = self.store.create(doc)
+        if etag is None:
+            return None
+        return [etag, self.store.create(input_doc)]
+
+    def broken(seed: int) -> SimResult:
+        with monkeypatch.context() as m:
+            m.setattr(Engine, "_create_with_input", apart)
+            return run_seed(seed, Faults(), ())
+
+    found = first_caught(broken)
+    assert found is not None, f"no violation in {SEEDS} seeds"

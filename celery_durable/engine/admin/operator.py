@@ -53,6 +53,7 @@ from celery_durable.engine.documents.schema import (
     Status,
     StepKind,
     marker_id,
+    task_id_of,
 )
 from celery_durable.engine.outbox import DUE_ADMIT
 from celery_durable.errors import ConflictError, CorruptDocument, DurableError, OperationRefused, UnknownWorkflowError
@@ -514,7 +515,7 @@ class Admin:
                     str(marker["name"]),
                     list(payload.get("args", [])),
                     dict(payload.get("kwargs", {})),
-                    str(marker.get("task_id") or f"{ex['pk']}:{seq}"),
+                    task_id_of(marker),
                     str(ex.get("workflow")),
                     run=run,
                     token=marker_token(updated),

@@ -14,6 +14,7 @@ from typing import Any
 
 from celery_durable.engine.admin.reruns import emit_state
 from celery_durable.engine.admin.superseded import SupersededStep, live_versions, superseded_of, with_parts
+from celery_durable.engine.documents.model import payload_of
 from celery_durable.engine.documents.schema import (
     EXEC_ID,
     PENDING_OP,
@@ -23,7 +24,9 @@ from celery_durable.engine.documents.schema import (
     StepKind,
     result_id,
     signal_outcome_id,
+    task_id_of,
 )
+from celery_durable.errors import CorruptDocument
 from celery_durable.stores.base import CORRUPT_KEY, Doc
 
 __all__ = [
@@ -225,7 +228,7 @@ def _step(marker: Doc, by_id: dict[str, Doc], run: int) -> StepRecord:
         state=state,
         attempts=_int(out.get("attempts", marker.get("attempts")), 0) or None,
         # a local activity runs in the drive (no task); a signal sent names its target
-        task_id="local" if marker.get("local") else _str(marker.get("task_id")),
+        task_id="local" if marker.get("local") else task_id_of(marker) if kind == StepKind.ACTIVITY else None,
         child_id=_str(marker.get("child_id")) or _str(out.get("child_id")) or _str(marker.get("target")),
         scheduled_at=_num(marker.get("created_at")),
         started_at=_num(marker.get("started_at")),
@@ -265,6 +268,14 @@ def _op_order(doc: Doc) -> str:
     return str(doc.get("id"))  # op:<n>, zero-padded: the order they were recorded in
 
 
+def _payload(ex: Mapping[str, Any], by_id: Mapping[str, Doc]) -> Any:
+    """The run's input as stored (inline or in its input document); ``None`` when that is missing."""
+    try:
+        return payload_of(ex, by_id)
+    except CorruptDocument:
+        return None
+
+
 def describe_docs(ex: Mapping[str, Any], docs: list[Doc]) -> ExecutionDetail:
     """The timeline of the current run from a partition's documents (malformed ones flagged)."""
     summary = summary_of(ex)
@@ -289,7 +300,7 @@ def describe_docs(ex: Mapping[str, Any], docs: list[Doc]) -> ExecutionDetail:
     steps.sort(key=lambda s: s.seq)
     return ExecutionDetail(
         summary=summary,
-        payload=ex.get("payload"),
+        payload=_payload(ex, by_id),
         result=ex.get("result"),
         error=ex.get("error") if isinstance(ex.get("error"), dict) else None,
         steps=tuple(steps),

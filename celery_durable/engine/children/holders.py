@@ -13,9 +13,10 @@ from typing import Any
 from celery_durable.codecs import same_json
 from celery_durable.engine.admin.reruns import rerun_count
 from celery_durable.engine.dispatcher import ChildRequest
-from celery_durable.engine.documents.model import CANCELLED, COMPLETED, marker_id, result_id, run_of
+from celery_durable.engine.documents.model import CANCELLED, COMPLETED, marker_id, payload_of, result_id, run_of
 from celery_durable.engine.documents.records import ExecDoc, is_terminal
 from celery_durable.engine.documents.schema import CANCELLED_BY_PARENT
+from celery_durable.errors import CorruptDocument
 from celery_durable.stores.base import Doc
 
 __all__ = [
@@ -42,18 +43,24 @@ def is_child_of(child: ExecDoc, parent_id: str, run: int, seq: int) -> bool:
         return False
 
 
-def joinable(child: ExecDoc, req: ChildRequest) -> bool:
+def joinable(child: ExecDoc, req: ChildRequest, inputs: Mapping[str, Mapping[str, Any]] | None = None) -> bool:
     """Whether step ``req`` may join ``child``: this parent's child (of any step or run, not a
     fence) of the same workflow and input. Another input would silently give the step a result
-    computed from other arguments (as Stripe refuses a reused idempotency key): refused instead."""
+    computed from other arguments (as Stripe refuses a reused idempotency key): refused instead.
+    ``inputs``: the child's input document, when its input is one (``payload_at``); missing, the
+    input cannot be compared and the step does not join."""
     link = child.get("parent")
-    return (
+    if not (
         isinstance(link, dict)
         and link.get("pk") == req.parent_id
         and not is_fence(child)
         and child.get("workflow") == req.workflow
-        and same_json(child.get("payload"), req.payload)
-    )
+    ):
+        return False
+    try:
+        return same_json(payload_of(child, inputs or {}), req.payload)
+    except CorruptDocument:
+        return False
 
 
 def joiners_of(child: ExecDoc) -> list[dict[str, Any]]:

@@ -84,7 +84,7 @@ class Children:
         if not eng.create_execution(req.workflow, req.payload, req.child_id, parent):
             existing = maybe_exec(eng.store.read(req.child_id, EXEC_ID))
             if existing is not None and not is_child_of(existing, req.parent_id, req.run, req.seq):
-                if joinable(existing, req):
+                if joinable(existing, req, self._input_of(existing)):
                     return self._join(req, existing)
                 self._refuse_taken(req, existing)
                 return False
@@ -101,6 +101,14 @@ class Children:
             except UnknownWorkflowError:
                 pass
         return True
+
+    def _input_of(self, child: ExecDoc) -> dict[str, Doc]:
+        """The child's input document, when its input is one (a read; none when inline)."""
+        ref = child.get("payload_at")
+        if not isinstance(ref, str):
+            return {}
+        doc = self.engine.store.read(str(child["pk"]), ref)
+        return {} if doc is None else {ref: doc}
 
     def _refuse_taken(self, req: ChildRequest, holder: ExecDoc) -> None:
         """Fail the parent's child step: its id is held by ``holder``, not this step's child.
@@ -146,7 +154,7 @@ class Children:
         for _ in range(20):
             if current is None:
                 return False  # gone (purged) meanwhile: recovery starts it again
-            if not joinable(current, req):
+            if not joinable(current, req, self._input_of(current)):
                 self._refuse_taken(req, current)
                 return False
             if is_terminal(current):
@@ -297,7 +305,7 @@ class Children:
             # the id is held by another execution: joined if it is this parent's same child,
             # else the step fails (never cancelled); a join left undone stays due
             if self._child_unwanted(req) is None:
-                if not joinable(child, req):
+                if not joinable(child, req, self._input_of(child)):
                     self._refuse_taken(req, child)
                 elif not self._join(req, child):
                     return

@@ -176,6 +176,7 @@ def _exec(doc: Doc) -> None:
     for key in ("run", "steps", "wakeups", "drives", "continued", "signal_seq"):
         _field(doc, key, int)
     _field(doc, "payload", dict)
+    _field(doc, "payload_at", str)
     _field(doc, "cancel_requested", bool)
     lease = _field(doc, "lease", dict)
     if lease is not None:
@@ -195,6 +196,13 @@ def _exec(doc: Doc) -> None:
     signals = _field(doc, "signals", list)
     if signals is not None and not all(isinstance(s, str) for s in signals):
         raise ValueError("'signals' must be a list of names")
+
+
+def _input(doc: Doc) -> None:
+    payload = _field(doc, "payload", dict, required=True)
+    _field(payload, "args", list)
+    _field(payload, "kwargs", dict)
+    _field(doc, "run", int)
 
 
 def _step(doc: Doc) -> None:
@@ -253,6 +261,8 @@ def _checker(doc_id: str) -> Any:
         return _signal
     if doc_id.startswith(SIGNAL_VALUE_PREFIX):
         return _signal_value
+    if head.startswith("in") and (head == "in" or head[2:].isdigit()):
+        return _input
     if doc_id.startswith(SIGNAL_MARK_PREFIX):
         return _signal_mark
     if is_step_id(doc_id):

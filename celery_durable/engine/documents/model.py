@@ -5,6 +5,7 @@ Ids, statuses and due kinds are defined in :mod:`.schema` (re-exported here).
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import threading
@@ -19,13 +20,16 @@ from celery_durable.engine.documents.records import lease_of, run_of
 from celery_durable.engine.documents.schema import (
     EXEC_ID,
     TERMINAL,
+    DocType,
     DueKind,
     Status,
+    input_id,
     marker_id,
     parse_step_id,
     result_id,
     signal_id,
 )
+from celery_durable.errors import CorruptDocument
 from celery_durable.settings import Settings
 from celery_durable.stores.base import Doc, strip_reserved
 
@@ -33,6 +37,9 @@ __all__ = [
     "run_of",
     "Attempt",
     "new_exec_doc",
+    "split_payload",
+    "payload_of",
+    "INLINE_PAYLOAD",
     "EXEC_ID",
     "RUNNING",
     "COMPLETED",
@@ -123,8 +130,13 @@ def worker_identity() -> str:
 
 
 def settled(doc: Mapping[str, Any]) -> Doc:
-    """A copy to write back with no lease and out of every scan (the step or exec is done)."""
-    return strip_reserved(doc) | {"lease": None, "due_kind": None, "due_at": None}
+    """A copy to write back with no lease and out of every scan (the step or exec is done): the
+    fields go rather than hold ``null`` (a settled marker is written with every step; a missing
+    field reads as ``None`` everywhere: ``doc.get``, the stores' due columns and queries)."""
+    doc = strip_reserved(doc)
+    for key in ("lease", "due_kind", "due_at"):
+        doc.pop(key, None)
+    return doc
 
 
 def lease_live(doc: Mapping[str, Any], now: float) -> bool:
@@ -171,3 +183,42 @@ def new_exec_doc(
     }
     doc.update(fields)
     return doc
+
+
+#: An input up to this many characters of compact JSON rides in the exec document; a larger one
+#: is a document of its own (``in:payload``), written once per run. Why: every step rewrites the
+#: exec, and a copy of the input in each rewrite costs what its size costs (on Cosmos ~5.5 RU per
+#: KB written, bench/cosmos_ru.py; on PostgreSQL a row version that size). Below this a Cosmos
+#: write of the exec costs its minimum anyway, and a start writes one document, not two.
+INLINE_PAYLOAD = 512
+
+
+def split_payload(ex: Mapping[str, Any]) -> tuple[Doc, Doc | None]:
+    """``ex`` with its ``payload`` moved into its run's input document when larger than
+    :data:`INLINE_PAYLOAD` (``payload_at`` names it), and that document; ``None``: inline."""
+    doc = dict(ex)
+    payload = doc.get("payload")
+    if not isinstance(payload, dict):
+        return doc, None
+    if len(json.dumps(payload, separators=(",", ":"), ensure_ascii=False)) <= INLINE_PAYLOAD:
+        doc.pop("payload_at", None)  # a continued run's small input: back inline
+        return doc, None
+    run = run_of(doc)
+    ref = input_id(run)
+    del doc["payload"]
+    doc["payload_at"] = ref
+    return doc, {"pk": doc["pk"], "id": ref, "type": DocType.INPUT.value, "run": run, "payload": payload}
+
+
+def payload_of(ex: Mapping[str, Any], docs: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The run's input ``{"args", "kwargs"}``: the exec's own, or the document it names among
+    ``docs`` (its partition). :class:`CorruptDocument` when that document is missing."""
+    ref = ex.get("payload_at")
+    if not isinstance(ref, str):
+        payload = ex.get("payload")
+        return payload if isinstance(payload, dict) else {}
+    doc = docs.get(ref)
+    payload = None if doc is None else doc.get("payload")
+    if not isinstance(payload, dict):
+        raise CorruptDocument(f"execution {ex.get('pk')!r}: its input document {ref!r} is missing")
+    return payload

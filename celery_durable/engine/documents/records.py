@@ -135,7 +135,10 @@ class ExecDoc(_Due, total=False):
     #: a fresh token per creation of the id (engine/drive/partition_cache.py)
     incarnation: str
     generation: int
+    #: the run's input ``{"args", "kwargs"}``, or instead ``payload_at``: the id of the document
+    #: holding it (a large input is written once, not with every step: model.split_payload)
     payload: dict[str, Any]
+    payload_at: str
     parent: ParentRef | None
     #: other executions' steps joined to this one (a parent that attached to an existing child)
     joiners: list[ParentRef]
@@ -394,6 +397,14 @@ class EffectIndexDoc(_Doc, total=False):
     touched_at: float
 
 
+class InputDoc(_Doc, total=False):
+    """``in:payload`` (``in2:payload`` in run 2): a run's input too large to ride in the exec,
+    written once with the run (``model.split_payload``)."""
+
+    run: int
+    payload: dict[str, Any]
+
+
 class EffectIntentDoc(_Due, total=False):
     """``fxi:{effect_id}``: an enqueue waiting for admission into its lane, in the caller's partition."""
 
@@ -423,6 +434,7 @@ FIELDS: dict[str, frozenset[str]] = {
         "seal_key": SealKeyDoc,
         "effect_index": EffectIndexDoc,
         "effect_intent": EffectIntentDoc,
+        "input": InputDoc,
     }.items()
 }
 
@@ -445,6 +457,7 @@ KINDS: dict[str, str] = {
     "effect": "lane_row",
     "effect_index": "effect_index",
     "effect_intent": "effect_intent",
+    DocType.INPUT: "input",
 }
 
 

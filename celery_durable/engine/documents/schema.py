@@ -44,6 +44,9 @@ __all__ = [
     "signal_outcome_id",
     "parse_step_id",
     "run_prefixes",
+    "input_id",
+    "activity_task_id",
+    "task_id_of",
     "is_step_id",
     "SIGNAL_VALUE_PREFIX",
     "SIGNAL_MARK_PREFIX",
@@ -93,6 +96,8 @@ class DocType(StrEnum):
     OPERATION = "operation"
     #: the rest of an operation's archive of forgotten steps (``op:<n>.<k>``: engine/admin/oplog.py)
     OPERATION_PART = "operation_part"
+    #: a run's input when too large to ride in the exec (``in:payload``: model.split_payload)
+    INPUT = "input"
 
 
 class Status(StrEnum):
@@ -209,9 +214,29 @@ def parse_step_id(doc_id: str) -> tuple[int, int]:
     return int(head[1:] or 0), int(tail)
 
 
+def activity_task_id(execution_id: str, run: int, seq: int) -> str:
+    """The Celery task id of activity step ``seq`` of run ``run``: ``<id>:<seq>``, ``<id>:<run>:<seq>``."""
+    return f"{execution_id}:{run}:{seq}" if run else f"{execution_id}:{seq}"
+
+
+def task_id_of(marker: Mapping[str, Any]) -> str:
+    """An activity marker's task id: derived (:func:`activity_task_id`; not stored since the
+    marker is rewritten with each step, bench/cosmos_ru.py), or as an older marker recorded it."""
+    recorded = marker.get("task_id")
+    if isinstance(recorded, str):
+        return recorded
+    run = marker.get("run")
+    return activity_task_id(str(marker["pk"]), run if isinstance(run, int) else 0, int(marker["seq"]))
+
+
+def input_id(run: int = 0) -> str:
+    """``in:payload`` (run 0), ``in2:payload`` (run 2): a run's input kept apart from the exec."""
+    return f"in{_run(run)}:payload"
+
+
 def run_prefixes(run: int) -> tuple[str, ...]:
-    """Id prefixes of the step, outcome and signal decision documents of one run."""
-    return (f"s{_run(run)}:", f"r{_run(run)}:", f"w{_run(run)}:", f"sig{_run(run)}:")
+    """Id prefixes of the step, outcome, signal decision and input documents of one run."""
+    return (f"s{_run(run)}:", f"r{_run(run)}:", f"w{_run(run)}:", f"sig{_run(run)}:", f"in{_run(run)}:")
 
 
 def is_step_id(doc_id: str) -> bool:

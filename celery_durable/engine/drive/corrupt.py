@@ -33,6 +33,8 @@ def parent_link(ex: Mapping[str, Any]) -> dict[str, Any] | None:
 def _salvaged(ex: Mapping[str, Any]) -> Doc:
     """A malformed exec reduced to the fields we can trust, its old body kept for inspection."""
     kept: Doc = {k: ex[k] for k in ("pk", "id", "type", "created_at", "payload") if k in ex}
+    if isinstance(ex.get("payload_at"), str):  # its input document stays: still named
+        kept["payload_at"] = ex["payload_at"]
     kept.update(workflow=ex["workflow"] if isinstance(ex.get("workflow"), str) else "?", parent=parent_link(ex))
     kept.update(run=ex["run"] if isinstance(ex.get("run"), int) and not isinstance(ex["run"], bool) else 0)
     return kept | {"malformed": ex}

@@ -42,6 +42,7 @@ from celery_durable.engine.documents.model import (
     marker_id,
     run_of,
     settled,
+    split_payload,
 )
 from celery_durable.engine.documents.records import ExecDoc, count_of, holder_of, is_terminal
 from celery_durable.engine.documents.search import apply_updates as apply_search_updates
@@ -83,7 +84,7 @@ class _Drive:
     release: list[int]
     trust_cache: float
     eager: bool
-    known: Doc | None
+    known: Mapping[str, Doc] | None
     tokens: Mapping[int, str | None] | None
     me: str
     holding: bool = False
@@ -159,7 +160,7 @@ class Driver:
         release: Sequence[int] = (),
         trust_cache: float = 0.0,
         eager: bool = False,
-        known: Doc | None = None,
+        known: Mapping[str, Doc] | None = None,
         tokens: Mapping[int, str | None] | None = None,
     ) -> DriveOutcome:
         """Drive once to a suspension or an end; ``carry`` are documents to record with it, and
@@ -177,8 +178,8 @@ class Driver:
         is left to a worker: "declined", nothing written. Why so narrow: the caller may be a web
         process, and it may run other code than the workers (a deploy in progress); what it
         commits is what a worker would replay.
-        The live instance is not kept: the next drive lands on a worker. ``known``: the exec
-        document ``start()`` just created, the whole partition as far as it knows: the first
+        The live instance is not kept: the next drive lands on a worker. ``known``: the
+        documents ``start()`` just created (the exec and its input), the whole partition as far as it knows: the first
         round reads nothing (its commit is conditional on that exec's etag and creates the new
         steps' documents, so anything else there only costs a conflict and a second round).
         ``tokens``: step -> the token of the marker the carried outcome's attempt began on; an
@@ -226,7 +227,7 @@ class Driver:
         eng = self.engine
         try:
             if round_ == 0 and d.known is not None:
-                cached: Partition | None = Partition({EXEC_ID: d.known})
+                cached: Partition | None = Partition(dict(d.known))
             else:
                 cached = eng.cache.peek(d.execution_id, d.trust_cache) if round_ == 0 and d.trust_cache else None
             docs = cached if cached is not None else eng.cache.load(d.execution_id)
@@ -455,6 +456,9 @@ class Driver:
                 due_kind=DUE_EXEC,
                 due_at=now + eng.settings.drive_timeout,
             )
+            new_ex, input_doc = split_payload(new_ex)  # the new run's input: inline or its own
+            if input_doc is not None:
+                ops.append(Op.upsert(input_doc))
         elif replay.kind in (ReplayKind.COMPLETED, ReplayKind.FAILED, ReplayKind.CANCELLED):
             status = {ReplayKind.COMPLETED: COMPLETED, ReplayKind.FAILED: FAILED, ReplayKind.CANCELLED: CANCELLED}[
                 replay.kind

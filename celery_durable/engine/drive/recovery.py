@@ -37,6 +37,7 @@ from celery_durable.engine.documents.model import (
     settled,
 )
 from celery_durable.engine.documents.records import count_of, is_terminal
+from celery_durable.engine.documents.schema import task_id_of
 from celery_durable.errors import ConflictError, CorruptDocument
 from celery_durable.stores.base import DueRef, find_inner, strip_reserved
 from celery_durable.stores.offload.chunk_gc import collect_chunks
@@ -196,7 +197,7 @@ class Recovery:
                 name=str(marker["name"]),
                 args=list(payload.get("args", [])),
                 kwargs=dict(payload.get("kwargs", {})),
-                task_id=str(marker.get("task_id") or f"{pk}:{seq}"),
+                task_id=task_id_of(marker),
                 workflow=str((ex or {}).get("workflow", "")),
                 run=run,
                 token=marker_token(marker),

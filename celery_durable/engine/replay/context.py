@@ -32,6 +32,7 @@ from celery_durable.engine.documents.checks import check_workflow_id, pending_si
 from celery_durable.engine.documents.model import DUE_ACTIVITY, DUE_CHILD, DUE_CLOCK, marker_id, result_id
 from celery_durable.engine.documents.records import count_of
 from celery_durable.engine.documents.schema import (
+    activity_task_id,
     child_execution_id,
     default_effect_id,
     signal_outcome_id,
@@ -353,13 +354,12 @@ class WorkflowContext:
             return DurableFuture(self, seq, name, codec.result)
         if marker is None:
             payload = codec.encode_args(args, kwargs)
-            task_id = f"{self.execution_id}:{self.run}:{seq}" if self.run else f"{self.execution_id}:{seq}"
+            task_id = activity_task_id(self.execution_id, self.run, seq)  # derived: not stored (task_id_of)
             self._marker(
                 seq,
                 "activity",
                 name,
                 input=payload,
-                task_id=task_id,
                 attempts=0,
                 due_kind=DUE_ACTIVITY,
                 due_at=self.now + self.activity_queue_timeout,

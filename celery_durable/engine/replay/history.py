@@ -18,7 +18,7 @@ from typing import Any
 from celery_durable.engine.activities.delivery import stamped
 from celery_durable.engine.admin.reruns import rerun_count
 from celery_durable.engine.dispatcher import AdmitRequest, CancelRequest, Send
-from celery_durable.engine.documents.model import DUE_ACTIVITY, DUE_CHILD, DUE_CLOCK, error_info, run_of
+from celery_durable.engine.documents.model import DUE_ACTIVITY, DUE_CHILD, DUE_CLOCK, error_info, payload_of, run_of
 from celery_durable.engine.documents.records import ExecDoc, count_of
 from celery_durable.engine.outcomes import ReplayKind
 from celery_durable.engine.registry import Registry, WorkflowDef
@@ -114,7 +114,9 @@ def replay(
         resets=rerun_count(ex),
     )
     try:
-        args, kwargs = wf.codec.decode_args(ex.get("payload") or {})
+        args, kwargs = wf.codec.decode_args(payload_of(ex, history))
+    except CorruptDocument as exc:  # its input document is missing
+        return Replay(ReplayKind.FAILED, error=error_info(exc))
     except (PayloadValidationError, TypeError, AttributeError) as exc:
         err = CorruptDocument(f"stored payload of {ex['pk']!r} cannot be decoded: {exc}")
         return Replay(ReplayKind.FAILED, error=error_info(err))
