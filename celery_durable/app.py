@@ -11,7 +11,14 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 from celery import Celery
 
 from celery_durable import workflow as _wf
-from celery_durable.engine.admin.operator import Admin, ExecutionDetail, ExecutionPage, PurgeReport, StepRecord
+from celery_durable.engine.admin.operator import (
+    Admin,
+    ExecutionDetail,
+    ExecutionPage,
+    ExecutionSummary,
+    PurgeReport,
+    StepRecord,
+)
 from celery_durable.engine.core import Engine
 from celery_durable.engine.documents.checks import check_workflow_id
 from celery_durable.engine.documents.model import TERMINAL
@@ -427,11 +434,13 @@ class Durable:
         progress: Callable[[PurgeReport], None] | None = None,
         by: str | None = None,
         reason: str | None = None,
+        matched: Callable[[ExecutionSummary], None] | None = None,
     ) -> PurgeReport:
         """Delete executions that ended more than ``older_than`` (seconds or a timedelta) ago; each
-        leaves a ``purged`` record (who, when, ``reason``) that ``describe`` quotes."""
+        leaves a ``purged`` record (who, when, ``reason``) that ``describe`` quotes. ``matched``
+        gets each execution found to purge (with ``dry_run``: what a purge would delete now)."""
         seconds = older_than.total_seconds() if isinstance(older_than, timedelta) else float(older_than)
-        return self.admin.purge(seconds, dry_run=dry_run, progress=progress, by=by, reason=reason)
+        return self.admin.purge(seconds, dry_run=dry_run, progress=progress, by=by, reason=reason, matched=matched)
 
     # --- the in-workflow API, also reachable as durable.<name> ---------------------------
 

@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from typing import Any
 
 import click
 
 from celery_durable.app import Durable
+from celery_durable.cli import json_out
 from celery_durable.cli import operator_actions as cli_ops
 from celery_durable.cli import render as cli_render
+from celery_durable.cli.context import durable_of
 from celery_durable.cli.render import print_table
+from celery_durable.engine.admin import wording
 from celery_durable.engine.admin.operator import (
     ExecutionDetail,
     ExecutionSummary,
@@ -39,17 +41,16 @@ from celery_durable.stores.search import parse_pairs
 
 __all__ = ["durable", "parse_age"]
 
-_AGE = re.compile(r"^(\d+(?:\.\d+)?)([smhdw]?)$")
-_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _STATUSES = [str(s) for s in Status]
+_JSON = click.option("--json", "as_json", is_flag=True, help="print the outcome as JSON (destructive: with --yes)")
 
 
 def parse_age(text: str) -> float:
-    """``90s``, ``15m``, ``2h``, ``7d``, ``1w`` (or plain seconds) → seconds."""
-    m = _AGE.match(text.strip())
-    if not m:
-        raise click.BadParameter(f"{text!r} is not an age like 30s, 15m, 2h, 7d or 1w")
-    return float(m.group(1)) * _UNITS[m.group(2)]
+    """``90s``, ``15m``, ``2h``, ``7d``, ``1w`` (or plain seconds) → seconds (bad: exit 2)."""
+    try:
+        return wording.parse_age(text)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
 
 
 def _age_option(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
@@ -81,11 +82,7 @@ class _Group(click.Group):
 
 
 def _durable(ctx: click.Context) -> Durable:
-    root = ctx.find_root()
-    app = getattr(root.obj, "app", None) if root.obj is not None else None
-    if app is None:
-        raise click.ClickException("no Celery app: run it as `celery -A proj durable …`")
-    return Durable.of(app)
+    return durable_of(ctx)
 
 
 def _describe(d: Durable, execution_id: str) -> ExecutionDetail:
@@ -155,7 +152,7 @@ def list_(
             break
     if as_json:
         for r in rows:
-            click.echo(json.dumps(_summary(r)))
+            json_out.echo(_summary(r), indent=None)
     elif not rows:
         click.echo("no executions")
     else:
@@ -200,7 +197,7 @@ def show(ctx: click.Context, execution_id: str, as_json: bool) -> None:
             }
             | cli_ops.json_fields(info)
         )
-        click.echo(json.dumps(_jsonable(data), indent=2))
+        json_out.echo(data)
         return
     click.echo(f"execution  {_cell(s.id)}")
     click.echo(f"workflow   {_cell(s.workflow)}")
@@ -258,20 +255,24 @@ def show(ctx: click.Context, execution_id: str, as_json: bool) -> None:
 @click.argument("execution_id")
 @click.option("--step", type=int, required=True, help="the first step to run again")
 @click.option("--reason", default=None, help="recorded with the reset")
-@click.option("--yes", is_flag=True)
+@click.option("--yes", is_flag=True, help="do not ask for confirmation")
+@_JSON
 @click.pass_context
-def reset(ctx: click.Context, execution_id: str, step: int, reason: str | None, yes: bool) -> None:
+def reset(ctx: click.Context, execution_id: str, step: int, reason: str | None, yes: bool, as_json: bool) -> None:
     """Re-run a failed or cancelled execution from step STEP (earlier steps keep their outcomes)."""
+    json_out.needs_yes(as_json, yes)
     d = _durable(ctx)
     info = _describe(d, execution_id)
     if not yes:
         head = f"{execution_id} is {info.summary.status}: forget its steps from {step} on and run them again?"
         click.confirm(prompt(d.admin, execution_id, "reset", head, step), abort=True)
     try:
-        _reran(d.admin.reset(execution_id, step, by=actor(), reason=reason))
+        steps = d.admin.reset(execution_id, step, by=actor(), reason=reason)
     except OperationRefused as exc:
         raise click.ClickException(str(exc)) from exc
-    click.echo(f"reset to step {step}")
+    _done({"id": execution_id, "action": "reset", "step": step, "status_before": info.summary.status}, steps, as_json)
+    if not as_json:
+        click.echo(f"reset to step {step}")
 
 
 def _json(value: Any) -> str:
@@ -282,8 +283,9 @@ def _json(value: Any) -> str:
 @click.argument("execution_id")
 @click.argument("name")
 @click.argument("value")
+@_JSON
 @click.pass_context
-def signal(ctx: click.Context, execution_id: str, name: str, value: str) -> None:
+def signal(ctx: click.Context, execution_id: str, name: str, value: str, as_json: bool) -> None:
     """Send signal NAME with a JSON VALUE."""
     d = _durable(ctx)
     _describe(d, execution_id)
@@ -299,7 +301,10 @@ def signal(ctx: click.Context, execution_id: str, name: str, value: str) -> None
         raise click.ClickException(str(exc)) from exc
     if not delivered:  # a script must see it: exit status 1, as `durable signal` refusing it
         raise click.ClickException(f"not delivered: execution {execution_id!r} has ended")
-    click.echo("delivered")
+    if as_json:
+        json_out.echo({"id": execution_id, "action": "signal", "name": name, "delivered": True})
+    else:
+        click.echo("delivered")
     try:
         ex = d.engine.store.read(execution_id, "exec")
     except DurableError:
@@ -317,17 +322,27 @@ def signal(ctx: click.Context, execution_id: str, name: str, value: str) -> None
 @click.argument("execution_id")
 @click.option("--yes", is_flag=True, help="do not ask for confirmation")
 @click.option("--reason", default=None, help="recorded with the action")
+@_JSON
 @click.pass_context
-def cancel(ctx: click.Context, execution_id: str, yes: bool, reason: str | None) -> None:
+def cancel(ctx: click.Context, execution_id: str, yes: bool, reason: str | None, as_json: bool) -> None:
     """Request cancellation (compensations run)."""
+    json_out.needs_yes(as_json, yes)
     d = _durable(ctx)
-    _describe(d, execution_id)
+    status = _describe(d, execution_id).summary.status
     if not yes:
         click.confirm(f"cancel {execution_id}?", abort=True)
-    click.echo("cancel requested" if d.engine.cancel(execution_id, by=actor(), reason=reason) else "already finished")
+    requested = d.engine.cancel(execution_id, by=actor(), reason=reason)
+    if as_json:
+        json_out.echo({"id": execution_id, "action": "cancel", "requested": requested, "status_before": status})
+    else:
+        click.echo("cancel requested" if requested else "already finished")
 
 
-def _reran(steps: list[StepRecord]) -> None:
+def _done(what: dict[str, Any], steps: list[StepRecord], as_json: bool) -> None:
+    """What an operation did: the steps that will run again (``--json``: one object)."""
+    if as_json:
+        json_out.echo(what | {"rerun": [{"seq": s.seq, "kind": s.kind, "name": s.name} for s in steps]})
+        return
     for step in steps:
         click.echo(f"step {step.seq} ({step.name}) will run again")
 
@@ -336,66 +351,82 @@ def _reran(steps: list[StepRecord]) -> None:
 @click.argument("execution_id")
 @click.option("--yes", is_flag=True, help="do not ask for confirmation (failed or cancelled executions)")
 @click.option("--reason", default=None, help="recorded with the action")
+@_JSON
 @click.pass_context
-def resume(ctx: click.Context, execution_id: str, yes: bool, reason: str | None) -> None:
+def resume(ctx: click.Context, execution_id: str, yes: bool, reason: str | None, as_json: bool) -> None:
     """Drive a running execution now (after a deploy that registers its workflow, say), or reopen
     a failed one on its recorded history, or withdraw the cancellation of a cancelled one."""
     d = _durable(ctx)
     status = _describe(d, execution_id).summary.status
     if status == Status.COMPLETED:
         raise click.ClickException(f"{execution_id} is completed; nothing to resume")
+    if status != Status.RUNNING:
+        json_out.needs_yes(as_json, yes)
     if status != Status.RUNNING and not yes:
         what = "forget its cancellation and compensations" if status == Status.CANCELLED else "reopen it"
         click.confirm(prompt(d.admin, execution_id, "resume", f"{execution_id} is {status}: {what}?"), abort=True)
-    _reran(d.resume(execution_id, by=actor(), reason=reason))
-    click.echo("drive sent" if status == Status.RUNNING else "resumed")
+    steps = d.resume(execution_id, by=actor(), reason=reason)
+    _done({"id": execution_id, "action": "resume", "status_before": status}, steps, as_json)
+    if not as_json:
+        click.echo("drive sent" if status == Status.RUNNING else "resumed")
 
 
 @durable.command()
 @click.argument("execution_id")
-@click.option("--yes", is_flag=True)
+@click.option("--yes", is_flag=True, help="do not ask for confirmation")
 @click.option("--reason", default=None, help="recorded with the action")
+@_JSON
 @click.pass_context
-def retry(ctx: click.Context, execution_id: str, yes: bool, reason: str | None) -> None:
+def retry(ctx: click.Context, execution_id: str, yes: bool, reason: str | None, as_json: bool) -> None:
     """Restart a failed execution from its failed step (the step runs again)."""
+    json_out.needs_yes(as_json, yes)
     d = _durable(ctx)
     status = _describe(d, execution_id).summary.status
     if status != Status.FAILED:
         raise click.ClickException(f"{execution_id} is {status}, not failed")
     if not yes:
         click.confirm(prompt(d.admin, execution_id, "retry", f"retry {execution_id} from its failed step?"), abort=True)
-    _reran(d.retry(execution_id, by=actor(), reason=reason))
-    click.echo("retrying")
+    steps = d.retry(execution_id, by=actor(), reason=reason)
+    _done({"id": execution_id, "action": "retry", "status_before": status}, steps, as_json)
+    if not as_json:
+        click.echo("retrying")
 
 
 @durable.command()
 @click.option("--older-than", required=True, callback=_age_option, help="finished before this age ago (e.g. 30d)")
-@click.option("--dry-run", is_flag=True, help="only count what would be deleted")
+@click.option("--dry-run", is_flag=True, help="only list what would be deleted")
 @click.option("--reason", default=None, help="recorded with each purge")
-@click.option("--yes", is_flag=True)
+@click.option("--yes", is_flag=True, help="do not ask for confirmation")
+@_JSON
 @click.pass_context
-def purge(ctx: click.Context, older_than: float, dry_run: bool, reason: str | None, yes: bool) -> None:
+def purge(ctx: click.Context, older_than: float, dry_run: bool, reason: str | None, yes: bool, as_json: bool) -> None:
     """Delete finished executions (all their documents) that ended more than an age ago."""
+    if not dry_run:
+        json_out.needs_yes(as_json, yes)
     d = _durable(ctx)
-    plan = d.purge(older_than, dry_run=True)
-    matched = plan.matched
-    if not matched:
-        click.echo("nothing to purge")
-        return
+    found: list[ExecutionSummary] = []
+    plan = d.purge(older_than, dry_run=True, matched=found.append)
     if dry_run:
-        click.echo(f"would purge {matched - plan.skipped}")
-        for why in plan.kept:
-            click.echo(f"  {_cell(why)}")
+        _would_purge(plan, found, as_json)
+        return
+    if not plan.matched:
+        if as_json:
+            json_out.echo(_purged(plan))
+        else:
+            click.echo("nothing to purge")
         return
     if not yes:
-        click.confirm(f"delete {matched} finished execution(s)?", abort=True)
+        click.confirm(f"delete {plan.matched} finished execution(s)?", abort=True)
     # each execution's documents go in all-or-nothing batches of its own partition (engine.admin)
-    with cli_render.progress("purging", matched) as update:
+    with cli_render.progress("purging", plan.matched, quiet=as_json) as update:
 
         def advance(report: PurgeReport) -> None:
             update(report.purged + report.skipped)
 
         report = d.purge(older_than, progress=advance, by=actor(), reason=reason)
+    if as_json:
+        json_out.echo(_purged(report))
+        return
     click.echo(f"purged {report.purged} ({report.documents} documents)")
     if report.skipped:
         click.echo(f"kept {report.skipped} (the next purge looks again):")
@@ -403,91 +434,31 @@ def purge(ctx: click.Context, older_than: float, dry_run: bool, reason: str | No
             click.echo(f"  {_cell(why)}")
 
 
-@durable.group()
-def outbox() -> None:
-    """Effect outbox rows: list, show, cancel, retry."""
+def _purged(report: PurgeReport) -> dict[str, Any]:
+    return {"action": "purge", "purged": report.purged, "documents": report.documents,
+            "kept": report.skipped, "kept_why": list(report.kept)}  # fmt: skip
 
 
-def _effect_row(info: Any) -> list[str]:
-    return [info.id, info.type, info.key, info.status, f"{info.attempt}/{info.max_attempts}",
-            ts(info.created_at), ts(info.completed_at), (info.last_error or info.reason or "")[:60]]  # fmt: skip
-
-
-_EFFECT_HEADERS = ["EFFECT ID", "TYPE", "KEY", "STATUS", "ATTEMPT", "CREATED", "SETTLED", "LAST ERROR"]
-
-
-@outbox.command(name="list")
-@click.option("--key", required=True, help="the ordering lane to list")
-@click.option("--status", default=None, type=click.Choice(["pending", "running", "succeeded", "failed", "cancelled"]))
-@click.option("--json", "as_json", is_flag=True)
-@click.pass_context
-def outbox_list(ctx: click.Context, key: str, status: str | None, as_json: bool) -> None:
-    """Rows of one key, in order (live, settled within retention, failed)."""
-    d = _durable(ctx)
-    rows = [r for r in d.outbox.rows(key) if status is None or r.status == status]
+def _would_purge(plan: PurgeReport, found: list[ExecutionSummary], as_json: bool) -> None:
+    """``purge --dry-run``: each execution a purge would delete now (and those it would keep)."""
+    rows = [{"id": s.id, "workflow": s.workflow, "status": s.status,
+             "ended_at": s.completed_at or s.updated_at or s.created_at} for s in found]  # fmt: skip
     if as_json:
-        for r in rows:
-            click.echo(json.dumps(r.__dict__, default=str))
+        json_out.echo({"action": "purge", "dry_run": True, "would_purge": rows, "kept_why": list(plan.kept)})
         return
+    if not rows and not plan.kept:
+        click.echo("nothing to purge")
+        return
+    click.echo(f"would purge {len(rows)}")
     if rows:
-        print_table(_EFFECT_HEADERS, [_effect_row(r) for r in rows])
-    else:
-        click.echo("no effects")
-
-
-@outbox.command(name="show")
-@click.argument("effect_id")
-@click.pass_context
-def outbox_show(ctx: click.Context, effect_id: str) -> None:
-    """One effect row, with its payload and last error."""
-    info = _durable(ctx).outbox.get(effect_id)
-    if info is None:
-        raise click.ClickException(f"unknown effect id {effect_id!r}")
-    click.echo(json.dumps(info.__dict__, indent=2, default=str))
-
-
-@outbox.command(name="cancel")
-@click.argument("effect_id", required=False)
-@click.option("--key", default=None, help="cancel the pending/running rows of this key")
-@click.option("--type", "types", multiple=True, help="with --key: only these effect types")
-@click.option("--yes", is_flag=True)
-@click.pass_context
-def outbox_cancel(
-    ctx: click.Context, effect_id: str | None, key: str | None, types: tuple[str, ...], yes: bool
-) -> None:
-    """Cancel one effect by id, or a key's pending and running effects."""
-    if (effect_id is None) == (key is None):
-        raise click.UsageError("give an EFFECT_ID or --key, not both")
-    d = _durable(ctx)
-    if effect_id is not None and d.outbox.get(effect_id) is None:
-        raise click.ClickException(f"unknown effect id {effect_id!r}")
-    if not yes:
-        click.confirm(f"cancel {effect_id or 'the live effects of key ' + str(key)}?", abort=True)
-    n = d.outbox.cancel(effect_id, key=key, types=list(types) or None)
-    click.echo(f"cancelled {n}")
-
-
-@outbox.command(name="retry")
-@click.argument("effect_id")
-@click.option("--yes", is_flag=True)
-@click.pass_context
-def outbox_retry(ctx: click.Context, effect_id: str, yes: bool) -> None:
-    """Run a failed effect again: a new row (id ``<id>:retry<n>``) with the same type, key and
-    payload. The failed row is kept as it is, for the record."""
-    d = _durable(ctx)
-    info = d.outbox.get(effect_id)
-    if info is None:
-        raise click.ClickException(f"unknown effect id {effect_id!r}")
-    if info.status != "failed":
-        raise click.ClickException(f"effect {effect_id} is {info.status}, not failed")
-    if not yes:
-        click.confirm(f"run {info.type} {effect_id} again?", abort=True)
-    n = 1
-    while d.outbox.get(f"{effect_id}:retry{n}") is not None:
-        n += 1
-    new_id = f"{effect_id}:retry{n}"
-    d.outbox.enqueue(info.type, info.payload, key=info.key, effect_id=new_id)
-    click.echo(f"enqueued {new_id}")
+        print_table(
+            ["ID", "WORKFLOW", "STATUS", "ENDED"],
+            [[r["id"], r["workflow"], r["status"], ts(r["ended_at"])] for r in rows],
+        )
+    if plan.kept:
+        click.echo(f"would keep {len(plan.kept)}:")
+    for why in plan.kept:
+        click.echo(f"  {_cell(why)}")
 
 
 @durable.command()
@@ -514,5 +485,7 @@ def ui(
 
 
 from celery_durable.cli.cosmos import cosmos as _cosmos  # noqa: E402 - the `durable cosmos …` subgroup
+from celery_durable.cli.outbox_commands import outbox as _outbox  # noqa: E402 - `durable outbox …`
 
 durable.add_command(_cosmos)
+durable.add_command(_outbox)

@@ -10,10 +10,11 @@ partition key cannot be changed in place; ``check`` says so and points to the mi
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
+from celery_durable.cli import json_out
 from celery_durable.stores.base import find_inner
 from celery_durable.stores.cosmos.migrate import ContainerState, apply_indexing_policy, inspect_container
 from celery_durable.stores.cosmos.provision import PK_MIGRATION
@@ -76,25 +77,42 @@ def check(ctx: click.Context, as_json: bool) -> None:
 @cosmos.command(name="apply-policy")
 @click.option("--dry-run", is_flag=True, help="only show what would change")
 @click.option("--yes", is_flag=True, help="do not ask for confirmation")
+@click.option("--json", "as_json", is_flag=True, help="the outcome as JSON (with --yes or --dry-run)")
 @click.pass_context
-def apply_policy(ctx: click.Context, dry_run: bool, yes: bool) -> None:
+def apply_policy(ctx: click.Context, dry_run: bool, yes: bool, as_json: bool) -> None:
     """Replace the container's indexing policy with the recommended one, in place and online
     (Cosmos re-indexes in the background; the partition key is never changed)."""
+    if not dry_run:
+        json_out.needs_yes(as_json, yes)
     store = _store(ctx)
     before = inspect_container(store)
-    _describe(before)
+    if not as_json:
+        _describe(before)
+    outcome: dict[str, Any] = {"action": "apply-policy", "dry_run": dry_run, "container": before.container}
     if before.policy_is_recommended:
-        click.echo("nothing to do: the indexing policy is the recommended one")
+        _say(as_json, outcome | {"changed": False}, "nothing to do: the indexing policy is the recommended one")
         return
     if dry_run:
-        click.echo("would replace the indexing policy with docs/azure/indexing-policy.json")
+        _say(
+            as_json,
+            outcome | {"changed": False},
+            "would replace the indexing policy with docs/azure/indexing-policy.json",
+        )
         return
     if not yes:
         click.confirm(f"replace the indexing policy of {before.database}/{before.container}?", abort=True)
     _, after = apply_indexing_policy(store)
-    click.echo("indexing policy replaced: Cosmos re-indexes in the background (see the container's metrics)")
+    done = "indexing policy replaced: Cosmos re-indexes in the background (see the container's metrics)"
+    _say(as_json, outcome | {"changed": True, "problems": list(after.problems)}, done)
     if after.problems:
         for problem in after.problems:
             click.echo(f"still a problem: {problem}", err=True)
         click.echo(f"the partition key needs a new container: {PK_MIGRATION}", err=True)
         ctx.exit(1)
+
+
+def _say(as_json: bool, data: dict[str, Any], text: str) -> None:
+    if as_json:
+        json_out.echo(data)
+    else:
+        click.echo(text)

@@ -85,9 +85,10 @@ def print_table(
 
 
 @contextmanager
-def progress(label: str, total: int, stream: IO[str] | None = None) -> Iterator[Any]:
-    """A progress bar on a terminal; yields ``update(done)`` (a no-op when not a terminal)."""
-    if not is_terminal(stream):
+def progress(label: str, total: int, stream: IO[str] | None = None, quiet: bool = False) -> Iterator[Any]:
+    """A progress bar on a terminal; yields ``update(done)`` (a no-op when not a terminal, or
+    ``quiet``: stdout is a JSON document)."""
+    if quiet or not is_terminal(stream):
         yield lambda done: None
         return
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())

@@ -16,7 +16,7 @@ from typing import Any
 from urllib.parse import quote
 
 from celery_durable.engine.admin.operator import ExecutionDetail, StepRecord
-from celery_durable.engine.admin.wording import prompt, ts
+from celery_durable.engine.admin.wording import parse_age, prompt, ts
 from celery_durable.engine.core import Engine
 from celery_durable.engine.documents.records import seq_of
 from celery_durable.engine.documents.schema import TERMINAL, StepKind, marker_id
@@ -43,16 +43,6 @@ __all__ = [
 LABEL_W, PLOT_W, ROW_H = 260, 640, 22
 #: at most this many lanes are read for one execution page
 MAX_LANES = 20
-_AGE = re.compile(r"^(\d+(?:\.\d+)?)([smhdw]?)$")
-_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-
-
-def parse_age(text: str) -> float:
-    """``90s``, ``15m``, ``2h``, ``7d``, ``1w`` (or plain seconds) → seconds (as ``durable list``)."""
-    m = _AGE.match(text.strip())
-    if not m:
-        raise ValueError(f"{text!r} is not an age like 30s, 15m, 2h, 7d or 1w")
-    return float(m.group(1)) * _UNITS[m.group(2)]
 
 
 def exec_url(execution_id: str) -> str:

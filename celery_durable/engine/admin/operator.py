@@ -261,13 +261,15 @@ class Admin:
         page_size: int = 200,
         by: str | None = None,
         reason: str | None = None,
+        matched: Callable[[ExecutionSummary], None] | None = None,
     ) -> PurgeReport:
         """Delete terminal executions that ended more than ``older_than`` seconds ago.
 
         Found through the paged listing (never one read per execution of the store); each
         execution is deleted in batches of its own partition, the exec document last. A child
         whose parent has not been told its outcome yet is kept. ``progress`` gets the running
-        report after each execution. Each purge is recorded (who, when, ``reason``) in its
+        report after each execution; ``matched`` each execution found to purge (``dry_run``: the
+        list of what a purge would delete). Each purge is recorded (who, when, ``reason``) in its
         first batch; one cut between its batches is finished by whoever comes next (purge.py).
         """
         check_purge(OperationRefused, older_than, dry_run, page_size)
@@ -295,6 +297,8 @@ class Admin:
                     if s.status not in TERMINAL or ended is None or ended >= cutoff:
                         continue
                     report = replace(report, matched=report.matched + 1)
+                    if matched is not None:
+                        matched(s)
                     if dry_run:
                         continue
                     try:

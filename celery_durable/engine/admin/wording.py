@@ -4,18 +4,43 @@ action asks before it forgets recorded steps. Shared by the CLI and the web UI (
 from __future__ import annotations
 
 import math
+import re
 from datetime import UTC, datetime
 from typing import Any
 
 from celery_durable.engine.admin.oplog import preview
 from celery_durable.engine.admin.reset import plan_reset
 
-__all__ = ["escape", "prompt", "ts"]
+__all__ = ["escape", "iso", "parse_age", "prompt", "ts"]
 
 
 def escape(text: str) -> str:
     """Control characters (newline, tab, ESC…) as their escapes; printable text unchanged."""
     return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+_AGE = re.compile(r"^(\d+(?:\.\d+)?)([smhdw]?)$")
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_age(text: str) -> float:
+    """``90s``, ``15m``, ``2h``, ``7d``, ``1w`` (or plain seconds) → seconds; ValueError otherwise
+    (the CLI's ``--older-than`` and the UI's filters alike)."""
+    m = _AGE.match(text.strip())
+    if not m:
+        raise ValueError(f"{text!r} is not an age like 30s, 15m, 2h, 7d or 1w")
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+def iso(value: Any) -> Any:
+    """Epoch seconds as an ISO 8601 UTC string (``2026-12-04T20:31:05.120000+00:00``), for JSON
+    output; anything else (``None``, a corrupt non-finite or out-of-range number) as it is."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return value
+    try:
+        return datetime.fromtimestamp(value, UTC).isoformat()
+    except (OverflowError, OSError, ValueError):
+        return value
 
 
 def ts(value: Any) -> str:

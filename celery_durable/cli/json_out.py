@@ -1,0 +1,39 @@
+"""What ``--json`` prints: the fields the tables show, as JSON, with every timestamp (a field
+named ``at`` or ``…_at``) an ISO 8601 UTC string rather than epoch seconds. Each command prints
+one JSON document (``list`` and ``outbox list``: one per line), on stdout, nothing else."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from celery_durable.engine.admin.wording import iso
+
+__all__ = ["echo", "jsonable", "needs_yes"]
+
+
+def _times(value: Any, key: str | None = None) -> Any:
+    if isinstance(value, dict):
+        return {k: _times(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_times(v) for v in value]
+    if key is not None and (key == "at" or key.endswith("_at")):
+        return iso(value)
+    return value
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` as plain JSON (anything else by its ``str``), timestamps as ISO strings."""
+    return _times(json.loads(json.dumps(value, default=str)))
+
+
+def echo(value: Any, *, indent: int | None = 2) -> None:
+    click.echo(json.dumps(jsonable(value), indent=indent))
+
+
+def needs_yes(as_json: bool, yes: bool) -> None:
+    """A script reading ``--json`` cannot answer a prompt: it says ``--yes`` too."""
+    if as_json and not yes:
+        raise click.UsageError("--json needs --yes (a script cannot answer the confirmation)")
