@@ -17,7 +17,9 @@ already holding ``[]``. Celery selects it with ``broker_transport`` while the UR
 from __future__ import annotations
 
 import os
+import threading
 import uuid
+from queue import Empty
 from time import monotonic
 from typing import Any
 
@@ -26,7 +28,19 @@ from kombu.transport import filesystem
 from kombu.utils.encoding import str_to_bytes
 from kombu.utils.json import dumps
 
-__all__ = ["Channel", "Transport"]
+__all__ = ["Channel", "Transport", "stop_waiting"]
+
+#: set while a worker of this process stops (the pytest plugin's ``durable_worker``): a consumer
+#: waiting for a message returns at once instead of after Celery's 2 s ``drain_events`` timeout
+_STOPPING = threading.Event()
+
+
+def stop_waiting(stopping: bool = True) -> None:
+    """Let (``True``) or stop letting consumers of this process return from waiting at once."""
+    if stopping:
+        _STOPPING.set()
+    else:
+        _STOPPING.clear()
 
 
 class Channel(filesystem.Channel):  # type: ignore[misc]
@@ -58,3 +72,27 @@ class Channel(filesystem.Channel):  # type: ignore[misc]
 
 class Transport(filesystem.Transport):  # type: ignore[misc]
     Channel = Channel
+
+    @property
+    def default_connection_params(self) -> dict[str, Any]:
+        # no default hostname: a folder needs none, and kombu's 'localhost' default logs "No
+        # hostname was supplied" at WARNING for every connection of a filesystem:// URL
+        return {"port": self.default_port}
+
+    def drain_events(self, connection: Any, timeout: Any = None, **kwargs: Any) -> Any:
+        """kombu's loop (poll, then sleep ``polling_interval``), with a sleep that
+        :func:`stop_waiting` cuts short: a stopping worker's loop sees its shutdown at once."""
+        cycle: Any = self.cycle
+        started = monotonic()
+        interval = self.polling_interval
+        if timeout and interval and interval > timeout:
+            interval = timeout
+        while True:
+            try:
+                cycle.get(self._deliver, timeout=timeout)
+                return
+            except Empty:
+                if _STOPPING.is_set() or (timeout is not None and monotonic() - started >= timeout):
+                    raise TimeoutError() from None
+                if interval is not None:
+                    _STOPPING.wait(interval)

@@ -110,6 +110,9 @@ def durable_worker(
 ) -> Iterator[DurableWorker]:
     """A real Celery worker on your app, over a filesystem broker and a SQLite store of its own."""
     from celery.contrib.testing.worker import start_worker
+    from celery.worker import state as worker_state
+
+    from celery_durable.glue.filesystem_transport import stop_waiting
 
     folder = tmp_path_factory.mktemp("durable_worker")
     store_url = f"sqlite:///{folder / 'durable.db'}"
@@ -132,8 +135,20 @@ def durable_worker(
     options = {"perform_ping_check": False, "loglevel": "WARNING", **durable_worker_parameters}
     try:
         with start_worker(app, **options) as worker:
-            yield DurableWorker(durable_app, app, worker, store_url, folder / "broker")
+            timer = getattr(worker, "timer", None)
+            if timer is not None:
+                # Celery's timer thread waits up to 1 s on an empty schedule, and its stop()
+                # does not wake it: a no-op entry keeps each wait short, so teardown is quick
+                timer.call_repeatedly(0.05, _tick)
+            try:
+                yield DurableWorker(durable_app, app, worker, store_url, folder / "broker")
+            finally:
+                # what start_worker's exit does before it joins the worker thread, done first, and
+                # the consumer woken: the thread ends now, not after its 2 s wait for a message
+                worker_state.should_terminate = 0
+                stop_waiting()
     finally:
+        stop_waiting(False)
         engine = durable_app.engine_if_built
         durable_app.configure(store=saved_store)
         if engine is not None and engine.store is not saved_store:
@@ -142,6 +157,10 @@ def durable_worker(
             changes.pop(key, None)
         changes.update(saved)
         _reset_connections(app)
+
+
+def _tick() -> None:
+    """The worker timer's keep-awake entry (see ``durable_worker``)."""
 
 
 def _broker_folders(root: Path) -> dict[str, Any]:

@@ -168,3 +168,31 @@ def test_readme_example_runs_under_pytest(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest_subprocess("-p", "no:randomly", "-p", "no:cacheprovider", "-v")
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["*test_onboarding_expires PASSED*", "*test_audit_on_a_worker PASSED*"])
+
+
+@pytest.mark.worker
+def test_the_real_worker_fixture_is_quiet_and_tears_down_in_under_a_second(pytester: pytest.Pytester) -> None:
+    """Failed before: kombu logged "No hostname was supplied" at WARNING for the filesystem://
+    broker, and teardown took ~4 s (Celery's 2 s wait for a message, then its timer's 1 s wait)."""
+    _project(pytester)
+    pytester.makeini("[pytest]\ndurable_app = shop:durable\n")
+    result = pytester.runpytest_subprocess(
+        "-p", "no:randomly", "-p", "no:cacheprovider", "-k", "real_worker", "--durations=0", "-vv",
+        "-o", "log_cli=true", "--log-cli-level=WARNING", timeout=240,
+    )  # fmt: skip
+    result.assert_outcomes(passed=1)
+    assert "No hostname was supplied" not in result.stdout.str() + result.stderr.str()
+    (line,) = [ln for ln in result.stdout.lines if "teardown" in ln and "test_real_worker" in ln]
+    assert float(line.split("s", 1)[0]) < 1.0, line
+
+
+def test_a_filesystem_broker_connection_logs_no_hostname_warning(caplog: pytest.LogCaptureFixture) -> None:
+    """Failed before: every connection of the worker fixture's ``filesystem://`` broker logged
+    kombu's "No hostname was supplied. Reverting to default 'localhost'" at WARNING."""
+    from kombu import Connection
+
+    from celery_durable.contrib.filesystem import Transport
+
+    with caplog.at_level("WARNING", logger="kombu.connection"):
+        info = dict(Connection("filesystem://", transport=Transport).info())
+    assert info["transport"] and not [r for r in caplog.records if "No hostname" in r.getMessage()]
