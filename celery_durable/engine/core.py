@@ -36,6 +36,7 @@ from celery_durable.engine.documents.model import (
     Clock,
     Settings,
     SystemClock,
+    create_with_input,
     new_exec_doc,
     split_payload,
     worker_identity,
@@ -64,7 +65,7 @@ from celery_durable.errors import (
     UnknownWorkflowError,
 )
 from celery_durable.observability import Counters, tracing_configured
-from celery_durable.stores.base import Doc, Op, Store, strip_reserved
+from celery_durable.stores.base import Doc, Store, strip_reserved
 from celery_durable.stores.offload.store import offloaded
 from celery_durable.stores.push.base import READY_TIMEOUT, NoPush, Notifier
 
@@ -225,19 +226,8 @@ class Engine:
         return True
 
     def _create_with_input(self, eid: str, doc: Doc, input_doc: Doc) -> list[str | None] | None:
-        """Create the exec and its input document in one batch (the exec never names an input
-        that is not there); ``None`` when the exec exists. Both create-only: an unconditional
-        write costs the offloading store a read. An input document with no exec (left by nothing
-        the engine writes, but a hand-deleted exec) is overwritten, never joined."""
-        try:
-            return self.store.batch(eid, [Op.create(doc), Op.create(input_doc)])
-        except ConflictError:
-            if self.store.read(eid, EXEC_ID) is not None:
-                return None
-        try:
-            return self.store.batch(eid, [Op.create(doc), Op.upsert(input_doc)])
-        except ConflictError:
-            return None  # created meanwhile
+        """The exec and its input document in one batch (:func:`.model.create_with_input`)."""
+        return create_with_input(self.store, eid, doc, input_doc)
 
     def _eager_drive(self, eid: str, created: dict[str, Doc]) -> bool:
         """The first drive in the caller; False when a worker must drive it (declined, failed).

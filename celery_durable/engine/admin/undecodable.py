@@ -26,7 +26,7 @@ SALVAGE_MAX = 5000
 
 def salvage(store: Store, ex: Doc, failure: str) -> ExecutionDetail:
     """:meth:`describe` of a partition holding an undecodable document (``failure`` says which):
-    the documents of the current run's steps and the signal values, read by id, the
+    the documents of the current run's steps, its input and the signal values, read by id, the
     undecodable ones flagged."""
     summary = summary_of(ex)
     run, steps, sent = summary.run, summary.steps, _int(ex.get("signal_seq"))
@@ -34,6 +34,8 @@ def salvage(store: Store, ex: Doc, failure: str) -> ExecutionDetail:
         f(seq, run) for seq in range(1, min(steps, SALVAGE_MAX) + 1) for f in (marker_id, result_id, wait_decision_id)
     ]
     ids += [f(n) for n in range(1, min(sent, SALVAGE_MAX) + 1) for f in (signal_value_id, signal_mark_id)]
+    if isinstance(ex.get("payload_at"), str):
+        ids.append(str(ex["payload_at"]))  # the run's input, when a document of its own
     docs, bad = _read_tolerant(store, str(ex["pk"]), ids)
     detail = describe_docs(ex, [ex, *docs])
     broken: dict[int, str] = {}

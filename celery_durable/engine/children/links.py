@@ -30,10 +30,12 @@ from celery_durable.engine.documents.model import (
     DUE_EXEC,
     EXEC_ID,
     RUNNING,
+    create_with_input,
     new_exec_doc,
     parse_step_id,
     result_id,
     run_of,
+    split_payload,
 )
 from celery_durable.engine.signals.external import send_signal_again
 from celery_durable.errors import (
@@ -84,7 +86,7 @@ class Children:
         if not eng.create_execution(req.workflow, req.payload, req.child_id, parent):
             existing = maybe_exec(eng.store.read(req.child_id, EXEC_ID))
             if existing is not None and not is_child_of(existing, req.parent_id, req.run, req.seq):
-                if joinable(existing, req, self._input_of(existing)):
+                if self._joinable(existing, req):
                     return self._join(req, existing)
                 self._refuse_taken(req, existing)
                 return False
@@ -102,13 +104,26 @@ class Children:
                 pass
         return True
 
-    def _input_of(self, child: ExecDoc) -> dict[str, Doc]:
-        """The child's input document, when its input is one (a read; none when inline)."""
-        ref = child.get("payload_at")
-        if not isinstance(ref, str):
-            return {}
-        doc = self.engine.store.read(str(child["pk"]), ref)
-        return {} if doc is None else {ref: doc}
+    def _joinable(self, child: ExecDoc, req: ChildRequest) -> bool:
+        """:func:`.holders.joinable`, with the child's input read when it is a document of its
+        own. That read comes after the exec's: a child that continued as new (or was purged)
+        in between has pruned the input read for; the exec is read again and compared anew,
+        never refused for an input that was only gone. A child gone altogether is left to the
+        join, which finds it gone and leaves the step to recovery (it starts the child again)."""
+        for _ in range(5):
+            ref = child.get("payload_at")
+            if not isinstance(ref, str):
+                return joinable(child, req)
+            doc = self.engine.store.read(str(child["pk"]), ref)
+            if doc is not None:
+                return joinable(child, req, {ref: doc})
+            again = maybe_exec(self.engine.store.read(str(child["pk"]), EXEC_ID))
+            if again is None:
+                return True
+            if again.get("_etag") == child.get("_etag"):
+                return joinable(child, req)  # its input is really missing: not comparable, not joined
+            child = again
+        return joinable(child, req)
 
     def _refuse_taken(self, req: ChildRequest, holder: ExecDoc) -> None:
         """Fail the parent's child step: its id is held by ``holder``, not this step's child.
@@ -154,7 +169,7 @@ class Children:
         for _ in range(20):
             if current is None:
                 return False  # gone (purged) meanwhile: recovery starts it again
-            if not joinable(current, req, self._input_of(current)):
+            if not self._joinable(current, req):
                 self._refuse_taken(req, current)
                 return False
             if is_terminal(current):
@@ -243,7 +258,12 @@ class Children:
                 fence=True,
                 parent_notified=True,
             )
-            eng.store.create(fence)
+            # a large input apart, as any exec: a resume of the parent may revive the fence
+            fence, input_doc = split_payload(fence)
+            if input_doc is None:
+                eng.store.create(fence)
+            else:
+                create_with_input(eng.store, str(fence["pk"]), fence, input_doc)
 
     def _child_unwanted(self, req: ChildRequest, fenced: bool = False) -> str | None:
         """Why the parent no longer waits for this child (None: it does). A ``fenced`` child
@@ -305,7 +325,7 @@ class Children:
             # the id is held by another execution: joined if it is this parent's same child,
             # else the step fails (never cancelled); a join left undone stays due
             if self._child_unwanted(req) is None:
-                if not joinable(child, req, self._input_of(child)):
+                if not self._joinable(child, req):
                     self._refuse_taken(req, child)
                 elif not self._join(req, child):
                     return

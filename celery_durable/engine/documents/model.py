@@ -29,15 +29,16 @@ from celery_durable.engine.documents.schema import (
     result_id,
     signal_id,
 )
-from celery_durable.errors import CorruptDocument
+from celery_durable.errors import ConflictError, CorruptDocument
 from celery_durable.settings import Settings
-from celery_durable.stores.base import Doc, strip_reserved
+from celery_durable.stores.base import Doc, Op, Store, strip_reserved
 
 __all__ = [
     "run_of",
     "Attempt",
     "new_exec_doc",
     "split_payload",
+    "create_with_input",
     "payload_of",
     "INLINE_PAYLOAD",
     "EXEC_ID",
@@ -222,3 +223,19 @@ def payload_of(ex: Mapping[str, Any], docs: Mapping[str, Mapping[str, Any]]) -> 
     if not isinstance(payload, dict):
         raise CorruptDocument(f"execution {ex.get('pk')!r}: its input document {ref!r} is missing")
     return payload
+
+
+def create_with_input(store: Store, eid: str, doc: Doc, input_doc: Doc) -> list[str | None] | None:
+    """Create the exec ``doc`` and its input document in one batch (the exec never names an input
+    that is not there); their etags, or ``None`` when the exec exists. Both create-only: an
+    unconditional write costs the offloading store a read. An input document with no exec (left
+    by nothing the engine writes, but a hand-deleted exec) is overwritten, never joined."""
+    try:
+        return store.batch(eid, [Op.create(doc), Op.create(input_doc)])
+    except ConflictError:
+        if store.read(eid, EXEC_ID) is not None:
+            return None
+    try:
+        return store.batch(eid, [Op.create(doc), Op.upsert(input_doc)])
+    except ConflictError:
+        return None  # created meanwhile
