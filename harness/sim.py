@@ -459,7 +459,11 @@ class Sim:
                     eng.activities.retrying(attempt, countdown, exc)
                     self._resend(fl.actor, req, countdown)
                     return
-                eng.activities.complete(attempt, eng.activities.result_doc(attempt, error=exc))
+                # as the glue does (glue/durable_activity.py): a failure for good is recorded
+                # without a replay, Celery reports it, then after_return drives the workflow on;
+                # that drive is a message here, so a lost one (a crash) is recovery's to make up
+                eng.activities.complete(attempt, eng.activities.result_doc(attempt, error=exc), defer=True)
+                fl.actor.dispatcher.send_drive(req.execution_id)
                 return
             eng.activities.complete(attempt, eng.activities.result_doc(attempt, value=value))
         except StoreUnavailable:

@@ -33,6 +33,7 @@ class DriverPort(Protocol):
         trust_cache: float = 0.0,
         *,
         tokens: Mapping[int, str | None] | None = None,
+        defer: bool = False,
     ) -> str: ...
 
     def fail_corrupt(self, execution_id: str, error: Exception) -> None: ...

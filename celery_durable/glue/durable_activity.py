@@ -66,6 +66,20 @@ class DurableActivityTask(Task):  # type: ignore[misc]
             return super().__call__(*args, **kwargs)
         return _run_attempt(self, meta, args, kwargs)
 
+    def after_return(self, *args: Any, **kwargs: Any) -> None:
+        """After Celery reported an attempt that failed for good (task_failure, the ERROR line,
+        the FAILURE state): drive its workflow on, its outcome recorded before (``_run_attempt``).
+        A drive that fails here is the recovery scan's: the exec was left due."""
+        execution_id = getattr(self.request, "durable_drive_after", None)
+        if execution_id is not None:
+            self.request.durable_drive_after = None
+            engine = durable_of(self.app).engine
+            try:
+                eagerly(self, engine, execution_id, lambda: engine.driver.drive(execution_id))
+            except Exception as exc:  # noqa: BLE001 - Celery's own after_return must still run
+                log.warning("drive of %s after a failed activity: %s; the recovery scan drives it", execution_id, exc)
+        super().after_return(*args, **kwargs)
+
     def retry(self, *args: Any, **kwargs: Any) -> Any:
         """Celery's retry, but the step's lease is given back *before* the retry message is
         sent: otherwise the redelivery can arrive while the lease still looks held, and skip."""
@@ -264,24 +278,27 @@ def _run_attempt(task: Task, meta: dict[str, Any], args: tuple[Any, ...], kwargs
         except Exception as exc:  # retries exhausted or not retryable: the workflow decides
             doc = runner.result_doc(attempt, error=exc)
             failed = exc
-    _record(task, attempt, doc, meta)
+    _record(task, attempt, doc, meta, defer=failed is not None)
     if failed is not None:
         # Recorded (never lost to what Celery does next: a result backend or an on_failure hook
         # that fails); now Celery reports it as of any task that failed for good: FAILURE with
         # the exception and its traceback, task_failure, the worker's ERROR line, Flower's Failed
-        # list. Nothing runs again for it: a redelivery finds the step settled.
+        # list. Nothing runs again for it: a redelivery finds the step settled. The workflow is
+        # driven on after that (after_return), so whoever waits for it sees Celery's report first.
+        task.request.durable_drive_after = attempt.execution_id
         raise failed
     return None
 
 
-def _record(task: Task, attempt: Any, doc: dict[str, Any], meta: dict[str, Any]) -> None:
+def _record(task: Task, attempt: Any, doc: dict[str, Any], meta: dict[str, Any], defer: bool = False) -> None:
     """Record ``attempt``'s outcome and drive its workflow on, running the next activity it
-    schedules here (glue/eager_activities.py); a store outage re-delivers the message with the
-    outcome sealed into it (:func:`_outage_retry`, raises ``Retry``)."""
+    schedules here (glue/eager_activities.py); ``defer``: record only (the drive follows in
+    ``after_return``). A store outage re-delivers the message with the outcome sealed into it
+    (:func:`_outage_retry`, raises ``Retry``)."""
     engine = durable_of(task.app).engine
     execution_id, seq = attempt.execution_id, attempt.seq
     try:
-        eagerly(task, engine, execution_id, lambda: engine.activities.complete(attempt, doc))
+        eagerly(task, engine, execution_id, lambda: engine.activities.complete(attempt, doc, defer=defer))
     except StoreUnavailable as exc:
         # Never lose a result to a store outage: re-deliver with the outcome attached, so the
         # next try records it without running the function again.

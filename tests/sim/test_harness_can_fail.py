@@ -8,6 +8,7 @@ the reintroduced bug is a cancel whose write ignores the etag: a lost update.)
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import pytest
 
@@ -127,6 +128,29 @@ def test_an_input_written_apart_from_its_exec_is_caught(monkeypatch: pytest.Monk
     def broken(seed: int) -> SimResult:
         with monkeypatch.context() as m:
             m.setattr(Engine, "_create_with_input", apart)
+            return run_seed(seed, Faults(), ())
+
+    found = first_caught(broken)
+    assert found is not None, f"no violation in {SEEDS} seeds"
+
+
+def test_a_deferred_record_that_leaves_nothing_due_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An activity's failure recorded without a replay (``Driver.drive(defer=True)``: the glue
+    drives after Celery reported it) but the exec not left due: when that drive is lost (a
+    crash), nothing drives the workflow again (engine/drive/driver.py ``_record_deferred``)."""
+    from celery_durable.engine.documents.records import count_of
+    from celery_durable.engine.drive.driver import Driver
+    from celery_durable.engine.outcomes import DriveOutcome
+
+    def undue(self: Driver, d: Any, ex: Doc, docs: dict[str, Doc], carry_new: list[Doc], now: float) -> Any:
+        bumped = strip_reserved(ex) | {"wakeups": count_of(ex, "wakeups") + 1}  # no due_kind/due_at
+        self.engine.store.batch(d.execution_id, self._record_ops(docs, carry_new, d.release, bumped, ex["_etag"]))
+        self.engine.cache.suspect(d.execution_id)
+        return DriveOutcome.DEFERRED
+
+    def broken(seed: int) -> SimResult:
+        with monkeypatch.context() as m:
+            m.setattr(Driver, "_record_deferred", undue)
             return run_seed(seed, Faults(), ())
 
     found = first_caught(broken)

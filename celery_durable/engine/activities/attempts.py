@@ -286,8 +286,9 @@ class ActivityRunner:
             doc.update(ok=False, error=error_info(error, attempts=attempt.number))
         return doc
 
-    def complete(self, attempt: Attempt, result: Doc) -> str:
-        """Record the outcome (first writer wins) and drive the workflow inline."""
+    def complete(self, attempt: Attempt, result: Doc, defer: bool = False) -> str:
+        """Record the outcome (first writer wins) and drive the workflow inline; ``defer``:
+        record it only, the caller drives next (``Driver.drive``)."""
         eng = self.engine
         eng.leases.untrack(attempt)
         ok = result.get("ok")
@@ -307,6 +308,7 @@ class ActivityRunner:
             release=[attempt.seq],
             trust_cache=eng.settings.trust_cache_for,
             tokens={attempt.seq: attempt.token},
+            defer=defer,
         )
 
     def retrying(self, attempt: Attempt, countdown: float, exc: BaseException | None) -> None:

@@ -87,6 +87,8 @@ class _Drive:
     known: Mapping[str, Doc] | None
     tokens: Mapping[int, str | None] | None
     me: str
+    #: record what is carried with an exec bump, no replay (``Driver.drive``'s ``defer``)
+    defer: bool = False
     holding: bool = False
     conflicts: int = 0
     orphan_sends: dict[str, Send] = field(default_factory=dict)
@@ -162,6 +164,7 @@ class Driver:
         eager: bool = False,
         known: Mapping[str, Doc] | None = None,
         tokens: Mapping[int, str | None] | None = None,
+        defer: bool = False,
     ) -> DriveOutcome:
         """Drive once to a suspension or an end; ``carry`` are documents to record with it, and
         ``release`` the steps whose markers they settle (both of the run the documents name: a
@@ -184,8 +187,14 @@ class Driver:
         steps' documents, so anything else there only costs a conflict and a second round).
         ``tokens``: step -> the token of the marker the carried outcome's attempt began on; an
         outcome whose step's marker is now another is dropped (:func:`.delivery.stale_outcomes`).
+        ``defer``: record what is carried (screened as always) with an exec bump that leaves it
+        due, and replay nothing: "deferred". The caller drives it next (an activity that failed
+        for good: after Celery reported the failure, so no waiter sees the workflow end first);
+        if it never does, the recovery scan drives it after ``drive_timeout``.
         """
-        d = _Drive(execution_id, list(carry), list(release), trust_cache, eager, known, tokens, self.engine.identity())
+        d = _Drive(
+            execution_id, list(carry), list(release), trust_cache, eager, known, tokens, self.engine.identity(), defer
+        )
         try:
             for round_ in range(MAX_ROUNDS):
                 outcome = self._round(d, round_)
@@ -217,6 +226,8 @@ class Driver:
         contended = self._contend(d, ex, docs, carry_new, now)
         if contended is not None:
             return contended
+        if d.defer:
+            return self._record_deferred(d, ex, docs, carry_new, now)
         decided = self._decide(d, ex, docs, carry_new, now)
         if isinstance(decided, DriveOutcome):
             return decided
@@ -274,6 +285,27 @@ class Driver:
             return AGAIN
         eng.cache.suspect(d.execution_id)
         return DriveOutcome.TERMINAL
+
+    def _record_deferred(
+        self, d: _Drive, ex: ExecDoc, docs: dict[str, Doc], carry_new: list[Doc], now: float
+    ) -> DriveOutcome | _Again:
+        """``defer``: ours recorded with an exec bump, the exec due (if it was not) for a drive."""
+        eng = self.engine
+        if not carry_new:
+            return DriveOutcome.NOOP
+        bumped = strip_reserved(ex) | {"wakeups": count_of(ex, "wakeups") + 1}
+        if not ex.get("due_kind"):
+            bumped.update(due_kind=DUE_EXEC, due_at=now + eng.settings.drive_timeout)
+        try:
+            eng.store.batch(d.execution_id, self._record_ops(docs, carry_new, d.release, bumped, ex["_etag"]))
+        except ConflictError:
+            eng.cache.suspect(d.execution_id)
+            return AGAIN
+        except DocumentTooLarge as exc:
+            d.carry = _oversized(exc, d.carry)
+            return AGAIN
+        eng.cache.suspect(d.execution_id)
+        return DriveOutcome.DEFERRED
 
     def _contend(
         self, d: _Drive, ex: ExecDoc, docs: dict[str, Doc], carry_new: list[Doc], now: float
