@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from celery_durable import PayloadValidationError
+from celery_durable.engine.documents.schema import task_id_of
 from tests.apps import basic
 from tests.plugins.workers import wait_until
 
@@ -94,7 +95,7 @@ def test_duplicate_delivery_records_one_result(cluster) -> None:  # type: ignore
     store = cluster.durable.store
     marker = wait_until(lambda: store.read(h.id, "s:000002"), what="the gate step to be scheduled")
     req = ActivityRequest(
-        h.id, 2, marker["name"], marker["input"]["args"], marker["input"]["kwargs"], marker["task_id"], "shifty"
+        h.id, 2, marker["name"], marker["input"]["args"], marker["input"]["kwargs"], task_id_of(marker), "shifty"
     )
     for _ in range(3):  # the broker delivers the same message again, several times
         cluster.durable.engine.dispatcher.send_activity(req)
