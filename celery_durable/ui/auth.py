@@ -9,14 +9,15 @@ any other unless the operator chose ``--public-read``; only configured Host name
   cross-site request without a CORS preflight, which this app never grants, so it needs no
   CSRF token of its own.
 * a session cookie (set by ``POST /login`` with the token) *and* a ``csrf`` form field that
-  matches it. The cookie is ``HttpOnly``/``SameSite=Strict``, and the field is an HMAC of the
+  matches it. The cookie is ``HttpOnly``/``SameSite=Strict``, and the field is a signature of the
   session under a key derived from the token: a page on another site can make the browser send
   the cookie but can neither read nor compute the field. A request whose ``Origin`` is another
   site is refused as well (defence in depth).
 
-Nothing is stored server side: sessions and CSRF tokens are signed, so they survive a restart
-with the same token and die with a new one. The token is compared in constant time and never
-logged.
+Nothing is stored server side: sessions (timestamped, valid for :data:`SESSION_MAX_AGE`) and
+CSRF tokens are signed with ``itsdangerous`` (what Starlette's and Flask's sessions use), so they
+survive a restart with the same token and die with a new one. The token is compared in constant
+time and never logged.
 """
 
 from __future__ import annotations
@@ -26,12 +27,15 @@ import hmac
 import secrets
 from urllib.parse import urlsplit
 
+from itsdangerous import BadSignature, Signer, TimestampSigner
 from starlette.requests import Request
 
-__all__ = ["Guard", "COOKIE", "MIN_TOKEN_LENGTH", "new_token", "same_origin", "safe_next"]
+__all__ = ["Guard", "COOKIE", "MIN_TOKEN_LENGTH", "SESSION_MAX_AGE", "new_token", "same_origin", "safe_next"]
 
 COOKIE = "durable_ui_session"
 MIN_TOKEN_LENGTH = 16
+#: seconds a browser session lasts after ``POST /login`` (then the token is asked again)
+SESSION_MAX_AGE = 12 * 3600
 
 
 def new_token() -> str:
@@ -47,31 +51,30 @@ class Guard:
             raise ValueError(f"the UI token must be at least {MIN_TOKEN_LENGTH} characters long")
         self._token = token.encode()
         # a key of its own, so a leaked CSRF token or cookie says nothing about the token itself
-        self._key = hashlib.sha256(b"celery-durable-ui\0" + self._token).digest()
-
-    def _sign(self, purpose: str, nonce: str) -> str:
-        return hmac.new(self._key, f"{purpose}\0{nonce}".encode(), hashlib.sha256).hexdigest()
+        key = hashlib.sha256(b"celery-durable-ui\0" + self._token).digest()
+        self._sessions = TimestampSigner(key, salt="session", digest_method=hashlib.sha256)
+        self._csrf = Signer(key, salt="csrf", digest_method=hashlib.sha256)
 
     def token_ok(self, given: str | None) -> bool:
         return given is not None and hmac.compare_digest(given.encode(), self._token)
 
     def new_session(self) -> str:
-        """A cookie value: ``<nonce>.<signature>``."""
-        nonce = secrets.token_urlsafe(18)
-        return f"{nonce}.{self._sign('session', nonce)}"
+        """A cookie value: ``<nonce>.<timestamp>.<signature>``."""
+        return self._sessions.sign(secrets.token_urlsafe(18)).decode()
 
     def session(self, request: Request) -> str | None:
-        """The nonce of the request's valid session cookie, or None."""
+        """The nonce of the request's valid, unexpired session cookie, or None."""
         value = request.cookies.get(COOKIE) or ""
-        nonce, _, sig = value.partition(".")
-        if not nonce or not hmac.compare_digest(sig.encode(), self._sign("session", nonce).encode()):
+        try:
+            nonce = self._sessions.unsign(value, max_age=SESSION_MAX_AGE).decode()
+        except (BadSignature, UnicodeError):  # forged, tampered, expired or not ours
             return None
-        return nonce
+        return nonce or None
 
     def csrf(self, request: Request) -> str | None:
         """The CSRF token to put in the forms of this request's session (None: not logged in)."""
         nonce = self.session(request)
-        return None if nonce is None else self._sign("csrf", nonce)
+        return None if nonce is None else self._csrf.get_signature(nonce).decode()
 
     def refusal(self, request: Request, form_csrf: str | None) -> str | None:
         """Why this POST may not act (None: it may)."""
