@@ -11,7 +11,7 @@
 """
 
 from celery_durable import _moved
-from celery_durable.app import Durable, Workflow, WorkflowOptions
+from celery_durable.app import Durable, SharedWorkflow, Workflow, WorkflowOptions, shared_workflow
 from celery_durable.errors import (
     ActivityError,
     ChildWorkflowError,
@@ -50,6 +50,8 @@ __all__ = [
     "Durable",
     "Workflow",
     "WorkflowOptions",
+    "SharedWorkflow",
+    "shared_workflow",
     "durable_activity",
     "WorkflowHandle",
     "ExecutionInfo",

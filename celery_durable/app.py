@@ -8,7 +8,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
-from celery import Celery
+from celery import Celery, current_app
 
 from celery_durable import workflow as _wf
 from celery_durable.engine.admin.operator import (
@@ -23,7 +23,7 @@ from celery_durable.engine.core import Engine
 from celery_durable.engine.documents.checks import check_workflow_id
 from celery_durable.engine.documents.model import TERMINAL
 from celery_durable.engine.documents.search import start_fields
-from celery_durable.engine.registry import Registry, WorkflowDef
+from celery_durable.engine.registry import Registry, WorkflowDef, add_shared_workflow
 from celery_durable.engine.replay.context import DurableFuture, current_context, require_context
 from celery_durable.errors import ConfigurationError
 from celery_durable.glue.beat_scans import install_beat_scans
@@ -122,6 +122,45 @@ class Workflow(Generic[P, R]):
 
     def handle(self, workflow_id: str) -> WorkflowHandle[R]:
         return WorkflowHandle(self._durable.engine, workflow_id, self.definition)
+
+
+class SharedWorkflow(Workflow[P, R]):
+    """A workflow declared with :func:`shared_workflow`: known to every :class:`Durable`, and
+    started through the current Celery app's (as Celery's ``shared_task`` is sent by it)."""
+
+    def __init__(self, definition: WorkflowDef) -> None:  # noqa: D107 - no Durable yet
+        self.definition = definition
+        self.name = definition.name
+        self.__wrapped__ = definition.fn
+        self.__doc__ = definition.fn.__doc__
+
+    @property
+    def _durable(self) -> Durable:  # type: ignore[override]
+        app = current_app._get_current_object()
+        if getattr(app, EXTENSION_ATTR, None) is None:
+            raise ConfigurationError(
+                f"shared workflow {self.name!r}: the current Celery app {app.main!r} has no Durable "
+                "(create Durable(app) where the app is defined, e.g. proj/celery.py)"
+            )
+        return Durable.of(app)
+
+
+@overload
+def shared_workflow(fn: Callable[P, R]) -> SharedWorkflow[P, R]: ...
+@overload
+def shared_workflow(
+    *, name: str | None = None, signals: dict[str, Any] | None = None
+) -> Callable[[Callable[P, R]], SharedWorkflow[P, R]]: ...
+def shared_workflow(fn: Any = None, *, name: str | None = None, signals: dict[str, Any] | None = None) -> Any:
+    """``@durable.workflow`` without a ``Durable`` at hand, for reusable (Django) apps, as Celery's
+    ``@shared_task``: every Durable's workers run it, and ``start()`` goes through the current
+    app's Durable. Same options and rules as :meth:`Durable.workflow`."""
+
+    def wrap(f: Callable[P, R]) -> SharedWorkflow[P, R]:
+        _refuse_non_plain(f)
+        return SharedWorkflow(add_shared_workflow(name or f"{f.__module__}.{f.__qualname__}", f, signals))
+
+    return wrap(fn) if fn is not None else wrap
 
 
 def _redis_url(app: Celery) -> str | None:

@@ -330,11 +330,18 @@ def _durable_keys(conf: Any) -> list[tuple[str, str]]:
 
 
 def _unknown(key: str, name: str) -> str:
-    """The message for an unknown ``key`` (``name``: what follows ``durable_``, namespace removed)."""
+    """The message for an unknown ``key`` (``name``: what follows ``durable_``, namespace removed),
+    the closest known key spelled as the user spells keys: ``CELERY_DURABLE_STORE_URL`` for a
+    Django setting, ``durable_store_url`` for a Celery one."""
     names = [PREFIX + f.name for f in fields(Settings)]
     close = difflib.get_close_matches(PREFIX + name.lower(), names, n=1, cutoff=0.6)
-    hint = f"; did you mean {close[0]!r}?" if close else f" (known: {', '.join(names)})"
-    return f"unknown setting {key!r}{hint}"
+    if not close:
+        return f"unknown setting {key!r} (known: {', '.join(names)})"
+    head = key[: len(key) - len(name)] if key.lower().endswith(name.lower()) else PREFIX
+    field = close[0][len(PREFIX) :]
+    mine = head + (field.upper() if key.isupper() else field)
+    also = "" if mine == close[0] else f" ({close[0]})"
+    return f"unknown setting {key!r}; did you mean {mine!r}{also}?"
 
 
 def _coerce(kind: Any, name: str, value: Any) -> Any:

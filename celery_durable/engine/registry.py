@@ -37,6 +37,18 @@ class ActivityDef:
 #: Activities declared with ``@durable_activity`` are Celery shared tasks, usable by every app,
 #: so their definitions are process-wide too.
 GLOBAL_ACTIVITIES: dict[str, ActivityDef] = {}
+#: Workflows declared with ``@shared_workflow`` (reusable apps, as Celery's ``shared_task``):
+#: known to every app's registry.
+GLOBAL_WORKFLOWS: dict[str, WorkflowDef] = {}
+
+
+def add_shared_workflow(name: str, fn: Callable[..., Any], signals: dict[str, Any] | None = None) -> WorkflowDef:
+    """Declare a workflow every :class:`Registry` knows (``@shared_workflow``)."""
+    existing = GLOBAL_WORKFLOWS.get(name)
+    if existing is not None and existing.fn is not fn:
+        raise ConfigurationError(f"two shared workflows are named {name!r}")
+    wf = GLOBAL_WORKFLOWS[name] = WorkflowDef(name, fn, codec_for(fn), dict(signals or {}))
+    return wf
 
 
 class Registry:
@@ -45,7 +57,7 @@ class Registry:
         self.activities: dict[str, ActivityDef] = {}
 
     def add_workflow(self, name: str, fn: Callable[..., Any], signals: dict[str, Any] | None = None) -> WorkflowDef:
-        existing = self.workflows.get(name)
+        existing = self.workflows.get(name) or GLOBAL_WORKFLOWS.get(name)
         if existing is not None and existing.fn is not fn:
             raise ConfigurationError(f"two workflows are named {name!r}")
         wf = WorkflowDef(name, fn, codec_for(fn), dict(signals or {}))
@@ -58,7 +70,11 @@ class Registry:
         return act
 
     def workflow(self, name: str) -> WorkflowDef | None:
-        return self.workflows.get(name)
+        return self.workflows.get(name) or GLOBAL_WORKFLOWS.get(name)
+
+    def workflow_names(self) -> list[str]:
+        """Every workflow this registry runs: its own and the shared ones."""
+        return sorted({*self.workflows, *GLOBAL_WORKFLOWS})
 
     def activity(self, name: str) -> ActivityDef | None:
         return self.activities.get(name) or GLOBAL_ACTIVITIES.get(name)

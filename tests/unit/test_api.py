@@ -14,6 +14,8 @@ PUBLIC = {
     "Durable",
     "Workflow",
     "WorkflowOptions",
+    "SharedWorkflow",
+    "shared_workflow",
     "durable_activity",
     "WorkflowHandle",
     "ExecutionInfo",

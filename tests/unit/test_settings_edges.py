@@ -64,11 +64,15 @@ def _app(**conf: Any) -> Celery:
     return app
 
 
-@pytest.mark.parametrize("key", ["durable_stor_url", "DURABLE_STOR_URL"])
-def test_typo_in_app_conf_is_refused_with_a_suggestion(key: str) -> None:
+@pytest.mark.parametrize(
+    ("key", "hint"),
+    [("durable_stor_url", "'durable_store_url'?"), ("DURABLE_STOR_URL", "'DURABLE_STORE_URL' (durable_store_url)?")],
+)
+def test_typo_in_app_conf_is_refused_with_a_suggestion_in_its_spelling(key: str, hint: str) -> None:
     app = _app(**{key: "sqlite:////elsewhere/durable.db"})
-    with pytest.raises(ConfigurationError, match=r"did you mean 'durable_store_url'"):
+    with pytest.raises(ConfigurationError) as info:
         Durable(app)
+    assert str(info.value).endswith(f"did you mean {hint}")
 
 
 def test_typo_in_a_keyword_override_is_refused_with_a_suggestion() -> None:
@@ -104,7 +108,10 @@ def test_namespaced_typo_is_refused_with_a_suggestion() -> None:
 
     app = Celery("settings-edges-ns-typo", set_as_current=False)
     app.config_from_object(Typo, namespace="CELERY")
-    with pytest.raises(ConfigurationError, match=r"'CELERY_DURABLE_STOR_URL'; did you mean 'durable_store_url'"):
+    with pytest.raises(
+        ConfigurationError,
+        match=r"'CELERY_DURABLE_STOR_URL'; did you mean 'CELERY_DURABLE_STORE_URL' \(durable_store_url\)\?",
+    ):
         Settings.from_conf(app.conf)
 
 

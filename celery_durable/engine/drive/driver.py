@@ -15,7 +15,6 @@ the exec so the next commit must re-read.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,7 +27,7 @@ from celery_durable.engine.activities.local_activities import LocalRun, LocalRun
 from celery_durable.engine.admin.pending_ops import settle
 from celery_durable.engine.admin.reruns import reborn
 from celery_durable.engine.children.holders import stale_child_outcomes, withdrawn_cancels
-from celery_durable.engine.dispatcher import ActivityRequest, CancelRequest, ClockRequest, Send
+from celery_durable.engine.dispatcher import CancelRequest, Send
 from celery_durable.engine.documents.checks import check_partition
 from celery_durable.engine.documents.model import (
     CANCELLED,
@@ -46,6 +45,7 @@ from celery_durable.engine.documents.model import (
 )
 from celery_durable.engine.documents.records import ExecDoc, count_of, holder_of, is_terminal
 from celery_durable.engine.documents.search import apply_updates as apply_search_updates
+from celery_durable.engine.drive.carried import as_of, carry_json, eager_commit, oversized
 from celery_durable.engine.drive.corrupt import fail_corrupt
 from celery_durable.engine.drive.partition_cache import Partition
 from celery_durable.engine.drive.upkeep import prune_run
@@ -99,43 +99,6 @@ class _Drive:
     committed: tuple[ExecDoc, Replay] | None = None
     #: why this drive fails the execution: a document it must write is too large to store
     oversize: dict[str, Any] | None = None
-
-
-def _json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True)
-
-
-def _as_of(doc: Doc, ex: ExecDoc | None) -> Doc:
-    """A carried signal-wait timeout, counting the values sent as of the exec this round read.
-
-    The replay lets values numbered up to ``signals_seen`` win over the timeout. Counted when
-    the clock was read, a value accepted after that read but before the timeout's commit lost to
-    it (and was never seen). Every write of a carry is conditional on this exec's etag, which
-    each accepted signal bumps: the count is exact at the commit, and the first writer wins.
-    """
-    if ex is None or not doc.get("timeout") or "signals_seen" not in doc:
-        return doc
-    return doc | {"signals_seen": count_of(ex, "signal_seq")}
-
-
-def _oversized(exc: DocumentTooLarge, carry: list[Doc]) -> list[Doc]:
-    """``carry`` with the outcome ``exc`` names recorded as its step's failure instead: a value
-    too large to store fails the activity (non-retryable; its body is not run again). Re-raises
-    ``exc`` when it names no carried outcome with a value."""
-    for i, d in enumerate(carry):
-        if d["id"] == exc.doc_id and d.get("ok"):
-            failed = {k: v for k, v in d.items() if k != "value"}
-            failed.update(ok=False, error=error_info(exc, attempts=d.get("attempts")))
-            return [*carry[:i], failed, *carry[i + 1 :]]
-    raise exc
-
-
-def _eager_commit(decided: Replay, carry: list[Doc]) -> bool:
-    """Whether an eager first drive (in the caller of ``start()``) may commit what it decided:
-    a suspension that schedules activities or timers, and nothing to run or tell here."""
-    if decided.kind != ReplayKind.SUSPENDED or decided.local or carry:
-        return False
-    return all(isinstance(req, ActivityRequest | ClockRequest) for req in decided.sends)
 
 
 class Driver:
@@ -266,7 +229,7 @@ class Driver:
             d.carry = [x for x in d.carry if x.get("type") != "result" or x.get("seq") not in withdrawn]
             d.release = [s for s in d.release if s not in withdrawn]
             d.reopen.update(withdrawn.values())
-        return [_as_of(x, ex) for x in d.carry if x["id"] not in docs]
+        return [as_of(x, ex) for x in d.carry if x["id"] not in docs]
 
     def _record_late(self, d: _Drive, ex: ExecDoc, carry_new: list[Doc]) -> DriveOutcome | _Again:
         """An ended execution: record a late outcome (an attempt's, a child's) and drive nothing."""
@@ -281,7 +244,7 @@ class Driver:
             eng.cache.suspect(d.execution_id)  # a retry or reset meanwhile: check again
             return AGAIN
         except DocumentTooLarge as exc:
-            d.carry = _oversized(exc, d.carry)
+            d.carry = oversized(exc, d.carry)
             return AGAIN
         eng.cache.suspect(d.execution_id)
         return DriveOutcome.TERMINAL
@@ -302,7 +265,7 @@ class Driver:
             eng.cache.suspect(d.execution_id)
             return AGAIN
         except DocumentTooLarge as exc:
-            d.carry = _oversized(exc, d.carry)
+            d.carry = oversized(exc, d.carry)
             return AGAIN
         eng.cache.suspect(d.execution_id)
         return DriveOutcome.DEFERRED
@@ -333,7 +296,7 @@ class Driver:
                 eng.cache.suspect(d.execution_id)  # changed, or deleted (purged)
                 return AGAIN
             except DocumentTooLarge as exc:
-                d.carry = _oversized(exc, d.carry)
+                d.carry = oversized(exc, d.carry)
                 return AGAIN
             return DriveOutcome.DEFERRED
         if d.eager and d.conflicts >= eng.settings.optimistic_attempts:
@@ -352,7 +315,7 @@ class Driver:
             except ConflictError:
                 eng.cache.suspect(d.execution_id)
             except DocumentTooLarge as exc:
-                d.carry = _oversized(exc, d.carry)
+                d.carry = oversized(exc, d.carry)
             return AGAIN
         return None
 
@@ -367,7 +330,7 @@ class Driver:
         history.update(d.local.history_for(docs))  # local steps an earlier round ran
         try:
             replay = self.replay(ex, history, now)
-            if d.eager and not _eager_commit(replay, carry_new):
+            if d.eager and not eager_commit(replay, carry_new):
                 return DriveOutcome.DECLINED
             if replay.local and d.oversize is None:  # run them here, then replay again
                 again = functools.partial(self.replay, ex, history, now)
@@ -414,7 +377,7 @@ class Driver:
             if d.eager:
                 return DriveOutcome.DECLINED
             if any(x["id"] == exc.doc_id for x in d.carry):
-                d.carry = _oversized(exc, d.carry)
+                d.carry = oversized(exc, d.carry)
             elif d.oversize is None:
                 d.oversize = error_info(exc)
             else:
@@ -464,12 +427,12 @@ class Driver:
         steps = max(replay.steps, count_of(ex, "steps"))
         new_ex.update(lease=None, due_kind=None, due_at=None, last_error=None, steps=steps)
         # wf.set_status: recorded with this commit, only when the value changed (type-exact: 1 != True)
-        status_changed = replay.status_set and _json(replay.custom_status) != _json(ex.get("custom_status"))
+        status_changed = replay.status_set and carry_json(replay.custom_status) != carry_json(ex.get("custom_status"))
         if status_changed:
             new_ex["custom_status"] = replay.custom_status
         status_changed = apply_search_updates(new_ex, ex, replay.search_updates) or status_changed
         if replay.kind == ReplayKind.UNKNOWN:
-            known = ", ".join(sorted(eng.registry.workflows)) or "none"
+            known = ", ".join(eng.registry.workflow_names()) or "none"
             new_ex.update(
                 last_error=f"workflow {ex['workflow']!r} is not registered in this worker (registered: {known}); "
                 "it will be retried",

@@ -58,7 +58,7 @@ def answer_query(
     workflow = str(ex.get("workflow"))
     definition = registry.workflow(workflow)
     if definition is None:
-        known = ", ".join(sorted(registry.workflows)) or "none"
+        known = ", ".join(registry.workflow_names()) or "none"
         raise UnknownWorkflowError(
             f"workflow {workflow!r} of {execution_id!r} is not registered in this process (registered: {known}): "
             "a query replays the workflow in the caller, so import the module that defines it"
