@@ -53,6 +53,9 @@ log = logging.getLogger("celery_durable.ui")
 
 HERE = Path(__file__).parent
 ACTIONS = ("signal", "cancel", "retry", "resume")
+#: what the list's selection can do to many executions at once, and how many at most
+BATCH_ACTIONS = ("cancel", "retry", "resume")
+MAX_BATCH = 200
 #: which statuses each action applies to (the page shows its form only then)
 WHEN = {"signal": "running", "cancel": "running", "retry": "failed", "resume": "running failed cancelled"}
 #: the messages a redirect after an action may show (a code in the URL, never free text)
@@ -280,6 +283,36 @@ class UI:
             return JSONResponse({"ok": True, "message": MESSAGES[code]}, headers=_headers())
         return RedirectResponse(f"{exec_url(execution_id)}?msg={code}", status_code=303, headers=_headers())
 
+    async def batch(self, request: Request) -> Response:
+        """Cancel, retry or resume the executions selected in the list (``id`` repeated), each
+        as its own action (recorded on each, refused ones said per execution, none skipped)."""
+        form = await request.form()
+        refusal = self.guard.refusal(request, str(form.get("csrf") or "") or None)
+        if refusal is not None:
+            return _answer(request, 403, refusal)
+        name = str(form.get("action") or "")
+        if name not in BATCH_ACTIONS:
+            return _answer(request, 400, f"a batch action is one of {', '.join(BATCH_ACTIONS)}, not {name!r}")
+        ids = list(dict.fromkeys(str(v) for v in form.getlist("id") if str(v)))
+        if not ids or len(ids) > MAX_BATCH:
+            return _answer(request, 400, f"select from 1 to {MAX_BATCH} executions")
+        by = f"ui:{request.client.host if request.client else '?'}"
+        results: list[dict[str, Any]] = []
+        for execution_id in ids:
+            try:
+                if self.detail(execution_id) is None:
+                    raise ValueError(f"no execution with id {execution_id!r}")
+                results.append(
+                    {"id": execution_id, "ok": True, "message": MESSAGES[self._act(name, execution_id, {}, by)]}
+                )
+            except StoreUnavailable:
+                raise
+            except (DurableError, ValueError) as exc:
+                results.append({"id": execution_id, "ok": False, "message": str(exc)})
+        if _wants_json(request):
+            return JSONResponse({"action": name, "results": results}, headers=_headers())
+        return self.page(request, "batch.html", action=name, results=results)
+
     def _act(self, name: str, execution_id: str, form: dict[str, str], by: str = "ui") -> str:
         """Run one action; the message code to show (the engine's calls, as the CLI makes them)."""
         if name == "signal":
@@ -364,6 +397,7 @@ def create_app(engine: Engine, token: str, access: Access | None = None) -> Star
         Route("/lanes", ui.lane),
         Route("/login", ui.login, methods=["GET", "POST"]),
         Route("/logout", ui.logout, methods=["POST"]),
+        Route("/actions/batch", ui.batch, methods=["POST"]),
         Route("/actions/{action}", ui.action, methods=["POST"]),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]

@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 from starlette.testclient import TestClient
 
+from celery_durable.engine.admin.operator import Admin
 from celery_durable.stores.base import ExecFilter
 from celery_durable.testing.env import WorkflowEnvironment
 from celery_durable.ui import create_app
@@ -278,3 +279,28 @@ def test_superseded_steps_and_operator_actions_are_drawn(env: WorkflowEnvironmen
     data = client.get(f"/api/executions/{h.id}").json()
     assert [(s["name"], s["state"], s["value"]) for s in data["superseded"]][1] == ("ui.refund", "ok", "refunded o-9")
     assert [(o["action"], o["by"]) for o in data["operations"]] == [("retry", "ui:testclient")]
+
+
+def test_a_batch_acts_on_each_selected_execution_and_says_what_each_got(
+    env: WorkflowEnvironment, client: TestClient
+) -> None:
+    """Issue 25: batch retry/cancel from the list's selection (POST /actions/batch, ``id``
+    repeated): each execution is its own action; one refused does not stop the others."""
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    for n in (1, 2):
+        env.start(flows.fails, "card declined", _workflow_id=f"fails-b{n}")
+    done = _run_order(env)
+    ids = ["fails-b1", done.id, "fails-b2", "nope", "fails-b1"]  # a repeat counts once
+    got = client.post("/actions/batch", data={"action": "retry", "id": ids}, headers=auth)
+    assert got.status_code == 200, got.text
+    results = {r["id"]: (r["ok"], r["message"]) for r in got.json()["results"]}
+    assert len(got.json()["results"]) == 4
+    assert results["fails-b1"] == results["fails-b2"] == (True, "retrying from the failed step")
+    assert results[done.id][0] is False and "not failed" in results[done.id][1]
+    assert results["nope"] == (False, "no execution with id 'nope'")
+    ops = [op["action"] for op in Admin(env.engine).describe("fails-b2").operations]
+    assert ops == ["retry"]
+    # refused as a whole: no token or CSRF, an action that is not a batch one, nothing selected
+    assert client.post("/actions/batch", data={"action": "retry", "id": ["fails-b1"]}).status_code == 403
+    assert client.post("/actions/batch", data={"action": "signal", "id": ["fails-b1"]}, headers=auth).status_code == 400
+    assert client.post("/actions/batch", data={"action": "cancel"}, headers=auth).status_code == 400

@@ -140,3 +140,43 @@ def test_the_timeline_in_a_real_browser(cluster: Any, ui_server: str, artifacts:
     wait_until(lambda: waiting.status() == "cancelled", timeout=10, what="the cancel to be recorded")
     assert gated.status() == "completed"
     print(f"UI screenshots saved in {artifacts}")
+
+
+def test_selected_executions_are_cancelled_together(cluster: Any, ui_server: str, artifacts: Path) -> None:
+    """Issue 25: selection in the list for batch actions. Logged in, each row has a checkbox;
+    "cancel" acts on the selected executions only, each recorded as its own action, and the
+    result page says what happened to each."""
+    if not (Path(CHROMIUM).exists() and shutil.which(CHROMIUM)):
+        pytest.fail(f"no Chromium at {CHROMIUM}: apt-get install -y chromium (.ci/run does)")
+    from playwright.sync_api import expect, sync_playwright
+
+    cluster.start_worker()
+    picked = [basic.sleeper.start(f"batch-{i}", 3600.0) for i in range(2)]
+    left = basic.sleeper.start("batch-left", 3600.0)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.goto(ui_server + "/executions")
+            expect(page.locator('input[type="checkbox"][name="id"]')).to_have_count(0)  # not logged in
+            page.locator("p.hint a").click()
+            page.fill("#token", TOKEN)
+            page.click("#login-button")
+            page.goto(ui_server + "/executions?status=running")
+            for h in picked:
+                page.locator(f'tr.execution[data-id="{h.id}"] input[type="checkbox"]').check()
+            expect(page.locator("table.executions thead")).to_contain_text("custom status")
+            page.screenshot(path=str(artifacts / "5-selected.png"), full_page=True)
+            page.click('#batch button[value="cancel"]')
+            expect(page.locator("tr.batch-result.ok")).to_have_count(2)
+            for h in picked:
+                expect(page.locator(f'tr.batch-result[data-id="{h.id}"]')).to_contain_text("cancel requested")
+            page.screenshot(path=str(artifacts / "6-batch-cancelled.png"), full_page=True)
+            assert errors == [], errors
+        finally:
+            browser.close()
+    for h in picked:
+        wait_until(lambda h=h: h.status() == "cancelled", timeout=30, what=f"{h.id} cancelled")
+    assert left.status() == "running"

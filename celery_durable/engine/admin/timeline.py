@@ -66,6 +66,8 @@ class ExecutionSummary:
     #: its search attributes (``start(..., _search=)``, ``wf.upsert_search``) and memo (``_memo=``)
     search: dict[str, Any] | None = None
     memo: Any = None
+    #: what the workflow says it is doing (``wf.set_status``)
+    custom_status: Any = None
 
 
 @dataclass(frozen=True)
@@ -198,6 +200,7 @@ def summary_of(doc: Mapping[str, Any]) -> ExecutionSummary:
         corrupt="; ".join(problems) or None,
         search=dict(search) if isinstance(search := doc.get("search"), dict) and search else None,
         memo=doc.get("memo"),
+        custom_status=doc.get("custom_status"),
     )
 
 
