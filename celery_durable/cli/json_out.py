@@ -1,5 +1,5 @@
 """What ``--json`` prints: the fields the tables show, as JSON, with every timestamp (a field
-named ``at`` or ``…_at``) an ISO 8601 UTC string rather than epoch seconds. Each command prints
+named ``at``, ``until`` or ``…_at``) an ISO 8601 UTC string rather than epoch seconds. Each command prints
 one JSON document (``list`` and ``outbox list``: one per line), on stdout, nothing else."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ def _times(value: Any, key: str | None = None) -> Any:
         return {k: _times(v, k) for k, v in value.items()}
     if isinstance(value, list):
         return [_times(v) for v in value]
-    if key is not None and (key == "at" or key.endswith("_at")):
+    if key is not None and (key in ("at", "until") or key.endswith("_at")):
         return iso(value)
     return value
 

@@ -168,6 +168,8 @@ def test_selected_executions_are_cancelled_together(cluster: Any, ui_server: str
             for h in picked:
                 page.locator(f'tr.execution[data-id="{h.id}"] input[type="checkbox"]').check()
             expect(page.locator("table.executions thead")).to_contain_text("custom status")
+            # what each waits on, from its exec alone: the sleeper's timer and when it fires
+            expect(page.locator(f'tr.execution[data-id="{left.id}"] td.waiting')).to_contain_text("timer until 20")
             page.screenshot(path=str(artifacts / "5-selected.png"), full_page=True)
             page.click('#batch button[value="cancel"]')
             expect(page.locator("tr.batch-result.ok")).to_have_count(2)

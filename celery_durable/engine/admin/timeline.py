@@ -68,6 +68,8 @@ class ExecutionSummary:
     memo: Any = None
     #: what the workflow says it is doing (``wf.set_status``)
     custom_status: Any = None
+    #: what a running execution waits on (``[{"kind", "name", "until", "child"}]``, its exec's)
+    waiting: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -201,6 +203,9 @@ def summary_of(doc: Mapping[str, Any]) -> ExecutionSummary:
         search=dict(search) if isinstance(search := doc.get("search"), dict) and search else None,
         memo=doc.get("memo"),
         custom_status=doc.get("custom_status"),
+        waiting=tuple(w for w in doc.get("waiting") or () if isinstance(w, dict))
+        if doc.get("status") == "running" and isinstance(doc.get("waiting"), list)
+        else (),
     )
 
 

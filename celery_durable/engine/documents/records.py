@@ -158,6 +158,8 @@ class ExecDoc(_Due, total=False):
     continued: int
     signal_seq: int
     custom_status: Any
+    #: what a suspended execution waits on: per awaited step its kind, name, deadline (``until``)
+    waiting: list[dict[str, Any]]
     search: dict[str, Any]
     search_run: dict[str, Any]
     memo: Any

@@ -8,14 +8,17 @@ import json
 from typing import Any
 
 from celery_durable.engine.dispatcher import ActivityRequest, ClockRequest
-from celery_durable.engine.documents.model import error_info
+from celery_durable.engine.documents.model import error_info, marker_id
 from celery_durable.engine.documents.records import ExecDoc, count_of
 from celery_durable.engine.outcomes import ReplayKind
 from celery_durable.engine.replay.history import Replay
 from celery_durable.errors import DocumentTooLarge
 from celery_durable.stores.base import Doc
 
-__all__ = ["as_of", "carry_json", "eager_commit", "oversized"]
+__all__ = ["as_of", "carry_json", "eager_commit", "oversized", "waiting_of", "MAX_WAITING"]
+
+#: at most this many of the steps a suspended execution waits for are named in its exec
+MAX_WAITING = 5
 
 
 def carry_json(value: Any) -> str:
@@ -53,3 +56,27 @@ def eager_commit(decided: Replay, carry: list[Doc]) -> bool:
     if decided.kind != ReplayKind.SUSPENDED or decided.local or carry:
         return False
     return all(isinstance(req, ActivityRequest | ClockRequest) for req in decided.sends)
+
+
+def waiting_of(seqs: list[int], run: int, docs: dict[str, Doc], new_docs: list[Doc]) -> list[dict[str, Any]]:
+    """What a suspended execution waits on, for listings (its exec's ``waiting``): per awaited
+    step its kind and name, a timer's or a signal wait's deadline (``until``), a child's id; at
+    most :data:`MAX_WAITING` (then ``{"more": n}``). Read from the step markers, no store call."""
+    mine = {d["id"]: d for d in new_docs}
+    out: list[dict[str, Any]] = []
+    for seq in seqs[:MAX_WAITING]:
+        marker = mine.get(marker_id(seq, run)) or docs.get(marker_id(seq, run))
+        if marker is None:
+            continue
+        kind = str(marker.get("kind"))
+        item: dict[str, Any] = {"seq": seq, "kind": "timer" if kind == "sleep" else kind}
+        if kind != "sleep":
+            item["name"] = marker.get("name")
+        if isinstance(marker.get("fire_at"), int | float):
+            item["until"] = marker["fire_at"]
+        if marker.get("child_id"):
+            item["child"] = marker["child_id"]
+        out.append(item)
+    if len(seqs) > MAX_WAITING:
+        out.append({"more": len(seqs) - MAX_WAITING})
+    return out

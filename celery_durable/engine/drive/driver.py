@@ -45,7 +45,7 @@ from celery_durable.engine.documents.model import (
 )
 from celery_durable.engine.documents.records import ExecDoc, count_of, holder_of, is_terminal
 from celery_durable.engine.documents.search import apply_updates as apply_search_updates
-from celery_durable.engine.drive.carried import as_of, carry_json, eager_commit, oversized
+from celery_durable.engine.drive.carried import as_of, carry_json, eager_commit, oversized, waiting_of
 from celery_durable.engine.drive.corrupt import fail_corrupt
 from celery_durable.engine.drive.partition_cache import Partition
 from celery_durable.engine.drive.upkeep import prune_run
@@ -424,6 +424,10 @@ class Driver:
         ops += [Op.create(d) for d in replay.new_docs if d["id"] not in docs]
         ops += self._release_ops(docs, release, run)
         new_ex = strip_reserved(ex)
+        # what it waits on now, for listings (none once it ends or runs on)
+        new_ex.pop("waiting", None)
+        if replay.kind == ReplayKind.SUSPENDED and replay.waiting:
+            new_ex["waiting"] = waiting_of(replay.waiting, run, docs, replay.new_docs)
         steps = max(replay.steps, count_of(ex, "steps"))
         new_ex.update(lease=None, due_kind=None, due_at=None, last_error=None, steps=steps)
         # wf.set_status: recorded with this commit, only when the value changed (type-exact: 1 != True)

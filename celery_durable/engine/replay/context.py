@@ -182,6 +182,8 @@ class WorkflowContext:
     local_steps: list[LocalStep] = field(default_factory=list)
     park: Callable[[], None] | None = None  # a live instance parks here, not unwound (engine/replay/sticky.py)
     unwinding: bool = False  # it raised Suspend: it decides nothing more (refuse_in_query)
+    #: the steps the last suspension waits for (their seqs): the exec's ``waiting``
+    waiting: list[int] = field(default_factory=list)
     _rng: _random.Random | None = None
 
     # --- plumbing ---------------------------------------------------------------------
@@ -249,6 +251,7 @@ class WorkflowContext:
         the *outcome* of every pending step (create-only), so a replay raises it at exactly the same
         point even if a real result lands later; pending children are cancelled too."""
         pending = list(pending)
+        self.waiting = pending  # what the commit says the execution waits on (Replay.waiting)
         if self.cancel_requested and not self.cancel_delivered and pending:
             self._cancel_children()
             for seq in pending:

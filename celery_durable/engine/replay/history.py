@@ -54,6 +54,8 @@ class Replay:
     queries: dict[str, Callable[..., Any]] = field(default_factory=dict)
     #: local activity steps a suspended replay waits for (the driver runs them: engine/activities/local_activities.py)
     local: list[LocalStep] = field(default_factory=list)
+    #: the steps a suspended replay waits for (their seqs): the exec's ``waiting`` (engine/drive/carried.py)
+    waiting: list[int] = field(default_factory=list)
     context: WorkflowContext | None = field(default=None, repr=False, compare=False)
 
 
@@ -186,5 +188,6 @@ def _decide(ex: ExecDoc, wf: WorkflowDef, ctx: WorkflowContext, outcome: Outcome
         search_updates=dict(ctx.search_updates),
         queries=dict(ctx.query_handlers),
         local=list(ctx.local_steps) if kind == ReplayKind.SUSPENDED else [],
+        waiting=list(ctx.waiting) if kind == ReplayKind.SUSPENDED else [],
         context=ctx if read_only else None,
     )
