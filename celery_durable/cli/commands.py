@@ -245,6 +245,8 @@ def show(ctx: click.Context, execution_id: str, as_json: bool) -> None:
                 click.echo(f"  step {step.seq} input: {_cell(text)}")
             if step.error or step.corrupt:
                 click.echo(f"  step {step.seq}: {_cell(step.corrupt or step.error)}")
+            for line in (step.traceback or "").rstrip().splitlines():  # the lines that raised
+                click.echo(f"    {_cell(line)}")
     for sig in info.signals:
         click.echo(f"signal {_cell(repr(sig.name))}: {sig.state} at {ts(sig.at)}: {_json(sig.value)}")
     for line in cli_ops.lines(info):  # operator actions, and the steps they forgot (superseded)

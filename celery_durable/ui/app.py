@@ -23,6 +23,7 @@ from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from celery_durable.engine.admin.counts import status_counts
 from celery_durable.engine.admin.operator import Admin, ExecutionDetail, OperationRefused
 from celery_durable.engine.admin.timeline import STATUSES
 from celery_durable.engine.admin.wording import ts
@@ -45,6 +46,7 @@ from celery_durable.ui.views import (
     parse_age,
     pretty,
     read_lane,
+    signal_schemas,
 )
 
 __all__ = ["create_app", "ACTIONS"]
@@ -112,11 +114,13 @@ class UI:
     def live_context(self, request: Request, detail: ExecutionDetail) -> dict[str, Any]:
         now = self.engine.clock.now()
         signals: list[str] | None = None
+        schemas: dict[str, str] = {}
         if detail.summary.status == Status.RUNNING:
             try:
                 ex = self.engine.store.read(detail.summary.id, "exec") or {}
                 wf = self.engine.registry.workflow(str(ex.get("workflow")))
                 signals = declared_signals(ex, wf)
+                schemas = signal_schemas(wf, signals or [])
             except DurableError:
                 signals = None
         return {
@@ -125,6 +129,7 @@ class UI:
             "chart": chart(detail, now),
             "lanes": lanes_of(self.engine, detail),
             "signal_names": signals,
+            "signal_schemas": schemas,
             "csrf": self.guard.csrf(request),
         }
 
@@ -203,6 +208,15 @@ class UI:
             problems=[],
             next_url=next_url,
             first_url=first_url,
+            # how many in each status (of the workflow filtered on), each a link to them
+            counts=[
+                (
+                    c,
+                    "/executions?"
+                    + urlencode({k: v for k, v in {"workflow": workflow, "status": c.status}.items() if v}),
+                )
+                for c in status_counts(self.engine.store, workflow)
+            ],
         )
 
     def execution(self, request: Request) -> Response:

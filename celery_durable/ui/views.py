@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
+from pydantic import TypeAdapter
+
 from celery_durable.engine.admin.operator import ExecutionDetail, StepRecord
 from celery_durable.engine.admin.wording import parse_age, prompt, ts
 from celery_durable.engine.core import Engine
@@ -34,6 +36,7 @@ __all__ = [
     "detail_json",
     "confirms",
     "exec_url",
+    "signal_schemas",
     "duration",
     "pretty",
     "parse_age",
@@ -43,6 +46,22 @@ __all__ = [
 LABEL_W, PLOT_W, ROW_H = 260, 640, 22
 #: at most this many lanes are read for one execution page
 MAX_LANES = 20
+
+
+def signal_schemas(wf: Any, names: list[str]) -> dict[str, str]:
+    """Each declared signal's value type as JSON Schema text (pydantic's), for the signal form;
+    a type pydantic cannot describe is named instead."""
+    out: dict[str, str] = {}
+    declared = getattr(wf, "signals", None) or {}
+    for name in names:
+        kind = declared.get(name)
+        if kind is None:
+            continue
+        try:
+            out[name] = json.dumps(TypeAdapter(kind).json_schema(), sort_keys=True)
+        except Exception:  # noqa: BLE001 - a hint pydantic cannot render: its name says enough
+            out[name] = getattr(kind, "__name__", repr(kind))
+    return out
 
 
 def exec_url(execution_id: str) -> str:

@@ -102,6 +102,8 @@ class StepRecord:
     corrupt: str | None = None
     #: what the step was called with, as recorded (an activity's ``{"args": [...], "kwargs": {...}}``)
     input: Any = None
+    #: the stored traceback of its error (the innermost frames: the line that raised)
+    traceback: str | None = None
 
 
 @dataclass(frozen=True)
@@ -244,7 +246,14 @@ def _step(marker: Doc, by_id: dict[str, Doc], run: int) -> StepRecord:
         value=marker.get("value") if kind in _INLINE else out.get("value"),
         error=_err_text(out.get("error")) or _err_text(marker.get("last_error") if outcome is None else None),
         input=marker.get("input"),
+        traceback=_traceback(out.get("error")) or _traceback(marker.get("last_error") if outcome is None else None),
     )
+
+
+def _traceback(error: Any) -> str | None:
+    """The traceback an error record holds (``error_info``), if any."""
+    text = error.get("traceback") if isinstance(error, dict) else None
+    return text if isinstance(text, str) and text.strip() else None
 
 
 def _signals(docs: list[Doc], run: int) -> list[SignalRecord]:
@@ -330,4 +339,6 @@ def _operations(ex: Mapping[str, Any], docs: Sequence[Doc], by_id: Mapping[str, 
     held = [d for d in creates if isinstance(d, dict) and str(d.get("id")) not in by_id] if creates else []
     found = [*docs, *held]  # an archive's part documents are merged into its op's (oplog.py)
     ops = [d for d in found if d.get("type") == DocType.OPERATION]
-    yield from with_parts(ops, [d for d in found if d.get("type") == DocType.OPERATION_PART])
+    for op in with_parts(ops, [d for d in found if d.get("type") == DocType.OPERATION_PART]):
+        # the record as an operator reads it: not the store's fields (partition, etag, type)
+        yield {k: v for k, v in op.items() if k not in ("pk", "type") and not k.startswith("_")}
