@@ -19,6 +19,8 @@ from celery_durable.engine.admin.operator import (
     PurgeReport,
     StepRecord,
 )
+from celery_durable.engine.admin.oplog import actor
+from celery_durable.engine.admin.terminate import terminate
 from celery_durable.engine.core import Engine
 from celery_durable.engine.documents.checks import check_workflow_id
 from celery_durable.engine.documents.model import TERMINAL
@@ -460,6 +462,12 @@ class Durable:
         """Re-run a failed execution from its failed step; the steps that run again. Recorded
         (``by``: who, default ``user@host``) with the steps it forgot (``describe().superseded``)."""
         return self.admin.retry(workflow_id, by=by, reason=reason)
+
+    def terminate(self, workflow_id: str, *, by: str | None = None, reason: str | None = None) -> bool:
+        """End a running execution now, as failed (``WorkflowTerminated``), running nothing more
+        (no compensations; its running children too); False if it had already ended. Recorded
+        (``by``: who, default ``user@host``). ``cancel`` is the graceful way."""
+        return terminate(self.engine, workflow_id, actor() if by is None else by, reason)
 
     def resume(self, workflow_id: str, *, by: str | None = None, reason: str | None = None) -> list[StepRecord]:
         """Drive a running execution now, or reopen a failed/cancelled one on its history (recorded)."""

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from celery_durable.engine.admin.operator import Admin
 from celery_durable.engine.admin.oplog import actor
+from celery_durable.engine.admin.terminate import terminate
 from celery_durable.engine.documents.model import CANCELLED, COMPLETED, FAILED
 from celery_durable.engine.documents.records import count_of
 from celery_durable.engine.replay.queries import answer_query
@@ -119,6 +120,10 @@ class WorkflowHandle(Generic[R]):
         keep their outcomes); recorded as an action (``by``: who, default ``user@host``). Returns
         the steps that run again. Raises :class:`OperationRefused` when it does not apply."""
         return Admin(self._engine).reset(self.id, step, by=by, reason=reason)
+
+    def terminate(self, *, by: str | None = None, reason: str | None = None) -> bool:
+        """End the execution now, running nothing more (``Durable.terminate``); False if it had ended."""
+        return terminate(self._engine, self.id, actor() if by is None else by, reason)
 
     def cancel(self, *, by: str | None = None, reason: str | None = None) -> bool:
         """Request cancellation; False if the execution had already ended. Recorded as an

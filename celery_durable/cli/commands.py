@@ -340,6 +340,27 @@ def cancel(ctx: click.Context, execution_id: str, yes: bool, reason: str | None,
         click.echo("cancel requested" if requested else "already finished")
 
 
+@durable.command()
+@click.argument("execution_id")
+@click.option("--yes", is_flag=True, help="do not ask for confirmation")
+@click.option("--reason", default=None, help="recorded with the action (and in its error)")
+@_JSON
+@click.pass_context
+def terminate(ctx: click.Context, execution_id: str, yes: bool, reason: str | None, as_json: bool) -> None:
+    """End a running execution now, as failed: no compensations, nothing more runs (its running
+    children are terminated too). `cancel` is the graceful way."""
+    json_out.needs_yes(as_json, yes)
+    d = _durable(ctx)
+    status = _describe(d, execution_id).summary.status
+    if not yes:
+        click.confirm(f"terminate {execution_id} now? No compensation runs.", abort=True)
+    ended = d.terminate(execution_id, by=actor(), reason=reason)
+    if as_json:
+        json_out.echo({"id": execution_id, "action": "terminate", "terminated": ended, "status_before": status})
+    else:
+        click.echo("terminated" if ended else "already finished")
+
+
 def _done(what: dict[str, Any], steps: list[StepRecord], as_json: bool) -> None:
     """What an operation did: the steps that will run again (``--json``: one object)."""
     if as_json:

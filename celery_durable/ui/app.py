@@ -25,6 +25,7 @@ from starlette.staticfiles import StaticFiles
 
 from celery_durable.engine.admin.counts import status_counts
 from celery_durable.engine.admin.operator import Admin, ExecutionDetail, OperationRefused
+from celery_durable.engine.admin.terminate import terminate
 from celery_durable.engine.admin.timeline import STATUSES
 from celery_durable.engine.admin.wording import ts
 from celery_durable.engine.core import Engine
@@ -54,17 +55,25 @@ __all__ = ["create_app", "ACTIONS"]
 log = logging.getLogger("celery_durable.ui")
 
 HERE = Path(__file__).parent
-ACTIONS = ("signal", "cancel", "retry", "resume")
+ACTIONS = ("signal", "cancel", "terminate", "retry", "resume")
 #: what the list's selection can do to many executions at once, and how many at most
-BATCH_ACTIONS = ("cancel", "retry", "resume")
+BATCH_ACTIONS = ("cancel", "terminate", "retry", "resume")
 MAX_BATCH = 200
 #: which statuses each action applies to (the page shows its form only then)
-WHEN = {"signal": "running", "cancel": "running", "retry": "failed", "resume": "running failed cancelled"}
+WHEN = {
+    "signal": "running",
+    "cancel": "running",
+    "terminate": "running",
+    "retry": "failed",
+    "resume": "running failed cancelled",
+}
 #: the messages a redirect after an action may show (a code in the URL, never free text)
 MESSAGES = {
     "signal-delivered": "signal delivered",
     "signal-ignored": "signal ignored: the execution has ended",
     "cancel-requested": "cancel requested",
+    "terminated": "terminated: nothing more runs",
+    "terminate-finished": "already finished: nothing to terminate",
     "cancel-finished": "already finished: nothing to cancel",
     "retry": "retrying from the failed step",
     "resume": "resumed",
@@ -345,6 +354,8 @@ class UI:
             return "signal-delivered"
         if name == "cancel":
             return "cancel-requested" if self.engine.cancel(execution_id, by=by) else "cancel-finished"
+        if name == "terminate":
+            return "terminated" if terminate(self.engine, execution_id, by) else "terminate-finished"
         if name == "retry":
             status = self.engine.read_exec(execution_id).get("status")
             if status != Status.FAILED:

@@ -9,6 +9,7 @@ from starlette.testclient import TestClient
 from celery_durable.engine.admin.operator import Admin
 from celery_durable.testing.env import WorkflowEnvironment
 from tests.ui import flows
+from tests.ui.conftest import TOKEN, login
 
 RAISE_LINE = "raise NonRetryableError(why)"
 
@@ -101,3 +102,19 @@ def test_the_list_counts_executions_by_status_with_a_cap(env: WorkflowEnvironmen
     assert 'href="/executions?workflow=ui.order&amp;status=running"' in narrowed
     capped = {c.status: (c.count, c.more) for c in status_counts(env.engine.store, cap=2)}
     assert capped["failed"] == (2, True) and capped["running"] == (1, False) and capped["completed"] == (0, False)
+
+
+def test_terminate_from_the_page_and_from_a_selection(env: WorkflowEnvironment, client: TestClient) -> None:
+    """Terminate (issue 25): a button for a running execution, and a batch action of the list."""
+    auth = {"Authorization": "Bearer " + TOKEN}
+    one = env.start(flows.order, "o-t1", _workflow_id="term-1")
+    two = env.start(flows.order, "o-t2", _workflow_id="term-2")
+    login(client)
+    assert 'id="terminate-button"' in client.get("/executions/term-1").text
+    done = client.post("/actions/terminate", data={"id": "term-1"}, headers=auth)
+    assert done.json() == {"ok": True, "message": "terminated: nothing more runs"}
+    assert one.status() == "failed" and "WorkflowTerminated" in str(one.poll().error)
+    again = client.post("/actions/batch", data={"action": "terminate", "id": ["term-1", "term-2"]}, headers=auth)
+    outcome = {r["id"]: r["message"] for r in again.json()["results"]}
+    assert outcome == {"term-1": "already finished: nothing to terminate", "term-2": "terminated: nothing more runs"}
+    assert two.status() == "failed"

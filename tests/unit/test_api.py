@@ -175,6 +175,7 @@ def test_operator_api_is_pinned() -> None:
         # by/reason: every operator action is recorded with who and why (issue 23, item 4)
         "retry": ["self", "workflow_id", "by", "reason"],
         "resume": ["self", "workflow_id", "by", "reason"],
+        "terminate": ["self", "workflow_id", "by", "reason"],
         "purge": ["self", "older_than", "dry_run", "progress", "by", "reason", "matched"],
     }
     for name, params in expected.items():

@@ -1,0 +1,94 @@
+"""Terminate: end a running execution now, running nothing more (Temporal's ``terminate``).
+
+A cancel asks the workflow to stop: its next drive raises ``WorkflowCancelledError`` at its
+suspension point and its compensations run. Terminate is for an execution that must not run
+another line (a poison workflow, a runaway loop, code that cannot be fixed in time): one
+etag-guarded batch makes it ``failed`` with ``WorkflowTerminated`` (who and why in the message)
+and records the operator action, like any other (``op:<n>``). No compensation runs; an activity
+still running finishes and its outcome is recorded late, changing nothing. Its running children
+are terminated too, and its parent is told, as of any child that ended. It stays an ordinary
+failed execution: ``resume`` reopens it on its recorded history, ``purge`` deletes it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery_durable.engine.admin.oplog import _check_text, op_doc
+from celery_durable.engine.documents.model import DUE_EXEC, EXEC_ID, FAILED, run_of
+from celery_durable.engine.documents.records import count_of, is_terminal, maybe_exec
+from celery_durable.engine.documents.schema import StepKind, result_id
+from celery_durable.errors import ConflictError, DurableError, UnknownWorkflowError
+from celery_durable.stores.base import Doc, Op, strip_reserved
+
+__all__ = ["terminate", "TERMINATED"]
+
+log = logging.getLogger("celery_durable.operations")
+
+#: the error type of a terminated execution
+TERMINATED = "WorkflowTerminated"
+
+
+def terminate(engine: Any, execution_id: str, by: str, reason: str | None = None) -> bool:
+    """End ``execution_id`` now as failed (``WorkflowTerminated``), and its running children;
+    False when it had already ended. ``by``/``reason`` are recorded with it."""
+    _check_text(by, "by")
+    _check_text(reason, "reason")
+    for _ in range(100):
+        docs = {d["id"]: d for d in engine.store.query_partition(execution_id).docs}
+        ex = maybe_exec(docs.get(EXEC_ID))
+        if ex is None:
+            raise UnknownWorkflowError(f"no execution with id {execution_id!r}")
+        if is_terminal(ex):
+            return False
+        now = engine.clock.now()
+        message = f"terminated by {by}" + (f": {reason}" if reason else "")
+        body = strip_reserved(ex)
+        body.pop("waiting", None)
+        body.update(
+            status=FAILED,
+            # "step": None: no step's failure ended it (a retry re-drives the workflow as it is)
+            error={"type": TERMINATED, "message": message, "step": None, "run": run_of(ex)},
+            completed_at=now,
+            updated_at=now,
+            lease=None,
+            due_kind=None,
+            due_at=None,
+            operations=count_of(ex, "operations") + 1,
+        )
+        if ex.get("parent"):  # stays due until the parent has been told (as any child's end)
+            body.update(parent_notified=False, due_kind=DUE_EXEC, due_at=now + engine.settings.drive_timeout)
+        try:
+            engine.store.batch(
+                execution_id, [Op.replace(body, ex["_etag"]), Op.create(op_doc(ex, "terminate", by, reason, now))]
+            )
+        except ConflictError:
+            continue  # a drive or another operator wrote meanwhile: look again
+        engine.cache.invalidate(execution_id)
+        log.warning(
+            "workflow %s (%s) terminated by %s%s", ex.get("workflow"), execution_id, by, f": {reason}" if reason else ""
+        )
+        engine.emit("workflow_failed", execution_id=execution_id, workflow=ex.get("workflow"))
+        for child in _running_children(docs, run_of(ex)):
+            try:
+                terminate(engine, child, by, f"its parent {execution_id} was terminated")
+            except DurableError as exc:  # the child ends on its own, or its parent's cancel scan sees it
+                log.warning("child %s of terminated %s not terminated: %s", child, execution_id, exc)
+        if ex.get("parent"):
+            engine.children.notify_parent(execution_id)
+        return True
+    raise DurableError(f"could not terminate {execution_id!r}: too much contention")
+
+
+def _running_children(docs: dict[str, Doc], run: int) -> list[str]:
+    """The child executions the current run started and has no outcome of."""
+    return [
+        str(d["child_id"])
+        for d in docs.values()
+        if d.get("type") == "step"
+        and d.get("kind") == StepKind.CHILD
+        and d.get("run", 0) == run
+        and d.get("child_id")
+        and result_id(int(d["seq"]), run) not in docs
+    ]

@@ -1,0 +1,142 @@
+"""Terminate (issue 25): end a running execution now, running nothing more. Unlike cancel, no
+compensation runs and the workflow's code is never driven again; its running children end too,
+its parent is told, an activity still running is recorded late and changes nothing; the action
+is recorded (who, why) and ``resume`` reopens it on its history."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from celery import Celery
+from celery.bin.celery import celery as celery_cli
+from click.testing import CliRunner
+
+from celery_durable import Durable, durable_activity
+from celery_durable import workflow as wf
+from celery_durable.engine.admin.operator import Admin
+from celery_durable.errors import ChildWorkflowError, WorkflowFailedError
+from celery_durable.testing.env import WorkflowEnvironment
+
+app = Celery("terminate-tests", set_as_current=False, broker="memory://")
+durable = Durable(app, store="memory://")
+ran: list[str] = []
+
+
+@durable_activity(name="tt.book")
+def book(what: str) -> str:
+    ran.append("book " + what)
+    return what
+
+
+@durable_activity(name="tt.unbook")
+def unbook(what: str) -> str:
+    ran.append("unbook " + what)
+    return what
+
+
+@durable.workflow(name="tt.trip", signals={"go": bool})
+def trip(what: str) -> str:
+    with wf.Saga() as saga:
+        book(what)
+        saga.add(unbook, what)
+        wf.wait_signal("go")
+        return book(what + " again")
+
+
+@durable.workflow(name="tt.kid", signals={"go": bool})
+def kid(n: int) -> int:
+    wf.sleep(timedelta(days=1))
+    return n
+
+
+@durable.workflow(name="tt.parent")
+def parent(n: int) -> list[int]:
+    futures = [kid.start_child(i, _workflow_id=f"{wf.execution_id()}-k{i}") for i in range(n)]
+    return [f.result() for f in futures]
+
+
+@durable.workflow(name="tt.watcher")
+def watcher() -> str:
+    try:
+        return str(trip.start_child("x", _workflow_id=f"{wf.execution_id()}-trip").result())
+    except ChildWorkflowError as exc:
+        return f"child ended: {exc}"
+
+
+@pytest.fixture
+def env() -> WorkflowEnvironment:
+    ran.clear()
+    return WorkflowEnvironment(durable)
+
+
+def test_terminate_ends_it_now_and_runs_no_compensation(env: WorkflowEnvironment) -> None:
+    h = env.start(trip, "hotel")
+    assert ran == ["book hotel"] and h.status() == "running"
+    assert h.terminate(by="alice", reason="poison input") is True
+    with pytest.raises(WorkflowFailedError, match="WorkflowTerminated.*terminated by alice: poison input"):
+        env.result(h)
+    env.signal(h, "go", True)  # nothing is driven any more: the signal is refused
+    env.advance(timedelta(days=2))
+    assert ran == ["book hotel"]  # no unbook (a cancel would have run it), no second booking
+    info = Admin(env.engine).describe(h.id)
+    assert [(op["action"], op["by"], op["reason"]) for op in info.operations] == [
+        ("terminate", "alice", "poison input")
+    ]
+    assert h.terminate(by="alice") is False  # ended: nothing to terminate
+
+
+def test_a_cancel_would_compensate_for_comparison(env: WorkflowEnvironment) -> None:
+    h = env.start(trip, "car")
+    env.cancel(h)
+    env.run_until_idle()
+    assert ran == ["book car", "unbook car"]
+
+
+def test_terminate_ends_the_running_children_and_tells_the_parent(env: WorkflowEnvironment) -> None:
+    h = env.start(parent, 3)
+    kids = [env.handle(f"{h.id}-k{i}") for i in range(3)]
+    assert [k.status() for k in kids] == ["running"] * 3
+    assert h.terminate(by="ops") is True
+    env.run_until_idle()
+    assert [k.status() for k in kids] == ["failed"] * 3
+    assert all("its parent" in (k.poll().error or {}).get("message", "") for k in kids)
+
+    w = env.start(watcher)
+    child = env.handle(f"{w.id}-trip")
+    assert child.terminate(by="ops", reason="stuck") is True
+    env.run_until_idle()
+    assert env.result(w).startswith("child ended:") and "terminated by ops: stuck" in env.result(w)
+
+
+def test_a_terminated_execution_can_be_resumed_on_its_history(env: WorkflowEnvironment) -> None:
+    h = env.start(trip, "train")
+    h.terminate(by="ops")
+    env.run_until_idle()
+    Admin(env.engine).resume(h.id, by="ops", reason="fixed")
+    env.run_until_idle()
+    env.signal(h, "go", True)
+    assert env.result(h) == "train again" and ran == ["book train", "book train again"]
+
+
+def test_the_cli_terminates_with_yes_and_json(env: WorkflowEnvironment, tmp_path: Any) -> None:
+    durable.configure(store=f"sqlite:///{tmp_path / 't.db'}")
+    try:
+        local = WorkflowEnvironment(durable, store=durable.store)
+        h = local.start(trip, "boat")
+        run = CliRunner().invoke(
+            celery_cli,
+            ["-A", "tests.engine.test_terminate", "durable", "terminate", h.id, "--yes", "--json", "--reason", "r"],
+        )
+        assert run.exit_code == 0, run.output
+        assert json.loads(run.stdout) == {
+            "id": h.id,
+            "action": "terminate",
+            "terminated": True,
+            "status_before": "running",
+        }
+        assert h.status() == "failed"
+    finally:
+        durable.configure(store="memory://")
