@@ -14,9 +14,16 @@ from celery_durable.engine.admin.wording import iso
 __all__ = ["echo", "jsonable", "needs_yes"]
 
 
+#: fields holding the user's values (inputs, results, statuses, attributes, what a step recorded):
+#: printed exactly as stored, whatever their keys are called
+USER_VALUES = frozenset(
+    {"payload", "result", "value", "input", "custom_status", "search", "memo", "args", "kwargs", "forgotten"}
+)
+
+
 def _times(value: Any, key: str | None = None) -> Any:
     if isinstance(value, dict):
-        return {k: _times(v, k) for k, v in value.items()}
+        return {k: v if k in USER_VALUES else _times(v, k) for k, v in value.items()}
     if isinstance(value, list):
         return [_times(v) for v in value]
     if key is not None and (key in ("at", "until") or key.endswith("_at")):

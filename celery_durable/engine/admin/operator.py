@@ -24,6 +24,7 @@ from celery_durable.engine.admin.pending_ops import check_field, check_inputs, c
 from celery_durable.engine.admin.purge import PURGING, finish_purge, purge_partition
 from celery_durable.engine.admin.reruns import bump_reruns, children_of, rerun_count
 from celery_durable.engine.admin.reset import cancel_point, delivered_cancel, plan_reset, reset_by
+from celery_durable.engine.admin.terminate import keep_cancel, reopen_terminated
 from celery_durable.engine.admin.timeline import (
     STATUSES,
     ExecutionDetail,
@@ -406,10 +407,7 @@ class Admin:
             self._rerun(ex, docs, failed[-1], rewrite)
             # a re-run that returns earlier than the forgotten steps is not non-deterministic
             rewrite.fields["steps"] = max([seq, *keep])
-        if ex.get("cancel_requested"):
-            # it failed in what its cancel ran (a compensation): a retry re-runs that and keeps
-            # the cancel (never downgraded), so it ends cancelled, as it would have
-            rewrite.fields.update(cancel_requested=True, **{CANCELLED_BY_PARENT: ex.get(CANCELLED_BY_PARENT)})
+        keep_cancel(ex, rewrite)  # failed in what its cancel ran: re-run, it still ends cancelled
         return rewrite
 
     def _forget_after(self, ex: ExecDoc, docs: dict[str, Doc], seq: int, rewrite: _Rewrite, keep: set[int]) -> None:
@@ -451,7 +449,9 @@ class Admin:
     def _plan_resume(self, ex: ExecDoc, docs: dict[str, Doc]) -> _Rewrite:
         status = ex.get("status")
         rewrite = _Rewrite()
-        if status == Status.FAILED:
+        if status == Status.FAILED:  # reopened on its history: a cancel still stands; a terminate's
+            keep_cancel(ex, rewrite)  # cascade is undone (its children reopen with their steps)
+            reopen_terminated(self, ex, docs, rewrite)
             return rewrite
         if status != Status.CANCELLED:
             raise OperationRefused(f"{ex['pk']} is {status}; resume applies to running, failed or cancelled")

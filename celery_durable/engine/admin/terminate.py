@@ -13,16 +13,17 @@ failed execution: ``resume`` reopens it on its recorded history, ``purge`` delet
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from celery_durable.engine.admin.oplog import _check_text, op_doc
 from celery_durable.engine.documents.model import DUE_EXEC, EXEC_ID, FAILED, run_of
 from celery_durable.engine.documents.records import count_of, is_terminal, maybe_exec
-from celery_durable.engine.documents.schema import StepKind, result_id
+from celery_durable.engine.documents.schema import CANCELLED_BY_PARENT, DocType, StepKind, marker_id
 from celery_durable.errors import ConflictError, DurableError, UnknownWorkflowError
 from celery_durable.stores.base import Doc, Op, strip_reserved
 
-__all__ = ["terminate", "TERMINATED"]
+__all__ = ["terminate", "TERMINATED", "keep_cancel", "reopen_terminated"]
 
 log = logging.getLogger("celery_durable.operations")
 
@@ -72,7 +73,7 @@ def terminate(engine: Any, execution_id: str, by: str, reason: str | None = None
         engine.emit("workflow_failed", execution_id=execution_id, workflow=ex.get("workflow"))
         for child in _running_children(docs, run_of(ex)):
             try:
-                terminate(engine, child, by, f"its parent {execution_id} was terminated")
+                terminate(engine, child, by, _cascade_reason(execution_id))
             except DurableError as exc:  # the child ends on its own, or its parent's cancel scan sees it
                 log.warning("child %s of terminated %s not terminated: %s", child, execution_id, exc)
         if ex.get("parent"):
@@ -82,13 +83,48 @@ def terminate(engine: Any, execution_id: str, by: str, reason: str | None = None
 
 
 def _running_children(docs: dict[str, Doc], run: int) -> list[str]:
-    """The child executions the current run started and has no outcome of."""
+    """The child executions the current run started (terminate asks each: an ended one says so).
+    Not only those without an outcome: a delivered cancel records the step's outcome while the
+    child still runs its compensations."""
     return [
         str(d["child_id"])
         for d in docs.values()
-        if d.get("type") == "step"
-        and d.get("kind") == StepKind.CHILD
-        and d.get("run", 0) == run
-        and d.get("child_id")
-        and result_id(int(d["seq"]), run) not in docs
+        if d.get("type") == "step" and d.get("kind") == StepKind.CHILD and d.get("run", 0) == run and d.get("child_id")
     ]
+
+
+def _cascade_reason(execution_id: str) -> str:
+    return f"its parent {execution_id} was terminated"
+
+
+def keep_cancel(ex: Mapping[str, Any], rewrite: Any) -> None:
+    """A reopened execution keeps a cancel it was asked (never downgraded): ``retry`` and a
+    ``resume`` of a failed execution (a cancel pending when it was terminated, say)."""
+    if ex.get("cancel_requested"):
+        rewrite.fields.update(cancel_requested=True, **{CANCELLED_BY_PARENT: ex.get(CANCELLED_BY_PARENT)})
+
+
+def reopen_terminated(admin: Any, ex: Mapping[str, Any], docs: dict[str, Doc], rewrite: Any) -> None:
+    """``resume`` of a terminated execution: the outcomes its terminate cascade gave its child
+    steps (children terminated because it was) are forgotten and those steps re-armed, which
+    reopens each child (``Admin._rearm``), as a resume of a cancelled parent resumes the
+    children its cancel ended. Otherwise the reopened run would fail again at once."""
+    error = ex.get("error")
+    if not isinstance(error, dict) or error.get("type") != TERMINATED:
+        return
+    run, why = run_of(ex), _cascade_reason(str(ex["pk"]))
+    for d in list(docs.values()):
+        raw = d.get("error")
+        child_error: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        if not (
+            d.get("type") == DocType.RESULT
+            and d.get("run", 0) == run
+            and d.get("child_id")
+            and child_error.get("type") == TERMINATED
+            and why in str(child_error.get("message"))
+        ):
+            continue
+        marker = docs.get(marker_id(int(d["seq"]), run))
+        if marker is not None:
+            rewrite.deletes.append(d)
+            admin._rearm(ex, marker, rewrite)
