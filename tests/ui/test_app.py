@@ -28,10 +28,14 @@ def test_list_pages_through_the_read_model_and_filters(env: WorkflowEnvironment,
     env.advance(timedelta(hours=2))
     waiting = env.start(flows.order, "book", _workflow_id="order-1")
     limits: list[int] = []
+    counted: set[str | None] = set()
     real = env.store.list_execs
 
     def spy(flt: ExecFilter, limit: int, cursor: str | None = None) -> Any:
-        limits.append(limit)
+        if flt.status is None:  # the page's listing (the header's counts ask per status)
+            limits.append(limit)
+        else:
+            counted.add(flt.status)
         return real(flt, limit, cursor)
 
     env.store.list_execs = spy  # type: ignore[method-assign]
@@ -48,6 +52,7 @@ def test_list_pages_through_the_read_model_and_filters(env: WorkflowEnvironment,
     # newest first, every execution once, each page one store query of the page's size
     assert seen[0] == waiting.id and sorted(seen) == sorted(["order-1", *(f"echo-{i}" for i in range(5))])
     assert limits and set(limits) == {2}
+    assert counted == {"running", "completed", "failed", "cancelled"}
     second = client.get("/executions?limit=2").text.split('id="next-page" href="')[1].split('"')[0]
     assert 'id="first-page" href="/executions?limit=2"' in client.get(second.replace("&amp;", "&")).text
 

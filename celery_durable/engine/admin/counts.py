@@ -11,8 +11,9 @@ from celery_durable.stores.base import MAX_PAGE_SIZE, ExecFilter, Store
 
 __all__ = ["StatusCount", "status_counts", "DEFAULT_CAP"]
 
-#: counted exactly up to this many executions per status
-DEFAULT_CAP = 1000
+#: counted exactly up to this many executions per status (a list page reads at most this many
+#: exec documents per status for its header: on Cosmos each is a request unit or more)
+DEFAULT_CAP = 200
 
 
 @dataclass(frozen=True)
