@@ -62,10 +62,6 @@ def _cell(value: Any) -> str:
     return escape("-" if value is None else str(value))
 
 
-def _jsonable(value: Any) -> Any:
-    return json.loads(json.dumps(value, default=str))
-
-
 class _Group(click.Group):
     """Library errors leave as one line on stderr and exit 1 (no traceback), whatever the command;
     so does an OS error (a file the store cannot open, a refused socket) a store did not wrap."""
@@ -98,10 +94,6 @@ def _search_option(ctx: click.Context, param: click.Parameter, values: tuple[str
         return parse_pairs(values) or None
     except InvalidSearchAttribute as exc:
         raise click.BadParameter(str(exc)) from exc
-
-
-def _summary(s: ExecutionSummary) -> dict[str, Any]:
-    return _jsonable(dataclasses.asdict(s))  # type: ignore[no-any-return]
 
 
 @click.group(name="durable", cls=_Group)
@@ -152,7 +144,7 @@ def list_(
             break
     if as_json:
         for r in rows:
-            json_out.echo(_summary(r), indent=None)
+            json_out.echo(dataclasses.asdict(r), indent=None)
     elif not rows:
         click.echo("no executions")
     else:
@@ -170,10 +162,6 @@ def list_(
         click.echo(f"more executions: add --cursor {cursor}", err=as_json)
 
 
-def _step_json(s: StepRecord) -> dict[str, Any]:
-    return _jsonable(dataclasses.asdict(s))  # type: ignore[no-any-return]
-
-
 @durable.command()
 @click.argument("execution_id")
 @click.option("--json", "as_json", is_flag=True)
@@ -184,12 +172,12 @@ def show(ctx: click.Context, execution_id: str, as_json: bool) -> None:
     s = info.summary
     if as_json:
         data = (
-            _summary(s)
+            dataclasses.asdict(s)
             | {
                 "payload": info.payload,
                 "result": info.result,
                 "error": info.error,
-                "steps": [_step_json(step) for step in info.steps],
+                "steps": [dataclasses.asdict(step) for step in info.steps],
                 "signals": [dataclasses.asdict(sig) for sig in info.signals],
                 "children": list(info.children),
                 "corrupt": list(info.corrupt),

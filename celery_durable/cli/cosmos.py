@@ -26,15 +26,11 @@ __all__ = ["cosmos"]
 
 
 def _store(ctx: click.Context) -> CosmosStore:
-    from celery_durable.app import Durable  # noqa: PLC0415 - the app layer, only when a command runs
+    from celery_durable.cli.context import durable_of  # noqa: PLC0415 - the app layer, only when a command runs
     from celery_durable.stores.cosmos.store import CosmosStore  # noqa: PLC0415 - the azure SDK is an optional dependency
 
-    root = ctx.find_root()
-    app = getattr(root.obj, "app", None) if root.obj is not None else None
-    if app is None:
-        raise click.ClickException("no Celery app: run it as `celery -A proj durable cosmos …`")
     # under a traced or counting wrapper: Cosmos, else the innermost store (named below)
-    store = find_inner(Durable.of(app).store, lambda s: isinstance(s, CosmosStore) or getattr(s, "inner", None) is None)
+    store = find_inner(durable_of(ctx).store, lambda s: isinstance(s, CosmosStore) or getattr(s, "inner", None) is None)
     if not isinstance(store, CosmosStore):
         raise click.ClickException(f"the durable store is not Cosmos DB ({type(store).__name__})")
     return store

@@ -36,9 +36,8 @@ from celery_durable.engine.documents.model import (
     Clock,
     Settings,
     SystemClock,
-    create_with_input,
+    create_exec,
     new_exec_doc,
-    split_payload,
     worker_identity,
 )
 from celery_durable.engine.documents.records import ExecDoc, as_exec, count_of, is_terminal
@@ -209,25 +208,13 @@ class Engine:
             due_at=now + self.settings.drive_timeout,
             **fields,
         )
-        doc, input_doc = split_payload(doc)
-        if input_doc is None:
-            etag = self.store.create(doc)
-            if etag is None:
-                return False
-            known = {EXEC_ID: doc | {"_etag": etag}}
-        else:
-            etags = self._create_with_input(eid, doc, input_doc)
-            if etags is None:
-                return False
-            known = {EXEC_ID: doc | {"_etag": etags[0]}, input_doc["id"]: input_doc | {"_etag": etags[1]}}
+        known = create_exec(self.store, doc)
+        if known is None:
+            return False
         self.emit("workflow_started", execution_id=eid, workflow=workflow)
         if not (eager and definition is not None and self._eager_drive(eid, known)):
             self.dispatcher.send_drive(eid)
         return True
-
-    def _create_with_input(self, eid: str, doc: Doc, input_doc: Doc) -> list[str | None] | None:
-        """The exec and its input document in one batch (:func:`.model.create_with_input`)."""
-        return create_with_input(self.store, eid, doc, input_doc)
 
     def _eager_drive(self, eid: str, created: dict[str, Doc]) -> bool:
         """The first drive in the caller; False when a worker must drive it (declined, failed).

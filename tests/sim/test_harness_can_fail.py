@@ -47,6 +47,17 @@ def first_caught(run: Callable[[int], SimResult], seeds: int = SEEDS) -> tuple[i
     return None
 
 
+def patched_run(monkeypatch: pytest.MonkeyPatch, *setattr_args: Any) -> Callable[[int], SimResult]:
+    """Run a seed with one planted bug (``monkeypatch.setattr(*setattr_args)``), undone after it."""
+
+    def run(seed: int) -> SimResult:
+        with monkeypatch.context() as m:
+            m.setattr(*setattr_args)
+            return run_seed(seed, Faults(), ())
+
+    return run
+
+
 @pytest.mark.parametrize("store", [IgnoresIfMatch, CreateOverwrites])
 def test_a_broken_store_is_caught(store: type[MemoryStore]) -> None:
     found = first_caught(lambda seed: run_seed(seed, Faults(), (), store=store()))
@@ -65,10 +76,7 @@ def unconditional_cancel(self: Engine, execution_id: str) -> bool:
 
 
 def test_an_unconditional_cancel_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken(seed: int) -> SimResult:
-        with monkeypatch.context() as m:
-            m.setattr(Engine, "cancel", unconditional_cancel)
-            return run_seed(seed, Faults(), ())
+    broken = patched_run(monkeypatch, Engine, "cancel", unconditional_cancel)
 
     found = first_caught(broken)
     assert found is not None, f"no violation in {SEEDS} seeds"
@@ -78,10 +86,7 @@ def test_an_unconditional_cancel_is_caught(monkeypatch: pytest.MonkeyPatch) -> N
 def test_a_broken_sticky_cache_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """Live workflow instances resumed without checking their history (engine/replay/sticky.py)."""
 
-    def broken(seed: int) -> SimResult:
-        with monkeypatch.context() as m:
-            m.setattr(StickyCache, "check_history", False)
-            return run_seed(seed, Faults(), ())
+    broken = patched_run(monkeypatch, StickyCache, "check_history", False)
 
     # rarely caught (measured: 3 of the first 400 seeds, 366 the first; 2 of 400 with eager
     # activities off in every seed): a stale instance resumed must also decide differently
@@ -106,10 +111,7 @@ def test_a_claimed_lease_nothing_recovers_is_caught(monkeypatch: pytest.MonkeyPa
             if op.kind == "create" and op.doc is not None and op.doc.get("lease"):
                 ops[i] = Op.create(op.doc | {"due_kind": None, "due_at": None})
 
-    def broken(seed: int) -> SimResult:
-        with monkeypatch.context() as m:
-            m.setattr("celery_durable.engine.drive.driver.claim_kept", undue)
-            return run_seed(seed, Faults(), ())
+    broken = patched_run(monkeypatch, "celery_durable.engine.drive.driver.claim_kept", undue)
 
     found = first_caught(broken)
     assert found is not None, f"no violation in {SEEDS} seeds"
@@ -119,16 +121,13 @@ def test_an_input_written_apart_from_its_exec_is_caught(monkeypatch: pytest.Monk
     """A large input (engine/documents/model.py split_payload) created in a call of its own after
     the exec instead of in the exec's batch: a fault in between leaves an exec naming no input."""
 
-    def apart(self: Engine, eid: str, doc: Doc, input_doc: Doc) -> list[str | None] | None:
-        etag = self.store.create(doc)
+    def apart(store: Any, eid: str, doc: Doc, input_doc: Doc) -> list[str | None] | None:
+        etag = store.create(doc)
         if etag is None:
             return None
-        return [etag, self.store.create(input_doc)]
+        return [etag, store.create(input_doc)]
 
-    def broken(seed: int) -> SimResult:
-        with monkeypatch.context() as m:
-            m.setattr(Engine, "_create_with_input", apart)
-            return run_seed(seed, Faults(), ())
+    broken = patched_run(monkeypatch, "celery_durable.engine.documents.model.create_with_input", apart)
 
     found = first_caught(broken)
     assert found is not None, f"no violation in {SEEDS} seeds"
@@ -148,10 +147,7 @@ def test_a_deferred_record_that_leaves_nothing_due_is_caught(monkeypatch: pytest
         self.engine.cache.suspect(d.execution_id)
         return DriveOutcome.DEFERRED
 
-    def broken(seed: int) -> SimResult:
-        with monkeypatch.context() as m:
-            m.setattr(Driver, "_record_deferred", undue)
-            return run_seed(seed, Faults(), ())
+    broken = patched_run(monkeypatch, Driver, "_record_deferred", undue)
 
     found = first_caught(broken)
     assert found is not None, f"no violation in {SEEDS} seeds"

@@ -16,11 +16,12 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from celery_durable.engine.admin.oplog import _check_text, op_doc
+from celery_durable.engine.admin.oplog import op_doc
+from celery_durable.engine.admin.pending_ops import check_field
 from celery_durable.engine.documents.model import DUE_EXEC, EXEC_ID, FAILED, run_of
 from celery_durable.engine.documents.records import count_of, is_terminal, maybe_exec
 from celery_durable.engine.documents.schema import CANCELLED_BY_PARENT, DocType, StepKind, marker_id
-from celery_durable.errors import ConflictError, DurableError, UnknownWorkflowError
+from celery_durable.errors import ConflictError, DurableError, OperationRefused, UnknownWorkflowError
 from celery_durable.stores.base import Doc, Op, strip_reserved
 
 __all__ = ["terminate", "TERMINATED", "keep_cancel", "reopen_terminated"]
@@ -34,8 +35,8 @@ TERMINATED = "WorkflowTerminated"
 def terminate(engine: Any, execution_id: str, by: str, reason: str | None = None) -> bool:
     """End ``execution_id`` now as failed (``WorkflowTerminated``), and its running children;
     False when it had already ended. ``by``/``reason`` are recorded with it."""
-    _check_text(by, "by")
-    _check_text(reason, "reason")
+    check_field(OperationRefused, "by", by)  # before anything is written
+    check_field(OperationRefused, "reason", reason)
     for _ in range(100):
         docs = {d["id"]: d for d in engine.store.query_partition(execution_id).docs}
         ex = maybe_exec(docs.get(EXEC_ID))

@@ -30,12 +30,11 @@ from celery_durable.engine.documents.model import (
     DUE_EXEC,
     EXEC_ID,
     RUNNING,
-    create_with_input,
+    create_exec,
     new_exec_doc,
     parse_step_id,
     result_id,
     run_of,
-    split_payload,
 )
 from celery_durable.engine.signals.external import send_signal_again
 from celery_durable.errors import (
@@ -258,12 +257,7 @@ class Children:
                 fence=True,
                 parent_notified=True,
             )
-            # a large input apart, as any exec: a resume of the parent may revive the fence
-            fence, input_doc = split_payload(fence)
-            if input_doc is None:
-                eng.store.create(fence)
-            else:
-                create_with_input(eng.store, str(fence["pk"]), fence, input_doc)
+            create_exec(eng.store, fence)  # its large input apart, as any exec's: a resume may revive it
 
     def _child_unwanted(self, req: ChildRequest, fenced: bool = False) -> str | None:
         """Why the parent no longer waits for this child (None: it does). A ``fenced`` child

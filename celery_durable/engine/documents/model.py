@@ -39,6 +39,7 @@ __all__ = [
     "new_exec_doc",
     "split_payload",
     "create_with_input",
+    "create_exec",
     "payload_of",
     "INLINE_PAYLOAD",
     "EXEC_ID",
@@ -223,6 +224,20 @@ def payload_of(ex: Mapping[str, Any], docs: Mapping[str, Mapping[str, Any]]) -> 
     if not isinstance(payload, dict):
         raise CorruptDocument(f"execution {ex.get('pk')!r}: its input document {ref!r} is missing")
     return payload
+
+
+def create_exec(store: Store, doc: Doc) -> dict[str, Doc] | None:
+    """Create the new exec document ``doc`` (create-only), a large input apart in the same batch
+    (:func:`split_payload`): the documents as written, with their etags (what a drive that
+    follows at once knows of the partition); ``None`` when the id exists."""
+    doc, input_doc = split_payload(doc)
+    if input_doc is None:
+        etag = store.create(doc)
+        return None if etag is None else {EXEC_ID: doc | {"_etag": etag}}
+    etags = create_with_input(store, str(doc["pk"]), doc, input_doc)
+    if etags is None:
+        return None
+    return {EXEC_ID: doc | {"_etag": etags[0]}, input_doc["id"]: input_doc | {"_etag": etags[1]}}
 
 
 def create_with_input(store: Store, eid: str, doc: Doc, input_doc: Doc) -> list[str | None] | None:

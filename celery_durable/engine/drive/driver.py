@@ -253,12 +253,22 @@ class Driver:
         self, d: _Drive, ex: ExecDoc, docs: dict[str, Doc], carry_new: list[Doc], now: float
     ) -> DriveOutcome | _Again:
         """``defer``: ours recorded with an exec bump, the exec due (if it was not) for a drive."""
-        eng = self.engine
         if not carry_new:
             return DriveOutcome.NOOP
-        bumped = strip_reserved(ex) | {"wakeups": count_of(ex, "wakeups") + 1}
-        if not ex.get("due_kind"):
-            bumped.update(due_kind=DUE_EXEC, due_at=now + eng.settings.drive_timeout)
+        due = {} if ex.get("due_kind") else {"due_kind": DUE_EXEC, "due_at": now + self.engine.settings.drive_timeout}
+        outcome = self._record_bumped(d, ex, docs, carry_new, due)
+        if outcome is DriveOutcome.DEFERRED:
+            self.engine.cache.suspect(d.execution_id)  # not fed by this batch: the next drive reads
+        return outcome
+
+    def _record_bumped(
+        self, d: _Drive, ex: ExecDoc, docs: dict[str, Doc], carry_new: list[Doc], fields: dict[str, Any]
+    ) -> DriveOutcome | _Again:
+        """Ours recorded with an exec bump (and ``fields``), no replay: "deferred" (a lease holder's
+        or a later drive replays it). A conflict (changed, or deleted: purged) reads again; a
+        document too large fails its step instead."""
+        eng = self.engine
+        bumped = strip_reserved(ex) | {"wakeups": count_of(ex, "wakeups") + 1} | fields
         try:
             eng.store.batch(d.execution_id, self._record_ops(docs, carry_new, d.release, bumped, ex["_etag"]))
         except ConflictError:
@@ -267,7 +277,6 @@ class Driver:
         except DocumentTooLarge as exc:
             d.carry = oversized(exc, d.carry)
             return AGAIN
-        eng.cache.suspect(d.execution_id)
         return DriveOutcome.DEFERRED
 
     def _contend(
@@ -289,16 +298,7 @@ class Driver:
             if d.eager:  # nothing of ours to record: the lease holder (and the drive message) drive it
                 return DriveOutcome.DECLINED
             # someone else is driving: record ours with a bump, so their release re-reads
-            bumped = strip_reserved(ex) | {"wakeups": count_of(ex, "wakeups") + 1}
-            try:
-                eng.store.batch(d.execution_id, self._record_ops(docs, carry_new, d.release, bumped, ex["_etag"]))
-            except ConflictError:
-                eng.cache.suspect(d.execution_id)  # changed, or deleted (purged)
-                return AGAIN
-            except DocumentTooLarge as exc:
-                d.carry = oversized(exc, d.carry)
-                return AGAIN
-            return DriveOutcome.DEFERRED
+            return self._record_bumped(d, ex, docs, carry_new, {})
         if d.eager and d.conflicts >= eng.settings.optimistic_attempts:
             return DriveOutcome.DECLINED  # contention: a worker takes the lease (a caller's would only stall it)
         if not d.holding and d.conflicts >= eng.settings.optimistic_attempts:
