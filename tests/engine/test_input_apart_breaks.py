@@ -76,10 +76,7 @@ def test_a_fenced_child_revived_by_a_resume_keeps_its_large_input_apart() -> Non
     assert fence is not None and fence.get("fence")
     Admin(env.engine).resume(eid)
     env.worker.run()
-    for _ in range(3):
-        env.clock.t += 400
-        env.engine.recovery.scan()
-        env.worker.run()
+    env.finish(rounds=3, hours=400 / 3600)  # recovery reports the child's end, re-sends what was lost
     assert ran == [BIG]
     assert env.ex(eid)["status"] == "completed"
     child = env.store.read("P-c1", "exec")
@@ -125,16 +122,10 @@ def _join_race(next_input: str) -> tuple[Any, InProcess, str]:
 
     store.read = racing_read  # type: ignore[method-assign]
     eid = env.start(pdef, BIG)
-    for _ in range(3):
-        env.clock.t += 400
-        env.engine.recovery.scan()
-        env.worker.run()
+    env.finish(rounds=3, hours=400 / 3600)  # recovery reports the child's end, re-sends what was lost
     assert raced
     env.engine.signal("K", "go", 0)
-    for _ in range(3):
-        env.clock.t += 400
-        env.engine.recovery.scan()
-        env.worker.run()
+    env.finish(rounds=3, hours=400 / 3600)  # recovery reports the child's end, re-sends what was lost
     return real_read, env, eid
 
 

@@ -9,40 +9,18 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from celery import Celery
 from celery.bin.celery import celery as celery_cli
 from click.testing import CliRunner
 
-from celery_durable import Durable, durable_activity
+from celery_durable import durable_activity
 from celery_durable import workflow as wf
 from celery_durable.engine.admin.operator import Admin
 from celery_durable.testing.env import WorkflowEnvironment
+from tests.engine.test_terminate import app, durable, ran, trip  # noqa: F401 - app: the CLI's -A
 
-app = Celery("breaks25-tests", set_as_current=False, broker="memory://")
-durable = Durable(app, store="memory://")
-ran: list[str] = []
+# the trip (a Saga that books, then waits) and its app are test_terminate's; ``app`` is also
+# the Celery app the CLI test runs against (``-A tests.engine.test_issue25_breaks``)
 undo_calls: list[str] = []
-
-
-@durable_activity(name="b25.book")
-def book(what: str) -> str:
-    ran.append("book " + what)
-    return what
-
-
-@durable_activity(name="b25.unbook")
-def unbook(what: str) -> str:
-    ran.append("unbook " + what)
-    return what
-
-
-@durable.workflow(name="b25.trip", signals={"go": bool})
-def trip(what: str) -> str:
-    with wf.Saga() as saga:
-        book(what)
-        saga.add(unbook, what)
-        wf.wait_signal("go")
-        return book(what + " again")
 
 
 @durable.workflow(name="b25.kid", signals={"go": bool})

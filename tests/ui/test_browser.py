@@ -15,6 +15,7 @@ import sys
 import tempfile
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -81,15 +82,13 @@ def artifacts() -> Path:
     return folder
 
 
-def test_the_timeline_in_a_real_browser(cluster: Any, ui_server: str, artifacts: Path, tmp_path: Path) -> None:
+@contextmanager
+def _chromium_page() -> Iterator[tuple[Any, list[str]]]:
+    """A page of Debian's headless Chromium (missing, the test fails: .ci/run installs it), and
+    the page and console errors it reports (the caller asserts none); confirmations accepted."""
     if not (Path(CHROMIUM).exists() and shutil.which(CHROMIUM)):
         pytest.fail(f"no Chromium at {CHROMIUM}: apt-get install -y chromium (.ci/run does)")
-    from playwright.sync_api import expect, sync_playwright
-
-    cluster.start_worker()
-    gate = tmp_path / "gate"
-    gated = basic.shifty.start(str(tmp_path / "no-flag"), str(gate))  # right(), then blocks on the gate
-    waiting = basic.sleeper.start("ui", 3600.0)  # sleeps an hour: cancelled from the page
+    from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True)
@@ -99,44 +98,55 @@ def test_the_timeline_in_a_real_browser(cluster: Any, ui_server: str, artifacts:
             page.on("pageerror", lambda exc: errors.append(str(exc)))
             page.on("console", lambda msg: errors.append(f"{msg.text} {msg.location}") if msg.type == "error" else None)
             page.on("dialog", lambda dialog: dialog.accept())
-
-            page.goto(ui_server + "/executions")
-            row = page.locator(f'tr.execution[data-id="{gated.id}"]')
-            expect(row).to_be_visible()
-            expect(page.locator(f'tr.execution[data-id="{waiting.id}"]')).to_have_attribute("data-status", "running")
-            page.screenshot(path=str(artifacts / "1-list.png"), full_page=True)
-
-            row.locator("a").click()
-            expect(page.locator("#status")).to_have_attribute("data-status", "running")
-            # the gate activity runs on the worker: the poll shows it, then its end, with no reload
-            gate_step = page.locator('tr.step[data-seq="2"]')
-            expect(gate_step).to_have_attribute("data-state", "running", timeout=30_000)
-            expect(page.locator('tr.step[data-seq="1"]')).to_have_attribute("data-state", "ok")
-            page.evaluate("window.__same_page = true")
-            page.screenshot(path=str(artifacts / "2-running.png"), full_page=True)
-            gate.write_text("open")
-            expect(page.locator("#status")).to_have_attribute("data-status", "completed", timeout=30_000)
-            expect(gate_step).to_have_attribute("data-state", "ok")
-            expect(page.locator("#result")).to_contain_text('"right"')
-            assert page.evaluate("window.__same_page") is True, "the page reloaded instead of refreshing live"
-            assert page.locator("svg.chart rect.bar.state-ok").count() == 2
-            page.screenshot(path=str(artifacts / "3-completed.png"), full_page=True)
-
-            # cancel from the page: unlock with the token, then the cancel button (POST + CSRF)
-            page.goto(ui_server + f"/executions/{waiting.id}")
-            expect(page.locator("#cancel-button")).to_have_count(0)
-            page.locator("#actions a").click()
-            page.fill("#token", TOKEN)
-            page.click("#login-button")
-            expect(page.locator("#cancel-button")).to_be_visible()
-            page.click("#cancel-button")
-            expect(page.locator("#message")).to_have_text("cancel requested")
-            expect(page.locator("#status")).to_have_attribute("data-status", "cancelled", timeout=30_000)
-            expect(page.locator("#cancel-button")).to_be_hidden()
-            page.screenshot(path=str(artifacts / "4-cancelled.png"), full_page=True)
-            assert errors == [], errors
+            yield page, errors
         finally:
             browser.close()
+
+
+def test_the_timeline_in_a_real_browser(cluster: Any, ui_server: str, artifacts: Path, tmp_path: Path) -> None:
+    from playwright.sync_api import expect
+
+    cluster.start_worker()
+    gate = tmp_path / "gate"
+    gated = basic.shifty.start(str(tmp_path / "no-flag"), str(gate))  # right(), then blocks on the gate
+    waiting = basic.sleeper.start("ui", 3600.0)  # sleeps an hour: cancelled from the page
+
+    with _chromium_page() as (page, errors):
+        page.goto(ui_server + "/executions")
+        row = page.locator(f'tr.execution[data-id="{gated.id}"]')
+        expect(row).to_be_visible()
+        expect(page.locator(f'tr.execution[data-id="{waiting.id}"]')).to_have_attribute("data-status", "running")
+        page.screenshot(path=str(artifacts / "1-list.png"), full_page=True)
+
+        row.locator("a").click()
+        expect(page.locator("#status")).to_have_attribute("data-status", "running")
+        # the gate activity runs on the worker: the poll shows it, then its end, with no reload
+        gate_step = page.locator('tr.step[data-seq="2"]')
+        expect(gate_step).to_have_attribute("data-state", "running", timeout=30_000)
+        expect(page.locator('tr.step[data-seq="1"]')).to_have_attribute("data-state", "ok")
+        page.evaluate("window.__same_page = true")
+        page.screenshot(path=str(artifacts / "2-running.png"), full_page=True)
+        gate.write_text("open")
+        expect(page.locator("#status")).to_have_attribute("data-status", "completed", timeout=30_000)
+        expect(gate_step).to_have_attribute("data-state", "ok")
+        expect(page.locator("#result")).to_contain_text('"right"')
+        assert page.evaluate("window.__same_page") is True, "the page reloaded instead of refreshing live"
+        assert page.locator("svg.chart rect.bar.state-ok").count() == 2
+        page.screenshot(path=str(artifacts / "3-completed.png"), full_page=True)
+
+        # cancel from the page: unlock with the token, then the cancel button (POST + CSRF)
+        page.goto(ui_server + f"/executions/{waiting.id}")
+        expect(page.locator("#cancel-button")).to_have_count(0)
+        page.locator("#actions a").click()
+        page.fill("#token", TOKEN)
+        page.click("#login-button")
+        expect(page.locator("#cancel-button")).to_be_visible()
+        page.click("#cancel-button")
+        expect(page.locator("#message")).to_have_text("cancel requested")
+        expect(page.locator("#status")).to_have_attribute("data-status", "cancelled", timeout=30_000)
+        expect(page.locator("#cancel-button")).to_be_hidden()
+        page.screenshot(path=str(artifacts / "4-cancelled.png"), full_page=True)
+        assert errors == [], errors
     wait_until(lambda: waiting.status() == "cancelled", timeout=10, what="the cancel to be recorded")
     assert gated.status() == "completed"
     print(f"UI screenshots saved in {artifacts}")
@@ -146,39 +156,30 @@ def test_selected_executions_are_cancelled_together(cluster: Any, ui_server: str
     """Issue 25: selection in the list for batch actions. Logged in, each row has a checkbox;
     "cancel" acts on the selected executions only, each recorded as its own action, and the
     result page says what happened to each."""
-    if not (Path(CHROMIUM).exists() and shutil.which(CHROMIUM)):
-        pytest.fail(f"no Chromium at {CHROMIUM}: apt-get install -y chromium (.ci/run does)")
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     cluster.start_worker()
     picked = [basic.sleeper.start(f"batch-{i}", 3600.0) for i in range(2)]
     left = basic.sleeper.start("batch-left", 3600.0)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True)
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
-            errors: list[str] = []
-            page.on("pageerror", lambda exc: errors.append(str(exc)))
-            page.goto(ui_server + "/executions")
-            expect(page.locator('input[type="checkbox"][name="id"]')).to_have_count(0)  # not logged in
-            page.locator("p.hint a").click()
-            page.fill("#token", TOKEN)
-            page.click("#login-button")
-            page.goto(ui_server + "/executions?status=running")
-            for h in picked:
-                page.locator(f'tr.execution[data-id="{h.id}"] input[type="checkbox"]').check()
-            expect(page.locator("table.executions thead")).to_contain_text("custom status")
-            # what each waits on, from its exec alone: the sleeper's timer and when it fires
-            expect(page.locator(f'tr.execution[data-id="{left.id}"] td.waiting')).to_contain_text("timer until 20")
-            page.screenshot(path=str(artifacts / "5-selected.png"), full_page=True)
-            page.click('#batch button[value="cancel"]')
-            expect(page.locator("tr.batch-result.ok")).to_have_count(2)
-            for h in picked:
-                expect(page.locator(f'tr.batch-result[data-id="{h.id}"]')).to_contain_text("cancel requested")
-            page.screenshot(path=str(artifacts / "6-batch-cancelled.png"), full_page=True)
-            assert errors == [], errors
-        finally:
-            browser.close()
+    with _chromium_page() as (page, errors):
+        page.goto(ui_server + "/executions")
+        expect(page.locator('input[type="checkbox"][name="id"]')).to_have_count(0)  # not logged in
+        page.locator("p.hint a").click()
+        page.fill("#token", TOKEN)
+        page.click("#login-button")
+        page.goto(ui_server + "/executions?status=running")
+        for h in picked:
+            page.locator(f'tr.execution[data-id="{h.id}"] input[type="checkbox"]').check()
+        expect(page.locator("table.executions thead")).to_contain_text("custom status")
+        # what each waits on, from its exec alone: the sleeper's timer and when it fires
+        expect(page.locator(f'tr.execution[data-id="{left.id}"] td.waiting')).to_contain_text("timer until 20")
+        page.screenshot(path=str(artifacts / "5-selected.png"), full_page=True)
+        page.click('#batch button[value="cancel"]')
+        expect(page.locator("tr.batch-result.ok")).to_have_count(2)
+        for h in picked:
+            expect(page.locator(f'tr.batch-result[data-id="{h.id}"]')).to_contain_text("cancel requested")
+        page.screenshot(path=str(artifacts / "6-batch-cancelled.png"), full_page=True)
+        assert errors == [], errors
     for h in picked:
         wait_until(lambda h=h: h.status() == "cancelled", timeout=30, what=f"{h.id} cancelled")
     assert left.status() == "running"
