@@ -24,9 +24,11 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from celery_durable.engine.admin.counts import status_counts
+from celery_durable.engine.admin.family import family
 from celery_durable.engine.admin.operator import Admin, ExecutionDetail, OperationRefused
 from celery_durable.engine.admin.terminate import terminate
 from celery_durable.engine.admin.timeline import STATUSES
+from celery_durable.engine.admin.waiting import activity_states
 from celery_durable.engine.admin.wording import ts
 from celery_durable.engine.core import Engine
 from celery_durable.engine.documents.schema import Status
@@ -213,6 +215,8 @@ class UI:
             request,
             "list.html",
             rows=page.executions,
+            # a waited-on activity: queued, running or backing off (its marker, read per row)
+            waits=activity_states(self.engine.store, page.executions, now),
             filters=filters,
             problems=[],
             next_url=next_url,
@@ -235,6 +239,9 @@ class UI:
             return self.page(request, "missing.html", 404, what=f"no execution with id {execution_id!r}")
         message = MESSAGES.get(request.query_params.get("msg", ""))
         context = self.live_context(request, detail) | {"confirm": confirms(self.admin, detail)}
+        s = detail.summary
+        # read once per page load (not with each poll): a query per descendant, bounded
+        context["family"] = family(self.engine.store, s, detail.children) if s.parent or detail.children else []
         return self.page(request, "execution.html", message=message, **context)
 
     def execution_json(self, request: Request) -> Response:

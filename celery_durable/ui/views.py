@@ -144,7 +144,7 @@ def _bounds(detail: ExecutionDetail, now: float) -> tuple[float, float]:
     times = [
         t
         for step in detail.steps
-        for t in (step.scheduled_at, step.started_at, step.finished_at)
+        for t in (step.scheduled_at, step.started_at, step.finished_at, step.failed_at)
         if _finite(t) is not None and t
     ]
     times += [sig.at for sig in detail.signals if sig.at]
@@ -153,7 +153,38 @@ def _bounds(detail: ExecutionDetail, now: float) -> tuple[float, float]:
     end_candidates = [*times, start]
     end_candidates.append(now if running else (_finite(s.completed_at) or _finite(s.updated_at) or start))
     end = max(end_candidates)
-    return start, (end if end > start else start + 1.0)
+    end = end if end > start else start + 1.0
+    # a deadline ahead (a timer, a wait's timeout, a retry) is drawn when near enough: a
+    # 3-day timer must not squeeze the hour that happened into a pixel
+    reach = end + max(60.0, 2 * (end - start))
+    ahead = [
+        t
+        for step in detail.steps
+        if running and step.finished_at is None
+        for t in (step.deadline, step.retry_at)
+        if t is not None and math.isfinite(t) and end < t <= reach
+    ]
+    return start, max([end, *ahead])
+
+
+#: the bar colour of a step that waits, by kind: a timer, a wait for a signal (a person, often)
+_WAIT_CLS: dict[str, str] = {StepKind.SLEEP: "timer", StepKind.SIGNAL: "human"}
+
+
+def _retries(step: StepRecord, label: str, start: float, end: float, x: Any) -> tuple[list[Bar], float]:
+    """The attempts before the last and the backoff after the last failed one, and where the
+    bar of the attempt after them starts."""
+    failed, retry_at = _finite(step.failed_at), _finite(step.retry_at)
+    if failed is None or failed < start:
+        return [], start
+    retry_at = max(failed, retry_at if retry_at is not None else failed)
+    began = _finite(step.started_at)
+    n = (step.attempts or 1) - (1 if began is not None and began > failed else 0)
+    what = f"{label}: attempts 1-{n} failed" if n > 1 else f"{label}: attempt 1 failed"
+    bars = [Bar(x(start), max(1.0, x(failed) - x(start)), "earlier", what)]
+    stop = min(retry_at, began if began is not None and began > failed else end)
+    bars.append(Bar(x(failed), max(1.0, x(stop) - x(failed)), "backoff", f"{label}: backoff until {ts(retry_at)}"))
+    return bars, stop
 
 
 def _step_row(step: StepRecord, x: Any, now: float, running: bool) -> Row:
@@ -175,20 +206,33 @@ def _step_row(step: StepRecord, x: Any, now: float, running: bool) -> Row:
         title += f"; {step.attempts} attempts (retried)"
     if step.error:
         title += f"; {step.error}"
-    bars: list[Bar] = []
-    if began is not None and began > start:
+    bars, first = _retries(step, label, start, end, x)
+    if began is not None and began > first:
         bars.append(
-            Bar(x(start), max(1.0, x(began) - x(start)), "queued", f"{label}: queued {duration(began - start)}")
+            Bar(x(first), max(1.0, x(began) - x(first)), "queued", f"{label}: queued {duration(began - first)}")
         )
-    first = began if began is not None and began > start else start
+        first = began
+    elif bars and end > first:  # no attempt since the backoff: queued since (or ended so)
+        cls = "queued" if open_ended else f"state-{slug(step.state)}"
+        bars.append(Bar(x(first), max(1.0, x(end) - x(first)), cls, title))
+        first = end
     cls = f"state-{slug(step.state)}"
-    if step.kind == StepKind.SLEEP:
-        cls = "timer" if step.state == "waiting" else "timer-fired" if step.state == "ok" else cls
-    bars.append(Bar(x(first), max(2.0, x(end) - x(first)), cls, title))
-    marks: tuple[Mark, ...] = ()
+    if step.state == "waiting":
+        cls = _WAIT_CLS.get(step.kind, cls)
+    elif step.kind == StepKind.SLEEP and step.state == "ok":
+        cls = "timer-fired"
+    if end > first or not bars or bars[-1].title != title:  # the step's own bar: its state, always
+        bars.append(Bar(x(min(first, end)), max(2.0, x(end) - x(first)), cls, title))
+    marks: list[Mark] = []
     if (step.attempts or 0) > 1 and began is not None:
-        marks = (Mark(x(began), "retry", f"attempt {step.attempts} started {ts(began)}"),)
-    return Row(label, note, href, tuple(bars), marks)
+        marks.append(Mark(x(began), "retry", f"attempt {step.attempts} started {ts(began)}"))
+    deadline = _finite(step.deadline)
+    if deadline is not None:
+        what = "fires" if step.kind == StepKind.SLEEP else "times out"
+        if open_ended and deadline > end:  # still ahead: drawn dashed up to it (or the edge)
+            bars.append(Bar(x(end), max(1.0, x(deadline) - x(end)), "planned", f"{label}: {what} at {ts(deadline)}"))
+        marks.append(Mark(x(deadline), "deadline", f"{label}: {what if open_ended else 'deadline'} at {ts(deadline)}"))
+    return Row(label, note, href, tuple(bars), tuple(marks))
 
 
 def chart(detail: ExecutionDetail, now: float) -> Chart:

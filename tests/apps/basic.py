@@ -257,3 +257,24 @@ def tagged(key: str) -> str:
     how = wf.wait_signal("go")
     wf.upsert_search(stage=how, tags=["done", key])
     return how
+
+
+@durable_activity(autoretry_for=(ConnectionError,), max_retries=3, default_retry_delay=3600)
+def backs_off(key: str) -> str:
+    """Fails with a backoff of an hour: its execution waits in the retry's backoff."""
+    raise ConnectionError(f"{key}: the service is down")
+
+
+@durable.workflow(name="backing_off")
+def backing_off(key: str) -> str:
+    return backs_off(key)
+
+
+@durable.workflow(name="family_tree")
+def family_tree(depth: int, seconds: float) -> int:
+    """A chain of children ``depth`` deep (ids ``<parent>-c``); the last one sleeps ``seconds``."""
+    if depth == 0:
+        wf.sleep(seconds)
+        return 0
+    child = family_tree.start_child(depth - 1, seconds, _workflow_id=f"{wf.execution_id()}-c")
+    return child.result() + 1

@@ -1,5 +1,11 @@
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -10,6 +16,7 @@ from starlette.testclient import TestClient
 from celery_durable.stores.sqlite.store import SqliteStore
 from celery_durable.testing.env import WorkflowEnvironment
 from celery_durable.ui import create_app
+from tests.plugins.workers import REPO, wait_until
 from tests.ui import flows
 
 TOKEN = "test-token-0123456789abcdef"
@@ -44,3 +51,56 @@ def cluster(request: pytest.FixtureRequest, tmp_path: Path, worker_factory: Any)
     from tests.integration.conftest import make_cluster
 
     return make_cluster(request, tmp_path, worker_factory, "redis", "sqlite")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _up(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def ui_server(cluster: Any, tmp_path: Path) -> Iterator[str]:
+    port = _free_port()
+    log = tmp_path / "ui.log"
+    env = dict(os.environ) | cluster.workers.env | {"DURABLE_UI_TOKEN": TOKEN}
+    cmd = [sys.executable, "-m", "celery", "-A", "tests.apps.basic", "durable", "ui", "--port", str(port)]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+
+        def ready() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"the UI exited with {proc.returncode}:\n{log.read_text()}")
+            return _up(base + "/healthz")
+
+        wait_until(ready, timeout=60, what="the UI server")
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+    text = log.read_text()
+    assert TOKEN not in text, "the token given by the environment must never be printed"
+
+
+@pytest.fixture
+def artifacts() -> Path:
+    # not under tmp_path: pytest keeps only its last few base temp dirs (other runs rotate them)
+    root = os.environ.get("TEST_ARTIFACTS") or tempfile.mkdtemp(prefix="celery-durable-artifacts-")
+    folder = Path(root) / "ui"
+    folder.mkdir(parents=True, exist_ok=True)
+    print(f"\nUI screenshots: {folder}")
+    return folder

@@ -95,3 +95,12 @@ def saga(order: str) -> str:
         add(1, 1)
         s.add(refund, order)
         return label(order)
+
+
+@durable.workflow(name="ui.brood")
+def brood(n: int, depth: int) -> int:
+    """``n`` children (``<id>-<i>``) per level, ``depth`` levels below; every leaf waits for ``go``."""
+    if depth == 0:
+        return int(wf.wait_signal("go", int))
+    kids = [brood.start_child(n, depth - 1, _workflow_id=f"{wf.execution_id()}-{i}") for i in range(n)]
+    return sum(k.result() for k in kids)

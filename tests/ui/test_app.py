@@ -86,9 +86,18 @@ def test_execution_page_draws_the_timeline(env: WorkflowEnvironment, client: Tes
     assert kinds[3] == ("sleep", "ok") and kinds[5] == ("signal", "waiting")
     # the retried activity: three attempts, said in the table and the chart
     assert "3 attempts (retried)" in html and 'class="mark retry"' in html
-    # a bar per activity, timer, child and wait; the emit is a point (its effect is in the lane)
-    assert html.count('<rect class="bar') == 5 and html.count('class="mark emit"') == 1
-    assert html.count('<rect class="bar timer-fired"') == 1 and html.count('<rect class="bar state-waiting"') == 1
+    # a bar per activity, timer, child and wait; the emit is a point (its effect is in the lane);
+    # the retried activity's failed attempts and backoff are bars of their own, and the wait's
+    # deadline (a day ahead) is a dashed bar to the chart's edge
+    assert html.count('<rect class="bar') == 8 and html.count('class="mark emit"') == 1
+    for cls in ("earlier", "backoff", "timer-fired", "human", "planned"):
+        assert html.count(f'<rect class="bar {cls}"') == 1, cls
+    # the timer's and the wait's deadlines are marked; the wait's says when it times out
+    assert html.count('class="mark deadline"') == 2
+    assert re.search(r"#6 signal approve: times out at \d{4}-\d\d-\d\d", html)
+    assert re.search(r'<small class="deadline">times out \d{4}-', html)
+    # a wait for a person is not drawn as a timer
+    assert 'class="bar timer"' not in html and 'class="bar state-waiting"' not in html
     # the child is linked to its own page, which links back to its parent
     assert 'href="/executions/order-1-kid"' in html
     kid_page = client.get("/executions/order-1-kid").text

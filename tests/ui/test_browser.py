@@ -7,100 +7,17 @@ the test: .ci/run installs it. Screenshots go to ``$TEST_ARTIFACTS`` (or the tes
 
 from __future__ import annotations
 
-import os
-import shutil
-import socket
-import subprocess
-import sys
-import tempfile
-import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.apps import basic
-from tests.plugins.workers import REPO, wait_until
+from tests.plugins.workers import wait_until
+from tests.ui.chromium import chromium_page
 from tests.ui.conftest import TOKEN
 
 pytestmark = pytest.mark.worker
-CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _up(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as r:
-            return bool(r.status == 200)
-    except OSError:
-        return False
-
-
-@pytest.fixture
-def ui_server(cluster: Any, tmp_path: Path) -> Iterator[str]:
-    port = _free_port()
-    log = tmp_path / "ui.log"
-    env = dict(os.environ) | cluster.workers.env | {"DURABLE_UI_TOKEN": TOKEN}
-    cmd = [sys.executable, "-m", "celery", "-A", "tests.apps.basic", "durable", "ui", "--port", str(port)]
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-
-        def ready() -> bool:
-            if proc.poll() is not None:
-                raise AssertionError(f"the UI exited with {proc.returncode}:\n{log.read_text()}")
-            return _up(base + "/healthz")
-
-        wait_until(ready, timeout=60, what="the UI server")
-        yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-    text = log.read_text()
-    assert TOKEN not in text, "the token given by the environment must never be printed"
-
-
-@pytest.fixture
-def artifacts() -> Path:
-    # not under tmp_path: pytest keeps only its last few base temp dirs (other runs rotate them)
-    root = os.environ.get("TEST_ARTIFACTS") or tempfile.mkdtemp(prefix="celery-durable-artifacts-")
-    folder = Path(root) / "ui"
-    folder.mkdir(parents=True, exist_ok=True)
-    print(f"\nUI screenshots: {folder}")
-    return folder
-
-
-@contextmanager
-def _chromium_page() -> Iterator[tuple[Any, list[str]]]:
-    """A page of Debian's headless Chromium (missing, the test fails: .ci/run installs it), and
-    the page and console errors it reports (the caller asserts none); confirmations accepted."""
-    if not (Path(CHROMIUM).exists() and shutil.which(CHROMIUM)):
-        pytest.fail(f"no Chromium at {CHROMIUM}: apt-get install -y chromium (.ci/run does)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True)
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
-            errors: list[str] = []
-            page.on("pageerror", lambda exc: errors.append(str(exc)))
-            page.on("console", lambda msg: errors.append(f"{msg.text} {msg.location}") if msg.type == "error" else None)
-            page.on("dialog", lambda dialog: dialog.accept())
-            yield page, errors
-        finally:
-            browser.close()
 
 
 def test_the_timeline_in_a_real_browser(cluster: Any, ui_server: str, artifacts: Path, tmp_path: Path) -> None:
@@ -111,7 +28,7 @@ def test_the_timeline_in_a_real_browser(cluster: Any, ui_server: str, artifacts:
     gated = basic.shifty.start(str(tmp_path / "no-flag"), str(gate))  # right(), then blocks on the gate
     waiting = basic.sleeper.start("ui", 3600.0)  # sleeps an hour: cancelled from the page
 
-    with _chromium_page() as (page, errors):
+    with chromium_page() as (page, errors):
         page.goto(ui_server + "/executions")
         row = page.locator(f'tr.execution[data-id="{gated.id}"]')
         expect(row).to_be_visible()
@@ -161,7 +78,7 @@ def test_selected_executions_are_cancelled_together(cluster: Any, ui_server: str
     cluster.start_worker()
     picked = [basic.sleeper.start(f"batch-{i}", 3600.0) for i in range(2)]
     left = basic.sleeper.start("batch-left", 3600.0)
-    with _chromium_page() as (page, errors):
+    with chromium_page() as (page, errors):
         page.goto(ui_server + "/executions")
         expect(page.locator('input[type="checkbox"][name="id"]')).to_have_count(0)  # not logged in
         page.locator("p.hint a").click()

@@ -329,6 +329,8 @@ class ActivityRunner:
                     return
                 updated = _lease_back(marker, now + countdown + eng.settings.activity_queue_timeout)
                 updated["last_error"] = error_info(exc, attempts=attempt.number) if exc is not None else None
+                # the backoff, for the timeline (a retry's wait is not the activity running)
+                updated.update(failed_at=now, retry_at=now + countdown)
                 try:
                     eng.store.replace(updated, if_match=marker["_etag"])
                     return

@@ -159,6 +159,7 @@ class LocalRunner:
                 if delay is not None:  # a longer backoff: commit the attempts, retry on a timer
                     fire_at = eng.clock.now() + delay
                     marker.update(attempts=attempt, last_error=error_info(exc, attempts=attempt))
+                    marker.update(failed_at=eng.clock.now(), retry_at=fire_at)
                     marker.update(fire_at=fire_at, due_kind=DUE_CLOCK, due_at=fire_at)
                     self._keep_marker(marker, committed, run)
                     history[mid] = dict(marker)

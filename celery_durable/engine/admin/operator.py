@@ -501,7 +501,8 @@ class Admin:
         kind, seq, run = marker.get("kind"), int(marker["seq"]), _int(ex.get("run"))
         if lease_live(marker, now):  # sent again, it would run twice at once (as reset and retry refuse)
             raise OperationRefused(f"step {seq} ({marker.get('name')}) of {ex['pk']} is still running; try again later")
-        updated = strip_reserved(marker) | {"lease": None, "last_error": None, "_etag": marker["_etag"]}
+        kept = {k: v for k, v in strip_reserved(marker).items() if k not in ("failed_at", "retry_at")}  # old backoff
+        updated = kept | {"lease": None, "last_error": None, "_etag": marker["_etag"]}
         if kind == StepKind.ACTIVITY and marker.get("local"):
             # run by the drive _operate sends (engine/activities/local_activities.py): no message, no timer
             updated.update(

@@ -104,6 +104,11 @@ class StepRecord:
     input: Any = None
     #: the stored traceback of its error (the innermost frames: the line that raised)
     traceback: str | None = None
+    #: a timer's fire time, a signal wait's timeout
+    deadline: float | None = None
+    #: an activity's last failed attempt's end and when the next may start (its backoff)
+    failed_at: float | None = None
+    retry_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -247,6 +252,9 @@ def _step(marker: Doc, by_id: dict[str, Doc], run: int) -> StepRecord:
         error=_err_text(out.get("error")) or _err_text(marker.get("last_error") if outcome is None else None),
         input=marker.get("input"),
         traceback=_traceback(out.get("error")) or _traceback(marker.get("last_error") if outcome is None else None),
+        deadline=_num(marker.get("fire_at")) if kind in (StepKind.SLEEP, StepKind.SIGNAL) else None,
+        failed_at=_num(marker.get("failed_at")),
+        retry_at=_num(marker.get("retry_at")),
     )
 
 

@@ -197,6 +197,9 @@ class MarkerDoc(_Due, total=False):
     started_at: float
     lease: Lease | None
     last_error: ErrorInfo | None
+    #: the last failed attempt's end and when the next may start (its backoff, for the timeline)
+    failed_at: float
+    retry_at: float
     resends: int
     resent_at: float
     resent_due: float
