@@ -16,6 +16,8 @@ from celery_durable.glue.outbox import (
     IdempotencyConflict,
     LaneFull,
     Outbox,
+    Problems,
+    StuckLane,
     effect_context,
 )
 
@@ -25,6 +27,8 @@ __all__ = [
     "Outbox",
     "EffectInfo",
     "EffectSpec",
+    "Problems",
+    "StuckLane",
     "EffectContext",
     "EffectCancelled",
     "EffectTimeout",

@@ -1,7 +1,8 @@
-"""``celery -A proj durable outbox …``: list, show, cancel and retry effect outbox rows."""
+"""``celery -A proj durable outbox …``: list, show, cancel and retry effect outbox rows; list the problems."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import click
@@ -21,7 +22,7 @@ _durable = durable_of
 
 @click.group()
 def outbox() -> None:
-    """Effect outbox rows: list, show, cancel, retry."""
+    """Effect outbox rows: list, show, cancel, retry; problems across every key."""
 
 
 def _effect_row(info: Any) -> list[str]:
@@ -96,7 +97,7 @@ def outbox_cancel(
 @click.pass_context
 def outbox_retry(ctx: click.Context, effect_id: str, yes: bool, as_json: bool) -> None:
     """Run a failed effect again: a new row (id ``<id>:retry<n>``) with the same type, key and
-    payload. The failed row is kept as it is, for the record."""
+    payload. The failed row is kept, for the record, and leaves ``outbox problems``."""
     json_out.needs_yes(as_json, yes)
     d = _durable(ctx)
     info = d.outbox.get(effect_id)
@@ -106,12 +107,34 @@ def outbox_retry(ctx: click.Context, effect_id: str, yes: bool, as_json: bool) -
         raise click.ClickException(f"effect {effect_id} is {info.status}, not failed")
     if not yes:
         click.confirm(f"run {info.type} {effect_id} again?", abort=True)
-    n = 1
-    while d.outbox.get(f"{effect_id}:retry{n}") is not None:
-        n += 1
-    new_id = f"{effect_id}:retry{n}"
-    d.outbox.enqueue(info.type, info.payload, key=info.key, effect_id=new_id)
+    new_id = d.outbox.retry(effect_id)  # the failed row leaves `outbox problems`
     if as_json:
         json_out.echo({"action": "retry", "effect_id": effect_id, "enqueued": new_id})
     else:
         click.echo(f"enqueued {new_id}")
+
+
+@outbox.command(name="problems")
+@click.option("--limit", default=100, show_default=True, type=click.IntRange(1, 1000), help="at most this many of each")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def outbox_problems(ctx: click.Context, limit: int, as_json: bool) -> None:
+    """Effects that failed for good, and lanes and intents the scan has not acted on, across every key."""
+    p = _durable(ctx).outbox.problems(limit)
+    if as_json:
+        json_out.echo(dataclasses.asdict(p))
+        return
+    more = " (more not shown)"
+    if p.failed:
+        rows = [[f.id, f.type, f.key, f"{f.attempt}/{f.max_attempts}", ts(f.completed_at),
+                 (f.last_error or f.reason or "")[:60]] for f in p.failed]  # fmt: skip
+        title = "failed effects, oldest first" + (more if p.more_failed else "")
+        print_table(["EFFECT ID", "TYPE", "KEY", "ATTEMPT", "FAILED", "LAST ERROR"], rows, title=title)
+    else:
+        click.echo("no failed effects")
+    if p.stuck:
+        rows = [[s.key, s.why, ts(s.due_at), s.effect_id, s.effect_type or ""] for s in p.stuck]
+        title = f"stuck: due over {p.grace:g} s, not acted on" + (more if p.more_stuck else "")
+        print_table(["KEY", "WHY", "DUE SINCE", "EFFECT ID", "TYPE"], rows, title=title)
+    else:
+        click.echo("no stuck lanes or intents")

@@ -53,7 +53,8 @@ from celery_durable.engine.outbox import (
     OutboxSettings,
     ScanReport,
 )
-from celery_durable.engine.outbox.model import RETRY, TERMINAL, adopt_of, intent_id, lane_pk
+from celery_durable.engine.outbox.model import FAILED, RETRY, adopt_of, intent_id, lane_pk
+from celery_durable.engine.outbox.problems import EffectInfo, Problems, StuckLane
 from celery_durable.engine.outbox.runtime import (
     EffectCancelled,
     EffectContext,
@@ -72,6 +73,7 @@ from celery_durable.errors import (
     DurableTimeoutError,
     IdempotencyConflict,
     LaneFull,
+    OperationRefused,
     StoreError,
     StoreUnavailable,
 )
@@ -89,6 +91,8 @@ __all__ = [
     "Outbox",
     "EffectInfo",
     "EffectSpec",
+    "Problems",
+    "StuckLane",
     "IdempotencyConflict",
     "LaneFull",
     "EffectContext",
@@ -130,49 +134,6 @@ def _shielded(method: Callable[P, R]) -> Callable[P, R]:
 
 def _seconds(value: Any) -> float:
     return value.total_seconds() if isinstance(value, timedelta) else float(value)
-
-
-@dataclass(frozen=True)
-class EffectInfo:
-    """A snapshot of one outbox row (``durable.outbox.get(effect_id)``)."""
-
-    id: str
-    type: str
-    key: str
-    status: str
-    attempt: int
-    max_attempts: int
-    payload: Any
-    last_error: str | None
-    reason: str | None
-    created_at: float
-    available_at: float
-    started_at: float | None
-    completed_at: float | None
-    lease: dict[str, Any] | None
-
-    @property
-    def done(self) -> bool:
-        return self.status in TERMINAL
-
-    @classmethod
-    def from_row(cls, row: Doc) -> EffectInfo:
-        return cls(
-            id=str(row["effect_id"]),
-            type=str(row["effect_type"]),
-            key=str(row["key"]),
-            status=str(row["status"]),
-            attempt=int(row.get("attempt") or 0),
-            max_attempts=int(row.get("max_attempts") or 1),
-            payload=row.get("payload"),
-            last_error=row.get("last_error"),
-            reason=row.get("reason"),
-            created_at=float(row["created_at"]),
-            available_at=float(row["available_at"]),
-            started_at=row.get("started_at"),
-            completed_at=row.get("completed_at"),
-            lease=row.get("lease"),
-        )
 
 
 @dataclass(frozen=True)
@@ -589,6 +550,28 @@ class Outbox:
         admitted are cancelled too.
         """
         return self.core.cancel(effect_id, key=key, types=types, reason=reason)
+
+    @_shielded
+    def problems(self, limit: int = 100) -> Problems:
+        """Effects that failed for good (oldest first) and lanes and intents the liveness scan has
+        not acted on for two scan intervals, across every key: at most ``limit`` of each."""
+        return self.core.problems(limit)
+
+    @_shielded
+    def retry(self, effect_id: str) -> str:
+        """Run a failed effect again: a new row ``<id>:retry<n>`` (same type, key and payload) at
+        the end of its key; the failed row stays, for the record, and leaves :meth:`problems`.
+        Returns the new id; :class:`OperationRefused` if ``effect_id`` is unknown or not failed."""
+        info = self.get(effect_id)
+        if info is None or info.status != FAILED:
+            raise OperationRefused(f"effect {effect_id!r} is {'unknown' if info is None else info.status}, not failed")
+        n = 1
+        while self.get(f"{effect_id}:retry{n}") is not None:
+            n += 1
+        new_id = f"{effect_id}:retry{n}"
+        self.enqueue(info.type, info.payload, key=info.key, effect_id=new_id)
+        self.core.retried(effect_id, new_id)  # enqueued first: a crash between leaves it listed, not lost
+        return new_id
 
     @_shielded
     def scan(self) -> ScanReport:

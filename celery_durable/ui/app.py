@@ -85,6 +85,8 @@ CSP = (
     "object-src 'none'; base-uri 'none'; frame-ancestors 'none'; form-action 'self'"
 )
 DEFAULT_PAGE = 50
+#: failed effects, and stuck lanes and intents, the /effects page shows (of each)
+PROBLEMS_SHOWN = 200
 
 
 def _templates() -> Environment:
@@ -266,6 +268,12 @@ class UI:
             head = {"error": str(exc)}
         return self.page(request, "lane.html", lane=read_lane(self.engine, key), head=head, key=key)
 
+    def effects(self, request: Request) -> Response:
+        """Failed effects and stuck lanes across every key (``OutboxEngine.problems``; a store
+        outage is a 503 like every page's)."""
+        problems = self.engine.outbox.problems(PROBLEMS_SHOWN)
+        return self.page(request, "effects.html", p=problems, now=self.engine.clock.now())
+
     # --- login and actions ------------------------------------------------------------------
 
     async def login(self, request: Request) -> Response:
@@ -425,6 +433,7 @@ def create_app(engine: Engine, token: str, access: Access | None = None) -> Star
         Route("/executions/{execution_id:path}", ui.execution),
         Route("/api/executions/{execution_id:path}", ui.execution_json),
         Route("/lanes", ui.lane),
+        Route("/effects", ui.effects),
         Route("/login", ui.login, methods=["GET", "POST"]),
         Route("/logout", ui.logout, methods=["POST"]),
         Route("/actions/batch", ui.batch, methods=["POST"]),

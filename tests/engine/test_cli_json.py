@@ -42,6 +42,11 @@ def order(order_id: str, wait: bool = False) -> str:
     return ship(order_id)
 
 
+@durable.effect("cj.notify", max_attempts=1)
+def notify(to: str) -> None:
+    raise ConnectionRefusedError(f"no route to {to}")
+
+
 @pytest.fixture
 def env(tmp_path: Path) -> WorkflowEnvironment:
     broken["ship"] = True
@@ -142,3 +147,49 @@ def test_purge_dry_run_lists_what_it_would_delete_and_deletes_nothing(env: Workf
     assert (done["purged"], done["kept"]) == (2, 0) and done["documents"] >= 4
     listed = {json.loads(line)["id"] for line in _cli("list", "--json").stdout.splitlines()}
     assert listed == {"p-live"}
+
+
+def _notify(env: WorkflowEnvironment, effect_id: str, key: str) -> None:
+    core = env.engine.outbox
+    body = core.effect_body(
+        "cj.notify",
+        "ops@example.com",
+        key=key,
+        effect_id=effect_id,
+        available_at=None,
+        replay_safe=True,
+        max_attempts=1,
+    )
+    core.admit(body)
+
+
+def test_outbox_problems_lists_failed_effects_and_stuck_lanes(env: WorkflowEnvironment) -> None:
+    assert _json(_cli("outbox", "problems", "--json")) == {
+        "failed": [], "stuck": [], "grace": 10.0, "more_failed": False, "more_stuck": False
+    }  # fmt: skip
+    assert "no failed effects" in _cli("outbox", "problems").stdout
+    env.clock.t -= 3600  # what follows happened an hour ago (the CLI reads the real clock)
+    _notify(env, "n-1", "mail-1")
+    env.run_until_idle()  # its handler fails: one attempt
+    _notify(env, "n-2", "mail-2")
+    env.dispatcher.queue.clear()  # its message is lost, and no beat runs the scan
+    data = _json(_cli("outbox", "problems", "--json"))
+    (failed,) = data["failed"]
+    assert (failed["id"], failed["key"], failed["type"], failed["status"]) == ("n-1", "mail-1", "cj.notify", "failed")
+    assert "no route to ops@example.com" in failed["last_error"]
+    assert abs(_iso(failed["completed_at"]).timestamp() - env.clock.now()) < 1
+    (stuck,) = data["stuck"]
+    assert (stuck["key"], stuck["why"], stuck["effect_id"], stuck["effect_type"]) == (
+        "mail-2", "unclaimed", "n-2", "cj.notify"
+    )  # fmt: skip
+    assert _iso(stuck["due_at"]).timestamp() < time.time() - 3000
+    text = _cli("outbox", "problems").stdout
+    assert "n-1" in text and "mail-2" in text and "unclaimed" in text
+    # retried: the failed row stays (retried_as says by what) and leaves the overview
+    assert _json(_cli("outbox", "retry", "n-1", "--yes", "--json"))["enqueued"] == "n-1:retry1"
+    assert _json(_cli("outbox", "problems", "--json"))["failed"] == []
+    (row,) = [
+        json.loads(line)
+        for line in _cli("outbox", "list", "--key", "mail-1", "--json", "--status", "failed").stdout.splitlines()
+    ]
+    assert (row["id"], row["retried_as"]) == ("n-1", "n-1:retry1")

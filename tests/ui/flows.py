@@ -38,6 +38,11 @@ def mail(to: str) -> None:
     MAILS.append(to)
 
 
+@durable.effect("ui.bounce", max_attempts=1)
+def bounce(to: str) -> None:
+    raise ConnectionRefusedError(f"mailbox {to} is full")
+
+
 @durable.workflow(name="ui.echo")
 def echo(text: str) -> str:
     return text

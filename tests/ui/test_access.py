@@ -154,7 +154,14 @@ def test_no_anonymous_or_rebound_request_ever_reads_a_payload(
         "session": ({}, {COOKIE: session}, True),
         "forged-session": ({}, {COOKIE: session.split(".")[0] + ".00"}, False),
     }
-    paths = ["/api/executions/order-1", "/executions/order-1", "/executions", "/lanes?key=order-1", "/executions/"]
+    paths = [
+        "/api/executions/order-1",
+        "/executions/order-1",
+        "/executions",
+        "/lanes?key=order-1",
+        "/executions/",
+        "/effects",
+    ]
     with TestClient(app, follow_redirects=False) as c:
         for _ in range(150):
             host, cred = rng.choice(list(hosts)), rng.choice(list(creds))

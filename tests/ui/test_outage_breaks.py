@@ -58,7 +58,9 @@ def test_an_action_during_an_outage_is_a_503(action: str, form: dict[str, str], 
         assert r.status_code == 503, (r.status_code, r.text[-500:])
 
 
-@pytest.mark.parametrize("path", ["/executions", "/executions/o-1", "/api/executions/o-1", "/lanes?key=k", "/healthz"])
+@pytest.mark.parametrize(
+    "path", ["/executions", "/executions/o-1", "/api/executions/o-1", "/lanes?key=k", "/effects", "/healthz"]
+)
 def test_a_page_during_an_outage_is_a_503(path: str) -> None:
     """/lanes?key=... answers 200 with the outage shown as the lane's error (read_lane and the
     lane view catch DurableError, StoreUnavailable included)."""

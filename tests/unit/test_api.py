@@ -131,6 +131,15 @@ def test_public_aliases_are_the_glue_objects() -> None:
     assert celery_durable.outbox.effect_context is celery_durable.glue.outbox.effect_context
     assert celery_durable.outbox.EffectCancelled is celery_durable.glue.outbox.EffectCancelled
     assert set(celery_durable.outbox.__all__) >= {"OUTBOX_SCAN_TASK", "EFFECT_TASK_PREFIX", "effect_context"}
+    # the operator's overview (issue 25): its value types on the public path, its calls on ``durable.outbox``
+    assert celery_durable.outbox.Problems is celery_durable.glue.outbox.Problems
+    assert celery_durable.outbox.StuckLane is celery_durable.glue.outbox.StuckLane
+    assert {"Problems", "StuckLane"} <= set(celery_durable.outbox.__all__)
+    import inspect
+
+    Outbox = celery_durable.outbox.Outbox
+    assert list(inspect.signature(Outbox.problems).parameters) == ["self", "limit"]
+    assert list(inspect.signature(Outbox.retry).parameters) == ["self", "effect_id"]
 
 
 def test_only_stores_touch_backend_libraries() -> None:

@@ -353,6 +353,8 @@ class LaneRowDoc(_Due, total=False):
     created_at: float
     started_at: float | None
     completed_at: float | None
+    #: a failed row run again (``durable outbox retry``): the new row's effect id
+    retried_as: str | None
 
 
 class OperationPartDoc(_Doc, total=False):

@@ -6,6 +6,7 @@ from celery_durable.engine.outbox.machine import OutboxEngine
 from celery_durable.engine.outbox.model import (
     CANCELLED,
     DUE_ADMIT,
+    DUE_FAILED,
     DUE_LANE,
     DUE_PRUNE,
     FAILED,
@@ -43,6 +44,7 @@ __all__ = [
     "DUE_LANE",
     "DUE_ADMIT",
     "DUE_PRUNE",
+    "DUE_FAILED",
     "PENDING",
     "RUNNING",
     "SUCCEEDED",

@@ -24,7 +24,6 @@ from celery_durable.engine.outbox.model import (
     CANCELLED,
     DUE_ADMIT,
     DUE_LANE,
-    DUE_PRUNE,
     FAILED,
     HEAD_ID,
     INDEX_ID,
@@ -47,8 +46,10 @@ from celery_durable.engine.outbox.model import (
     intent_id,
     lane_pk,
     row_id,
+    settled_due,
 )
 from celery_durable.engine.outbox.model import strip as _strip
+from celery_durable.engine.outbox.problems import ProblemReads
 from celery_durable.engine.outbox.reads import LEASE_LOST, READ_AFTER_STALE, READ_AHEAD, SettleReads, rows_found
 from celery_durable.engine.outbox.repeats import admit_once
 from celery_durable.engine.outbox.scan import Scanner
@@ -71,8 +72,8 @@ log = logging.getLogger("celery_durable.outbox")
 MAX_ID_LENGTH = 200
 
 
-class OutboxEngine(SettleReads):
-    """Enqueue, admit, claim, renew, settle, cancel, scan — all against :class:`Store`."""
+class OutboxEngine(SettleReads, ProblemReads):
+    """Enqueue, admit, claim, renew, settle, cancel, scan, list problems — all against :class:`Store`."""
 
     def __init__(
         self,
@@ -457,8 +458,7 @@ class OutboxEngine(SettleReads):
                     new_row.update(
                         status=outcome, completed_at=now, reason=reason or (error if outcome == FAILED else None)
                     )
-                    if outcome == SUCCEEDED:
-                        new_row.update(due_kind=DUE_PRUNE, due_at=now + self.settings.retention)
+                    new_row.update(settled_due(outcome, now, self.settings.retention))
                     live = [e for e in live if e[1] != claim.effect_id]
                     if new_head is not None:
                         new_head.update(live=live, running=None, freed_at=now)

@@ -26,7 +26,9 @@ Due kinds (:meth:`Store.scan_due` — the scans cost what is due, not what is st
 -----------------------------------------------------------------------------------
 ``outbox`` on a head: when the lane next needs attention (a claimable row whose message may be
 lost, a retry whose delay passed, a lease that expires); ``outbox_admit`` on intents not yet
-admitted; ``outbox_prune`` on succeeded/cancelled rows once their retention ends.
+admitted; ``outbox_prune`` on succeeded/cancelled rows once their retention ends;
+``outbox_failed`` on failed rows, at their failure time: no scan processes it, it only lets
+``problems`` list the failed rows of every lane with one query (a retried row lets go of it).
 
 Ordering
 --------
@@ -63,6 +65,7 @@ __all__ = [
     "DUE_LANE",
     "DUE_ADMIT",
     "DUE_PRUNE",
+    "DUE_FAILED",
     "PENDING",
     "RUNNING",
     "SUCCEEDED",
@@ -93,11 +96,14 @@ __all__ = [
     "claim_latency",
     "digest",
     "head_bytes",
+    "settled_due",
 ]
 
 DUE_LANE = "outbox"
 DUE_ADMIT = "outbox_admit"
 DUE_PRUNE = "outbox_prune"
+#: on failed rows: never processed by a scan, an index of failures across lanes (``problems``)
+DUE_FAILED = "outbox_failed"
 
 PENDING = "pending"
 RUNNING = "running"
@@ -143,6 +149,9 @@ class OutboxSettings:
     queue_timeout: float = Settings.outbox_queue_timeout
     #: succeeded and cancelled rows are deleted this long after settling (failed rows are kept)
     retention: float = Settings.outbox_retention
+    #: how often beat runs the liveness scan: a due lane or intent not acted on within two of
+    #: these is reported stuck (``problems``)
+    scan_interval: float = Settings.outbox_scan_interval
     #: how often a running handler's row is re-read for cancellation (and the timeout checked)
     cancel_poll: float = Settings.outbox_cancel_poll
     #: rows available within this delay get a countdown message; later ones wait for the scan
@@ -160,6 +169,7 @@ class OutboxSettings:
             heartbeat_interval=settings.heartbeat_interval,
             queue_timeout=settings.outbox_queue_timeout,
             retention=settings.outbox_retention,
+            scan_interval=settings.outbox_scan_interval,
             cancel_poll=settings.outbox_cancel_poll,
             fast_send_max=settings.outbox_fast_send_max,
             admit_grace=settings.outbox_admit_grace,
@@ -324,6 +334,15 @@ def claim_latency(row: Doc) -> float | None:
     if started is None or eligible is None:
         return None
     return max(0.0, float(started) - float(eligible))
+
+
+def settled_due(status: str, now: float, retention: float) -> Doc:
+    """The due fields of a row settling ``status`` (succeeded or failed): a succeeded row is pruned
+    once ``retention`` passed; a failed row is kept, indexed under ``outbox_failed`` at ``now``
+    (in the row itself: no request of its own, but on Cosmos one index entry written with it)."""
+    if status == FAILED:
+        return {"due_kind": DUE_FAILED, "due_at": now}
+    return {"due_kind": DUE_PRUNE, "due_at": now + retention}
 
 
 def digest(effect: Doc) -> str:

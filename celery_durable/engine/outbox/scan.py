@@ -6,7 +6,8 @@
   retry whose countdown message was lost): send it again; or its lease expired (the worker died
   or hung): replay-safe types are requeued, process-bound types failed with the reason.
 * ``outbox_prune`` due — a succeeded or cancelled row past its retention: delete it (failed rows
-  never get this due kind: they are kept).
+  never get this due kind: they are kept, indexed under ``outbox_failed``, which no scan processes:
+  ``problems`` lists them).
 
 Every action is an etag-guarded write made before anything is sent, so two beats by mistake
 send at most one message per lane and interval.
@@ -37,6 +38,7 @@ from celery_durable.engine.outbox.model import (
     ScanReport,
     index_pk,
     row_id,
+    settled_due,
 )
 from celery_durable.engine.outbox.model import strip as _strip
 from celery_durable.errors import ConflictError, DurableError, LaneFull
@@ -152,6 +154,7 @@ class Scanner:
                 f"(attempt {attempt}); not retried"
             )
             new_row.update(status=FAILED, completed_at=now, reason=why, last_error=why)
+            new_row.update(settled_due(FAILED, now, self.settings.retention))  # listed by ``problems``
             new_head["live"] = [e for e in head.get("live") or [] if e[1] != row["effect_id"]]
             self.outbox._head_due(new_head, now)
             requeued = False
