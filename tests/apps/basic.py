@@ -278,3 +278,15 @@ def family_tree(depth: int, seconds: float) -> int:
         return 0
     child = family_tree.start_child(depth - 1, seconds, _workflow_id=f"{wf.execution_id()}-c")
     return child.result() + 1
+
+
+@durable.effect("basic.bounce", max_attempts=1)
+def bounce(to: str) -> None:
+    """A mail server that refuses every message: the effect fails for good on its first attempt."""
+    raise ConnectionRefusedError(f"550 mailbox {to} unavailable")
+
+
+@durable.workflow(name="bounces")
+def bounces(to: str) -> str:
+    wf.emit("basic.bounce", to, key=f"mail-{to}")
+    return "sent"

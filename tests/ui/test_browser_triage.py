@@ -32,6 +32,7 @@ def test_what_each_execution_is_doing_in_a_real_browser(
     backing = basic.backing_off.start("billing")  # its activity fails, then backs off for an hour
     timed = basic.approval.start(0.5)  # nobody approves: the wait times out
     root = basic.family_tree.start(2, 3600.0)  # root -> root-c -> root-c-c (sleeps an hour)
+    mailed = basic.bounces.start("ops@example.com")  # its effect fails for good
     wait_until(lambda: timed.status() == "completed", timeout=30, what="the wait to time out")
 
     with chromium_page() as (page, errors):
@@ -79,6 +80,15 @@ def test_what_each_execution_is_doing_in_a_real_browser(
         expect(page.locator("svg.chart rect.bar.planned")).to_have_count(1)
         expect(page.locator('tr.step[data-kind="sleep"] small.deadline')).to_contain_text("fires 20")
         page.screenshot(path=str(artifacts / "11-leaf-timer.png"), full_page=True)
+
+        # the effects overview: the failed effect across every lane, linked to its lane
+        failed = page.locator("tr.effect", has_text="550 mailbox ops@example.com unavailable")
+        until_shown(page, ui_server + "/effects", lambda: failed.count() == 1, "the failed effect")
+        expect(failed).to_contain_text("basic.bounce")
+        page.screenshot(path=str(artifacts / "12-effects.png"), full_page=True)
+        failed.locator("a", has_text="mail-ops@example.com").click()
+        expect(page.locator('tr.effect[data-status="failed"]')).to_contain_text("ConnectionRefusedError")
         assert errors == [], errors
+    assert mailed.status() == "completed"  # the workflow is not failed by its effect
     gate.write_text("open")
     wait_until(lambda: gated.status() == "completed", timeout=30, what="the gated execution to finish")
