@@ -1,0 +1,59 @@
+"""Breakers: the outbox problems overview and ``durable.outbox.retry`` (glue/outbox.py,
+engine/outbox/problems.py)."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+from celery import Celery
+
+from celery_durable import Durable
+from celery_durable.engine.admin.operator import OperationRefused
+from celery_durable.glue.outbox import Outbox
+from celery_durable.testing.env import WorkflowEnvironment
+
+app = Celery("breaker-outbox", set_as_current=False)
+durable = Durable(app, store="memory://")
+SENT: list[str] = []
+BROKEN = [True]
+
+
+@durable.effect("brk.charge", max_attempts=1)
+def charge(card: str) -> None:
+    if BROKEN[0]:
+        raise ConnectionRefusedError("gateway down")
+    SENT.append(card)
+
+
+def _outbox(env: WorkflowEnvironment) -> Outbox:
+    """``durable.outbox`` bound to the environment's engine (what the CLI and the UI call)."""
+    box = Outbox.__new__(Outbox)
+    box._durable = SimpleNamespace(engine=env.engine, registry=durable.registry, settings=durable.settings)  # type: ignore[assignment]
+    box.effects = durable.outbox.effects
+    box._lock = threading.Lock()
+    return box
+
+
+def test_retrying_an_effect_that_was_already_retried_does_not_run_it_again() -> None:
+    SENT.clear()
+    BROKEN[0] = True
+    env = WorkflowEnvironment(durable)
+    box = _outbox(env)
+    box.enqueue("brk.charge", "card-1", key="pay-1", effect_id="c-1")
+    env.run_until_idle()
+    assert box.get("c-1").status == "failed"  # type: ignore[union-attr]
+    BROKEN[0] = False
+    first = box.retry("c-1")  # an operator retries it (the /effects button, `durable outbox retry`)
+    assert box.problems().failed == ()  # it left the overview
+    second_id = None
+    try:  # a second operator (or a double click, a CLI re-run) retries the same failed effect
+        second_id = box.retry("c-1")
+    except OperationRefused:
+        pass
+    env.run_until_idle()
+    assert SENT.count("card-1") == 1, (
+        f"the failed effect c-1 ran {SENT.count('card-1')} times after two retries ({first}, {second_id}): "
+        "Outbox.retry checks only status == failed, which the retried row keeps, and never its "
+        "retried_as; ProblemReads.retried marks it again instead of refusing"
+    )
