@@ -31,13 +31,18 @@ def _times(value: Any, key: str | None = None) -> Any:
     return value
 
 
+def _invalid(constant: str) -> str:
+    return f"invalid ({constant})"
+
+
 def jsonable(value: Any) -> Any:
-    """``value`` as plain JSON (anything else by its ``str``), timestamps as ISO strings."""
-    return _times(json.loads(json.dumps(value, default=str)))
+    """``value`` as plain JSON (anything else by its ``str``), timestamps as ISO strings; a
+    corrupt non-finite number as ``"invalid (Infinity)"``: JSON has no such token."""
+    return _times(json.loads(json.dumps(value, default=str), parse_constant=_invalid))
 
 
 def echo(value: Any, *, indent: int | None = 2) -> None:
-    click.echo(json.dumps(jsonable(value), indent=indent))
+    click.echo(json.dumps(jsonable(value), indent=indent, allow_nan=False))
 
 
 def needs_yes(as_json: bool, yes: bool) -> None:

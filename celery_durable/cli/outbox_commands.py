@@ -97,7 +97,8 @@ def outbox_cancel(
 @click.pass_context
 def outbox_retry(ctx: click.Context, effect_id: str, yes: bool, as_json: bool) -> None:
     """Run a failed effect again: a new row (id ``<id>:retry<n>``) with the same type, key and
-    payload. The failed row is kept, for the record, and leaves ``outbox problems``."""
+    payload. The failed row is kept, for the record, and leaves ``outbox problems``. Once per
+    failed row: run again, it prints the id of the retry it made (nothing runs twice)."""
     json_out.needs_yes(as_json, yes)
     d = _durable(ctx)
     info = d.outbox.get(effect_id)

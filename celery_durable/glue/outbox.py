@@ -559,16 +559,20 @@ class Outbox:
 
     @_shielded
     def retry(self, effect_id: str) -> str:
-        """Run a failed effect again: a new row ``<id>:retry<n>`` (same type, key and payload) at
-        the end of its key; the failed row stays, for the record, and leaves :meth:`problems`.
-        Returns the new id; :class:`OperationRefused` if ``effect_id`` is unknown or not failed."""
+        """Run a failed effect again: a new row (same type, key and payload) at the end of its key;
+        the failed row stays, for the record, and leaves :meth:`problems`. Returns the new id:
+        ``<id>:retry1`` for ``<id>``, ``<id>:retry2`` for ``<id>:retry1``, and so on.
+
+        At most once per failed row: the id is decided by the row retried, so callers racing
+        enqueue one row (the outbox admits an effect id once), and a row already retried answers
+        its retry's id, running nothing. :class:`OperationRefused` if unknown or not failed."""
         info = self.get(effect_id)
         if info is None or info.status != FAILED:
             raise OperationRefused(f"effect {effect_id!r} is {'unknown' if info is None else info.status}, not failed")
-        n = 1
-        while self.get(f"{effect_id}:retry{n}") is not None:
-            n += 1
-        new_id = f"{effect_id}:retry{n}"
+        if info.retried_as is not None:
+            return info.retried_as
+        base, _, n = effect_id.rpartition(":retry")
+        new_id = f"{base}:retry{int(n) + 1}" if base and n.isdigit() else f"{effect_id}:retry1"
         self.enqueue(info.type, info.payload, key=info.key, effect_id=new_id)
         self.core.retried(effect_id, new_id)  # enqueued first: a crash between leaves it listed, not lost
         return new_id

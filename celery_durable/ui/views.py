@@ -179,10 +179,14 @@ def _retries(step: StepRecord, label: str, start: float, end: float, x: Any) -> 
         return [], start
     retry_at = max(failed, retry_at if retry_at is not None else failed)
     began = _finite(step.started_at)
-    n = (step.attempts or 1) - (1 if began is not None and began > failed else 0)
+    began = began if began is not None and began > failed else None  # an attempt after the backoff
+    finished = _finite(step.finished_at)
+    # a local activity's retry records no start on its marker: it ran if the step ended after
+    ran_after = began is not None or (finished is not None and finished >= retry_at)
+    n = (step.attempts or 1) - (1 if ran_after else 0)
     what = f"{label}: attempts 1-{n} failed" if n > 1 else f"{label}: attempt 1 failed"
     bars = [Bar(x(start), max(1.0, x(failed) - x(start)), "earlier", what)]
-    stop = min(retry_at, began if began is not None and began > failed else end)
+    stop = min(retry_at, began if began is not None else end)
     bars.append(Bar(x(failed), max(1.0, x(stop) - x(failed)), "backoff", f"{label}: backoff until {ts(retry_at)}"))
     return bars, stop
 

@@ -11,8 +11,8 @@ from celery import Celery
 from celery_durable import Durable
 from celery_durable.cli import json_out
 from celery_durable.engine.admin.operator import Admin
-from celery_durable.stores.sqlite.store import SqliteStore
 from celery_durable.stores.base import strip_reserved
+from celery_durable.stores.sqlite.store import SqliteStore
 from celery_durable.testing.env import WorkflowEnvironment
 from celery_durable.ui.views import detail_json
 
@@ -32,7 +32,9 @@ def _strict(text: str) -> object:
     return json.loads(text, parse_constant=refuse)
 
 
-def test_show_json_of_an_execution_with_a_corrupt_time_is_valid_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_show_json_of_an_execution_with_a_corrupt_time_is_valid_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     env = WorkflowEnvironment(durable, store=SqliteStore(str(tmp_path / "j.db")))
     h = env.start(ratio, 2.0, _workflow_id="r")
     ex = env.engine.store.read(h.id, "exec")

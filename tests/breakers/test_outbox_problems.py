@@ -57,3 +57,35 @@ def test_retrying_an_effect_that_was_already_retried_does_not_run_it_again() -> 
         "Outbox.retry checks only status == failed, which the retried row keeps, and never its "
         "retried_as; ProblemReads.retried marks it again instead of refusing"
     )
+
+
+def test_racing_retries_of_one_failed_effect_enqueue_one_row() -> None:
+    """The id of a retry is decided by the row retried: callers racing enqueue the same effect
+    id, which the outbox admits once."""
+    SENT.clear()
+    BROKEN[0] = True
+    env = WorkflowEnvironment(durable)
+    box = _outbox(env)
+    box.enqueue("brk.charge", "card-2", key="pay-2", effect_id="c-2")
+    env.run_until_idle()
+    BROKEN[0] = False
+    barrier, ids = threading.Barrier(4), []
+
+    def retry() -> None:
+        barrier.wait()
+        ids.append(box.retry("c-2"))
+
+    threads = [threading.Thread(target=retry) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    env.run_until_idle()
+    assert ids == ["c-2:retry1"] * 4 and SENT.count("card-2") == 1
+    # a retry that fails too is retried as the next one in the chain
+    BROKEN[0] = True
+    box.enqueue("brk.charge", "card-3", key="pay-3", effect_id="c-3")
+    env.run_until_idle()
+    assert box.retry("c-3") == "c-3:retry1"
+    env.run_until_idle()
+    assert box.retry("c-3:retry1") == "c-3:retry2"

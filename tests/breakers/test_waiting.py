@@ -6,18 +6,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from celery import Celery
 from starlette.testclient import TestClient
 
-from celery_durable.stores.base import strip_reserved
+from celery_durable import Durable, durable_activity
 from celery_durable.engine.admin.operator import Admin
 from celery_durable.engine.admin.waiting import activity_states
 from celery_durable.engine.documents.schema import EXEC_ID, marker_id, result_id
+from celery_durable.stores.base import strip_reserved
 from celery_durable.stores.sqlite.store import SqliteStore
 from celery_durable.testing.env import WorkflowEnvironment
 from celery_durable.ui import create_app
-from celery import Celery
-
-from celery_durable import Durable, durable_activity
 
 app = Celery("breaker-waiting", set_as_current=False)
 durable = Durable(app, store="memory://")
@@ -31,6 +30,7 @@ def later(x: int) -> int:
 @durable.workflow(name="brk.waits")
 def waits(x: int) -> int:
     return later(x)
+
 
 TOKEN = "test-token-0123456789abcdef"
 

@@ -69,11 +69,15 @@ def _children(store: Store, pk: str) -> tuple[Doc | None, list[str], str | None]
     if ex is None:
         return None, [], "not found (purged?)"
     run = ex.get("run") or 0
-    steps = sorted(
-        (d for d in docs if d.get("type") == DocType.STEP and d.get("kind") == StepKind.CHILD),
-        key=lambda d: int(d.get("seq") or 0),
-    )
-    steps = [d for d in steps if (d.get("run") or 0) == run]
+    steps = [
+        d
+        for d in docs
+        if d.get("type") == DocType.STEP and d.get("kind") == StepKind.CHILD and (d.get("run") or 0) == run
+    ]
+    try:
+        steps.sort(key=lambda d: int(d.get("seq") or 0))
+    except (TypeError, ValueError) as exc:
+        return ex, [], f"a malformed step document ({exc})"
     return ex, [str(d["child_id"]) for d in steps if isinstance(d.get("child_id"), str)], None
 
 

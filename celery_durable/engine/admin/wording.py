@@ -34,13 +34,14 @@ def parse_age(text: str) -> float:
 
 def iso(value: Any) -> Any:
     """Epoch seconds as an ISO 8601 UTC string (``2026-12-04T20:31:05.120000+00:00``), for JSON
-    output; anything else (``None``, a corrupt non-finite or out-of-range number) as it is."""
+    output; ``None`` and non-numbers as they are; a corrupt number (non-finite, out of range) as
+    ``"invalid (<value>)"``: JSON has no ``Infinity``, and a parser must never be handed one."""
     if not isinstance(value, int | float) or isinstance(value, bool):
         return value
     try:
         return datetime.fromtimestamp(value, UTC).isoformat()
     except (OverflowError, OSError, ValueError):
-        return value
+        return f"invalid ({value!r})"
 
 
 def ts(value: Any) -> str:

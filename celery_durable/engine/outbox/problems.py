@@ -187,7 +187,7 @@ class ProblemReads:
         effect is not a failed row, or it changed meanwhile."""
         index = self.store.read(index_pk(effect_id), INDEX_ID)
         row = None if index is None else self.store.read(lane_pk(str(index["key"])), row_id(effect_id))
-        if row is None or row.get("status") != FAILED:
+        if row is None or row.get("status") != FAILED or row.get("retried_as") not in (None, retry_id):
             return False
         marked = strip(row) | {"due_kind": None, "due_at": None, "retried_as": retry_id}
         try:
