@@ -230,7 +230,7 @@ class UI:
                     "/executions?"
                     + urlencode({k: v for k, v in {"workflow": workflow, "status": c.status}.items() if v}),
                 )
-                for c in status_counts(self.engine.store, workflow)
+                for c in (status_counts(self.engine.store, workflow) if not q.get("live") else ())
             ],
         )
 

@@ -47,6 +47,12 @@ def test_what_each_execution_is_doing_in_a_real_browser(
         )
         expect(backing_act).to_contain_text(re.compile(r"backoff \(attempt 1 failed; next at 20\d\d-"))
         page.screenshot(path=str(artifacts / "7-activities-running-and-backing-off.png"), full_page=True)
+        # the list is live: an execution started now shows up without a reload
+        page.evaluate("window.__same_page = true")
+        late = basic.sleeper.start("late", 3600.0)
+        expect(page.locator(f'tr.execution[data-id="{late.id}"]')).to_be_visible(timeout=20_000)
+        expect(page.locator("#list-state")).to_contain_text("live · checked")
+        assert page.evaluate("window.__same_page") is True, "the list reloaded instead of refreshing live"
 
         # its page: the failed attempt and the backoff are bars of their own, in their colours
         page.goto(ui_server + f"/executions/{backing.id}")

@@ -127,3 +127,13 @@ def test_a_waited_on_activity_is_queued_running_or_backing_off() -> None:
     assert got["backoff"][0]["retry_at"] == now + 60
     assert all(items[1] == {"seq": 2, "kind": "timer", "until": 5.0} for items in got.values())  # left as it was
     assert "sleeping" not in got  # nothing read for an execution that waits on no activity
+
+
+def test_the_lists_live_refresh_reads_no_counts(env: WorkflowEnvironment, client: TestClient) -> None:
+    """The page polls itself every 5 s with ``live=1``: its rows again, not the status counts
+    (up to 200 exec documents a status: a cost per poll the header does not need)."""
+    env.start(flows.echo, "x", _workflow_id="x")
+    full = client.get("/executions").text
+    live = client.get("/executions", params={"live": "1"}).text
+    assert 'id="counts"' in full and 'id="counts"' not in live
+    assert 'id="list-live"' in live and 'data-id="x"' in live

@@ -7,6 +7,40 @@
       if (!window.confirm(form.dataset.confirm)) event.preventDefault();
     });
   });
+  // the executions list: the rows again every 5 s (the server renders and escapes them; the
+  // page's ``live=1`` skips the status counts), paused while rows are selected or the tab hidden
+  var list = document.getElementById("list-live");
+  if (list) {
+    var listState = document.getElementById("list-state");
+    var refreshList = function () {
+      var busy = document.hidden || list.querySelector('input[type="checkbox"]:checked');
+      if (busy) {
+        window.setTimeout(refreshList, 5000);
+        return;
+      }
+      var url = new URL(window.location.href);
+      url.searchParams.set("live", "1");
+      fetch(url.toString(), { credentials: "same-origin", cache: "no-store" })
+        .then(function (r) {
+          if (!r.ok) throw new Error("HTTP " + r.status);
+          return r.text();
+        })
+        .then(function (html) {
+          var fresh = new DOMParser().parseFromString(html, "text/html").getElementById("list-live");
+          if (fresh && !list.querySelector('input[type="checkbox"]:checked') && fresh.innerHTML !== list.innerHTML) {
+            list.innerHTML = fresh.innerHTML;
+          }
+          listState.textContent = "live · checked " + new Date().toLocaleTimeString();
+        })
+        .catch(function (err) {
+          listState.textContent = "not refreshed: " + err.message + " (trying again)";
+        })
+        .finally(function () {
+          window.setTimeout(refreshList, 5000);
+        });
+    };
+    window.setTimeout(refreshList, 5000);
+  }
   var live = document.getElementById("live");
   if (!live) return;
   var api = live.dataset.api;
