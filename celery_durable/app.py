@@ -27,7 +27,7 @@ from celery_durable.engine.documents.model import TERMINAL
 from celery_durable.engine.documents.search import start_fields
 from celery_durable.engine.registry import Registry, WorkflowDef, add_shared_workflow
 from celery_durable.engine.replay.context import DurableFuture, current_context, require_context
-from celery_durable.engine.starts.dedup import OnConflict, check_dedup
+from celery_durable.engine.starts.dedup import OnConflict, check_dedup, check_on_conflict
 from celery_durable.errors import ConfigurationError
 from celery_durable.glue.beat_scans import install_beat_scans
 from celery_durable.glue.beat_shutdown import install_beat_shutdown
@@ -146,11 +146,19 @@ class Workflow(Generic[P, R]):
             None if workflow_id is None else check_workflow_id(workflow_id),
             search=search,
             memo=memo,
-            dedup=None if dedup_key is None else check_dedup(dedup_key, on_conflict),
+            dedup=_dedup_of(dedup_key, on_conflict),
         )
 
     def handle(self, workflow_id: str) -> WorkflowHandle[R]:
         return WorkflowHandle(self._durable.engine, workflow_id, self.definition)
+
+
+def _dedup_of(key: str | None, on_conflict: str) -> tuple[str, OnConflict] | None:
+    if key is not None:
+        return check_dedup(key, on_conflict)
+    if check_on_conflict(on_conflict) != OnConflict.REJECT:  # a policy with no key would do nothing
+        raise ConfigurationError(f"on_conflict={on_conflict!r} needs a dedup_key")
+    return None
 
 
 class SharedWorkflow(Workflow[P, R]):

@@ -185,6 +185,14 @@ class Engine:
                 )
             return False
 
+        if dedup is not None and workflow_id is not None and (known := self.store.read(eid, EXEC_ID)) is not None:
+            # an id that exists is joined (or refused as another workflow's) as without a key:
+            # before any claim, so a refused or joined start takes no key and cancels no holder
+            if known.get("workflow") != workflow.name:
+                raise ConfigurationError(
+                    f"execution {eid!r} exists and runs workflow {known.get('workflow')!r}, not {workflow.name!r}"
+                )
+            return eid, False
         if dedup is not None:
             return claim(self, dedup[0], dedup[1], eid, workflow.name, create)
         return eid, create()

@@ -140,6 +140,8 @@ class ExecDoc(_Due, total=False):
     payload: dict[str, Any]
     #: the dedup key it holds (``options(dedup_key=)``: engine/starts/dedup.py)
     dedup_key: str
+    #: created ended by a start that took its dedup key before its own starter created it
+    never_started: bool
     payload_at: str
     parent: ParentRef | None
     #: other executions' steps joined to this one (a parent that attached to an existing child)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from collections.abc import Callable
 from enum import StrEnum
 from typing import Protocol
@@ -48,6 +49,7 @@ __all__ = [
     "CLAIM_GRACE",
     "dedup_pk",
     "check_dedup",
+    "check_on_conflict",
     "claim",
 ]
 
@@ -59,6 +61,8 @@ OWNER_ID = "owner"
 CLAIM_GRACE = 60.0
 #: the type of a purge's record (engine/admin/purge.py ``RECORD_TYPE``)
 PURGED = "purged"
+#: seconds ``return-existing`` waits for a holder claimed and not created yet
+PENDING_WAIT = 2.0
 MAX_KEY_LENGTH = 1000
 #: who cancels an owner superseded by ``latest-wins`` (its operator-action record says so)
 CANCELLED_BY = "dedup latest-wins"
@@ -76,18 +80,27 @@ def dedup_pk(key: str) -> str:
     return DEDUP_PK_PREFIX + hashlib.sha256(key.encode()).hexdigest()[:40]
 
 
+def check_on_conflict(on_conflict: object) -> OnConflict:
+    try:
+        return OnConflict(str(on_conflict))
+    except ValueError:
+        choices = ", ".join(repr(p.value) for p in OnConflict)
+        raise ConfigurationError(f"on_conflict must be one of {choices}, got {on_conflict!r:.60}") from None
+
+
 def check_dedup(key: object, on_conflict: object) -> tuple[str, OnConflict]:
     """``(key, policy)`` if a caller may start with them, else :class:`ConfigurationError`
     (in the caller, before anything is stored)."""
+    policy = check_on_conflict(on_conflict)
     if not isinstance(key, str) or not key:
         raise ConfigurationError(f"a dedup key must be a non-empty string, got {key!r:.60}")
     if len(key) > MAX_KEY_LENGTH:
         raise ConfigurationError(f"a dedup key may have at most {MAX_KEY_LENGTH} characters, got {len(key)}")
     try:
-        return key, OnConflict(str(on_conflict))
-    except ValueError:
-        choices = ", ".join(repr(p.value) for p in OnConflict)
-        raise ConfigurationError(f"on_conflict must be one of {choices}, got {on_conflict!r:.60}") from None
+        key.encode()
+    except UnicodeEncodeError as exc:  # a lone surrogate: no store can hold it
+        raise ConfigurationError(f"a dedup key must be encodable as UTF-8: {exc}") from None
+    return key, policy
 
 
 class Owner(StrEnum):
@@ -103,16 +116,35 @@ class Owner(StrEnum):
     PURGED = "purged"
 
 
+#: seconds ``return-existing`` waits for a holder claimed and not created yet
+PENDING_WAIT = 2.0
+
+
 def _owner(engine: Engine, owner: Doc, now: float) -> Owner:
     eid, claimed_at = str(owner.get("execution")), float(owner.get("claimed_at") or 0.0)
     ex = engine.store.read(eid, EXEC_ID)
     if ex is not None:
+        if ex.get("dedup_key") != owner.get("key"):  # the id was purged and used again without the key
+            return Owner.ENDED
         return Owner.ENDED if ex.get("status") in TERMINAL else Owner.RUNNING
     # the partition keeps a purge's record (engine/admin/purge.py), and little else
     docs = engine.store.query_partition(eid).docs
     if any(d.get("type") == PURGED and float(d.get("at") or 0.0) >= claimed_at for d in docs):
         return Owner.PURGED
-    return Owner.PENDING if now - claimed_at < CLAIM_GRACE else Owner.ABANDONED
+    # pending within the grace either way: a claim from a clock far ahead of ours is not
+    # trusted for longer (its starter is given up on; a takeover creates its execution cancelled)
+    return Owner.PENDING if abs(now - claimed_at) < CLAIM_GRACE else Owner.ABANDONED
+
+
+def _created_soon(engine: Engine, eid: str) -> bool:
+    """Whether ``eid``, claimed and not created yet, is created within a moment (its starter is
+    between its two writes): a handle to it is then a handle to something."""
+    deadline = time.monotonic() + PENDING_WAIT
+    while time.monotonic() < deadline:
+        if engine.store.read(eid, EXEC_ID) is not None:
+            return True
+        time.sleep(0.02)
+    return False
 
 
 def _tombstone(engine: Engine, owner: Doc, eid: str, key: str, now: float) -> bool:
@@ -127,6 +159,8 @@ def _tombstone(engine: Engine, owner: Doc, eid: str, key: str, now: float) -> bo
         cancel_requested=True,
         completed_at=now,
         error={"type": "WorkflowCancelledError", "message": why},
+        # its input is not known: resume, retry and reset refuse it (engine/admin/oplog.py)
+        never_started=True,
     )
     return engine.store.create(doc) is not None
 
@@ -169,6 +203,15 @@ def claim(
                     f"dedup key {key!r} is held by running execution {owner!r} (on_conflict='reject')", key, owner
                 )
             if on_conflict == OnConflict.RETURN_EXISTING:
+                if doc.get("workflow") not in (None, workflow):  # its handle would decode another's result
+                    raise DuplicateStart(
+                        f"dedup key {key!r} is held by {owner!r}, an execution of workflow "
+                        f"{doc.get('workflow')!r}, not {workflow!r}",
+                        key,
+                        owner,
+                    )
+                if state == Owner.PENDING and not _created_soon(engine, owner):
+                    raise DuplicateStart(f"dedup key {key!r} is held by {owner!r}, still being started", key, owner)
                 return owner, False
             # latest wins: the owner is asked to stop (its compensations run; recorded on it as
             # an action, with why), or, not started yet, never starts
