@@ -6,7 +6,7 @@ import inspect
 import threading
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any, Generic, ParamSpec, TypeVar, overload
+from typing import Any, Generic, Literal, ParamSpec, TypeVar, overload
 
 from celery import Celery, current_app
 
@@ -27,6 +27,7 @@ from celery_durable.engine.documents.model import TERMINAL
 from celery_durable.engine.documents.search import start_fields
 from celery_durable.engine.registry import Registry, WorkflowDef, add_shared_workflow
 from celery_durable.engine.replay.context import DurableFuture, current_context, require_context
+from celery_durable.engine.starts.dedup import OnConflict, check_dedup, check_on_conflict
 from celery_durable.errors import ConfigurationError
 from celery_durable.glue.beat_scans import install_beat_scans
 from celery_durable.glue.beat_shutdown import install_beat_shutdown
@@ -106,24 +107,58 @@ class Workflow(Generic[P, R]):
         a joined execution keeps its own."""
         workflow_id = kwargs.pop("_workflow_id", None)
         search, memo = kwargs.pop("_search", None), kwargs.pop("_memo", None)
+        return self._start(args, kwargs, workflow_id, search, memo)
+
+    def _start(
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        workflow_id: str | None,
+        search: dict[str, Any] | None = None,
+        memo: Any = None,
+        dedup: tuple[str, OnConflict] | None = None,
+    ) -> WorkflowHandle[R]:
         eid, _ = self._durable.engine.start(
-            self.definition, args, kwargs, workflow_id=workflow_id, search=search, memo=memo
+            self.definition, args, kwargs, workflow_id=workflow_id, search=search, memo=memo, dedup=dedup
         )
         return WorkflowHandle(self._durable.engine, eid, self.definition)
 
     def options(
-        self, *, workflow_id: str | None = None, search: dict[str, Any] | None = None, memo: Any = None
+        self,
+        *,
+        workflow_id: str | None = None,
+        search: dict[str, Any] | None = None,
+        memo: Any = None,
+        dedup_key: str | None = None,
+        on_conflict: Literal["reject", "return-existing", "latest-wins"] = "reject",
     ) -> WorkflowOptions[P, R]:
         """This workflow with start options, its arguments type-checked:
         ``fulfil.options(workflow_id=f"order-{o.id}", search={"customer": o.customer}).start(o)``
-        (same as ``_workflow_id=``, ``_search=``, ``_memo=``). Checked here, before anything is stored."""
+        (same as ``_workflow_id=``, ``_search=``, ``_memo=``). Checked here, before anything is stored.
+
+        ``dedup_key``: at most one running execution holds the key (a singleton, a deduplicated
+        start). A start while one runs is settled by ``on_conflict``: ``"reject"`` raises
+        :class:`DuplicateStart`; ``"return-existing"`` returns a handle to the running one;
+        ``"latest-wins"`` cancels the running one (its compensations run) and starts this one."""
         start_fields(search, memo)
         return WorkflowOptions(
-            self, None if workflow_id is None else check_workflow_id(workflow_id), search=search, memo=memo
+            self,
+            None if workflow_id is None else check_workflow_id(workflow_id),
+            search=search,
+            memo=memo,
+            dedup=_dedup_of(dedup_key, on_conflict),
         )
 
     def handle(self, workflow_id: str) -> WorkflowHandle[R]:
         return WorkflowHandle(self._durable.engine, workflow_id, self.definition)
+
+
+def _dedup_of(key: str | None, on_conflict: str) -> tuple[str, OnConflict] | None:
+    if key is not None:
+        return check_dedup(key, on_conflict)
+    if check_on_conflict(on_conflict) != OnConflict.REJECT:  # a policy with no key would do nothing
+        raise ConfigurationError(f"on_conflict={on_conflict!r} needs a dedup_key")
+    return None
 
 
 class SharedWorkflow(Workflow[P, R]):
@@ -196,21 +231,30 @@ class WorkflowOptions(Generic[P, R]):
     """A workflow with start options (``Workflow.options(...)``); ``start``/``start_child`` as there."""
 
     def __init__(
-        self, workflow: Workflow[P, R], workflow_id: str | None, search: dict[str, Any] | None = None, memo: Any = None
+        self,
+        workflow: Workflow[P, R],
+        workflow_id: str | None,
+        search: dict[str, Any] | None = None,
+        memo: Any = None,
+        dedup: tuple[str, OnConflict] | None = None,
     ) -> None:
         self.workflow = workflow
         self.workflow_id = workflow_id
         self.search = search
         self.memo = memo
+        self.dedup = dedup
 
     def start(self, *args: P.args, **kwargs: P.kwargs) -> WorkflowHandle[R]:
-        return self.workflow.start(*args, _workflow_id=self.workflow_id, _search=self.search, _memo=self.memo, **kwargs)
+        for name in ("_workflow_id", "_search", "_memo"):  # given here, they would be the function's arguments
+            if name in kwargs:
+                raise ConfigurationError(f"{name}= with options(): give it to options() instead")
+        return self.workflow._start(args, dict(kwargs), self.workflow_id, self.search, self.memo, self.dedup)
 
     def start_child(self, *args: P.args, **kwargs: P.kwargs) -> DurableFuture[R]:
-        if self.search or self.memo is not None:
+        if self.search or self.memo is not None or self.dedup is not None:
             raise ConfigurationError(
-                "search attributes and a memo are given at start to top-level executions only: "
-                "a child sets its own with wf.upsert_search"
+                "search attributes, a memo and a dedup key are given at start to top-level executions "
+                "only: a child sets its search attributes with wf.upsert_search"
             )
         return self.workflow.start_child(*args, _workflow_id=self.workflow_id, **kwargs)
 

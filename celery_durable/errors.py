@@ -33,6 +33,7 @@ __all__ = [
     "NonRetryableError",
     "DurableTimeoutError",
     "IdempotencyConflict",
+    "DuplicateStart",
     "LaneFull",
     "QueryFailedError",
     "UnknownQueryError",
@@ -202,6 +203,16 @@ class IdempotencyConflict(DurableError):
     def __init__(self, message: str, pending: bool = False) -> None:
         super().__init__(message)
         self.pending = pending
+
+
+class DuplicateStart(DurableError):
+    """A start with a dedup key (``options(dedup_key=...)``) found an execution with that key still
+    running, and its ``on_conflict`` is ``"reject"``. ``existing`` is that execution's id."""
+
+    def __init__(self, message: str, key: str, existing: str) -> None:
+        super().__init__(message)
+        self.key = key
+        self.existing = existing
 
 
 class LaneFull(DurableError):

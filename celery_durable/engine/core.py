@@ -52,6 +52,7 @@ from celery_durable.engine.outbox.runtime import EffectKeeper
 from celery_durable.engine.outcomes import ClockOutcome, DriveOutcome
 from celery_durable.engine.registry import Registry, WorkflowDef
 from celery_durable.engine.signals.inbox import Signals
+from celery_durable.engine.starts.dedup import OnConflict, claim
 from celery_durable.engine.timers.clocks import Timers
 from celery_durable.errors import (
     ConfigurationError,
@@ -157,6 +158,7 @@ class Engine:
         parent: dict[str, Any] | None = None,
         search: dict[str, Any] | None = None,
         memo: Any = None,
+        dedup: tuple[str, OnConflict] | None = None,
     ) -> tuple[str, bool]:
         """Create the execution (idempotent by id) and send its first drive.
 
@@ -170,14 +172,30 @@ class Engine:
         extra = start_fields(search, memo)
         payload = workflow.codec.encode_args(args, kwargs)
         eager = self.settings.eager_start and parent is None
-        if not self.create_execution(workflow.name, payload, eid, parent, eager=eager, **extra):
+        if dedup is not None:  # one running execution per key (engine/starts/dedup.py)
+            extra["dedup_key"] = dedup[0]
+
+        def create() -> bool:
+            if self.create_execution(workflow.name, payload, eid, parent, eager=eager, **extra):
+                return True
             existing = self.store.read(eid, EXEC_ID)
             if existing is not None and existing.get("workflow") != workflow.name:
                 raise ConfigurationError(
                     f"execution {eid!r} exists and runs workflow {existing.get('workflow')!r}, not {workflow.name!r}"
                 )
+            return False
+
+        if dedup is not None and workflow_id is not None and (known := self.store.read(eid, EXEC_ID)) is not None:
+            # an id that exists is joined (or refused as another workflow's) as without a key:
+            # before any claim, so a refused or joined start takes no key and cancels no holder
+            if known.get("workflow") != workflow.name:
+                raise ConfigurationError(
+                    f"execution {eid!r} exists and runs workflow {known.get('workflow')!r}, not {workflow.name!r}"
+                )
             return eid, False
-        return eid, True
+        if dedup is not None:
+            return claim(self, dedup[0], dedup[1], eid, workflow.name, create)
+        return eid, create()
 
     def create_execution(
         self,

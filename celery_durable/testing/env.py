@@ -43,7 +43,7 @@ from celery_durable.stores.memory import MemoryStore
 if TYPE_CHECKING:
     from celery import Celery
 
-    from celery_durable.app import Durable, Workflow
+    from celery_durable.app import Durable, Workflow, WorkflowOptions
 
 __all__ = ["FakeClock", "WorkflowEnvironment"]
 
@@ -250,15 +250,22 @@ class WorkflowEnvironment:
 
     def start(
         self,
-        workflow: Workflow[Any, R],
+        workflow: Workflow[Any, R] | WorkflowOptions[Any, R],
         *args: Any,
         _workflow_id: str | None = None,
         _search: dict[str, Any] | None = None,
         _memo: Any = None,
         **kwargs: Any,
     ) -> WorkflowHandle[R]:
+        """Start ``workflow`` (or ``workflow.options(...)``, its options) and run until idle."""
+        dedup = None
+        if not hasattr(workflow, "definition"):  # options (not imported here: app imports this module's users)
+            opts: WorkflowOptions[Any, R] = workflow
+            _workflow_id = _workflow_id or opts.workflow_id
+            _search, _memo, dedup = _search or opts.search, _memo or opts.memo, opts.dedup
+            workflow = opts.workflow
         eid, _ = self.engine.start(
-            workflow.definition, args, kwargs, workflow_id=_workflow_id, search=_search, memo=_memo
+            workflow.definition, args, kwargs, workflow_id=_workflow_id, search=_search, memo=_memo, dedup=dedup
         )
         self.run_until_idle()
         return WorkflowHandle(self.engine, eid, workflow.definition)

@@ -40,6 +40,7 @@ PUBLIC = {
     "StoreError",
     "StoreUnavailable",
     "IdempotencyConflict",
+    "DuplicateStart",
     "LaneFull",
     "QueryFailedError",
     "UnknownQueryError",

@@ -229,6 +229,8 @@ def recorded(
 
     @functools.wraps(plan)  # its name is the operation's kind (pending_ops.commit)
     def plan_and_record(ex: ExecDoc, docs: dict[str, Doc]) -> Any:
+        if ex.get("never_started"):  # engine/starts/dedup.py: created ended, its input unknown
+            raise OperationRefused(f"{ex['pk']} was superseded before it started: it has no input to run with")
         rewrite: _Rewrite = plan(ex, docs)
         failure = ex.get("error")
         error: Any = failure

@@ -138,6 +138,10 @@ class ExecDoc(_Due, total=False):
     #: the run's input ``{"args", "kwargs"}``, or instead ``payload_at``: the id of the document
     #: holding it (a large input is written once, not with every step: model.split_payload)
     payload: dict[str, Any]
+    #: the dedup key it holds (``options(dedup_key=)``: engine/starts/dedup.py)
+    dedup_key: str
+    #: created ended by a start that took its dedup key before its own starter created it
+    never_started: bool
     payload_at: str
     parent: ParentRef | None
     #: other executions' steps joined to this one (a parent that attached to an existing child)
@@ -422,6 +426,18 @@ class EffectIntentDoc(_Due, total=False):
     reason: str
 
 
+class DedupOwnerDoc(_Doc, total=False):
+    """``dk:<digest>/owner``: the execution that last took a dedup key (engine/starts/dedup.py)."""
+
+    key: str
+    execution: str
+    #: its workflow: a start that takes the key from an owner never created creates it ended
+    workflow: str
+    claimed_at: float
+    #: the running owner a ``latest-wins`` start cancelled to take the key
+    superseded: str
+
+
 #: every document type's declared fields
 FIELDS: dict[str, frozenset[str]] = {
     name: frozenset(t.__annotations__)  # a TypedDict's annotations hold its bases' keys too
@@ -442,6 +458,7 @@ FIELDS: dict[str, frozenset[str]] = {
         "effect_index": EffectIndexDoc,
         "effect_intent": EffectIntentDoc,
         "input": InputDoc,
+        "dedup_owner": DedupOwnerDoc,
     }.items()
 }
 
@@ -465,6 +482,7 @@ KINDS: dict[str, str] = {
     "effect_index": "effect_index",
     "effect_intent": "effect_intent",
     DocType.INPUT: "input",
+    "dedup_key": "dedup_owner",
 }
 
 
