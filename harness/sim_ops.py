@@ -166,3 +166,6 @@ def plan_ops(sim: Sim, only: tuple[str, list[Any]] | None) -> None:
     targets = [p.eid for p in sim.plan if p.workflow not in skip]
     for _ in range(rng.randint(0, MAX_CALLS)):
         sim._op(rng.randint(60, 320), _OperatorCall(sim, rng.choice(targets)))
+    from harness.sim_dedup import plan_keyed  # it imports this module's OperatorStore
+
+    plan_keyed(sim)  # starts with a dedup key (sim_dedup.py)

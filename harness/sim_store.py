@@ -55,6 +55,7 @@ INVARIANTS = {
     8: "an operator's rewrite is all or nothing: a cut history is recorded (pending op) until reopened, "
     "a step it did not record forgetting never runs again, no op is left pending (sim_ops.py)",
     9: "no step is begun or recorded from a forged or stale message (sim_forge.py)",
+    10: "of the executions holding a dedup key, at most one is running and not asked to cancel (sim_dedup.py)",
 }
 
 #: Workload triggers of engine bugs (each description is the bug it found). All are fixed and on
@@ -365,6 +366,15 @@ class FaultyStore(Store):
                 if prev.get("status") in TERMINAL and _exec_fp(prev) != _exec_fp(doc):
                     self.sim.violate(3, f"{pk}: terminal {_exec_fp(prev)} became {_exec_fp(doc)}")
             self._execs[pk] = dict(doc)
+            if doc.get("dedup_key") is not None and doc.get("status") == RUNNING:
+                key = doc["dedup_key"]
+                holders = sorted(
+                    p
+                    for p, ex in self._execs.items()
+                    if ex.get("dedup_key") == key and ex.get("status") == RUNNING and not ex.get("cancel_requested")
+                )
+                if len(holders) > 1:
+                    self.sim.violate(10, f"dedup key {key!r} held by {len(holders)} running executions: {holders}")
 
     def _rewrite(self, pk: str, ops: Sequence[Op]) -> None:
         """Invariant 8 on a batch deleting documents of an execution it keeps: the execution is

@@ -151,3 +151,27 @@ def test_a_deferred_record_that_leaves_nothing_due_is_caught(monkeypatch: pytest
 
     found = first_caught(broken)
     assert found is not None, f"no violation in {SEEDS} seeds"
+
+
+def test_a_dedup_claim_that_ignores_its_owner_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 26 §5: a keyed start that takes the key whatever its owner's state (engine/starts/
+    dedup.py ``_owner`` always "ended"): two holders run (invariant 10)."""
+    from celery_durable.engine.starts import dedup
+
+    broken = patched_run(monkeypatch, dedup, "_owner", lambda engine, owner, now: dedup.Owner.ENDED)
+
+    found = first_caught(broken)
+    assert found is not None, f"no violation in {SEEDS} seeds"
+    assert any(v.invariant == 10 for v in found[1].violations), found[1].violations
+
+
+def test_a_dedup_takeover_without_its_tombstone_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A start that takes the key from an owner not created yet (its starter died, or is slow)
+    without first creating that execution cancelled: the starter that was only slow creates it
+    after all, beside the new holder."""
+    from celery_durable.engine.starts import dedup
+
+    broken = patched_run(monkeypatch, dedup, "_tombstone", lambda engine, owner, eid, key, now: True)
+
+    found = first_caught(broken, seeds=400)
+    assert found is not None, "no violation in 400 seeds"
