@@ -56,6 +56,14 @@ ROWS = (
     ("operator calls killed mid-operation", "ops_abandoned"),
     ("operator calls refused (not applicable)", "ops_refused"),
     ("operator calls that got a store error", "ops_store_error"),
+    (
+        "dedup-key starts: reject / return-existing / latest-wins returned",
+        ("keyed_reject_returned", "keyed_return-existing_returned", "keyed_latest-wins_returned"),
+    ),
+    (
+        "dedup-key starts refused / starter died / store error",
+        ("keyed_refused", "keyed_starter_died", "keyed_store_error"),
+    ),
 )
 
 
