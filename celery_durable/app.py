@@ -95,19 +95,19 @@ class Workflow(Generic[P, R]):
         ctx = require_context(f"{self.name}.start_child()")
         return ctx.start_child(self.definition, args, kwargs, workflow_id)
 
-    @overload
-    def start(self, *args: P.args, **kwargs: P.kwargs) -> WorkflowHandle[R]: ...
-    @overload
-    def start(
-        self, *args: Any, _workflow_id: str | None, _search: Any = None, _memo: Any = None, **kwargs: Any
-    ) -> WorkflowHandle[R]: ...
-    def start(self, *args: Any, **kwargs: Any) -> WorkflowHandle[R]:
-        """Start (or join, when ``_workflow_id`` exists) an execution; validate in the caller.
-        ``_search``/``_memo``: its search attributes and memo (README "Search attributes and memo");
-        a joined execution keeps its own."""
-        workflow_id = kwargs.pop("_workflow_id", None)
-        search, memo = kwargs.pop("_search", None), kwargs.pop("_memo", None)
-        return self._start(args, kwargs, workflow_id, search, memo)
+    # One signature, the workflow's own: mypy checks every start. ``_workflow_id=``, ``_search=``
+    # and ``_memo=`` still work at run time, but cannot join a ParamSpec's parameters (PEP 612),
+    # so mypy flags them rather than stop checking the call: ``options(workflow_id=...)`` is the
+    # typed way (an untyped overload taking them made ``start("not an order", _workflow_id=...)``
+    # pass mypy: ../shared/repro/operable/newcomer_typed_start_with_id.py).
+    def start(self, *args: P.args, **kwargs: P.kwargs) -> WorkflowHandle[R]:
+        """Start (or join, when its id exists) an execution; validate in the caller. The id, search
+        attributes and memo: ``options(workflow_id=, search=, memo=)`` (README "Search attributes
+        and memo"); a joined execution keeps its own."""
+        rest: dict[str, Any] = dict(kwargs)
+        workflow_id = rest.pop("_workflow_id", None)
+        search, memo = rest.pop("_search", None), rest.pop("_memo", None)
+        return self._start(args, rest, workflow_id, search, memo)
 
     def _start(
         self,

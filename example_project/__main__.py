@@ -464,7 +464,7 @@ def run_orders(args: argparse.Namespace, tag: str, fleet: Fleet) -> list[str]:
             (fleet.run_dir / "crash").mkdir(exist_ok=True)
             (fleet.run_dir / "crash" / order.id).touch()
         # idempotent by id: starting the same id again joins the running execution
-        handle = fulfil_order.start(order, _workflow_id=f"{order.id}.{tag}")
+        handle = fulfil_order.options(workflow_id=f"{order.id}.{tag}").start(order)
         tracked.append(Tracked(order, scenario, handle))
         extra = f", released in {scenario.release_in:.0f}s (a timer beat fires)" if scenario.release_in else ""
         extra += ", its worker will be killed" if scenario.crash else ""

@@ -55,7 +55,9 @@ parent.start(1, label="b")
 parent.start("1")  # E
 parent.start(1, lbl="b")  # E
 parent.start()  # E
-h = parent.start(1, _workflow_id="order-1")
+parent.start(1, _workflow_id="order-1")  # E
+parent.start("1", _workflow_id="order-1")  # E
+h = parent.options(workflow_id="order-1").start(1)
 parent.options(workflow_id="order-2").start(1, label="c")
 parent.options(workflow_id="order-3").start("1")  # E
 reveal_type(h)  # R celery_durable.handle.WorkflowHandle[list[int]]
