@@ -44,6 +44,7 @@ TYPES: dict[str, type] = {
     "effect_index": records.EffectIndexDoc,
     "effect_intent": records.EffectIntentDoc,
     "input": records.InputDoc,
+    "dedup_owner": records.DedupOwnerDoc,
 }
 
 
