@@ -175,23 +175,24 @@ class Engine:
         if dedup is not None:  # one running execution per key (engine/starts/dedup.py)
             extra["dedup_key"] = dedup[0]
 
-        def create() -> bool:
-            if self.create_execution(workflow.name, payload, eid, parent, eager=eager, **extra):
-                return True
-            existing = self.store.read(eid, EXEC_ID)
+        def joinable(existing: Doc | None) -> bool:
+            """Whether ``existing`` (the exec of ``eid``, if any) is one to join; another
+            workflow's is refused (:class:`ConfigurationError`)."""
             if existing is not None and existing.get("workflow") != workflow.name:
                 raise ConfigurationError(
                     f"execution {eid!r} exists and runs workflow {existing.get('workflow')!r}, not {workflow.name!r}"
                 )
+            return existing is not None
+
+        def create() -> bool:
+            if self.create_execution(workflow.name, payload, eid, parent, eager=eager, **extra):
+                return True
+            joinable(self.store.read(eid, EXEC_ID))
             return False
 
-        if dedup is not None and workflow_id is not None and (known := self.store.read(eid, EXEC_ID)) is not None:
-            # an id that exists is joined (or refused as another workflow's) as without a key:
-            # before any claim, so a refused or joined start takes no key and cancels no holder
-            if known.get("workflow") != workflow.name:
-                raise ConfigurationError(
-                    f"execution {eid!r} exists and runs workflow {known.get('workflow')!r}, not {workflow.name!r}"
-                )
+        # with a key, an id that exists is joined (or refused) as without one, before any claim:
+        # a refused or joined start takes no key and cancels no holder
+        if dedup is not None and workflow_id is not None and joinable(self.store.read(eid, EXEC_ID)):
             return eid, False
         if dedup is not None:
             return claim(self, dedup[0], dedup[1], eid, workflow.name, create)

@@ -261,8 +261,9 @@ class WorkflowEnvironment:
         dedup = None
         if not hasattr(workflow, "definition"):  # options (not imported here: app imports this module's users)
             opts: WorkflowOptions[Any, R] = workflow
-            _workflow_id = _workflow_id or opts.workflow_id
-            _search, _memo, dedup = _search or opts.search, _memo or opts.memo, opts.dedup
+            _workflow_id = opts.workflow_id if _workflow_id is None else _workflow_id
+            _search = opts.search if _search is None else _search
+            _memo, dedup = opts.memo if _memo is None else _memo, opts.dedup
             workflow = opts.workflow
         eid, _ = self.engine.start(
             workflow.definition, args, kwargs, workflow_id=_workflow_id, search=_search, memo=_memo, dedup=dedup

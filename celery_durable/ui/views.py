@@ -161,8 +161,8 @@ def _bounds(detail: ExecutionDetail, now: float) -> tuple[float, float]:
         t
         for step in detail.steps
         if running and step.finished_at is None
-        for t in (step.deadline, step.retry_at)
-        if t is not None and math.isfinite(t) and end < t <= reach
+        for t in map(_finite, (step.deadline, step.retry_at))
+        if t is not None and end < t <= reach
     ]
     return start, max([end, *ahead])
 

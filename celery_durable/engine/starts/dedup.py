@@ -20,7 +20,6 @@ the next start (no write when an execution ends, no cross-partition step in its 
 from __future__ import annotations
 
 import hashlib
-import logging
 import time
 from collections.abc import Callable
 from enum import StrEnum
@@ -52,8 +51,6 @@ __all__ = [
     "check_on_conflict",
     "claim",
 ]
-
-log = logging.getLogger("celery_durable.starts")
 
 DEDUP_PK_PREFIX = "dk:"
 OWNER_ID = "owner"
@@ -115,9 +112,6 @@ class Owner(StrEnum):
     #: created, ended and purged since the claim
     PURGED = "purged"
 
-
-#: seconds ``return-existing`` waits for a holder claimed and not created yet
-PENDING_WAIT = 2.0
 
 
 def _owner(engine: Engine, owner: Doc, now: float) -> Owner:
