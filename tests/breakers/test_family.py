@@ -5,15 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from starlette.testclient import TestClient
 
 from celery_durable.stores.base import strip_reserved
 from celery_durable.stores.sqlite.store import SqliteStore
 from celery_durable.testing.env import WorkflowEnvironment
-from celery_durable.ui import create_app
 from tests.ui import flows
-
-TOKEN = "test-token-0123456789abcdef"
+from tests.ui.conftest import page_as_operator
 
 
 @pytest.fixture
@@ -29,9 +26,7 @@ def test_a_malformed_child_step_of_a_grandchild_partition_does_not_take_the_pare
     (child_marker,) = [d for d in store.query_partition("t-0").docs if d.get("kind") == "child"]
     # one of t-0's child step markers has a seq of the wrong type (a partial write, a bad migration)
     store.replace(strip_reserved(child_marker) | {"seq": "one"}, if_match=child_marker["_etag"])
-    with TestClient(create_app(env.engine, TOKEN), follow_redirects=False, raise_server_exceptions=False) as client:
-        client.post("/login", data={"token": TOKEN, "next": "/executions"})
-        r = client.get("/executions/t")
+    r = page_as_operator(env.engine, "/executions/t")
     assert r.status_code == 200, (
         f"the root's page is a {r.status_code} because one step marker in a descendant's partition is "
         "malformed: family._children sorts by int(d.get('seq')) outside any error handling; the tree "

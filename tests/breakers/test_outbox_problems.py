@@ -35,15 +35,21 @@ def _outbox(env: WorkflowEnvironment) -> Outbox:
     return box
 
 
-def test_retrying_an_effect_that_was_already_retried_does_not_run_it_again() -> None:
+def _failed_charge(card: str, effect_id: str) -> tuple[WorkflowEnvironment, Outbox]:
+    """An environment whose charge ``effect_id`` failed for good, the gateway mended since."""
     SENT.clear()
     BROKEN[0] = True
     env = WorkflowEnvironment(durable)
     box = _outbox(env)
-    box.enqueue("brk.charge", "card-1", key="pay-1", effect_id="c-1")
+    box.enqueue("brk.charge", card, key=f"pay-{effect_id}", effect_id=effect_id)
     env.run_until_idle()
-    assert box.get("c-1").status == "failed"  # type: ignore[union-attr]
+    assert box.get(effect_id).status == "failed"  # type: ignore[union-attr]
     BROKEN[0] = False
+    return env, box
+
+
+def test_retrying_an_effect_that_was_already_retried_does_not_run_it_again() -> None:
+    env, box = _failed_charge("card-1", "c-1")
     first = box.retry("c-1")  # an operator retries it (the /effects button, `durable outbox retry`)
     assert box.problems().failed == ()  # it left the overview
     second_id = None
@@ -62,13 +68,7 @@ def test_retrying_an_effect_that_was_already_retried_does_not_run_it_again() -> 
 def test_racing_retries_of_one_failed_effect_enqueue_one_row() -> None:
     """The id of a retry is decided by the row retried: callers racing enqueue the same effect
     id, which the outbox admits once."""
-    SENT.clear()
-    BROKEN[0] = True
-    env = WorkflowEnvironment(durable)
-    box = _outbox(env)
-    box.enqueue("brk.charge", "card-2", key="pay-2", effect_id="c-2")
-    env.run_until_idle()
-    BROKEN[0] = False
+    env, box = _failed_charge("card-2", "c-2")
     barrier, ids = threading.Barrier(4), []
 
     def retry() -> None:

@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 from celery import Celery
-from starlette.testclient import TestClient
 
 from celery_durable import Durable, durable_activity
 from celery_durable.engine.admin.operator import Admin
@@ -16,7 +15,7 @@ from celery_durable.engine.documents.schema import EXEC_ID, marker_id, result_id
 from celery_durable.stores.base import strip_reserved
 from celery_durable.stores.sqlite.store import SqliteStore
 from celery_durable.testing.env import WorkflowEnvironment
-from celery_durable.ui import create_app
+from tests.ui.conftest import page_as_operator
 
 app = Celery("breaker-waiting", set_as_current=False)
 durable = Durable(app, store="memory://")
@@ -30,9 +29,6 @@ def later(x: int) -> int:
 @durable.workflow(name="brk.waits")
 def waits(x: int) -> int:
     return later(x)
-
-
-TOKEN = "test-token-0123456789abcdef"
 
 
 @pytest.fixture
@@ -60,9 +56,7 @@ def test_a_malformed_step_marker_does_not_take_the_execution_list_down(
 ) -> None:
     eid, marker = _waiting_kid(env)
     env.engine.store.replace(strip_reserved(marker) | bad, if_match=marker["_etag"])
-    with TestClient(create_app(env.engine, TOKEN), follow_redirects=False, raise_server_exceptions=False) as client:
-        client.post("/login", data={"token": TOKEN, "next": "/executions"})
-        r = client.get("/executions")
+    r = page_as_operator(env.engine, "/executions")
     assert r.status_code == 200, (
         f"one malformed step marker ({bad}) of a listed execution makes the whole list a {r.status_code}: "
         "activity_states catches CorruptDocument only around read_many, and _state's count_of/lease_live "

@@ -35,6 +35,14 @@ def client(env: WorkflowEnvironment) -> Iterator[TestClient]:
         yield c
 
 
+def page_as_operator(engine: Any, path: str) -> Any:
+    """``path`` fetched by a logged-in client of a UI on ``engine``; a server error is the
+    response (500), not an exception in the test."""
+    with TestClient(create_app(engine, TOKEN), follow_redirects=False, raise_server_exceptions=False) as client:
+        client.post("/login", data={"token": TOKEN, "next": "/executions"})
+        return client.get(path)
+
+
 def login(client: TestClient, token: str = TOKEN) -> str:
     """Log the client in; return the CSRF token its pages carry."""
     r = client.post("/login", data={"token": token, "next": "/executions"})
