@@ -113,7 +113,6 @@ class Owner(StrEnum):
     PURGED = "purged"
 
 
-
 def _owner(engine: Engine, owner: Doc, now: float) -> Owner:
     eid, claimed_at = str(owner.get("execution")), float(owner.get("claimed_at") or 0.0)
     ex = engine.store.read(eid, EXEC_ID)
