@@ -7,7 +7,7 @@
 >>> @durable.workflow
 ... def fulfil(order_id: str) -> str:
 ...     return charge(order_id, 100)
->>> fulfil.start("o-1", _workflow_id="order-o-1").result(timeout=60)
+>>> fulfil.options(workflow_id="order-o-1").start("o-1").result(timeout=60)
 """
 
 from celery_durable import _moved

@@ -1,6 +1,6 @@
 """Old module paths of the restructuring (issue 24) still import, with a DeprecationWarning.
 
-Modules moved into rooms (``celery_durable.activity`` is ``celery_durable.glue.durable_activity``
+Modules moved into rooms (``celery_durable.wire`` is ``celery_durable.glue.wire``
 now, ``celery_durable.engine.local`` is ``celery_durable.engine.drive.in_process`` ...). Code
 written against the old paths (a user's import of an internal module, a bootstep's ``requires``
 string, a script) keeps working: a finder on ``sys.meta_path`` answers an old name with the
@@ -24,7 +24,6 @@ __all__ = ["MOVED", "install", "moved_attr"]
 
 #: old module -> the module that holds it now
 MOVED: dict[str, str] = {
-    "celery_durable.activity": "celery_durable.glue.durable_activity",
     "celery_durable.beat_shutdown": "celery_durable.glue.beat_shutdown",
     "celery_durable.bootsteps": "celery_durable.glue.bootsteps",
     "celery_durable.cli_cosmos": "celery_durable.cli.cosmos",

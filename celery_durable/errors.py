@@ -28,6 +28,7 @@ __all__ = [
     "WorkflowFailedError",
     "WorkflowCancelledError",
     "ActivityError",
+    "HeartbeatTimeoutError",
     "ChildWorkflowError",
     "ExternalSignalError",
     "NonRetryableError",
@@ -145,6 +146,14 @@ class WorkflowFailedError(DurableError):
 
 class WorkflowCancelledError(DurableError):
     """The workflow was cancelled (raised by ``handle.result()``, and inside the workflow)."""
+
+
+class HeartbeatTimeoutError(DurableError):
+    """An activity attempt did not call ``activity.heartbeat()`` within its ``heartbeat_timeout``.
+
+    What the attempt fails with (an ``Exception``: Celery's ``autoretry_for`` retries it like any
+    other failure); the workflow sees it as an :class:`ActivityError` of this type once retries end.
+    """
 
 
 class ActivityError(DurableError):

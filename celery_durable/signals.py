@@ -13,8 +13,10 @@ The table of signals and their arguments is in :mod:`celery_durable.glue.hooks`.
 
 from celery_durable.glue.hooks import (
     EVENT_SIGNALS,
+    activity_cancelled,
     activity_completed,
     activity_failed,
+    activity_stalled,
     effect_cancelled,
     effect_claimed,
     effect_enqueued,
@@ -49,6 +51,8 @@ __all__ = [
     "workflow_cancelled",
     "activity_completed",
     "activity_failed",
+    "activity_cancelled",
+    "activity_stalled",
     "workflow_continued",
     "timer_fired",
     "signal_received",

@@ -231,6 +231,11 @@ def show(ctx: click.Context, execution_id: str, as_json: bool) -> None:
                 text = json.dumps(step.input, default=str)
                 text = text if len(text) <= 500 else text[:500] + "... (truncated)"
                 click.echo(f"  step {step.seq} input: {_cell(text)}")
+            if step.heartbeat_at is not None:  # the latest activity.heartbeat(details)
+                beat = _cell(json.dumps(step.heartbeat, default=str))
+                click.echo(
+                    f"  step {step.seq} heartbeat {ts(step.heartbeat_at)} (attempt {step.heartbeat_attempt}): {beat}"
+                )
             if step.error or step.corrupt:
                 click.echo(f"  step {step.seq}: {_cell(step.corrupt or step.error)}")
             for line in (step.traceback or "").rstrip().splitlines():  # the lines that raised

@@ -308,7 +308,11 @@ class Engine:
             if ex.get("cancel_requested") and by is None:
                 return True  # an operator's (by) is recorded all the same: who else asked, and why
             updated = strip_reserved(ex)
-            updated.update(cancel_requested=True, wakeups=count_of(ex, "wakeups") + 1)
+            # the steps taken so far: a running attempt of one of them stops (engine/activities/leases.py);
+            # later ones are the cancel's compensations (the write is etag-guarded against a drive)
+            updated.update(
+                cancel_requested=True, cancel_before=count_of(ex, "steps"), wakeups=count_of(ex, "wakeups") + 1
+            )
             try:
                 if by is None:  # a parent cancelling its child: its own history says so
                     if from_parent:  # the child's too: resuming the parent resumes it (cancel_withdrawal.py)

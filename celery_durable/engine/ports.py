@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from celery_durable.engine.activities.context import ActivityContext
     from celery_durable.engine.dispatcher import Dispatcher, Send
     from celery_durable.engine.documents.model import Attempt, Clock
     from celery_durable.engine.documents.records import ExecDoc
@@ -64,7 +65,13 @@ class SignalsPort(Protocol):
 class LeasesPort(Protocol):
     def track(self, attempt: Attempt) -> None: ...
 
-    def untrack(self, attempt: Attempt) -> None: ...
+    def untrack(self, attempt: Attempt) -> ActivityContext | None: ...
+
+    def watch(self, ctx: ActivityContext) -> None: ...
+
+    def wake_at(self, at: float) -> None: ...
+
+    def pending_details(self, attempt: Attempt) -> Any: ...
 
 
 class EngineParts(Protocol):

@@ -24,6 +24,7 @@ from celery.local import PromiseProxy, Proxy
 
 from celery_durable.codecs import codec_for
 from celery_durable.engine.activities.attempts import may_be_stale, run_awaitable, sync_callable
+from celery_durable.engine.activities.context import ActivityInterrupt, check_activity_options
 from celery_durable.engine.activities.delivery import Delivery
 from celery_durable.engine.documents.model import Attempt
 from celery_durable.engine.drive import seals
@@ -257,6 +258,7 @@ def _run_attempt(task: Task, meta: dict[str, Any], args: tuple[Any, ...], kwargs
     else:
         definition = _definition(task)
         task.request.durable_attempt = attempt  # for retry(): release before resending
+        actx = runner.context(attempt, definition.options)  # activity.heartbeat() and cancels
         try:
             dargs, dkwargs = definition.codec.decode_args({"args": list(args), "kwargs": kwargs})
             log.info(
@@ -268,9 +270,18 @@ def _run_attempt(task: Task, meta: dict[str, Any], args: tuple[Any, ...], kwargs
                 extra={"workflow_id": execution_id, "step": seq, "attempt": attempt.number},
             )
             with span("activity", activity=task.name, execution_id=execution_id, step=seq, attempt=attempt.number):
-                # run_awaitable: a coroutine from a task made durable some other way
-                value = run_awaitable(task.run(*dargs, **dkwargs))
+                with actx:  # run_awaitable: a coroutine from a task made durable some other way
+                    value = run_awaitable(task.run(*dargs, **dkwargs))
             doc = runner.result_doc(attempt, value=definition.codec.encode_result(value))
+        except ActivityInterrupt as exc:  # cancelled, or stalled past its heartbeat_timeout
+            stalled = runner.interrupted(attempt, actx, exc)
+            if stalled is None:
+                return None  # nothing to record: the cancel did, or the step is not this attempt's
+            delay = task_retry(task).next_delay(task.request.retries, stalled)
+            if delay is not None:  # retried by its options, as any failure of the attempt
+                raise task.retry(exc=stalled, countdown=delay) from None
+            doc = runner.result_doc(attempt, error=stalled)
+            failed = stalled
         except Retry as exc:
             if not getattr(task.request, "durable_released", False):  # a retry() bypassing ours
                 runner.retrying(attempt, _countdown(exc), exc.exc or exc)
@@ -367,6 +378,13 @@ def durable_activity(fn: Any = None, *, name: str | None = None, **options: Any)
     """
 
     local = bool(options.pop("local", False))
+    given: dict[str, Any] = {k: options.pop(k) for k in ("heartbeat_timeout", "cancellation") if k in options}
+    beats = check_activity_options(given)
+    if local and given:
+        raise ConfigurationError(
+            f"@durable_activity(local=True) cannot take {', '.join(given)}: a local activity runs inside the "
+            "drive, which no heartbeat watches; use a normal activity for long work"
+        )
     limits = [o for o in ("time_limit", "soft_time_limit") if local and options.get(o) is not None]
     if limits:
         raise ConfigurationError(
@@ -381,6 +399,11 @@ def durable_activity(fn: Any = None, *, name: str | None = None, **options: Any)
                 f"not on a Celery task: {target!r}"
             )
         # type(), not isinstance(): a proxy claims its target's class, and asking evaluates it
+        if given and (issubclass(type(target), Proxy) or isinstance(target, Task)):
+            raise ConfigurationError(
+                f"@durable_activity({', '.join(given)}=…) goes on a plain function; on a Celery task give "
+                f"them to the task: @app.task({', '.join(given)}=…) under @durable_activity"
+            )
         if issubclass(type(target), Proxy):
             return _upgrade_proxy(target)
         if isinstance(target, Task):
@@ -393,7 +416,7 @@ def durable_activity(fn: Any = None, *, name: str | None = None, **options: Any)
         # bind=True: Celery passes the task as the first parameter; the call's arguments (what
         # the codec checks and a workflow passes) are the rest
         # local: steps run in the drive's process (engine/activities/local_activities.py), with these retries
-        local_options = {"local": _local_retry(options)} if local else None
+        local_options = {"local": _local_retry(options)} if local else beats
         _register(task_name, _task_bound(run, task) if options.get("bind") else run, local_options)
         return task
 
@@ -422,7 +445,9 @@ def _upgrade(task: Task) -> Task:
             task.run = sync_callable(fn)
         if orig is not None or inspect.iscoroutinefunction(fn):
             add_autoretry_behaviour(task)
-    _register(task.name, getattr(task, "_orig_run", None) or task.run)
+    # a task's own heartbeat_timeout / cancellation (Celery keeps unknown options as attributes)
+    given = {k: getattr(task, k) for k in ("heartbeat_timeout", "cancellation") if getattr(task, k, None) is not None}
+    _register(task.name, getattr(task, "_orig_run", None) or task.run, check_activity_options(given))
     return task
 
 

@@ -14,6 +14,8 @@ workflow_cancelled       execution_id, workflow
 workflow_continued       execution_id, workflow (continue-as-new)
 activity_completed       execution_id, seq, activity, attempts
 activity_failed          execution_id, seq, activity, attempts (after the last retry)
+activity_cancelled       execution_id, seq, activity, reason (an attempt stopped: ActivityCancelled)
+activity_stalled         execution_id, seq (no heartbeat within its heartbeat_timeout)
 timer_fired              execution_id, seq, lateness (seconds)
 signal_received          execution_id, name
 signal_ignored           execution_id, name, reason
@@ -45,6 +47,8 @@ __all__ = [
     "workflow_cancelled",
     "activity_completed",
     "activity_failed",
+    "activity_cancelled",
+    "activity_stalled",
     "workflow_continued",
     "timer_fired",
     "signal_received",
@@ -70,6 +74,8 @@ workflow_failed = Signal(name="workflow_failed", providing_args={"execution_id",
 workflow_cancelled = Signal(name="workflow_cancelled", providing_args={"execution_id", "workflow"})
 activity_completed = Signal(name="activity_completed", providing_args={"execution_id", "seq", "activity", "attempts"})
 activity_failed = Signal(name="activity_failed", providing_args={"execution_id", "seq", "activity", "attempts"})
+activity_cancelled = Signal(name="activity_cancelled", providing_args={"execution_id", "seq", "activity", "reason"})
+activity_stalled = Signal(name="activity_stalled", providing_args={"execution_id", "seq"})
 workflow_continued = Signal(name="workflow_continued", providing_args={"execution_id", "workflow"})
 timer_fired = Signal(name="timer_fired", providing_args={"execution_id", "seq", "lateness"})
 signal_received = Signal(name="signal_received", providing_args={"execution_id", "name"})
@@ -96,6 +102,8 @@ EVENT_SIGNALS: dict[str, Signal] = {
     "workflow_cancelled": workflow_cancelled,
     "activity_completed": activity_completed,
     "activity_failed": activity_failed,
+    "activity_cancelled": activity_cancelled,
+    "activity_stalled": activity_stalled,
     "workflow_continued": workflow_continued,
     "timer_fired": timer_fired,
     "signal_received": signal_received,

@@ -26,6 +26,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from celery_durable.engine.activities.attempts import run_awaitable
+from celery_durable.engine.activities.context import ActivityInterrupt
 from celery_durable.engine.activities.delivery import Delivery
 from celery_durable.engine.admin.operator import Admin, ExecutionPage
 from celery_durable.engine.core import Engine
@@ -163,15 +164,23 @@ class WorkflowEnvironment:
         except Exception as exc:  # final, as on a worker: only the function's own errors retry
             eng.activities.complete(attempt, eng.activities.result_doc(attempt, error=exc))
             return
+        actx = eng.activities.context(attempt, act.options)  # activity.heartbeat() and cancels
         try:
-            value = run_awaitable(act.fn(*args, **kwargs))
-        except Exception as exc:
+            with actx:
+                value = run_awaitable(act.fn(*args, **kwargs))
+        except (Exception, ActivityInterrupt) as raised:
+            failure: BaseException | None = raised
+            if isinstance(raised, ActivityInterrupt):  # cancelled (nothing to record), or stalled
+                failure = eng.activities.interrupted(attempt, actx, raised)
+                if failure is None:
+                    return
+            assert failure is not None
             # attempts so far minus one: Celery's request.retries (no lost deliveries in-process)
-            delay = self._retry_of(req.name).next_delay(attempt.number - 1, exc)
+            delay = self._retry_of(req.name).next_delay(attempt.number - 1, failure)
             if delay is None:
-                eng.activities.complete(attempt, eng.activities.result_doc(attempt, error=exc))
+                eng.activities.complete(attempt, eng.activities.result_doc(attempt, error=failure))
             else:
-                eng.activities.retrying(attempt, delay, exc)
+                eng.activities.retrying(attempt, delay, failure)
                 self.retries.append((self.clock.now() + delay, req))
                 self._release_retries()
             return

@@ -6,12 +6,14 @@ Configured from the environment so each test can point it at its own broker and 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 from pydantic import BaseModel
 
-from celery_durable import ActivityError, Durable, NonRetryableError, durable_activity
+from celery_durable import ActivityError, Durable, NonRetryableError, activity, durable_activity
 from celery_durable import workflow as wf
+from celery_durable.errors import HeartbeatTimeoutError
 from tests.apps._common import env_app, env_float, mark_in
 
 app = env_app(
@@ -290,3 +292,72 @@ def bounce(to: str) -> None:
 def bounces(to: str) -> str:
     wf.emit("basic.bounce", to, key=f"mail-{to}")
     return "sent"
+
+
+# --- heartbeats and cancelling a running activity (issue 26 §2, §3) ------------------------------
+
+
+@durable_activity(name="basic.never_complete", heartbeat_timeout=10)
+def never_complete(key: str) -> str:
+    """Temporal's hello_cancellation activity: heartbeats until it is cancelled."""
+    mark(f"hb-start-{key}")
+    try:
+        while True:
+            activity.heartbeat()
+            time.sleep(0.05)
+    except activity.ActivityCancelled:
+        mark(f"hb-cancelled-{key}")
+        raise
+
+
+@durable_activity(name="basic.cleanup_activity")
+def cleanup_activity(key: str) -> str:
+    mark(f"hb-cleanup-{key}")
+    return "cleaned"
+
+
+@durable.workflow(name="hello_cancellation")
+def hello_cancellation(key: str) -> str:
+    try:
+        return never_complete(key)
+    finally:
+        cleanup_activity(key)
+
+
+@durable_activity(name="basic.resumable_import", heartbeat_timeout=30)
+def resumable_import(key: str, rows: int) -> int:
+    """Imports ``rows`` rows, one per 50 ms, from where an earlier attempt's heartbeat got to;
+    returns the row it started from."""
+    start = int(activity.last_heartbeat_details(0))
+    mark(f"imp-{key}-{start}")
+    for n in range(start, rows):
+        time.sleep(0.05)
+        activity.heartbeat(n + 1)
+    return start
+
+
+@durable.workflow(name="importer")
+def importer(key: str, rows: int) -> int:
+    return resumable_import(key, rows)
+
+
+@durable_activity(
+    name="basic.stalls_once",
+    heartbeat_timeout=1,
+    autoretry_for=(HeartbeatTimeoutError,),
+    max_retries=2,
+    default_retry_delay=0,
+)
+def stalls_once(key: str) -> str:
+    n = mark(f"stall-{key}")
+    if n == 1:
+        end = time.monotonic() + 60
+        while time.monotonic() < end:  # stuck in Python, no heartbeat: interrupted at its timeout
+            pass
+    activity.heartbeat()
+    return f"attempt {n}"
+
+
+@durable.workflow(name="stalling")
+def stalling(key: str) -> str:
+    return stalls_once(key)

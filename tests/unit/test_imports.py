@@ -24,6 +24,7 @@ LAYERS = {
     "stores": 1,
     "engine": 2,
     "workflow": 3,
+    "activity": 3,  # the API inside activities (celery_durable.activity)
     "handle": 3,
     "glue": 4,  # the Celery glue
     # public paths of glue objects (celery_durable.signals, .metrics, .outbox, .contrib.filesystem:Transport)

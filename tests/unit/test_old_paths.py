@@ -24,6 +24,7 @@ OLD_NAMES: dict[str, list[str]] = json.loads((Path(__file__).parent / "old_modul
 
 #: packages that replaced a module of the same name and hand its names on
 REPLACING_PACKAGES = [
+    "celery_durable.activity",  # a module still, the API inside activities now
     "celery_durable.cli",
     "celery_durable.stores.sqlite",
     "celery_durable.stores.postgres",

@@ -29,6 +29,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace as dc_replace
 from typing import TYPE_CHECKING, Any
 
+from celery_durable.engine.activities.context import (
+    _NOTHING,
+    ON_HEARTBEAT,
+    ActivityCancelled,
+    ActivityContext,
+    ActivityInfo,
+    ActivityInterrupt,
+)
 from celery_durable.engine.activities.delivery import STALE_EVENT, Delivery, marker_token, refusal
 from celery_durable.engine.dispatcher import ActivityRequest, Send
 from celery_durable.engine.documents.model import (
@@ -42,7 +50,7 @@ from celery_durable.engine.documents.model import (
     run_of,
 )
 from celery_durable.engine.documents.records import count_of, holder_of, is_terminal
-from celery_durable.errors import ConflictError, StoreError
+from celery_durable.errors import ConflictError, HeartbeatTimeoutError, StoreError
 from celery_durable.stores.base import Doc, Op, strip_reserved
 
 if TYPE_CHECKING:
@@ -130,6 +138,12 @@ def _not_runnable(docs: Mapping[str, Doc], seq: int, run: int) -> str | None:
     if marker is None or marker.get("kind") != "activity":
         return "no such activity step"
     return None
+
+
+def _details(marker: Doc) -> Any:
+    """The heartbeat details an earlier attempt left on the step's marker (None: none)."""
+    beat = marker.get("heartbeat")
+    return beat.get("details") if isinstance(beat, dict) else None
 
 
 def _lease_back(marker: Doc, due_at: float) -> Doc:
@@ -224,7 +238,17 @@ class ActivityRunner:
                 eng.cache.suspect(execution_id)  # changed, or deleted (purged)
                 continue
             eng.cache.put(execution_id, leased | {"_etag": etag})
-            attempt = Attempt(execution_id, seq, str(marker["name"]), etag, me, number, run, token=marker_token(marker))
+            attempt = Attempt(
+                execution_id,
+                seq,
+                str(marker["name"]),
+                etag,
+                me,
+                number,
+                run,
+                token=marker_token(marker),
+                heartbeat_details=_details(marker),
+            )
             eng.leases.track(attempt)
             return attempt, "started"
         return None, "the step kept changing under us"
@@ -247,7 +271,15 @@ class ActivityRunner:
             return None  # lapsed: recovery may have re-sent it; take it as a delivery would
         number = count_of(marker, "attempts")
         attempt = Attempt(
-            execution_id, seq, str(marker["name"]), marker["_etag"], holder, number, run, token=marker_token(marker)
+            execution_id,
+            seq,
+            str(marker["name"]),
+            marker["_etag"],
+            holder,
+            number,
+            run,
+            token=marker_token(marker),
+            heartbeat_details=_details(marker),
         )
         eng.leases.track(attempt)
         return attempt, "started"
@@ -268,6 +300,48 @@ class ActivityRunner:
         released["attempts"] = max(0, count_of(marker, "attempts") - 1)  # the claimed attempt never began
         etag = eng.store.replace(released, if_match=marker["_etag"])
         eng.cache.put(request.execution_id, released | {"_etag": etag})
+
+    def context(self, attempt: Attempt, options: Mapping[str, Any] | None = None) -> ActivityContext:
+        """The heartbeat context ``attempt`` runs in (``with``), served by the lease renewals.
+        ``options``: the activity's (``heartbeat_timeout``, ``cancellation``)."""
+        opts = options or {}
+        info = ActivityInfo(
+            execution_id=attempt.execution_id,
+            step=attempt.seq,
+            run=attempt.run,
+            name=attempt.name,
+            attempt=attempt.number,
+            heartbeat_timeout=opts.get("heartbeat_timeout"),
+            cancellation=str(opts.get("cancellation") or ON_HEARTBEAT),
+            heartbeat_details=attempt.heartbeat_details,
+        )
+        ctx = ActivityContext(attempt, info, wake=self.engine.leases.wake_at)
+        self.engine.leases.watch(ctx)
+        return ctx
+
+    def interrupted(
+        self, attempt: Attempt, ctx: ActivityContext, exc: ActivityInterrupt
+    ) -> HeartbeatTimeoutError | None:
+        """What an attempt stopped by ``exc`` failed with: for a stall the
+        :class:`HeartbeatTimeoutError` (the caller retries it or records it); for a cancel None,
+        nothing to record (the cancel recorded the step's outcome, or the workflow ended, or the
+        step is another attempt's now)."""
+        if ctx.stalled and not isinstance(exc, ActivityCancelled):
+            return HeartbeatTimeoutError(
+                f"activity {attempt.name!r} (attempt {attempt.number}) sent no heartbeat for "
+                f"{ctx.info.heartbeat_timeout:g} s (its heartbeat_timeout)"
+            )
+        self.engine.leases.untrack(attempt)
+        reason = ctx.cancel_reason or getattr(exc, "reason", "cancelled")
+        log.info("activity %s (%s step %d) cancelled: %s", attempt.name, attempt.execution_id, attempt.seq, reason)
+        self.engine.emit(
+            "activity_cancelled",
+            execution_id=attempt.execution_id,
+            seq=attempt.seq,
+            activity=attempt.name,
+            reason=reason,
+        )
+        return None
 
     def result_doc(self, attempt: Attempt, value: Any = None, error: BaseException | None = None) -> Doc:
         doc: Doc = {
@@ -320,6 +394,7 @@ class ActivityRunner:
         retry may take over the lease of the attempt it ``supersedes``).
         """
         eng = self.engine
+        details = eng.leases.pending_details(attempt)
         eng.leases.untrack(attempt)
         now = eng.clock.now()
         try:
@@ -331,6 +406,8 @@ class ActivityRunner:
                 updated["last_error"] = error_info(exc, attempts=attempt.number) if exc is not None else None
                 # the backoff, for the timeline (a retry's wait is not the activity running)
                 updated.update(failed_at=now, retry_at=now + countdown)
+                if details is not _NOTHING:  # kept for the next attempt (activity.last_heartbeat_details)
+                    updated["heartbeat"] = {"details": details, "at": now, "attempt": attempt.number}
                 try:
                     eng.store.replace(updated, if_match=marker["_etag"])
                     return

@@ -3,6 +3,13 @@
 A lease that is not renewed lapses after ``lease_ttl``; the recovery scan then re-sends the
 step. A renewal that finds another holder marks the attempt ``lost``: its result may still be
 offered, but the first writer wins, so it can never overwrite anything.
+
+A renewal also serves the attempt's :class:`~.context.ActivityContext` (``activity.heartbeat``):
+it writes the latest details with the lease, and it reads the step's outcome and the exec with
+the marker (one ``read_many``, as the marker alone cost before) to tell the attempt to stop when
+its workflow was cancelled or ended, or the step was reset. A context's heartbeat deadline
+(``heartbeat_timeout``) is checked without I/O; a stalled attempt is interrupted and no longer
+renewed.
 """
 
 from __future__ import annotations
@@ -10,12 +17,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from celery_durable.engine.documents.model import marker_id
-from celery_durable.engine.documents.records import holder_of
-from celery_durable.errors import ConflictError, StoreError
-from celery_durable.stores.base import strip_reserved
+from celery_durable.engine.activities.context import _NOTHING, ActivityContext
+from celery_durable.engine.documents.model import EXEC_ID, marker_id, result_id
+from celery_durable.engine.documents.records import holder_of, is_terminal, run_of
+from celery_durable.errors import ConflictError, CorruptDocument, StoreError
+from celery_durable.stores.base import Doc, strip_reserved
 
 if TYPE_CHECKING:
     from celery_durable.engine.activities.lease_heartbeat import Heartbeat
@@ -41,6 +49,8 @@ class LeaseKeeper:
         # keyed by attempt: a continued execution's run 1 step 3 is not run 0 step 3, and two
         # attempts of one step may overlap here (the old one lost its lease and is finishing)
         self._attempts: dict[tuple[str, int, int, str], Attempt] = {}
+        #: the running attempts' heartbeat contexts (``activity.heartbeat``), by attempt
+        self._contexts: dict[tuple[str, int, int, str], ActivityContext] = {}
         self._last_beat = 0.0
         self._heartbeat = heartbeat
         heartbeat.add(self)
@@ -53,9 +63,27 @@ class LeaseKeeper:
             first_beat = self._last_beat + self.engine.settings.heartbeat_interval
         self._heartbeat.wake(first_beat)
 
-    def untrack(self, attempt: Attempt) -> None:
+    def untrack(self, attempt: Attempt) -> ActivityContext | None:
+        """Stop renewing ``attempt``; its heartbeat context, if it had one (now forgotten)."""
         with self._lock:
             self._attempts.pop(_key(attempt), None)
+            return self._contexts.pop(_key(attempt), None)
+
+    def watch(self, ctx: ActivityContext) -> None:
+        """Serve ``ctx`` with ``ctx.attempt``'s renewals (details, cancellation, stall deadline)."""
+        with self._lock:
+            if _key(ctx.attempt) in self._attempts:
+                self._contexts[_key(ctx.attempt)] = ctx
+
+    def wake_at(self, at: float) -> None:
+        """A context wants the heartbeat thread by ``at`` (monotonic): its stall deadline."""
+        self._heartbeat.wake(at)
+
+    def pending_details(self, attempt: Attempt) -> Any:
+        """The details ``attempt`` sent and no renewal wrote yet (``_NOTHING``: none), taken."""
+        with self._lock:
+            ctx = self._contexts.get(_key(attempt))
+        return _NOTHING if ctx is None else ctx.take_details()
 
     def running(self) -> list[Attempt]:
         with self._lock:
@@ -74,11 +102,24 @@ class LeaseKeeper:
         with self._lock:
             if not self._attempts:
                 return None
-        return self._last_beat + self.engine.settings.heartbeat_interval
+            stalls = [d for ctx in self._contexts.values() if (d := ctx.deadline()) is not None]
+        return min([self._last_beat + self.engine.settings.heartbeat_interval, *stalls])
 
     def beat(self) -> None:
-        self._last_beat = time.monotonic()
-        self.renew_all()
+        now = time.monotonic()
+        with self._lock:
+            contexts = list(self._contexts.values())
+        for ctx in contexts:  # before any I/O: a slow renewal must not hold a stall back
+            if ctx.stall_if_due(now):
+                # no longer renewed: if the interrupt cannot land (a blocking C call), the lease
+                # lapses and the recovery scan sends the step again (the context stays, with the
+                # details the retry's release writes)
+                with self._lock:
+                    self._attempts.pop(_key(ctx.attempt), None)
+                self.engine.emit("activity_stalled", execution_id=ctx.attempt.execution_id, seq=ctx.attempt.seq)
+        if now >= self._last_beat + self.engine.settings.heartbeat_interval:
+            self._last_beat = now
+            self.renew_all()
 
     def renew_all(self) -> None:
         for attempt in self.running():
@@ -89,22 +130,52 @@ class LeaseKeeper:
 
     def renew(self, attempt: Attempt) -> bool:
         eng = self.engine
+        with self._lock:
+            ctx = self._contexts.get(_key(attempt))
         with attempt.lock:
-            marker = eng.store.read(attempt.execution_id, marker_id(attempt.seq, attempt.run))
+            marker, outcome, ex = self._read(attempt)
             lease = (marker or {}).get("lease") or {}
             if marker is None or lease.get("holder") != attempt.holder:
                 attempt.lost = True
                 self.untrack(attempt)
                 eng.emit("lease_lost", execution_id=attempt.execution_id, seq=attempt.seq)
+                if ctx is not None:
+                    ctx.cancel(
+                        "the step was reset or purged"
+                        if marker is None or not lease
+                        else "another attempt holds the step"
+                    )
                 return False
-            expires = eng.clock.now() + eng.settings.lease_ttl
+            if ctx is not None and (why := _why_stop(attempt, outcome, ex)) is not None:
+                ctx.cancel(why)  # still renewed: the attempt may clean up, and nothing needs the step
+            now = eng.clock.now()
+            expires = now + eng.settings.lease_ttl
             updated = strip_reserved(marker)
             updated.update(lease={"holder": attempt.holder, "expires": expires}, due_at=expires)
+            details = _NOTHING if ctx is None else ctx.take_details()
+            if details is not _NOTHING:
+                updated["heartbeat"] = {"details": details, "at": now, "attempt": attempt.number}
             try:
                 attempt.etag = eng.store.replace(updated, if_match=marker["_etag"])
             except ConflictError:
+                if ctx is not None and details is not _NOTHING:
+                    ctx.give_back(details)
                 return False
+            except StoreError:
+                if ctx is not None and details is not _NOTHING:
+                    ctx.give_back(details)
+                raise
             return True
+
+    def _read(self, attempt: Attempt) -> tuple[Doc | None, Doc | None, Doc | None]:
+        """The step's marker, its outcome and the exec (one round trip)."""
+        store, pk = self.engine.store, attempt.execution_id
+        mid = marker_id(attempt.seq, attempt.run)
+        try:
+            marker, outcome, ex = store.read_many(pk, [mid, result_id(attempt.seq, attempt.run), EXEC_ID])
+        except CorruptDocument:  # an exec or outcome nobody can decode: renew on the marker alone
+            return store.read(pk, mid), None, None
+        return marker, outcome, ex
 
     def release(self, attempt: Attempt) -> None:
         """Give the lease back so recovery re-sends the step at once instead of after the TTL."""
@@ -119,3 +190,21 @@ class LeaseKeeper:
             eng.store.replace(updated, if_match=marker["_etag"])
         except (ConflictError, StoreError):
             pass
+
+
+def _why_stop(attempt: Attempt, outcome: Doc | None, ex: Doc | None) -> str | None:
+    """Why the running ``attempt`` should stop (None: it should not), from what a renewal read."""
+    if outcome is not None:
+        return "the workflow was cancelled" if outcome.get("cancelled") else "the step's outcome is already recorded"
+    if ex is None:
+        return None  # read apart (an undecodable exec): the marker is still this attempt's
+    if is_terminal(ex):
+        return f"the workflow is {ex.get('status')}"
+    if run_of(ex) > attempt.run:
+        return "the workflow continued as new"
+    before = ex.get("cancel_before")
+    if ex.get("cancel_requested") and isinstance(before, int) and attempt.seq <= before:
+        # requested, not yet delivered by a drive (which may wait for this very worker): a
+        # step taken after the request is a compensation, and runs on
+        return "the workflow was cancelled"
+    return None

@@ -109,6 +109,10 @@ class StepRecord:
     #: an activity's last failed attempt's end and when the next may start (its backoff)
     failed_at: float | None = None
     retry_at: float | None = None
+    #: an activity's latest ``activity.heartbeat(details)``: the details, when, from which attempt
+    heartbeat: Any = None
+    heartbeat_at: float | None = None
+    heartbeat_attempt: int | None = None
 
 
 @dataclass(frozen=True)
@@ -236,6 +240,7 @@ def _step(marker: Doc, by_id: dict[str, Doc], run: int) -> StepRecord:
     if kind == StepKind.EMIT:
         state = emit_state(marker)
     out = outcome or {}
+    beat: dict[str, Any] = marker["heartbeat"] if isinstance(marker.get("heartbeat"), dict) else {}
     return StepRecord(
         seq=seq,
         kind=kind,
@@ -255,6 +260,9 @@ def _step(marker: Doc, by_id: dict[str, Doc], run: int) -> StepRecord:
         deadline=_num(marker.get("fire_at")) if kind in (StepKind.SLEEP, StepKind.SIGNAL) else None,
         failed_at=_num(marker.get("failed_at")),
         retry_at=_num(marker.get("retry_at")),
+        heartbeat=beat.get("details"),
+        heartbeat_at=_num(beat.get("at")),
+        heartbeat_attempt=_int(beat.get("attempt"), 0) or None,
     )
 
 

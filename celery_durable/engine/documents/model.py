@@ -91,6 +91,8 @@ class Attempt:
     lost: bool = False
     #: the token of the marker it began on (engine/activities/delivery.py): its outcome completes only that marker
     token: str | None = None
+    #: the details an earlier attempt sent with ``activity.heartbeat`` (engine/activities/context.py)
+    heartbeat_details: Any = None
 
 
 class Clock(Protocol):

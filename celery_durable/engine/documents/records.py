@@ -149,6 +149,9 @@ class ExecDoc(_Due, total=False):
     signals: list[str] | None
     status: str
     cancel_requested: bool
+    #: the steps taken when the cancel was requested: their running attempts stop, later steps
+    #: (compensations) do not (engine/activities/leases.py)
+    cancel_before: int
     cancelled_by_parent: bool | None
     parent_notified: bool | None
     result: Any
@@ -184,6 +187,14 @@ class ExecDoc(_Due, total=False):
     completed_at: float | None
 
 
+class HeartbeatInfo(TypedDict, total=False):
+    """A step's latest heartbeat details, written with a lease renewal or a retry's release."""
+
+    details: Any
+    at: float
+    attempt: int
+
+
 class MarkerDoc(_Due, total=False):
     """``s:000007``: what step 7 is (``kind`` and ``name``, checked on replay) and its progress."""
 
@@ -204,6 +215,8 @@ class MarkerDoc(_Due, total=False):
     #: the last failed attempt's end and when the next may start (its backoff, for the timeline)
     failed_at: float
     retry_at: float
+    #: the latest ``activity.heartbeat(details)`` an attempt sent (engine/activities/context.py)
+    heartbeat: HeartbeatInfo
     resends: int
     resent_at: float
     resent_due: float

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from celery_durable.engine.activities.context import ActivityInterrupt
 from celery_durable.engine.activities.delivery import Delivery
 from celery_durable.engine.dispatcher import ActivityRequest, InlineDispatcher
 from celery_durable.engine.outbox.model import RETRY, EffectRef
@@ -65,9 +66,17 @@ class LocalWorker:
             return
         args, kwargs = act.codec.decode_args({"args": req.args, "kwargs": req.kwargs})
         self.executed.append((req.execution_id, req.seq, req.name))
+        actx = eng.activities.context(attempt, act.options)
         try:
-            value = act.codec.encode_result(act.fn(*args, **kwargs))
-        except Exception as exc:
+            with actx:
+                value = act.codec.encode_result(act.fn(*args, **kwargs))
+        except (Exception, ActivityInterrupt) as raised:
+            exc: BaseException | None = raised
+            if isinstance(raised, ActivityInterrupt):  # cancelled (nothing to record), or stalled
+                exc = eng.activities.interrupted(attempt, actx, raised)
+                if exc is None:
+                    return
+            assert exc is not None
             if attempt.number < self.max_attempts and not isinstance(exc, NonRetryableError):
                 eng.activities.retrying(attempt, 0.0, exc)
                 self.dispatcher.send_activity(req)

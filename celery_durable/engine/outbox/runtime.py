@@ -17,7 +17,6 @@ the attempt lost (its settle will be a no-op).
 from __future__ import annotations
 
 import contextvars
-import ctypes
 import logging
 import os
 import random
@@ -30,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from celery_durable.codecs import ValueCodec
+from celery_durable.engine.activities.interrupts import async_raise
 from celery_durable.engine.activities.lease_heartbeat import Heartbeat
 from celery_durable.engine.outbox.machine import LEASE_LOST, OutboxEngine
 from celery_durable.engine.outbox.model import FAILED, RETRY, SUCCEEDED, Claim
@@ -160,16 +160,6 @@ def shielded() -> Iterator[None]:
         yield
 
 
-def _async_raise(thread_id: int, exc_type: type[BaseException] | None) -> None:
-    found = ctypes.pythonapi.PyThreadState_SetAsyncExc(
-        ctypes.c_ulong(thread_id), ctypes.py_object(exc_type) if exc_type is not None else None
-    )
-    if found == 0 and exc_type is not None:
-        # no OS thread has this id: a green thread (gevent/eventlet) that the worker's pool check
-        # did not refuse; say so rather than fail silently
-        log.warning("could not interrupt the handler (thread %s is not an OS thread)", thread_id)
-
-
 class EffectContext:
     """What a handler can know about its attempt; also the guard that lets it be interrupted."""
 
@@ -268,7 +258,7 @@ class EffectContext:
                 if self._shield:
                     self._deferred = exc_type  # raised when the library call returns
                 else:
-                    _async_raise(self._thread, exc_type)
+                    async_raise(self._thread, exc_type)
 
     @contextmanager
     def shield(self) -> Iterator[None]:
@@ -315,7 +305,7 @@ class EffectContext:
             self._active = False
             self.finished = True
             if self._interrupted and self._thread is not None:
-                _async_raise(self._thread, None)  # drop an interrupt that has not landed yet
+                async_raise(self._thread, None)  # drop an interrupt that has not landed yet
         _current.reset(self._token)
 
 

@@ -1,0 +1,271 @@
+"""What a running activity attempt can know and say: heartbeats, their details, cancellation.
+
+An attempt runs inside an :class:`ActivityContext` (entered by whoever runs it: the worker's
+task, the test environment). ``activity.heartbeat(details)`` only records in memory, so it is
+cheap enough to call in a tight loop. The process's one heartbeat thread
+(engine/activities/leases.py) does the rest with the lease renewal it makes anyway, every
+``durable_heartbeat_interval``: it writes the latest details into the step's marker (no store
+call of its own; a retry's release writes them too) and, reading the marker, the step's outcome
+and the exec in one ``read_many``, notices that the attempt should stop — the workflow was
+cancelled (the cancel records the outcome of every step it waits on), ended or continued as new,
+the step was reset, another attempt holds it. The next ``heartbeat()`` then raises
+:class:`ActivityCancelled`; with ``cancellation="interrupt"`` it is raised at once, inside the
+attempt's thread (an asynchronous exception, as for effect handlers).
+
+``heartbeat_timeout``: an attempt that has not called ``heartbeat()`` for that long is stalled.
+The heartbeat thread raises :class:`ActivityStalled` inside it (converted by the runner into
+:class:`~celery_durable.errors.HeartbeatTimeoutError`, retried by the activity's retry options)
+and stops renewing its lease, so an attempt stuck where no exception can land (a blocking C call)
+still loses the step after ``durable_lease_ttl`` and the recovery scan sends it again.
+
+Why ``BaseException``: a user's ``except Exception`` around a loop body must not swallow a
+cancel, as with ``asyncio.CancelledError`` and DBOS's and Temporal's cancellations.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from celery_durable.engine.activities.interrupts import async_raise
+from celery_durable.errors import ConfigurationError, DurableError
+
+if TYPE_CHECKING:
+    from celery_durable.engine.documents.model import Attempt
+
+__all__ = [
+    "ActivityCancelled",
+    "ActivityContext",
+    "ActivityInfo",
+    "ActivityInterrupt",
+    "ActivityStalled",
+    "CANCELLATION_MODES",
+    "check_activity_options",
+    "current",
+    "heartbeat",
+    "info",
+    "is_cancelled",
+    "last_heartbeat_details",
+]
+
+#: raise :class:`ActivityCancelled` at the attempt's next ``heartbeat()`` (the default)
+ON_HEARTBEAT = "heartbeat"
+#: raise it at once inside the attempt's thread
+INTERRUPT = "interrupt"
+CANCELLATION_MODES = (ON_HEARTBEAT, INTERRUPT)
+
+
+class ActivityInterrupt(BaseException):  # noqa: N818 - control flow, like KeyboardInterrupt
+    """Raised inside a running activity attempt to stop it (never caught by ``except Exception``)."""
+
+
+class ActivityCancelled(ActivityInterrupt):
+    """The attempt should stop: its workflow was cancelled or ended, or the step was reset.
+
+    Let it propagate (after cleaning up): nothing is recorded for the attempt beyond what the
+    cancel recorded. An activity may also catch it and return a value, which is offered as the
+    step's result (first writer wins: a cancel already recorded stays).
+    """
+
+    def __init__(self, reason: str = "cancelled") -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class ActivityStalled(ActivityInterrupt):
+    """The attempt sent no heartbeat within its ``heartbeat_timeout`` (the runner records or
+    retries it as :class:`~celery_durable.errors.HeartbeatTimeoutError`)."""
+
+
+def check_activity_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``heartbeat_timeout`` and ``cancellation`` of ``@durable_activity``, checked at declaration."""
+    out: dict[str, Any] = {}
+    timeout = options.get("heartbeat_timeout")
+    if timeout is not None:
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout < float("inf"):
+            raise ConfigurationError(f"heartbeat_timeout must be a number of seconds > 0, not {timeout!r}")
+        out["heartbeat_timeout"] = float(timeout)
+    mode = options.get("cancellation", ON_HEARTBEAT)
+    if mode not in CANCELLATION_MODES:
+        raise ConfigurationError(
+            f"cancellation must be one of {', '.join(map(repr, CANCELLATION_MODES))}, not {mode!r}"
+        )
+    out["cancellation"] = mode
+    return out
+
+
+@dataclass(frozen=True)
+class ActivityInfo:
+    """The running attempt (``activity.info()``)."""
+
+    execution_id: str
+    #: the step number in its workflow's run
+    step: int
+    run: int
+    name: str
+    #: 1 for the first attempt
+    attempt: int
+    heartbeat_timeout: float | None
+    cancellation: str
+    #: the last details an earlier attempt of this step sent with ``heartbeat()`` (None: none)
+    heartbeat_details: Any
+
+
+_NOTHING: Any = object()
+
+
+def _check_json(details: Any) -> None:
+    """JSON only in the store: refuse here, in the caller, not later in the heartbeat thread."""
+    try:
+        json.dumps(details, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"heartbeat details must be JSON (lists, dicts, str, finite numbers …): {exc}") from exc
+
+
+_current: contextvars.ContextVar[ActivityContext | None] = contextvars.ContextVar(
+    "celery_durable_activity", default=None
+)
+
+
+class ActivityContext:
+    """One attempt's heartbeat state; also the guard that lets it be interrupted."""
+
+    def __init__(self, attempt: Attempt, info: ActivityInfo, wake: Callable[[float], None] | None = None) -> None:
+        self.attempt = attempt
+        self.info = info
+        #: tells the heartbeat thread when this attempt next wants it (its stall deadline)
+        self._wake = wake
+        self._lock = threading.Lock()
+        self._pending: Any = _NOTHING
+        self._last_beat = time.monotonic()
+        self.cancel_reason: str | None = None
+        self.stalled = False
+        self._thread: int | None = None
+        self._active = False
+        self._interrupted = False
+
+    # --- the attempt's side ----------------------------------------------------------------
+
+    def heartbeat(self, details: Any = _NOTHING) -> None:
+        if details is not _NOTHING:
+            _check_json(details)
+        with self._lock:
+            self._last_beat = time.monotonic()
+            if details is not _NOTHING:
+                self._pending = details
+            reason = self.cancel_reason
+        if reason is not None:
+            raise ActivityCancelled(reason)
+        if self._wake is not None and self.info.heartbeat_timeout is not None:
+            self._wake(self._last_beat + self.info.heartbeat_timeout)
+
+    def cancelled(self) -> bool:
+        return self.cancel_reason is not None
+
+    # --- the heartbeat thread's side -------------------------------------------------------
+
+    def take_details(self) -> Any:
+        """The details to write with the next renewal (``_NOTHING``: none new), taken."""
+        with self._lock:
+            pending, self._pending = self._pending, _NOTHING
+            return pending
+
+    def give_back(self, details: Any) -> None:
+        """A renewal that could not write ``details``: keep them for the next, unless newer came."""
+        with self._lock:
+            if self._pending is _NOTHING:
+                self._pending = details
+
+    def deadline(self) -> float | None:
+        """Monotonic time at which the attempt counts as stalled (None: no timeout, or stalled)."""
+        timeout = self.info.heartbeat_timeout
+        if timeout is None or self.stalled or not self._active:
+            return None
+        return self._last_beat + timeout
+
+    def stall_if_due(self, now: float) -> bool:
+        """Stop the attempt if its heartbeat deadline passed (once; no I/O)."""
+        with self._lock:
+            deadline = self.deadline()
+            if deadline is None or now < deadline:
+                return False
+            self.stalled = True
+        self._interrupt(ActivityStalled)
+        return True
+
+    def cancel(self, reason: str) -> None:
+        """The attempt should stop: raise at its next heartbeat, or now (``interrupt`` mode)."""
+        with self._lock:
+            if self.cancel_reason is not None:
+                return
+            self.cancel_reason = reason
+        if self.info.cancellation == INTERRUPT:
+            self._interrupt(ActivityCancelled)
+
+    def _interrupt(self, exc_type: type[BaseException]) -> None:
+        with self._lock:
+            if self._active and not self._interrupted and self._thread is not None:
+                self._interrupted = True
+                async_raise(self._thread, exc_type, f"activity {self.info.name}")
+
+    # --- the guard around the call -----------------------------------------------------------
+
+    def __enter__(self) -> ActivityContext:
+        self._token = _current.set(self)
+        with self._lock:
+            self._thread = threading.get_ident()
+            self._active = True
+            self._last_beat = time.monotonic()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self._active = False
+            if self._interrupted and self._thread is not None:
+                async_raise(self._thread, None)  # drop an interrupt that has not landed yet
+        _current.reset(self._token)
+
+
+def current() -> ActivityContext | None:
+    """The attempt running in this thread (None outside an activity)."""
+    return _current.get()
+
+
+def _require(what: str) -> ActivityContext:
+    ctx = _current.get()
+    if ctx is None:
+        raise DurableError(f"activity.{what}() is called from a durable activity's attempt (none runs here)")
+    return ctx
+
+
+def heartbeat(details: Any = _NOTHING) -> None:
+    """Say the attempt is alive; ``details`` (JSON) are kept for the next attempt. Raises
+    :class:`ActivityCancelled` when the attempt should stop. Outside an activity: a no-op, so a
+    function can also be called as a plain function or task."""
+    ctx = _current.get()
+    if ctx is not None:
+        ctx.heartbeat(details)
+    elif details is not _NOTHING:
+        _check_json(details)  # the same refusal everywhere
+
+
+def last_heartbeat_details(default: Any = None) -> Any:
+    """The details the last earlier attempt of this step sent (``default``: none)."""
+    details = _require("last_heartbeat_details").info.heartbeat_details
+    return default if details is None else details
+
+
+def info() -> ActivityInfo:
+    """What the running attempt is: its execution, step, attempt number, options."""
+    return _require("info").info
+
+
+def is_cancelled() -> bool:
+    """Whether the attempt was asked to stop (``heartbeat()`` would raise)."""
+    ctx = _current.get()
+    return ctx is not None and ctx.cancelled()
