@@ -19,6 +19,7 @@ from celery import Celery
 
 from celery_durable import ActivityError, Durable, durable_activity
 from celery_durable import activity as act
+from celery_durable import workflow as wf
 from celery_durable.engine.admin.operator import Admin
 from celery_durable.engine.documents.schema import marker_id
 from celery_durable.errors import ConfigurationError, DurableError, HeartbeatTimeoutError, WorkflowCancelledError
@@ -129,6 +130,28 @@ def cleanup(key: str) -> str:
     return "cleaned"
 
 
+@durable_activity(name="hb.unawaited")
+def unawaited(key: str) -> str:
+    """Heartbeats for a while; its workflow is cancelled meanwhile, waiting on something else."""
+    started.set()
+    end = time.monotonic() + 0.5
+    while time.monotonic() < end:
+        act.heartbeat()
+        time.sleep(0.005)
+    return "finished"
+
+
+@durable.workflow(name="hb.flow_unawaited")
+def flow_unawaited(key: str) -> str:
+    pending = unawaited.start(key)
+    try:
+        wf.sleep(3600)
+    except WorkflowCancelledError:
+        note(key, pending.result())  # the compensation awaits the activity the cancel did not
+        raise
+    return "slept"
+
+
 @durable.workflow(name="hb.flow_resume")
 def flow_resume(rows: int) -> int:
     return resumable(rows)
@@ -219,6 +242,19 @@ def test_a_cancel_stops_the_running_attempt_and_compensations_run(interrupt: boo
     assert time.monotonic() - began < 10  # stopped, not run for its 20 s
     expected = "interrupted" if interrupt else "cancelled: the workflow was cancelled"
     assert seen["c"] == [expected, "cleaned"]
+    assert env.engine.read_exec(eid)["status"] == "cancelled"
+
+
+def test_a_cancel_leaves_an_activity_the_workflow_does_not_wait_on() -> None:
+    """The cancel is delivered where the workflow waits (the sleep); the activity started before
+    and not awaited runs on, and the compensation that awaits it gets its result."""
+    env = WorkflowEnvironment(durable)
+    eid = "hb-unawaited"
+    thread = _cancel_when_started(env, eid)
+    env.start(flow_unawaited.options(workflow_id=eid), "u")
+    thread.join(10)
+    env.run_until_idle()
+    assert seen["u"] == ["finished"]
     assert env.engine.read_exec(eid)["status"] == "cancelled"
 
 

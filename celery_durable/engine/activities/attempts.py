@@ -332,6 +332,9 @@ class ActivityRunner:
                 f"{ctx.info.heartbeat_timeout:g} s (its heartbeat_timeout)"
             )
         self.engine.leases.untrack(attempt)
+        # A cancel not yet delivered stopped it: the drive that delivers it may be a lost message,
+        # and this step (its lease lapsing, re-sent, stopped again) would be all that is due.
+        self.engine.dispatcher.send_drive(attempt.execution_id)
         reason = ctx.cancel_reason or getattr(exc, "reason", "cancelled")
         log.info("activity %s (%s step %d) cancelled: %s", attempt.name, attempt.execution_id, attempt.seq, reason)
         self.engine.emit(

@@ -203,8 +203,16 @@ def _why_stop(attempt: Attempt, outcome: Doc | None, ex: Doc | None) -> str | No
     if run_of(ex) > attempt.run:
         return "the workflow continued as new"
     before = ex.get("cancel_before")
-    if ex.get("cancel_requested") and isinstance(before, int) and attempt.seq <= before:
-        # requested, not yet delivered by a drive (which may wait for this very worker): a
-        # step taken after the request is a compensation, and runs on
+    if ex.get("cancel_requested") and isinstance(before, int) and attempt.seq <= before and _awaited(ex, attempt.seq):
+        # Requested, not yet delivered by a drive (which may wait for this very worker). A step
+        # taken after the request is a compensation, and runs on. Only a step the workflow
+        # waits on: the cancel is delivered where it waits (its outcome recorded cancelled),
+        # while a step started and not awaited may still be awaited by the compensations.
         return "the workflow was cancelled"
     return None
+
+
+def _awaited(ex: Doc, seq: int) -> bool:
+    """Whether the suspended exec waits on step ``seq`` (its ``waiting``, as listings show it)."""
+    waiting = ex.get("waiting")
+    return isinstance(waiting, list) and any(isinstance(w, dict) and w.get("seq") == seq for w in waiting)
