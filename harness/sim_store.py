@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from celery_durable.engine.activities.attempts import Attempt
+from celery_durable.engine.activities.context import ActivityContext
 from celery_durable.engine.core import Engine
 from celery_durable.engine.dispatcher import ActivityRequest, ClockRequest
 from celery_durable.engine.documents.model import EXEC_ID, RUNNING, TERMINAL, Settings
@@ -56,6 +57,9 @@ INVARIANTS = {
     "a step it did not record forgetting never runs again, no op is left pending (sim_ops.py)",
     9: "no step is begun or recorded from a forged or stale message (sim_forge.py)",
     10: "of the executions holding a dedup key, at most one is running and not asked to cancel (sim_dedup.py)",
+    11: "a step's recorded heartbeat details never go back (only its attempt holding the lease writes them); "
+    "an attempt told to stop has its step settled, its run ended or the step taken by another attempt, or "
+    "its workflow waits on it and a cancel was requested after the step was taken (never a compensation)",
 }
 
 #: Workload triggers of engine bugs (each description is the bug it found). All are fixed and on
@@ -284,6 +288,8 @@ class FaultyStore(Store):
         self._live_results: dict[tuple[str, str], bool] = {}
         self._execs: dict[str, Doc] = {}
         self._leases: dict[tuple[str, str], dict[str, Any]] = {}
+        #: per marker: its token and the heartbeat details last recorded (invariant 11)
+        self._beats: dict[tuple[str, str], tuple[Any, int]] = {}
         self._sticky = StickyFaults(sim.seed)
         #: outcomes deleted by a batch that recorded no operation (invariant 8)
         self._cut: set[tuple[str, str]] = set()
@@ -349,6 +355,13 @@ class FaultyStore(Store):
             self._live_results[(pk, did)] = True
         if doc.get("type") == "step" or did == EXEC_ID:
             self._check_lease(pk, did, doc)
+        beat = doc.get("heartbeat") if doc.get("type") == "step" else None
+        if isinstance(beat, dict) and isinstance(beat.get("details"), int):
+            token, details = doc.get("token"), beat["details"]
+            old = self._beats.get((pk, did))
+            if old is not None and old[0] == token and details < old[1]:
+                self.sim.violate(11, f"{pk}/{did}: heartbeat details went back from {old[1]} to {details}")
+            self._beats[(pk, did)] = (token, details)
         if did == EXEC_ID:
             prev = self._execs.get(pk)
             if created and doc.get("parent"):
@@ -473,6 +486,10 @@ class InFlight:
     actor: Actor
     attempt: Attempt
     request: ActivityRequest
+    #: its heartbeat context (engine/activities/context.py): the renewals tell it to stop
+    ctx: ActivityContext | None = None
+    #: the progress it sent with its last heartbeat (the sim's heartbeat details)
+    progress: int = 0
 
 
 @dataclass

@@ -175,3 +175,47 @@ def test_a_dedup_takeover_without_its_tombstone_is_caught(monkeypatch: pytest.Mo
 
     found = first_caught(broken, seeds=400)
     assert found is not None, "no violation in 400 seeds"
+
+
+def test_a_cancel_that_stops_every_attempt_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 26 §3: a renewal that stops any attempt of a workflow asked to cancel, not only one
+    it waits on and took before the request: the cancel's compensations are stopped too."""
+    from celery_durable.engine.activities import leases
+
+    real = leases._why_stop
+
+    def stops_all(attempt: Any, outcome: Doc | None, ex: Doc | None) -> str | None:
+        if ex is not None and ex.get("cancel_requested"):
+            return "the workflow was cancelled"
+        return real(attempt, outcome, ex)
+
+    broken = patched_run(monkeypatch, leases, "_why_stop", stops_all)
+
+    found = first_caught(broken)
+    assert found is not None, f"no violation in {SEEDS} seeds"
+    assert any(v.invariant in (1, 5, 11) for v in found[1].violations), found[1].violations
+
+
+def test_heartbeat_details_written_without_the_lease_are_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 26 §2: a renewal that writes an attempt's details whoever holds the step now (its
+    lease lapsed and another attempt took over): the step's progress goes back."""
+    from celery_durable.engine.activities.context import _NOTHING
+    from celery_durable.engine.activities.leases import LeaseKeeper
+    from celery_durable.engine.documents.schema import marker_id
+
+    real = LeaseKeeper.renew
+
+    def careless(self: LeaseKeeper, attempt: Any) -> bool:
+        ctx = self._contexts.get((attempt.execution_id, attempt.run, attempt.seq, attempt.holder))
+        marker = self.engine.store.read(attempt.execution_id, marker_id(attempt.seq, attempt.run))
+        if ctx is not None and marker is not None and (marker.get("lease") or {}).get("holder") != attempt.holder:
+            details = ctx.take_details()
+            if details is not _NOTHING:
+                self.engine.store.replace(strip_reserved(marker) | {"heartbeat": {"details": details}}, None)
+        return real(self, attempt)
+
+    broken = patched_run(monkeypatch, LeaseKeeper, "renew", careless)
+
+    found = first_caught(broken, seeds=400)
+    assert found is not None, "no violation in 400 seeds"
+    assert any(v.invariant == 11 for v in found[1].violations), found[1].violations
