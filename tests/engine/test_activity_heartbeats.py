@@ -21,6 +21,7 @@ from celery_durable import ActivityError, Durable, durable_activity
 from celery_durable import activity as act
 from celery_durable import workflow as wf
 from celery_durable.engine.admin.operator import Admin
+from celery_durable.engine.admin.terminate import terminate
 from celery_durable.engine.documents.schema import marker_id
 from celery_durable.errors import ConfigurationError, DurableError, HeartbeatTimeoutError, WorkflowCancelledError
 from celery_durable.testing.env import WorkflowEnvironment
@@ -256,6 +257,29 @@ def test_a_cancel_leaves_an_activity_the_workflow_does_not_wait_on() -> None:
     env.run_until_idle()
     assert seen["u"] == ["finished"]
     assert env.engine.read_exec(eid)["status"] == "cancelled"
+
+
+@durable.workflow(name="hb.flow_long")
+def flow_long(key: str) -> str:
+    return long_job(key)
+
+
+def test_a_terminated_workflow_stops_its_running_attempt() -> None:
+    env = WorkflowEnvironment(durable)
+    eid = "hb-terminated"
+
+    def terminate_when_started() -> None:
+        assert started.wait(10)
+        assert terminate(env.engine, eid, by="ops", reason="runaway import")
+
+    thread = threading.Thread(target=terminate_when_started)
+    thread.start()
+    began = time.monotonic()
+    env.start(flow_long.options(workflow_id=eid), "t")
+    thread.join(10)
+    assert time.monotonic() - began < 10
+    assert seen["t"] == ["cancelled: the workflow is failed"]
+    assert env.engine.read_exec(eid)["status"] == "failed"
 
 
 def test_heartbeat_details_must_be_json() -> None:
