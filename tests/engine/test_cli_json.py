@@ -7,6 +7,7 @@ The module is also the Celery app the CLI runs against (``-A tests.engine.test_c
 from __future__ import annotations
 
 import json
+import re
 import time
 from datetime import datetime
 from pathlib import Path
@@ -40,6 +41,19 @@ def order(order_id: str, wait: bool = False) -> str:
     if wait:
         wf.wait_signal("go")
     return ship(order_id)
+
+
+@durable_activity(name="cj.copy", autoretry_for=(ConnectionError,), max_retries=3, default_retry_delay=3600)
+def copy(table: str) -> str:
+    from celery_durable import activity
+
+    activity.heartbeat({"table": table, "rows": 1200})
+    raise ConnectionError("the replica went away")
+
+
+@durable.workflow(name="cj.copying")
+def copying(table: str) -> str:
+    return copy(table)
 
 
 @durable.effect("cj.notify", max_attempts=1)
@@ -193,3 +207,13 @@ def test_outbox_problems_lists_failed_effects_and_stuck_lanes(env: WorkflowEnvir
         for line in _cli("outbox", "list", "--key", "mail-1", "--json", "--status", "failed").stdout.splitlines()
     ]
     assert (row["id"], row["retried_as"]) == ("n-1", "n-1:retry1")
+
+
+def test_show_prints_an_activitys_latest_heartbeat(env: WorkflowEnvironment) -> None:
+    """Issue 26 §2: the details a running (here: backing off) activity sent with its heartbeat."""
+    env.start(copying.options(workflow_id="copy-1"), "orders")
+    text = _cli("show", "copy-1")
+    assert text.exit_code == 0, text.output
+    assert re.search(r'heartbeat .* \(attempt 1\): \{"table": "orders", "rows": 1200\}', text.output), text.output
+    (step,) = [s for s in _json(_cli("show", "copy-1", "--json"))["steps"] if s["kind"] == "activity"]
+    assert step["heartbeat"] == {"table": "orders", "rows": 1200} and step["heartbeat_attempt"] == 1

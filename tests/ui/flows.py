@@ -109,3 +109,17 @@ def brood(n: int, depth: int) -> int:
         return int(wf.wait_signal("go", int))
     kids = [brood.start_child(n, depth - 1, _workflow_id=f"{wf.execution_id()}-{i}") for i in range(n)]
     return sum(k.result() for k in kids)
+
+
+@durable_activity(name="ui.progress", autoretry_for=(ConnectionError,), max_retries=3, default_retry_delay=3600)
+def progress(key: str) -> str:
+    """Heartbeats how far it got, then fails: its retry waits an hour with the details kept."""
+    from celery_durable import activity
+
+    activity.heartbeat({"row": 7, "of": 10})
+    raise ConnectionError("the source went away at row 7")
+
+
+@durable.workflow(name="ui.importing")
+def importing(key: str) -> str:
+    return progress(key)
