@@ -314,3 +314,34 @@ def test_bad_options_are_refused_at_declaration(options: dict[str, Any]) -> None
 
         @durable_activity(name=f"hb.bad.{len(seen)}", **options)
         def bad() -> None: ...
+
+
+slow_app = Celery("heartbeats-slow", broker="memory://", set_as_current=False)
+slow_app.conf.update(durable_heartbeat_interval=8.0, durable_lease_ttl=30.0)  # renewals far apart
+slow = Durable(slow_app, store="memory://")
+
+
+@durable_activity(name="hb.quick")
+def quick(key: str) -> str:
+    # the heartbeat thread has planned its next look (this attempt's renewal, 8 s away)
+    assert until(lambda: envs[-1].engine.heartbeat._planned is not None)
+    return key
+
+
+@slow.workflow(name="hb.flow_stalls_between_renewals")
+def flow_stalls_between_renewals(key: str) -> str:
+    quick(key)  # the heartbeat thread runs, asleep until its next look (8 s away)
+    try:
+        return always_stalls(key)
+    except ActivityError as exc:
+        return exc.type_name
+
+
+def test_a_stall_is_noticed_at_its_timeout_not_at_the_next_renewal() -> None:
+    """A 0.2 s heartbeat_timeout with renewals 8 s apart: the heartbeat thread wakes for the
+    stall deadline, it does not sleep until the renewal."""
+    env = WorkflowEnvironment(slow)
+    envs.append(env)
+    began = time.monotonic()
+    assert env.result(env.start(flow_stalls_between_renewals, "s3")) == "HeartbeatTimeoutError"
+    assert time.monotonic() - began < 4

@@ -221,6 +221,9 @@ class ActivityContext:
             self._thread = threading.get_ident()
             self._active = True
             self._last_beat = time.monotonic()
+        if self._wake is not None and self.info.heartbeat_timeout is not None:
+            # the heartbeat thread otherwise sleeps until the next renewal, which may be later
+            self._wake(self._last_beat + self.info.heartbeat_timeout)
         return self
 
     def __exit__(self, *exc: object) -> None:
