@@ -30,7 +30,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from celery_durable.engine.activities.context import ActivityCancelled
 from celery_durable.engine.activities.delivery import Delivery
 from celery_durable.engine.documents.model import (
     DUE_ACTIVITY,
@@ -40,13 +39,13 @@ from celery_durable.engine.documents.model import (
     EXEC_ID,
     TERMINAL,
     marker_id,
-    result_id,
 )
 from celery_durable.errors import NonRetryableError, StoreError, StoreUnavailable
 from celery_durable.stores.base import Doc, Store
 from celery_durable.stores.memory import MemoryStore
 from harness.sim_checks import Outcome, check, outcome_of
 from harness.sim_faults import quiet
+from harness.sim_heartbeats import beat, check_stops, stopped
 from harness.sim_ops import plan_ops
 from harness.sim_store import (
     EPOCH,
@@ -332,12 +331,9 @@ class Sim:
             self.now += rng.uniform(0.0, 3.0) if rng.random() < 0.9 else rng.uniform(20.0, 70.0)
         elif action == "heartbeat":
             w = rng.choice(self.workers)
-            self._beat(w)
-            told = {id(f) for f in self.inflight if f.ctx is not None and f.ctx.cancel_reason is not None}
+            told = beat(self, w)  # its attempts heartbeat their progress (harness/sim_heartbeats.py)
             self.run_as(w, "heartbeat", w.engine.leases.renew_all)
-            for f in self.inflight:  # checked as the renewal decided: the store moves on after
-                if f.actor is w and f.ctx is not None and f.ctx.cancel_reason is not None and id(f) not in told:
-                    self._check_stop(f)
+            check_stops(self, w, told)
         elif action == "recovery":
             w = rng.choice(self.workers)
             self.run_as(w, "recovery scan", w.engine.recovery.scan)
@@ -453,23 +449,9 @@ class Sim:
         if w.alive:
             self.pool.append(Message("activity", req, self.now + countdown))
 
-    def _beat(self, w: Actor) -> None:
-        """``activity.heartbeat(progress)`` from each attempt ``w`` runs: its progress goes on
-        from where the step's earlier attempts recorded theirs (invariant 11)."""
-        for fl in self.inflight:
-            if fl.actor is w and fl.ctx is not None:
-                fl.progress = max(fl.progress, int(fl.attempt.heartbeat_details or 0)) + 1
-                try:
-                    fl.ctx.heartbeat(fl.progress)
-                except ActivityCancelled:
-                    pass  # it stops at its end (_finish)
-
     def _finish(self, fl: InFlight) -> None:
         eng, req, attempt = fl.actor.engine, fl.request, fl.attempt
-        if fl.ctx is not None and fl.ctx.cancel_reason is not None:
-            # told to stop by a renewal: it raises ActivityCancelled, nothing is recorded
-            self.count("activity_cancelled")
-            eng.activities.interrupted(attempt, fl.ctx, ActivityCancelled(fl.ctx.cancel_reason))
+        if stopped(self, fl):  # told to stop by a renewal: it raised ActivityCancelled
             return
         act = eng.registry.activity(req.name)
         assert act is not None
@@ -493,22 +475,6 @@ class Sim:
             eng.activities.complete(attempt, eng.activities.result_doc(attempt, value=value))
         except StoreUnavailable:
             self._resend(fl.actor, req, 2.0)
-
-    def _check_stop(self, fl: InFlight) -> None:
-        """Invariant 11: a stop told by a renewal is one of its reasons, on the store as it is."""
-        req, attempt = fl.request, fl.attempt
-        marker, outcome, ex = self.inner.read_many(
-            req.execution_id, [marker_id(req.seq, req.run), result_id(req.seq, req.run), EXEC_ID]
-        )
-        if outcome is not None or ex is None or marker is None or ex.get("status") in TERMINAL or ex.get("operations"):
-            return  # (an operator's rewrite, sim_ops.py, may have reopened what the renewal read)
-        if int(ex.get("run") or 0) > attempt.run or (marker.get("lease") or {}).get("holder") != attempt.holder:
-            return
-        before = ex.get("cancel_before")
-        awaited = any(isinstance(w, dict) and w.get("seq") == req.seq for w in ex.get("waiting") or [])
-        if ex.get("cancel_requested") and isinstance(before, int) and req.seq <= before and awaited:
-            return
-        self.violate(11, f"{req.execution_id} step {req.seq} was told to stop ({fl.ctx and fl.ctx.cancel_reason})")
 
     # --- the run ------------------------------------------------------------------------
 

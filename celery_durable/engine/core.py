@@ -310,9 +310,9 @@ class Engine:
             updated = strip_reserved(ex)
             # the steps taken so far: a running attempt of one of them stops (engine/activities/leases.py);
             # later ones are the cancel's compensations (the write is etag-guarded against a drive)
-            updated.update(
-                cancel_requested=True, cancel_before=count_of(ex, "steps"), wakeups=count_of(ex, "wakeups") + 1
-            )
+            updated.update(cancel_requested=True, wakeups=count_of(ex, "wakeups") + 1)
+            if not ex.get("cancel_requested"):  # a second request keeps the first's: steps since are compensations
+                updated["cancel_before"] = count_of(ex, "steps")
             try:
                 if by is None:  # a parent cancelling its child: its own history says so
                     if from_parent:  # the child's too: resuming the parent resumes it (cancel_withdrawal.py)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from celery_durable.engine.activities.context import ActivityContext
+    from celery_durable.engine.activities.stalls import Stalls
     from celery_durable.engine.dispatcher import Dispatcher, Send
     from celery_durable.engine.documents.model import Attempt, Clock
     from celery_durable.engine.documents.records import ExecDoc
@@ -69,9 +70,10 @@ class LeasesPort(Protocol):
 
     def watch(self, ctx: ActivityContext) -> None: ...
 
-    def wake_at(self, at: float) -> None: ...
+    def latest_details(self, attempt: Attempt) -> Any: ...
 
-    def pending_details(self, attempt: Attempt) -> Any: ...
+    @property
+    def stalls(self) -> Stalls: ...
 
 
 class EngineParts(Protocol):

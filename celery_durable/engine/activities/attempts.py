@@ -37,6 +37,7 @@ from celery_durable.engine.activities.context import (
     ActivityInfo,
     ActivityInterrupt,
 )
+from celery_durable.engine.activities.context import current as current_activity
 from celery_durable.engine.activities.delivery import STALE_EVENT, Delivery, marker_token, refusal
 from celery_durable.engine.dispatcher import ActivityRequest, Send
 from celery_durable.engine.documents.model import (
@@ -50,7 +51,13 @@ from celery_durable.engine.documents.model import (
     run_of,
 )
 from celery_durable.engine.documents.records import count_of, holder_of, is_terminal
-from celery_durable.errors import ConflictError, HeartbeatTimeoutError, StoreError
+from celery_durable.errors import (
+    ConfigurationError,
+    ConflictError,
+    DocumentTooLarge,
+    HeartbeatTimeoutError,
+    StoreError,
+)
 from celery_durable.stores.base import Doc, Op, strip_reserved
 
 if TYPE_CHECKING:
@@ -70,9 +77,18 @@ def run_awaitable(value: Any) -> Any:
     """
     if not inspect.isawaitable(value):
         return value
+    attempt = current_activity()
 
     async def main() -> Any:
-        return await value
+        if attempt is not None:  # a cancel or a stall cancels this task (at its next await)
+            attempt.bind_task(asyncio.current_task(), asyncio.get_running_loop())
+        try:
+            return await value
+        except asyncio.CancelledError:
+            raised = None if attempt is None else attempt.interruption()
+            if raised is not None:
+                raise raised from None
+            raise
 
     try:
         asyncio.get_running_loop()
@@ -315,7 +331,7 @@ class ActivityRunner:
             cancellation=str(opts.get("cancellation") or ON_HEARTBEAT),
             heartbeat_details=attempt.heartbeat_details,
         )
-        ctx = ActivityContext(attempt, info, wake=self.engine.leases.wake_at)
+        ctx = ActivityContext(attempt, info, stalls=self.engine.leases.stalls)
         self.engine.leases.watch(ctx)
         return ctx
 
@@ -397,7 +413,7 @@ class ActivityRunner:
         retry may take over the lease of the attempt it ``supersedes``).
         """
         eng = self.engine
-        details = eng.leases.pending_details(attempt)
+        details = eng.leases.latest_details(attempt)
         eng.leases.untrack(attempt)
         now = eng.clock.now()
         try:
@@ -416,7 +432,14 @@ class ActivityRunner:
                     return
                 except ConflictError:
                     continue
-        except StoreError as err:
+                except (DocumentTooLarge, ConfigurationError) as refused:
+                    if details is _NOTHING:
+                        raise
+                    log.warning(
+                        "heartbeat details of %s step %d dropped: %s", attempt.execution_id, attempt.seq, refused
+                    )
+                    details = _NOTHING  # refused by this store: the release goes through without them
+        except (StoreError, ConfigurationError) as err:
             log.warning(
                 "could not give back the lease of %s step %d before its retry: %s",
                 attempt.execution_id,

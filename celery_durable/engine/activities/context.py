@@ -28,12 +28,13 @@ import contextvars
 import json
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from celery_durable.engine.activities.interrupts import async_raise
 from celery_durable.errors import ConfigurationError, DurableError
+from celery_durable.stores.base import utf8_json
 
 if TYPE_CHECKING:
     from celery_durable.engine.documents.model import Attempt
@@ -117,14 +118,20 @@ class ActivityInfo:
 
 
 _NOTHING: Any = object()
+#: the largest heartbeat details (their JSON, UTF-8): a cursor or a count, not the work itself
+MAX_DETAILS_BYTES = 64 * 1024
 
 
 def _check_json(details: Any) -> None:
-    """JSON only in the store: refuse here, in the caller, not later in the heartbeat thread."""
+    """JSON the store keeps as given, small: refuse here, in the caller, not later in the
+    heartbeat thread (whose write would then fail with every renewal)."""
     try:
-        json.dumps(details, allow_nan=False)
-    except (TypeError, ValueError) as exc:
+        text = utf8_json(json.dumps(details, allow_nan=False, ensure_ascii=False), "heartbeat details")
+    except (TypeError, ValueError) as exc:  # ConfigurationError is a ValueError
         raise TypeError(f"heartbeat details must be JSON (lists, dicts, str, finite numbers …): {exc}") from exc
+    size = len(text.encode("utf-8"))
+    if size > MAX_DETAILS_BYTES:
+        raise ValueError(f"heartbeat details are {size} bytes as JSON: at most {MAX_DETAILS_BYTES} (keep a cursor)")
 
 
 _current: contextvars.ContextVar[ActivityContext | None] = contextvars.ContextVar(
@@ -132,37 +139,48 @@ _current: contextvars.ContextVar[ActivityContext | None] = contextvars.ContextVa
 )
 
 
+class StallWatch(Protocol):
+    """Who checks a context's stall deadline (engine/activities/stalls.py)."""
+
+    def add(self, ctx: ActivityContext) -> None: ...
+
+    def remove(self, ctx: ActivityContext) -> None: ...
+
+
 class ActivityContext:
     """One attempt's heartbeat state; also the guard that lets it be interrupted."""
 
-    def __init__(self, attempt: Attempt, info: ActivityInfo, wake: Callable[[float], None] | None = None) -> None:
+    def __init__(self, attempt: Attempt, info: ActivityInfo, stalls: StallWatch | None = None) -> None:
         self.attempt = attempt
         self.info = info
-        #: tells the heartbeat thread when this attempt next wants it (its stall deadline)
-        self._wake = wake
+        self._stalls = stalls if info.heartbeat_timeout is not None else None
         self._lock = threading.Lock()
+        #: the details no write carried yet, and the latest sent (what a retry's release writes)
         self._pending: Any = _NOTHING
+        self._latest: Any = _NOTHING
         self._last_beat = time.monotonic()
         self.cancel_reason: str | None = None
         self.stalled = False
         self._thread: int | None = None
         self._active = False
         self._interrupted = False
+        #: an ``async def`` activity's task and loop: interrupted by cancelling the task (at its
+        #: next await), not by an exception into the loop's thread
+        self._task: Any = None
+        self._loop: Any = None
 
     # --- the attempt's side ----------------------------------------------------------------
 
-    def heartbeat(self, details: Any = _NOTHING) -> None:
-        if details is not _NOTHING:
+    def heartbeat(self, details: Any = None) -> None:
+        if details is not None:
             _check_json(details)
         with self._lock:
             self._last_beat = time.monotonic()
-            if details is not _NOTHING:
-                self._pending = details
+            if details is not None:
+                self._pending = self._latest = details
             reason = self.cancel_reason
         if reason is not None:
             raise ActivityCancelled(reason)
-        if self._wake is not None and self.info.heartbeat_timeout is not None:
-            self._wake(self._last_beat + self.info.heartbeat_timeout)
 
     def cancelled(self) -> bool:
         return self.cancel_reason is not None
@@ -180,6 +198,12 @@ class ActivityContext:
         with self._lock:
             if self._pending is _NOTHING:
                 self._pending = details
+
+    def latest_details(self) -> Any:
+        """The latest details this attempt sent (``_NOTHING``: none), written or not: a retry's
+        release writes them whatever a renewal in flight does with them."""
+        with self._lock:
+            return self._latest
 
     def deadline(self) -> float | None:
         """Monotonic time at which the attempt counts as stalled (None: no timeout, or stalled)."""
@@ -207,10 +231,31 @@ class ActivityContext:
         if self.info.cancellation == INTERRUPT:
             self._interrupt(ActivityCancelled)
 
+    def interruption(self) -> ActivityInterrupt | None:
+        """What an ``async def`` activity's cancelled task raises instead (None: not interrupted)."""
+        if self.stalled:
+            return ActivityStalled()
+        if self._interrupted and self.cancel_reason is not None:
+            return ActivityCancelled(self.cancel_reason)
+        return None
+
+    def bind_task(self, task: Any, loop: Any) -> None:
+        """The attempt runs as ``task`` on ``loop`` (an ``async def`` activity, maybe in a helper
+        thread): interrupts cancel the task."""
+        with self._lock:
+            self._task, self._loop = task, loop
+            pending = self._interrupted
+        if pending:  # interrupted before its task existed
+            loop.call_soon_threadsafe(task.cancel)
+
     def _interrupt(self, exc_type: type[BaseException]) -> None:
         with self._lock:
-            if self._active and not self._interrupted and self._thread is not None:
-                self._interrupted = True
+            if not self._active or self._interrupted or self._thread is None:
+                return
+            self._interrupted = True
+            if self._task is not None:
+                self._loop.call_soon_threadsafe(self._task.cancel)
+            else:
                 async_raise(self._thread, exc_type, f"activity {self.info.name}")
 
     # --- the guard around the call -----------------------------------------------------------
@@ -221,17 +266,20 @@ class ActivityContext:
             self._thread = threading.get_ident()
             self._active = True
             self._last_beat = time.monotonic()
-        if self._wake is not None and self.info.heartbeat_timeout is not None:
-            # the heartbeat thread otherwise sleeps until the next renewal, which may be later
-            self._wake(self._last_beat + self.info.heartbeat_timeout)
+        if self._stalls is not None:
+            self._stalls.add(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        with self._lock:
-            self._active = False
-            if self._interrupted and self._thread is not None:
-                async_raise(self._thread, None)  # drop an interrupt that has not landed yet
-        _current.reset(self._token)
+        try:
+            if self._stalls is not None:
+                self._stalls.remove(self)
+            with self._lock:
+                self._active = False
+                if self._interrupted and self._thread is not None and self._task is None:
+                    async_raise(self._thread, None)  # drop an interrupt that has not landed yet
+        finally:  # an interrupt landing in here must not leave this thread inside the attempt
+            _current.reset(self._token)
 
 
 def current() -> ActivityContext | None:
@@ -246,20 +294,22 @@ def _require(what: str) -> ActivityContext:
     return ctx
 
 
-def heartbeat(details: Any = _NOTHING) -> None:
-    """Say the attempt is alive; ``details`` (JSON) are kept for the next attempt. Raises
-    :class:`ActivityCancelled` when the attempt should stop. Outside an activity: a no-op, so a
-    function can also be called as a plain function or task."""
+def heartbeat(details: Any = None) -> None:
+    """Say the attempt is alive; ``details`` (JSON, not None) are kept for the next attempt.
+    Raises :class:`ActivityCancelled` when the attempt should stop. Outside an activity: a no-op,
+    so a function can also be called as a plain function or task."""
     ctx = _current.get()
     if ctx is not None:
         ctx.heartbeat(details)
-    elif details is not _NOTHING:
+    elif details is not None:
         _check_json(details)  # the same refusal everywhere
 
 
 def last_heartbeat_details(default: Any = None) -> Any:
-    """The details the last earlier attempt of this step sent (``default``: none)."""
-    details = _require("last_heartbeat_details").info.heartbeat_details
+    """The details the last earlier attempt of this step sent (``default``: none, or outside an
+    activity, so the function also runs as a plain call)."""
+    ctx = _current.get()
+    details = None if ctx is None else ctx.info.heartbeat_details
     return default if details is None else details
 
 

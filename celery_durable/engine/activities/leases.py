@@ -8,8 +8,8 @@ A renewal also serves the attempt's :class:`~.context.ActivityContext` (``activi
 it writes the latest details with the lease, and it reads the step's outcome and the exec with
 the marker (one ``read_many``, as the marker alone cost before) to tell the attempt to stop when
 its workflow was cancelled or ended, or the step was reset. A context's heartbeat deadline
-(``heartbeat_timeout``) is checked without I/O; a stalled attempt is interrupted and no longer
-renewed.
+(``heartbeat_timeout``) is watched by a thread that does no I/O (engine/activities/stalls.py); a
+stalled attempt is interrupted and no longer renewed.
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from celery_durable.engine.activities.context import _NOTHING, ActivityContext
+from celery_durable.engine.activities.stalls import Stalls
 from celery_durable.engine.documents.model import EXEC_ID, marker_id, result_id
 from celery_durable.engine.documents.records import holder_of, is_terminal, run_of
-from celery_durable.errors import ConflictError, CorruptDocument, StoreError
+from celery_durable.errors import ConfigurationError, ConflictError, CorruptDocument, DocumentTooLarge, StoreError
 from celery_durable.stores.base import Doc, strip_reserved
 
 if TYPE_CHECKING:
@@ -54,6 +55,8 @@ class LeaseKeeper:
         self._last_beat = 0.0
         self._heartbeat = heartbeat
         heartbeat.add(self)
+        #: the stall deadlines of contexts with a ``heartbeat_timeout`` (a thread that does no I/O)
+        self.stalls = Stalls(self._stalled)
 
     def track(self, attempt: Attempt) -> None:
         with self._lock:
@@ -75,15 +78,11 @@ class LeaseKeeper:
             if _key(ctx.attempt) in self._attempts:
                 self._contexts[_key(ctx.attempt)] = ctx
 
-    def wake_at(self, at: float) -> None:
-        """A context wants the heartbeat thread by ``at`` (monotonic): its stall deadline."""
-        self._heartbeat.wake(at)
-
-    def pending_details(self, attempt: Attempt) -> Any:
-        """The details ``attempt`` sent and no renewal wrote yet (``_NOTHING``: none), taken."""
+    def latest_details(self, attempt: Attempt) -> Any:
+        """The latest details ``attempt`` sent (``_NOTHING``: none), for its retry's release."""
         with self._lock:
             ctx = self._contexts.get(_key(attempt))
-        return _NOTHING if ctx is None else ctx.take_details()
+        return _NOTHING if ctx is None else ctx.latest_details()
 
     def running(self) -> list[Attempt]:
         with self._lock:
@@ -102,24 +101,19 @@ class LeaseKeeper:
         with self._lock:
             if not self._attempts:
                 return None
-            stalls = [d for ctx in self._contexts.values() if (d := ctx.deadline()) is not None]
-        return min([self._last_beat + self.engine.settings.heartbeat_interval, *stalls])
+        return self._last_beat + self.engine.settings.heartbeat_interval
 
     def beat(self) -> None:
-        now = time.monotonic()
+        self._last_beat = time.monotonic()
+        self.renew_all()
+
+    def _stalled(self, ctx: ActivityContext) -> None:
+        """``ctx``'s attempt was stopped for want of heartbeats (engine/activities/stalls.py): no
+        longer renewed. If its interrupt cannot land (a blocking C call), the lease lapses and the
+        recovery scan sends the step again; the context stays, for the retry's release."""
         with self._lock:
-            contexts = list(self._contexts.values())
-        for ctx in contexts:  # before any I/O: a slow renewal must not hold a stall back
-            if ctx.stall_if_due(now):
-                # no longer renewed: if the interrupt cannot land (a blocking C call), the lease
-                # lapses and the recovery scan sends the step again (the context stays, with the
-                # details the retry's release writes)
-                with self._lock:
-                    self._attempts.pop(_key(ctx.attempt), None)
-                self.engine.emit("activity_stalled", execution_id=ctx.attempt.execution_id, seq=ctx.attempt.seq)
-        if now >= self._last_beat + self.engine.settings.heartbeat_interval:
-            self._last_beat = now
-            self.renew_all()
+            self._attempts.pop(_key(ctx.attempt), None)
+        self.engine.emit("activity_stalled", execution_id=ctx.attempt.execution_id, seq=ctx.attempt.seq)
 
     def renew_all(self) -> None:
         for attempt in self.running():
@@ -161,6 +155,14 @@ class LeaseKeeper:
                 if ctx is not None and details is not _NOTHING:
                     ctx.give_back(details)
                 return False
+            except (DocumentTooLarge, ConfigurationError) as exc:
+                if details is _NOTHING:
+                    raise
+                # details this store refuses (checked in the caller, but a backend may still say
+                # no): dropped, so the lease renewal they rode on goes through
+                log.warning("heartbeat details of %s step %d dropped: %s", attempt.execution_id, attempt.seq, exc)
+                updated.pop("heartbeat", None)
+                attempt.etag = eng.store.replace(updated, if_match=marker["_etag"])
             except StoreError:
                 if ctx is not None and details is not _NOTHING:
                     ctx.give_back(details)

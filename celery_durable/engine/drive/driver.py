@@ -430,6 +430,10 @@ class Driver:
             new_ex["waiting"] = waiting_of(replay.waiting, run, docs, replay.new_docs)
         steps = max(replay.steps, count_of(ex, "steps"))
         new_ex.update(lease=None, due_kind=None, due_at=None, last_error=None, steps=steps)
+        if replay.cancel_delivered:
+            # delivered: what the workflow waits on from now are its compensations' awaits, which
+            # a running attempt's renewal must not take for the cancel's (engine/activities/leases.py)
+            new_ex.pop("cancel_before", None)
         # wf.set_status: recorded with this commit, only when the value changed (type-exact: 1 != True)
         status_changed = replay.status_set and carry_json(replay.custom_status) != carry_json(ex.get("custom_status"))
         if status_changed:

@@ -56,6 +56,9 @@ class Replay:
     local: list[LocalStep] = field(default_factory=list)
     #: the steps a suspended replay waits for (their seqs): the exec's ``waiting`` (engine/drive/carried.py)
     waiting: list[int] = field(default_factory=list)
+    #: the history holds the cancel's delivery (its cancelled outcomes): waits from now on are
+    #: the compensations' (the driver drops the exec's ``cancel_before``)
+    cancel_delivered: bool = False
     context: WorkflowContext | None = field(default=None, repr=False, compare=False)
 
 
@@ -189,5 +192,6 @@ def _decide(ex: ExecDoc, wf: WorkflowDef, ctx: WorkflowContext, outcome: Outcome
         queries=dict(ctx.query_handlers),
         local=list(ctx.local_steps) if kind == ReplayKind.SUSPENDED else [],
         waiting=list(ctx.waiting) if kind == ReplayKind.SUSPENDED else [],
+        cancel_delivered=ctx.cancel_delivered,
         context=ctx if read_only else None,
     )
