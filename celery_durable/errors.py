@@ -27,6 +27,7 @@ __all__ = [
     "NonDeterminismError",
     "WorkflowFailedError",
     "WorkflowCancelledError",
+    "WorkflowTimedOutError",
     "ActivityError",
     "ChildWorkflowError",
     "ExternalSignalError",
@@ -145,6 +146,13 @@ class WorkflowFailedError(DurableError):
 
 class WorkflowCancelledError(DurableError):
     """The workflow was cancelled (raised by ``handle.result()``, and inside the workflow)."""
+
+
+class WorkflowTimedOutError(WorkflowCancelledError):
+    """The workflow's deadline passed (``options(timeout=)``): raised inside the workflow at its
+    suspension point, as a cancel is (compensations run), and by ``handle.result()`` once it ended
+    ``timed_out``. A :class:`WorkflowCancelledError`, so code that cleans up on a cancel cleans up
+    on a timeout too (docs/guides/deadlines.md)."""
 
 
 class ActivityError(DurableError):

@@ -8,10 +8,11 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 from celery_durable.engine.admin.operator import Admin
 from celery_durable.engine.admin.oplog import actor
 from celery_durable.engine.admin.terminate import terminate
-from celery_durable.engine.documents.model import CANCELLED, COMPLETED, FAILED
+from celery_durable.engine.documents.model import CANCELLED, COMPLETED
 from celery_durable.engine.documents.records import count_of
+from celery_durable.engine.documents.schema import TERMINAL, Status
 from celery_durable.engine.replay.queries import answer_query
-from celery_durable.errors import WorkflowCancelledError, WorkflowFailedError
+from celery_durable.errors import WorkflowCancelledError, WorkflowFailedError, WorkflowTimedOutError
 
 if TYPE_CHECKING:
     from celery_durable.engine.admin.timeline import StepRecord
@@ -47,7 +48,7 @@ class ExecutionInfo:
 
     @property
     def done(self) -> bool:
-        return self.status in (COMPLETED, FAILED, CANCELLED)
+        return self.status in TERMINAL
 
 
 class WorkflowHandle(Generic[R]):
@@ -91,7 +92,7 @@ class WorkflowHandle(Generic[R]):
         return answer_query(eng.store, eng.registry, eng.settings, eng.clock, self.id, name, args)
 
     def status(self) -> str:
-        """``running``, ``completed``, ``failed`` or ``cancelled``."""
+        """``scheduled``, ``running``, ``completed``, ``failed``, ``cancelled`` or ``timed_out``."""
         return self.poll().status
 
     def result(self, timeout: float | None = None) -> R:
@@ -106,6 +107,8 @@ class WorkflowHandle(Generic[R]):
             decoded: R = definition.codec.decode_result(doc.get("result"))
             return decoded
         err = doc.get("error") or {}
+        if status == Status.TIMED_OUT:
+            raise WorkflowTimedOutError(f"workflow {self.id!r} timed out: its deadline passed")
         if status == CANCELLED:
             raise WorkflowCancelledError(f"workflow {self.id!r} was cancelled")
         raise WorkflowFailedError(self.id, str(err.get("type", "Error")), str(err.get("message", "")))

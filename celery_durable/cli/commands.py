@@ -191,6 +191,10 @@ def show(ctx: click.Context, execution_id: str, as_json: bool) -> None:
     click.echo(f"workflow   {_cell(s.workflow)}")
     click.echo(f"status     {_cell(s.status)}{'  (cancel requested)' if s.cancel_requested else ''}")
     click.echo(f"created    {ts(s.created_at)}    updated {ts(s.updated_at)}")
+    if s.start_at is not None and s.status == Status.SCHEDULED:
+        click.echo(f"starts     {ts(s.start_at)}")
+    if s.deadline_at is not None:
+        click.echo(f"deadline   {ts(s.deadline_at)}")
     if s.parent:
         click.echo(f"parent     {_cell(s.parent)}")
     click.echo(f"payload    {_json(info.payload)}")
@@ -249,7 +253,7 @@ def show(ctx: click.Context, execution_id: str, as_json: bool) -> None:
 @_JSON
 @click.pass_context
 def reset(ctx: click.Context, execution_id: str, step: int, reason: str | None, yes: bool, as_json: bool) -> None:
-    """Re-run a failed or cancelled execution from step STEP (earlier steps keep their outcomes)."""
+    """Re-run a failed, cancelled or timed out execution from step STEP (earlier steps keep their outcomes)."""
     json_out.needs_yes(as_json, yes)
     d = _durable(ctx)
     info = _describe(d, execution_id)
@@ -374,7 +378,8 @@ def resume(ctx: click.Context, execution_id: str, yes: bool, reason: str | None,
     if status != Status.RUNNING:
         json_out.needs_yes(as_json, yes)
     if status != Status.RUNNING and not yes:
-        what = "forget its cancellation and compensations" if status == Status.CANCELLED else "reopen it"
+        cancelled = status in (Status.CANCELLED, Status.TIMED_OUT)  # a timeout is a cancel (its deadline lifted)
+        what = "forget its cancellation and compensations" if cancelled else "reopen it"
         click.confirm(prompt(d.admin, execution_id, "resume", f"{execution_id} is {status}: {what}?"), abort=True)
     steps = d.resume(execution_id, by=actor(), reason=reason)
     _done({"id": execution_id, "action": "resume", "status_before": status}, steps, as_json)

@@ -91,6 +91,7 @@ _STATUS_EVENTS = {
     "workflow_completed": "completed",
     "workflow_failed": "failed",
     "workflow_cancelled": "cancelled",
+    "workflow_timed_out": "timed_out",
 }
 _RECOVERY_EVENTS = {
     "recovery_redrive": "redrive",

@@ -63,11 +63,11 @@ BATCH_ACTIONS = ("cancel", "terminate", "retry", "resume")
 MAX_BATCH = 200
 #: which statuses each action applies to (the page shows its form only then)
 WHEN = {
-    "signal": "running",
-    "cancel": "running",
+    "signal": "running scheduled",
+    "cancel": "running scheduled",
     "terminate": "running",
     "retry": "failed",
-    "resume": "running failed cancelled",
+    "resume": "running failed cancelled timed_out",
 }
 #: the messages a redirect after an action may show (a code in the URL, never free text)
 MESSAGES = {

@@ -45,6 +45,7 @@ TYPES: dict[str, type] = {
     "effect_intent": records.EffectIntentDoc,
     "input": records.InputDoc,
     "dedup_owner": records.DedupOwnerDoc,
+    "clock": records.ClockDoc,
 }
 
 
