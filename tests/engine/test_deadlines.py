@@ -203,6 +203,23 @@ def test_a_childs_deadline_is_capped_by_its_parents() -> None:
     assert "kid finally" in LOG
 
 
+def test_a_capped_childs_clock_fired_first_still_times_the_parent_out_first() -> None:
+    """The scan may reach the child's clock before its parent's (another order, a failed firing):
+    the parent's is fired first, so the parent ends timed_out, not failed by its child's timeout."""
+    from celery_durable.engine.starts.deadlines import fire_exec_clock
+
+    env = _env()
+    h = env.start(parent.options(timeout=100), None)
+    child_id = next(pk for pk in env.store.scan_partitions("", 50) if pk != h.id)
+    env.clock.t += 100
+    assert fire_exec_clock(env.engine, child_id, DEADLINE_CLOCK) == "fired"
+    assert _ex(env, h.id)["timed_out"] is True  # the parent's, recorded before the child's
+    env.run_until_idle()
+    assert h.status() == "timed_out"
+    with pytest.raises(WorkflowTimedOutError):
+        h.result(timeout=0)
+
+
 def test_a_childs_own_earlier_deadline_wins_and_the_parent_gets_its_failure() -> None:
     env = _env()
     h = env.start(parent.options(timeout=100), 20.0)

@@ -136,6 +136,11 @@ def fire_exec_clock(eng: EngineParts, execution_id: str, clock_id: str) -> Clock
             if ex is None:  # purged, or a hand-deleted exec: nothing to time
                 eng.store.delete(execution_id, clock_id)
                 return ClockOutcome.DONE
+            if clock_id == DEADLINE_CLOCK and ex.get("status") == Status.SCHEDULED:
+                # its start is due too (a deadline counts from it): started first, then timed
+                if fire_exec_clock(eng, execution_id, START_CLOCK) != ClockOutcome.FIRED:
+                    return ClockOutcome.EARLY
+                continue
             if clock_id == DEADLINE_CLOCK:
                 return _fire_deadline(eng, ex, clock, now)
             return _fire_start(eng, ex, clock, now)
@@ -157,7 +162,7 @@ def _fire_deadline(eng: EngineParts, ex: Any, clock: Doc, now: float) -> ClockOu
     at = ex.get("deadline_at")
     if is_terminal(ex) or not isinstance(at, int | float):
         return _settle_only(eng, clock, now)  # ended, or its deadline was lifted (an operator's re-run)
-    if now < at:
+    if now < at or not _parent_first(eng, ex, float(at)):
         return ClockOutcome.EARLY
     pk = str(ex["pk"])
     if not ex.get("timed_out"):
@@ -168,6 +173,33 @@ def _fire_deadline(eng: EngineParts, ex: Any, clock: Doc, now: float) -> ClockOu
             return ClockOutcome.EARLY  # not recorded (contention): the next scan fires it again
     eng.store.replace(_settled(clock, now), if_match=clock["_etag"])
     return ClockOutcome.FIRED
+
+
+def _parent_first(eng: EngineParts, ex: Any, at: float) -> bool:
+    """A child whose deadline is its parent's (capped by it) times out after its parent: the
+    parent's deadline is fired first, so the parent ends ``timed_out`` (its timeout recorded as the
+    child step's outcome, the child cancelled) rather than failed by its child's timeout reported
+    first. False: the parent's is due but not recorded yet (the next scan tries both again)."""
+    link = ex.get("parent")
+    pk = link.get("pk") if isinstance(link, dict) else None
+    if not isinstance(pk, str):
+        return True
+
+    def settled() -> bool:
+        parent = maybe_exec(eng.store.read(pk, EXEC_ID))
+        limit = None if parent is None else parent.get("deadline_at")
+        return (
+            parent is None
+            or is_terminal(parent)
+            or bool(parent.get("timed_out"))
+            or not isinstance(limit, int | float)
+            or limit > at
+        )
+
+    if settled():
+        return True
+    fire_exec_clock(eng, pk, DEADLINE_CLOCK)
+    return settled()
 
 
 def _fire_start(eng: EngineParts, ex: Any, clock: Doc, now: float) -> ClockOutcome:
