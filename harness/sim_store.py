@@ -56,6 +56,8 @@ INVARIANTS = {
     "a step it did not record forgetting never runs again, no op is left pending (sim_ops.py)",
     9: "no step is begun or recorded from a forged or stale message (sim_forge.py)",
     10: "of the executions holding a dedup key, at most one is running and not asked to cancel (sim_dedup.py)",
+    11: "every deadline that passed is enforced by the next clock scan without faults, never early; a delayed "
+    "start takes no step before its time (sim_deadlines.py)",
 }
 
 #: Workload triggers of engine bugs (each description is the bug it found). All are fixed and on
@@ -487,6 +489,7 @@ class Planned:
     accepted: list[str] = field(default_factory=list)  # signal tokens: signal() returned True
     uncertain: list[str] = field(default_factory=list)  # signal() raised: may or may not be recorded
     doubtful: list[str] = field(default_factory=list)  # sent again after a raise: may be recorded twice
+    timing: Any = None  # options(timeout=, start_delay=): a deadlines.Timing (sim_deadlines.py)
 
 
 @dataclass
