@@ -128,7 +128,7 @@ class UI:
         now = self.engine.clock.now()
         signals: list[str] | None = None
         schemas: dict[str, str] = {}
-        if detail.summary.status == Status.RUNNING:
+        if detail.summary.status in (Status.RUNNING, Status.SCHEDULED):  # a scheduled one takes signals too
             try:
                 ex = self.engine.store.read(detail.summary.id, "exec") or {}
                 wf = self.engine.registry.workflow(str(ex.get("workflow")))
