@@ -116,6 +116,14 @@ def parent(kid_timeout: float | None) -> str:
     return opts.start_child().result()
 
 
+@durable.workflow(name="dl.generations")
+def generations(n: int) -> int:
+    wf.sleep(30)
+    if n > 0:
+        wf.continue_as_new(n - 1)
+    return n
+
+
 def _env() -> WorkflowEnvironment:
     env = WorkflowEnvironment(durable, start=1_000_000.0)
     ENV["env"] = env
@@ -303,6 +311,37 @@ def test_resume_of_a_timed_out_execution_lifts_its_deadline() -> None:
     assert h.status() == "running"
     env.signal(h, "go", "now")
     assert h.result(timeout=0) == "now"
+
+
+def test_a_deadline_spans_continue_as_new_runs() -> None:
+    env = _env()
+    h = env.start(generations.options(timeout=100), 10)  # 11 runs of 30 s: the deadline ends run 3
+    for _ in range(99):
+        env.advance(1)
+    assert h.status() == "running" and _ex(env, h.id)["run"] == 3
+    env.advance(1)
+    assert h.status() == "timed_out" and _ex(env, h.id)["run"] == 3
+
+
+def test_reset_of_a_timed_out_execution_runs_it_again_without_deadline() -> None:
+    env = _env()
+    h = env.start(sleeper.options(timeout=60), "o8")
+    env.advance(60)
+    assert h.status() == "timed_out" and LOG == ["charge o8", "refund ch-o8"]
+    Admin(env.engine).reset(h.id, 2)  # from the sleep: the charge is kept
+    env.run_until_idle()
+    assert h.status() == "running" and _ex(env, h.id).get("deadline_at") is None
+    env.advance(3600)
+    assert h.result(timeout=0) == "slept" and LOG == ["charge o8", "refund ch-o8"]
+
+
+def test_latest_wins_over_a_scheduled_holder_cancels_it_before_it_ran() -> None:
+    env = _env()
+    first = env.start(quick.options(start_delay=60, dedup_key="dl-key"), "o9")
+    second = env.start(quick.options(dedup_key="dl-key", on_conflict="latest-wins"), "o10")
+    assert first.status() == "cancelled" and second.result(timeout=0) == "ch-o10"
+    env.advance(60)
+    assert first.status() == "cancelled" and LOG == ["charge o10"]
 
 
 def test_timed_out_is_terminal_and_listed() -> None:
