@@ -364,13 +364,13 @@ def _done(what: dict[str, Any], steps: list[StepRecord], as_json: bool) -> None:
 
 @durable.command()
 @click.argument("execution_id")
-@click.option("--yes", is_flag=True, help="do not ask for confirmation (failed or cancelled executions)")
+@click.option("--yes", is_flag=True, help="do not ask for confirmation (failed, cancelled or timed out executions)")
 @click.option("--reason", default=None, help="recorded with the action")
 @_JSON
 @click.pass_context
 def resume(ctx: click.Context, execution_id: str, yes: bool, reason: str | None, as_json: bool) -> None:
     """Drive a running execution now (after a deploy that registers its workflow, say), or reopen
-    a failed one on its recorded history, or withdraw the cancellation of a cancelled one."""
+    a failed one on its recorded history, or withdraw the cancellation of a cancelled (or timed out) one."""
     d = _durable(ctx)
     status = _describe(d, execution_id).summary.status
     if status == Status.COMPLETED:
