@@ -263,6 +263,20 @@ def test_a_duplicated_or_early_clock_cannot_fire_twice_or_early() -> None:
     assert h.status() == "timed_out" and LOG == ["charge o4", "refund ch-o4"]
 
 
+def test_a_timing_out_drive_marks_nothing_before_the_deadline_or_once_it_was_lifted() -> None:
+    env = _env()
+    h = env.start(waiter.options(timeout=60))
+    env.engine.driver.drive(h.id, timing_out=True)  # early (a skewed clock): nothing is marked
+    assert not _ex(env, h.id).get("timed_out")
+    doc = env.store.read(h.id, EXEC_ID)
+    assert doc is not None
+    lifted = {k: v for k, v in doc.items() if k != "_etag"} | {"deadline_at": None}
+    env.store.replace(lifted, if_match=doc["_etag"])  # lifted (an operator's re-run, say)
+    env.clock.t += 60
+    env.engine.driver.drive(h.id, timing_out=True)
+    assert not _ex(env, h.id).get("timed_out") and h.status() == "running"
+
+
 def test_a_lost_drive_after_the_deadline_cannot_skip_it() -> None:
     """Every drive message is lost once the deadline passed: the clock scan itself drives the
     timeout into the store, so the execution is timed out regardless."""
@@ -432,6 +446,8 @@ def test_a_duplicated_start_clock_starts_it_once() -> None:
         ({"start_delay": float("-inf")}, "finite"),
         ({"start_delay": [1]}, "seconds"),
         ({"timeout": timedelta(seconds=-3)}, "timeout must be > 0"),
+        ({"timeout": 1e300}, "at most"),
+        ({"start_delay": timedelta(days=365 * 101)}, "at most"),
     ],
 )
 def test_bad_timeouts_and_delays_fail_in_the_caller_before_anything_is_stored(

@@ -192,7 +192,8 @@ class Driver:
             return self._record_late(d, ex, carry_new)
         if ex.get("status") == Status.SCHEDULED:  # its first drive is its start clock's (starts/deadlines.py)
             return self._record_bumped(d, ex, docs, carry_new, {}) if carry_new else DriveOutcome.NOOP
-        if d.timing_out and not ex.get("timed_out"):  # written by whichever commit this round makes
+        at = ex.get("deadline_at")  # not lifted meanwhile (an operator's re-run): marked by this round's commit
+        if d.timing_out and not ex.get("timed_out") and isinstance(at, int | float) and at <= eng.clock.now():
             ex = as_exec(ex | {"cancel_requested": True, "timed_out": True})
         now = eng.clock.now()
         contended = self._contend(d, ex, docs, carry_new, now)

@@ -59,6 +59,8 @@ LIFTED: dict[str, Any] = {"deadline_at": None, "timed_out": None}
 DEADLINE_CLOCK = "clock:deadline"
 START_CLOCK = "clock:start"
 _ATTEMPTS = 50
+#: the longest timeout or delay taken (100 years): beyond it a time is no longer a date to show
+MAX_SECONDS = 100 * 365 * 86400.0
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,8 @@ def check_seconds(name: str, value: object, *, zero_ok: bool) -> float | None:
         raise ConfigurationError(f"{name} must be a finite duration, not {value!r}")
     if seconds < 0 or (seconds == 0 and not zero_ok):
         raise ConfigurationError(f"{name} must be {'>= 0' if zero_ok else '> 0'} seconds, not {value!r}")
+    if seconds > MAX_SECONDS:
+        raise ConfigurationError(f"{name} must be at most {MAX_SECONDS:.0f} seconds (100 years), not {value!r}")
     return seconds
 
 
