@@ -45,6 +45,10 @@ class ExecutionInfo:
     #: its search attributes (``_search=`` at start, ``wf.upsert_search``) and memo (``_memo=``)
     search: dict[str, Any] = field(default_factory=dict)
     memo: Any = None
+    #: when it times out (``options(timeout=)``, capped by a parent's; None: no deadline)
+    deadline_at: float | None = None
+    #: when a ``scheduled`` execution (``options(start_delay=)``) starts, or started
+    start_at: float | None = None
 
     @property
     def done(self) -> bool:
@@ -80,6 +84,8 @@ class WorkflowHandle(Generic[R]):
             parent_id=str(parent["pk"]) if isinstance(parent := doc.get("parent"), dict) and parent.get("pk") else None,
             search=dict(search) if isinstance(search := doc.get("search"), dict) else {},
             memo=doc.get("memo"),
+            deadline_at=_number(doc.get("deadline_at")),
+            start_at=_number(doc.get("start_at")),
         )
 
     def query(self, name: str, *args: Any) -> Any:
@@ -132,3 +138,7 @@ class WorkflowHandle(Generic[R]):
         """Request cancellation; False if the execution had already ended. Recorded as an
         operator action (``by``: who, default ``user@host``)."""
         return self._engine.cancel(self.id, by=actor() if by is None else by, reason=reason)
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None

@@ -153,6 +153,7 @@ def test_a_deadline_during_a_sleep_raises_there_runs_the_compensation_and_ends_t
     assert isinstance(WorkflowTimedOutError("x"), WorkflowCancelledError)
     ex = _ex(env, h.id)
     assert ex["deadline_at"] == 1_000_060.0 and ex["timed_out"] is True
+    assert h.poll().deadline_at == 1_000_060.0 and h.poll().start_at is None
     assert ex["error"]["type"] == "WorkflowTimedOutError"
     clock = env.store.read(h.id, DEADLINE_CLOCK)
     assert clock is not None and clock["due_kind"] is None and clock["fired_at"] == 1_000_060.0
@@ -374,6 +375,7 @@ def test_a_delayed_start_is_scheduled_then_runs_when_its_clock_fires() -> None:
     env = _env()
     h = env.start(quick.options(start_delay=300, workflow_id="later-1"), "o5")
     assert h.id == "later-1" and h.status() == Status.SCHEDULED == "scheduled"
+    assert h.poll().start_at == 1_000_300.0 and not h.poll().done
     assert [e.id for e in env.list_executions(status="scheduled").executions] == ["later-1"]
     assert LOG == []
     env.advance(299)
