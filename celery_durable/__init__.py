@@ -36,6 +36,7 @@ from celery_durable.errors import (
     UnknownWorkflowError,
     WorkflowCancelledError,
     WorkflowFailedError,
+    WorkflowTimedOutError,
 )
 from celery_durable.glue.durable_activity import durable_activity
 from celery_durable.handle import ExecutionInfo, WorkflowHandle
@@ -69,6 +70,7 @@ __all__ = [
     "NonDeterminismError",
     "WorkflowFailedError",
     "WorkflowCancelledError",
+    "WorkflowTimedOutError",
     "ActivityError",
     "ChildWorkflowError",
     "ExternalSignalError",

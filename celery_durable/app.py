@@ -27,6 +27,7 @@ from celery_durable.engine.documents.model import TERMINAL
 from celery_durable.engine.documents.search import start_fields
 from celery_durable.engine.registry import Registry, WorkflowDef, add_shared_workflow
 from celery_durable.engine.replay.context import DurableFuture, current_context, require_context
+from celery_durable.engine.starts.deadlines import Timing, timing_of
 from celery_durable.engine.starts.dedup import OnConflict, check_dedup, check_on_conflict
 from celery_durable.errors import ConfigurationError
 from celery_durable.glue.beat_scans import install_beat_scans
@@ -117,9 +118,10 @@ class Workflow(Generic[P, R]):
         search: dict[str, Any] | None = None,
         memo: Any = None,
         dedup: tuple[str, OnConflict] | None = None,
+        timing: Timing | None = None,
     ) -> WorkflowHandle[R]:
         eid, _ = self._durable.engine.start(
-            self.definition, args, kwargs, workflow_id=workflow_id, search=search, memo=memo, dedup=dedup
+            self.definition, args, kwargs, workflow_id=workflow_id, search=search, memo=memo, dedup=dedup, timing=timing
         )
         return WorkflowHandle(self._durable.engine, eid, self.definition)
 
@@ -131,6 +133,8 @@ class Workflow(Generic[P, R]):
         memo: Any = None,
         dedup_key: str | None = None,
         on_conflict: Literal["reject", "return-existing", "latest-wins"] = "reject",
+        timeout: timedelta | float | None = None,
+        start_delay: timedelta | float | None = None,
     ) -> WorkflowOptions[P, R]:
         """This workflow with start options, its arguments type-checked:
         ``fulfil.options(workflow_id=f"order-{o.id}", search={"customer": o.customer}).start(o)``
@@ -139,14 +143,22 @@ class Workflow(Generic[P, R]):
         ``dedup_key``: at most one running execution holds the key (a singleton, a deduplicated
         start). A start while one runs is settled by ``on_conflict``: ``"reject"`` raises
         :class:`DuplicateStart`; ``"return-existing"`` returns a handle to the running one;
-        ``"latest-wins"`` cancels the running one (its compensations run) and starts this one."""
+        ``"latest-wins"`` cancels the running one (its compensations run) and starts this one.
+
+        ``timeout`` (seconds or a ``timedelta``, > 0): its deadline, counted from its first drive; then
+        :class:`WorkflowTimedOutError` is raised at its suspension point, its compensations run and
+        it ends ``timed_out`` (a child's deadline is the earlier of its own and its parent's).
+        ``start_delay`` (>= 0): created now, ``scheduled``, first driven that much later (top-level
+        starts only). docs/guides/deadlines.md."""
         start_fields(search, memo)
+        timing = timing_of(timeout, start_delay)
         return WorkflowOptions(
             self,
             None if workflow_id is None else check_workflow_id(workflow_id),
             search=search,
             memo=memo,
             dedup=_dedup_of(dedup_key, on_conflict),
+            timing=timing,
         )
 
     def handle(self, workflow_id: str) -> WorkflowHandle[R]:
@@ -237,18 +249,23 @@ class WorkflowOptions(Generic[P, R]):
         search: dict[str, Any] | None = None,
         memo: Any = None,
         dedup: tuple[str, OnConflict] | None = None,
+        timing: Timing | None = None,
     ) -> None:
         self.workflow = workflow
         self.workflow_id = workflow_id
         self.search = search
         self.memo = memo
         self.dedup = dedup
+        #: its deadline and start delay (engine/starts/deadlines.py)
+        self.timing = timing
 
     def start(self, *args: P.args, **kwargs: P.kwargs) -> WorkflowHandle[R]:
         for name in ("_workflow_id", "_search", "_memo"):  # given here, they would be the function's arguments
             if name in kwargs:
                 raise ConfigurationError(f"{name}= with options(): give it to options() instead")
-        return self.workflow._start(args, dict(kwargs), self.workflow_id, self.search, self.memo, self.dedup)
+        return self.workflow._start(
+            args, dict(kwargs), self.workflow_id, self.search, self.memo, self.dedup, self.timing
+        )
 
     def start_child(self, *args: P.args, **kwargs: P.kwargs) -> DurableFuture[R]:
         if self.search or self.memo is not None or self.dedup is not None:
@@ -256,7 +273,12 @@ class WorkflowOptions(Generic[P, R]):
                 "search attributes, a memo and a dedup key are given at start to top-level executions "
                 "only: a child sets its search attributes with wf.upsert_search"
             )
-        return self.workflow.start_child(*args, _workflow_id=self.workflow_id, **kwargs)
+        if self.timing is not None and self.timing.start_delay:
+            raise ConfigurationError("start_delay is for top-level starts: a workflow sleeps (wf.sleep) before a child")
+        if self.timing is None:
+            return self.workflow.start_child(*args, _workflow_id=self.workflow_id, **kwargs)
+        ctx = require_context(f"{self.workflow.name}.start_child()")
+        return ctx.start_child(self.workflow.definition, args, kwargs, self.workflow_id, self.timing.timeout)
 
 
 class Durable:

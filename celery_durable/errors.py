@@ -27,6 +27,7 @@ __all__ = [
     "NonDeterminismError",
     "WorkflowFailedError",
     "WorkflowCancelledError",
+    "WorkflowTimedOutError",
     "ActivityError",
     "HeartbeatTimeoutError",
     "ChildWorkflowError",
@@ -154,6 +155,13 @@ class HeartbeatTimeoutError(DurableError):
     What the attempt fails with (an ``Exception``: Celery's ``autoretry_for`` retries it like any
     other failure); the workflow sees it as an :class:`ActivityError` of this type once retries end.
     """
+
+
+class WorkflowTimedOutError(WorkflowCancelledError):
+    """The workflow's deadline passed (``options(timeout=)``): raised inside the workflow at its
+    suspension point, as a cancel is (compensations run), and by ``handle.result()`` once it ended
+    ``timed_out``. A :class:`WorkflowCancelledError`, so code that cleans up on a cancel cleans up
+    on a timeout too (docs/guides/deadlines.md)."""
 
 
 class ActivityError(DurableError):

@@ -8,10 +8,11 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 from celery_durable.engine.admin.operator import Admin
 from celery_durable.engine.admin.oplog import actor
 from celery_durable.engine.admin.terminate import terminate
-from celery_durable.engine.documents.model import CANCELLED, COMPLETED, FAILED
+from celery_durable.engine.documents.model import CANCELLED, COMPLETED
 from celery_durable.engine.documents.records import count_of
+from celery_durable.engine.documents.schema import TERMINAL, Status
 from celery_durable.engine.replay.queries import answer_query
-from celery_durable.errors import WorkflowCancelledError, WorkflowFailedError
+from celery_durable.errors import WorkflowCancelledError, WorkflowFailedError, WorkflowTimedOutError
 
 if TYPE_CHECKING:
     from celery_durable.engine.admin.timeline import StepRecord
@@ -44,10 +45,14 @@ class ExecutionInfo:
     #: its search attributes (``_search=`` at start, ``wf.upsert_search``) and memo (``_memo=``)
     search: dict[str, Any] = field(default_factory=dict)
     memo: Any = None
+    #: when it times out (``options(timeout=)``, capped by a parent's; None: no deadline)
+    deadline_at: float | None = None
+    #: when a ``scheduled`` execution (``options(start_delay=)``) starts, or started
+    start_at: float | None = None
 
     @property
     def done(self) -> bool:
-        return self.status in (COMPLETED, FAILED, CANCELLED)
+        return self.status in TERMINAL
 
 
 class WorkflowHandle(Generic[R]):
@@ -79,6 +84,8 @@ class WorkflowHandle(Generic[R]):
             parent_id=str(parent["pk"]) if isinstance(parent := doc.get("parent"), dict) and parent.get("pk") else None,
             search=dict(search) if isinstance(search := doc.get("search"), dict) else {},
             memo=doc.get("memo"),
+            deadline_at=_number(doc.get("deadline_at")),
+            start_at=_number(doc.get("start_at")),
         )
 
     def query(self, name: str, *args: Any) -> Any:
@@ -91,7 +98,7 @@ class WorkflowHandle(Generic[R]):
         return answer_query(eng.store, eng.registry, eng.settings, eng.clock, self.id, name, args)
 
     def status(self) -> str:
-        """``running``, ``completed``, ``failed`` or ``cancelled``."""
+        """``scheduled``, ``running``, ``completed``, ``failed``, ``cancelled`` or ``timed_out``."""
         return self.poll().status
 
     def result(self, timeout: float | None = None) -> R:
@@ -106,6 +113,8 @@ class WorkflowHandle(Generic[R]):
             decoded: R = definition.codec.decode_result(doc.get("result"))
             return decoded
         err = doc.get("error") or {}
+        if status == Status.TIMED_OUT:
+            raise WorkflowTimedOutError(f"workflow {self.id!r} timed out: its deadline passed")
         if status == CANCELLED:
             raise WorkflowCancelledError(f"workflow {self.id!r} was cancelled")
         raise WorkflowFailedError(self.id, str(err.get("type", "Error")), str(err.get("message", "")))
@@ -129,3 +138,7 @@ class WorkflowHandle(Generic[R]):
         """Request cancellation; False if the execution had already ended. Recorded as an
         operator action (``by``: who, default ``user@host``)."""
         return self._engine.cancel(self.id, by=actor() if by is None else by, reason=reason)
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None

@@ -37,6 +37,7 @@ from celery_durable.glue.hooks import (
     workflow_failed,
     workflow_started,
     workflow_suspended,
+    workflow_timed_out,
 )
 
 #: a package path, empty: the hooks were a package before issue 24 (``signals/receivers.py``), so
@@ -49,6 +50,7 @@ __all__ = [
     "workflow_completed",
     "workflow_failed",
     "workflow_cancelled",
+    "workflow_timed_out",
     "activity_completed",
     "activity_failed",
     "activity_cancelled",

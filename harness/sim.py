@@ -44,6 +44,7 @@ from celery_durable.errors import NonRetryableError, StoreError, StoreUnavailabl
 from celery_durable.stores.base import Doc, Store
 from celery_durable.stores.memory import MemoryStore
 from harness.sim_checks import Outcome, check, outcome_of
+from harness.sim_deadlines import check_enforced
 from harness.sim_faults import quiet
 from harness.sim_heartbeats import beat, check_stops, stopped
 from harness.sim_ops import plan_ops
@@ -255,7 +256,7 @@ class Sim:
     def _start(self, p: Planned) -> None:
         definition = self.registry.workflow(p.workflow)
         assert definition is not None
-        self.client.engine.start(definition, tuple(p.args), {}, workflow_id=p.eid)
+        self.client.engine.start(definition, tuple(p.args), {}, workflow_id=p.eid, timing=p.timing)
         p.started = True
 
     def _cancel(self, p: Planned) -> None:
@@ -518,6 +519,7 @@ class Sim:
             w = rng.choice(self.workers)
             self.run_as(w, "recovery scan", w.engine.recovery.scan)
             self.run_as(w, "clock scan", w.engine.timers.fire_due_clocks)
+            check_enforced(self, w)  # invariant 11: every deadline past is enforced (sim_deadlines.py)
 
     def _execs(self) -> dict[str, Doc]:
         out: dict[str, Doc] = {}

@@ -9,6 +9,7 @@ from typing import Any
 from celery_durable.engine.documents.checks import pending_signal_values
 from celery_durable.engine.documents.model import TERMINAL
 from celery_durable.stores.base import Doc
+from harness.sim_deadlines import TIMED_OUT, check_ended
 from harness.sim_store import EPOCH, Planned, Sim
 
 __all__ = ["Outcome", "check", "outcome_of"]
@@ -51,10 +52,13 @@ def check(self: Sim, reference: Callable[[str, list[Any]], Outcome]) -> None:
             continue
         expected = reference(p.workflow, p.args)
         allowed = [expected] + ([("cancelled",)] if p.cancel_sent else [])
+        if p.timing is not None:  # a deadline, a delayed start (sim_deadlines.py)
+            allowed += [TIMED_OUT] if p.timing.timeout is not None else []
+            check_ended(self, p, found)
         if got not in allowed:
             message = f"{p.eid} ended {got}; a fault-free run ends {expected} (cancel sent: {p.cancel_sent})"
             self.violate(1, message, orphaned.get(p.eid))
-        if p.workflow == "w_saga" and got == ("cancelled",):
+        if p.workflow == "w_saga" and got in (("cancelled",), TIMED_OUT):
             _check_compensated(self, p.eid)
 
 

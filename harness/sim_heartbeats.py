@@ -1,7 +1,7 @@
 """Heartbeats in the simulation (issue 26 §2, §3): running attempts send their progress as
 heartbeat details, the scheduled lease renewal writes them and may tell an attempt to stop.
 
-Invariant 11 (sim_store.py): a step's recorded details never go back (``_written``), and an
+Invariant 12 (sim_store.py): a step's recorded details never go back (``_written``), and an
 attempt is told to stop only for one of its reasons (:func:`check_stops`, right after the renewal
 that decided it, on the store as it is then).
 """
@@ -34,7 +34,7 @@ def beat(sim: Sim, w: Actor) -> set[int]:
 
 
 def check_stops(sim: Sim, w: Actor, told: set[int]) -> None:
-    """Invariant 11 for the attempts of ``w`` the renewal just told to stop."""
+    """Invariant 12 for the attempts of ``w`` the renewal just told to stop."""
     for fl in sim.inflight:
         if fl.actor is w and fl.ctx is not None and fl.ctx.cancel_reason is not None and id(fl) not in told:
             _check_stop(sim, fl)
@@ -54,7 +54,7 @@ def _check_stop(sim: Sim, fl: InFlight) -> None:
     if ex.get("cancel_requested") and isinstance(before, int) and req.seq <= before and awaited:
         return
     reason = fl.ctx.cancel_reason if fl.ctx is not None else None
-    sim.violate(11, f"{req.execution_id} step {req.seq} was told to stop ({reason})")
+    sim.violate(12, f"{req.execution_id} step {req.seq} was told to stop ({reason})")
 
 
 def stopped(sim: Sim, fl: InFlight) -> bool:

@@ -169,3 +169,6 @@ def plan_ops(sim: Sim, only: tuple[str, list[Any]] | None) -> None:
     from harness.sim_dedup import plan_keyed  # it imports this module's OperatorStore
 
     plan_keyed(sim)  # starts with a dedup key (sim_dedup.py)
+    from harness.sim_deadlines import plan_deadlined
+
+    plan_deadlined(sim)  # starts with a deadline or a delay (sim_deadlines.py)

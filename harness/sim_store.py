@@ -57,7 +57,9 @@ INVARIANTS = {
     "a step it did not record forgetting never runs again, no op is left pending (sim_ops.py)",
     9: "no step is begun or recorded from a forged or stale message (sim_forge.py)",
     10: "of the executions holding a dedup key, at most one is running and not asked to cancel (sim_dedup.py)",
-    11: "a step's recorded heartbeat details never go back (only its attempt holding the lease writes them); "
+    11: "every deadline that passed is enforced by the next clock scan without faults, never early; a delayed "
+    "start takes no step before its time (sim_deadlines.py)",
+    12: "a step's recorded heartbeat details never go back (only its attempt holding the lease writes them); "
     "an attempt told to stop has its step settled, its run ended or the step taken by another attempt, or "
     "its workflow waits on it and a cancel was requested after the step was taken (never a compensation)",
 }
@@ -288,7 +290,7 @@ class FaultyStore(Store):
         self._live_results: dict[tuple[str, str], bool] = {}
         self._execs: dict[str, Doc] = {}
         self._leases: dict[tuple[str, str], dict[str, Any]] = {}
-        #: per marker: its token and the heartbeat details last recorded (invariant 11)
+        #: per marker: its token and the heartbeat details last recorded (invariant 12)
         self._beats: dict[tuple[str, str], tuple[Any, int]] = {}
         self._sticky = StickyFaults(sim.seed)
         #: outcomes deleted by a batch that recorded no operation (invariant 8)
@@ -360,7 +362,7 @@ class FaultyStore(Store):
             token, details = doc.get("token"), beat["details"]
             old = self._beats.get((pk, did))
             if old is not None and old[0] == token and details < old[1]:
-                self.sim.violate(11, f"{pk}/{did}: heartbeat details went back from {old[1]} to {details}")
+                self.sim.violate(12, f"{pk}/{did}: heartbeat details went back from {old[1]} to {details}")
             self._beats[(pk, did)] = (token, details)
         if did == EXEC_ID:
             prev = self._execs.get(pk)
@@ -504,6 +506,7 @@ class Planned:
     accepted: list[str] = field(default_factory=list)  # signal tokens: signal() returned True
     uncertain: list[str] = field(default_factory=list)  # signal() raised: may or may not be recorded
     doubtful: list[str] = field(default_factory=list)  # sent again after a raise: may be recorded twice
+    timing: Any = None  # options(timeout=, start_delay=): a deadlines.Timing (sim_deadlines.py)
 
 
 @dataclass

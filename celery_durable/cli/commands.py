@@ -191,6 +191,10 @@ def show(ctx: click.Context, execution_id: str, as_json: bool) -> None:
     click.echo(f"workflow   {_cell(s.workflow)}")
     click.echo(f"status     {_cell(s.status)}{'  (cancel requested)' if s.cancel_requested else ''}")
     click.echo(f"created    {ts(s.created_at)}    updated {ts(s.updated_at)}")
+    if s.start_at is not None and s.status == Status.SCHEDULED:
+        click.echo(f"starts     {ts(s.start_at)}")
+    if s.deadline_at is not None:
+        click.echo(f"deadline   {ts(s.deadline_at)}")
     if s.parent:
         click.echo(f"parent     {_cell(s.parent)}")
     click.echo(f"payload    {_json(info.payload)}")
@@ -254,7 +258,7 @@ def show(ctx: click.Context, execution_id: str, as_json: bool) -> None:
 @_JSON
 @click.pass_context
 def reset(ctx: click.Context, execution_id: str, step: int, reason: str | None, yes: bool, as_json: bool) -> None:
-    """Re-run a failed or cancelled execution from step STEP (earlier steps keep their outcomes)."""
+    """Re-run a failed, cancelled or timed out execution from step STEP (earlier steps keep their outcomes)."""
     json_out.needs_yes(as_json, yes)
     d = _durable(ctx)
     info = _describe(d, execution_id)
@@ -365,13 +369,13 @@ def _done(what: dict[str, Any], steps: list[StepRecord], as_json: bool) -> None:
 
 @durable.command()
 @click.argument("execution_id")
-@click.option("--yes", is_flag=True, help="do not ask for confirmation (failed or cancelled executions)")
+@click.option("--yes", is_flag=True, help="do not ask for confirmation (failed, cancelled or timed out executions)")
 @click.option("--reason", default=None, help="recorded with the action")
 @_JSON
 @click.pass_context
 def resume(ctx: click.Context, execution_id: str, yes: bool, reason: str | None, as_json: bool) -> None:
     """Drive a running execution now (after a deploy that registers its workflow, say), or reopen
-    a failed one on its recorded history, or withdraw the cancellation of a cancelled one."""
+    a failed one on its recorded history, or withdraw the cancellation of a cancelled (or timed out) one."""
     d = _durable(ctx)
     status = _describe(d, execution_id).summary.status
     if status == Status.COMPLETED:
@@ -379,7 +383,8 @@ def resume(ctx: click.Context, execution_id: str, yes: bool, reason: str | None,
     if status != Status.RUNNING:
         json_out.needs_yes(as_json, yes)
     if status != Status.RUNNING and not yes:
-        what = "forget its cancellation and compensations" if status == Status.CANCELLED else "reopen it"
+        cancelled = status in (Status.CANCELLED, Status.TIMED_OUT)  # a timeout is a cancel (its deadline lifted)
+        what = "forget its cancellation and compensations" if cancelled else "reopen it"
         click.confirm(prompt(d.admin, execution_id, "resume", f"{execution_id} is {status}: {what}?"), abort=True)
     steps = d.resume(execution_id, by=actor(), reason=reason)
     _done({"id": execution_id, "action": "resume", "status_before": status}, steps, as_json)

@@ -41,7 +41,7 @@ from celery_durable.engine.documents.model import (
     worker_identity,
 )
 from celery_durable.engine.documents.records import ExecDoc, as_exec, count_of, is_terminal
-from celery_durable.engine.documents.schema import CANCELLED_BY_PARENT
+from celery_durable.engine.documents.schema import CANCELLED_BY_PARENT, Status
 from celery_durable.engine.documents.search import start_fields
 from celery_durable.engine.drive.driver import Driver
 from celery_durable.engine.drive.partition_cache import PartitionCache
@@ -52,6 +52,7 @@ from celery_durable.engine.outbox.runtime import EffectKeeper
 from celery_durable.engine.outcomes import ClockOutcome, DriveOutcome
 from celery_durable.engine.registry import Registry, WorkflowDef
 from celery_durable.engine.signals.inbox import Signals
+from celery_durable.engine.starts.deadlines import Timing, cancel_scheduled, exec_fields
 from celery_durable.engine.starts.dedup import OnConflict, claim
 from celery_durable.engine.timers.clocks import Timers
 from celery_durable.errors import (
@@ -76,7 +77,7 @@ log = logging.getLogger("celery_durable.engine")
 Listener = Callable[..., None]
 
 #: the events of an execution's terminal commit: waiters are told (Notifier.publish)
-_ENDED = frozenset({"workflow_completed", "workflow_failed", "workflow_cancelled"})
+_ENDED = frozenset({"workflow_completed", "workflow_failed", "workflow_cancelled", "workflow_timed_out"})
 
 
 class Engine:
@@ -159,6 +160,7 @@ class Engine:
         search: dict[str, Any] | None = None,
         memo: Any = None,
         dedup: tuple[str, OnConflict] | None = None,
+        timing: Timing | None = None,
     ) -> tuple[str, bool]:
         """Create the execution (idempotent by id) and send its first drive.
 
@@ -167,11 +169,12 @@ class Engine:
         Returns ``(execution_id, created)``; ``created`` is False when the id existed (joined).
         ``search`` (indexed attributes) and ``memo`` (any JSON) are checked here too
         (:class:`InvalidSearchAttribute`; engine/documents/search.py) and stored in the exec document.
+        ``timing``: its deadline and start delay, checked by the caller (engine/starts/deadlines.py).
         """
         eid = uuid.uuid4().hex if workflow_id is None else check_workflow_id(workflow_id)
         extra = start_fields(search, memo)
         payload = workflow.codec.encode_args(args, kwargs)
-        eager = self.settings.eager_start and parent is None
+        eager = self.settings.eager_start and parent is None and (timing is None or not timing.start_delay)
         if dedup is not None:  # one running execution per key (engine/starts/dedup.py)
             extra["dedup_key"] = dedup[0]
 
@@ -185,7 +188,7 @@ class Engine:
             return existing is not None
 
         def create() -> bool:
-            if self.create_execution(workflow.name, payload, eid, parent, eager=eager, **extra):
+            if self.create_execution(workflow.name, payload, eid, parent, eager=eager, timing=timing, **extra):
                 return True
             joinable(self.store.read(eid, EXEC_ID))
             return False
@@ -205,6 +208,8 @@ class Engine:
         eid: str,
         parent: dict[str, Any] | None,
         eager: bool = False,
+        timing: Timing | None = None,
+        deadline_at: float | None = None,
         **fields: Any,
     ) -> bool:
         """Create-only: False when ``eid`` exists. Sends the first drive when created. ``fields``
@@ -212,9 +217,12 @@ class Engine:
 
         ``eager``: drive the first step here instead (``durable_eager_start``); a drive that would
         do more than schedule activities or timers declines, and the first drive goes as usual.
+        ``timing``, ``deadline_at`` (a parent's deadline, for a child): its clocks, created with it
+        (engine/starts/deadlines.py); a delayed one is created ``scheduled`` and not driven.
         """
         now = self.clock.now()
         definition = self.registry.workflow(workflow)
+        timed, clocks = exec_fields(eid, timing, deadline_at, now)
         # if the first drive message is lost, recovery drives it after drive_timeout
         doc = new_exec_doc(
             eid,
@@ -223,14 +231,14 @@ class Engine:
             parent,
             definition.signal_names if definition is not None else None,
             now,
-            due_kind=DUE_EXEC,
-            due_at=now + self.settings.drive_timeout,
-            **fields,
+            **({"due_kind": DUE_EXEC, "due_at": now + self.settings.drive_timeout} | fields | timed),
         )
-        known = create_exec(self.store, doc)
+        known = create_exec(self.store, doc, clocks)
         if known is None:
             return False
         self.emit("workflow_started", execution_id=eid, workflow=workflow)
+        if timed.get("status") == Status.SCHEDULED:
+            return True  # its start clock sends the first drive
         if not (eager and definition is not None and self._eager_drive(eid, known)):
             self.dispatcher.send_drive(eid)
         return True
@@ -305,6 +313,12 @@ class Engine:
             ex = self.read_exec(execution_id)
             if is_terminal(ex):
                 return False
+            if ex.get("status") == Status.SCHEDULED:  # none of its code ran: it ends now
+                if by is not None:
+                    check_field(OperationRefused, "by", by)
+                if cancel_scheduled(self, ex, by, reason):
+                    return True
+                continue
             if ex.get("cancel_requested") and by is None:
                 return True  # an operator's (by) is recorded all the same: who else asked, and why
             updated = strip_reserved(ex)

@@ -75,6 +75,8 @@ class ChildRequest:
     payload: dict[str, Any]
     child_id: str
     run: int = 0
+    #: the child's deadline (its own timeout capped by the parent's deadline), if any
+    deadline_at: float | None = None
 
     @property
     def key(self) -> str:

@@ -19,6 +19,7 @@ class ReplayKind(StrEnum):
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    TIMED_OUT = "timed_out"  # its deadline's cancel ended it (engine/starts/deadlines.py)
     SUSPENDED = "suspended"  # waiting on steps
     CONTINUED = "continued"  # continue-as-new
     UNKNOWN = "unknown"  # the workflow is not registered in this process
@@ -30,6 +31,7 @@ class DriveOutcome(StrEnum):
     COMPLETED = "completed"
     FAILED = "failed"  # committed a failure, or failed the execution on a corrupt document
     CANCELLED = "cancelled"
+    TIMED_OUT = "timed_out"
     SUSPENDED = "suspended"
     CONTINUED = "continued"
     UNKNOWN = "unknown"

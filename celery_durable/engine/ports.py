@@ -36,6 +36,7 @@ class DriverPort(Protocol):
         *,
         tokens: Mapping[int, str | None] | None = None,
         defer: bool = False,
+        timing_out: bool = False,
     ) -> str: ...
 
     def fail_corrupt(self, execution_id: str, error: Exception) -> None: ...
@@ -113,7 +114,13 @@ class EngineParts(Protocol):
     def wake(self, execution_id: str) -> None: ...
 
     def create_execution(
-        self, workflow: str, payload: dict[str, Any], eid: str, parent: dict[str, Any] | None
+        self,
+        workflow: str,
+        payload: dict[str, Any],
+        eid: str,
+        parent: dict[str, Any] | None,
+        *,
+        deadline_at: float | None = None,
     ) -> bool: ...
 
     def read_exec(self, execution_id: str) -> ExecDoc: ...

@@ -11,6 +11,7 @@ workflow_suspended       execution_id, workflow (a drive ended waiting on steps)
 workflow_completed       execution_id, workflow
 workflow_failed          execution_id, workflow
 workflow_cancelled       execution_id, workflow
+workflow_timed_out       execution_id, workflow (its deadline passed: ``options(timeout=)``)
 workflow_continued       execution_id, workflow (continue-as-new)
 activity_completed       execution_id, seq, activity, attempts
 activity_failed          execution_id, seq, activity, attempts (after the last retry)
@@ -45,6 +46,7 @@ __all__ = [
     "workflow_completed",
     "workflow_failed",
     "workflow_cancelled",
+    "workflow_timed_out",
     "activity_completed",
     "activity_failed",
     "activity_cancelled",
@@ -72,6 +74,7 @@ workflow_suspended = Signal(name="workflow_suspended", providing_args={"executio
 workflow_completed = Signal(name="workflow_completed", providing_args={"execution_id", "workflow"})
 workflow_failed = Signal(name="workflow_failed", providing_args={"execution_id", "workflow"})
 workflow_cancelled = Signal(name="workflow_cancelled", providing_args={"execution_id", "workflow"})
+workflow_timed_out = Signal(name="workflow_timed_out", providing_args={"execution_id", "workflow"})
 activity_completed = Signal(name="activity_completed", providing_args={"execution_id", "seq", "activity", "attempts"})
 activity_failed = Signal(name="activity_failed", providing_args={"execution_id", "seq", "activity", "attempts"})
 activity_cancelled = Signal(name="activity_cancelled", providing_args={"execution_id", "seq", "activity", "reason"})
@@ -100,6 +103,7 @@ EVENT_SIGNALS: dict[str, Signal] = {
     "workflow_completed": workflow_completed,
     "workflow_failed": workflow_failed,
     "workflow_cancelled": workflow_cancelled,
+    "workflow_timed_out": workflow_timed_out,
     "activity_completed": activity_completed,
     "activity_failed": activity_failed,
     "activity_cancelled": activity_cancelled,

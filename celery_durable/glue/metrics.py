@@ -5,7 +5,7 @@ What is exported (names as Prometheus shows them; ``docs/grafana-dashboard.json`
 ==================================================  ==============================================
 ``celery_durable_events_total{event}``              every engine event (what ``durable.counters``
                                                     counts in one process)
-``celery_durable_executions_total{workflow,status}``  started, completed, failed, cancelled
+``celery_durable_executions_total{workflow,status}``  started, completed, failed, cancelled, timed_out
 ``celery_durable_activity_attempts_total``          each attempt that ran an activity, by its
 ``{activity,outcome}``                              outcome: completed, retried (Celery retries
                                                     it), failed (the workflow sees the error)
@@ -91,6 +91,7 @@ _STATUS_EVENTS = {
     "workflow_completed": "completed",
     "workflow_failed": "failed",
     "workflow_cancelled": "cancelled",
+    "workflow_timed_out": "timed_out",
 }
 _RECOVERY_EVENTS = {
     "recovery_redrive": "redrive",

@@ -267,15 +267,22 @@ class WorkflowEnvironment:
         **kwargs: Any,
     ) -> WorkflowHandle[R]:
         """Start ``workflow`` (or ``workflow.options(...)``, its options) and run until idle."""
-        dedup = None
+        dedup, timing = None, None
         if not hasattr(workflow, "definition"):  # options (not imported here: app imports this module's users)
             opts: WorkflowOptions[Any, R] = workflow
             _workflow_id = opts.workflow_id if _workflow_id is None else _workflow_id
             _search = opts.search if _search is None else _search
-            _memo, dedup = opts.memo if _memo is None else _memo, opts.dedup
+            _memo, dedup, timing = opts.memo if _memo is None else _memo, opts.dedup, opts.timing
             workflow = opts.workflow
         eid, _ = self.engine.start(
-            workflow.definition, args, kwargs, workflow_id=_workflow_id, search=_search, memo=_memo, dedup=dedup
+            workflow.definition,
+            args,
+            kwargs,
+            workflow_id=_workflow_id,
+            search=_search,
+            memo=_memo,
+            dedup=dedup,
+            timing=timing,
         )
         self.run_until_idle()
         return WorkflowHandle(self.engine, eid, workflow.definition)

@@ -63,11 +63,11 @@ BATCH_ACTIONS = ("cancel", "terminate", "retry", "resume")
 MAX_BATCH = 200
 #: which statuses each action applies to (the page shows its form only then)
 WHEN = {
-    "signal": "running",
-    "cancel": "running",
+    "signal": "running scheduled",
+    "cancel": "running scheduled",
     "terminate": "running",
     "retry": "failed",
-    "resume": "running failed cancelled",
+    "resume": "running failed cancelled timed_out",
 }
 #: the messages a redirect after an action may show (a code in the URL, never free text)
 MESSAGES = {
@@ -128,7 +128,7 @@ class UI:
         now = self.engine.clock.now()
         signals: list[str] | None = None
         schemas: dict[str, str] = {}
-        if detail.summary.status == Status.RUNNING:
+        if detail.summary.status in (Status.RUNNING, Status.SCHEDULED):  # a scheduled one takes signals too
             try:
                 ex = self.engine.store.read(detail.summary.id, "exec") or {}
                 wf = self.engine.registry.workflow(str(ex.get("workflow")))

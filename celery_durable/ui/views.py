@@ -343,10 +343,10 @@ def confirms(admin: Any, detail: ExecutionDetail) -> dict[str, str]:
     """What the retry and resume buttons ask, as ``durable retry``/``resume`` do: the steps the
     action will forget, each that ran (a refund) flagged: forgetting it does not undo it."""
     status, eid = detail.summary.status, detail.summary.id
-    resume = _HEADS["resume cancelled" if status == "cancelled" else "resume"]
+    resume = _HEADS["resume cancelled" if status in ("cancelled", "timed_out") else "resume"]
     out = {"retry": _HEADS["retry"], "resume": resume}
     if status == "failed":
         out["retry"] = prompt(admin, eid, "retry", _HEADS["retry"])
-    if status in ("failed", "cancelled"):
+    if status in ("failed", "cancelled", "timed_out"):
         out["resume"] = prompt(admin, eid, "resume", resume)
     return out

@@ -11,7 +11,14 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from celery_durable import ActivityError, Durable, NonRetryableError, activity, durable_activity
+from celery_durable import (
+    ActivityError,
+    Durable,
+    NonRetryableError,
+    WorkflowTimedOutError,
+    activity,
+    durable_activity,
+)
 from celery_durable import workflow as wf
 from celery_durable.errors import HeartbeatTimeoutError
 from tests.apps._common import env_app, env_float, mark_in
@@ -175,6 +182,17 @@ def sleeper(key: str, seconds: float) -> float:
     woke = wf.now().timestamp()
     note(f"woke-{key}")
     return woke - due
+
+
+@durable.workflow(name="deadlined")
+def deadlined(key: str) -> str:
+    """Sleep an hour; at its deadline (``options(timeout=)``) compensate with one activity."""
+    try:
+        wf.sleep(3600)
+    except WorkflowTimedOutError:
+        note(f"compensated-{key}")
+        raise
+    return "slept"
 
 
 @durable.workflow(name="approval", signals={"approval": Approval})

@@ -45,6 +45,7 @@ TYPES: dict[str, type] = {
     "effect_intent": records.EffectIntentDoc,
     "input": records.InputDoc,
     "dedup_owner": records.DedupOwnerDoc,
+    "clock": records.ClockDoc,
 }
 
 
@@ -136,6 +137,7 @@ def test_every_field_check_shape_reads_is_declared() -> None:
         "_signal_value": "signal_value",
         "_signal_mark": "signal_mark",
         "_input": "input",
+        "_clock": "clock",
     }
     seen = 0
     for fn in (n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in kinds):

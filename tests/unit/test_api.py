@@ -32,6 +32,7 @@ PUBLIC = {
     "NonDeterminismError",
     "WorkflowFailedError",
     "WorkflowCancelledError",
+    "WorkflowTimedOutError",
     "ActivityError",
     "ChildWorkflowError",
     "ExternalSignalError",

@@ -23,6 +23,7 @@ from celery_durable.engine.activities.context import _NOTHING, ActivityContext
 from celery_durable.engine.activities.stalls import Stalls
 from celery_durable.engine.documents.model import EXEC_ID, marker_id, result_id
 from celery_durable.engine.documents.records import holder_of, is_terminal, run_of
+from celery_durable.engine.replay.cancels import TIMED_OUT_ERROR
 from celery_durable.errors import ConfigurationError, ConflictError, CorruptDocument, DocumentTooLarge, StoreError
 from celery_durable.stores.base import Doc, strip_reserved
 
@@ -197,7 +198,10 @@ class LeaseKeeper:
 def _why_stop(attempt: Attempt, outcome: Doc | None, ex: Doc | None) -> str | None:
     """Why the running ``attempt`` should stop (None: it should not), from what a renewal read."""
     if outcome is not None:
-        return "the workflow was cancelled" if outcome.get("cancelled") else "the step's outcome is already recorded"
+        if not outcome.get("cancelled"):
+            return "the step's outcome is already recorded"
+        timed_out = (outcome.get("error") or {}).get("type") == TIMED_OUT_ERROR
+        return "the workflow timed out" if timed_out else "the workflow was cancelled"
     if ex is None:
         return None  # read apart (an undecodable exec): the marker is still this attempt's
     if is_terminal(ex):

@@ -60,6 +60,10 @@ def run_children(eng: Engine, pk: str, rest: dict[str, Any]) -> None:
         _reopen(admin, cascade, str(child), pk, str(rest.get("token")))
 
 
+#: the statuses a child's reopening applies to: retried when failed, else resumed (a timeout is a cancel)
+_REOPENABLE = (Status.FAILED, Status.CANCELLED, Status.TIMED_OUT)
+
+
 def resume_child(eng: Engine, child: str, parent: str) -> None:
     """Resume ``child``, ended cancelled by a cancel of ``parent`` that an operator withdrew since
     (engine/children/holders.py ``withdrawn_cancels``): recorded on the child like any resume."""
@@ -74,9 +78,9 @@ def check_reopen(admin: Any, child: str) -> None:
     Refused only once the parent's record was written, it left the parent's op pending."""
     docs = {d["id"]: d for d in admin.engine.store.query_partition(child).docs}
     ex = docs.get(EXEC_ID)
-    if ex is None or ex.get("status") not in (Status.FAILED, Status.CANCELLED) or ex.get(PENDING_OP):
+    if ex is None or ex.get("status") not in _REOPENABLE or ex.get(PENDING_OP):
         return  # nothing to reopen now, or its own op is pending (finished first by its finisher)
-    (admin._plan_resume if ex.get("status") == Status.CANCELLED else admin._plan_retry)(ex, docs)
+    (admin._plan_retry if ex.get("status") == Status.FAILED else admin._plan_resume)(ex, docs)
 
 
 def _forget(admin: Any, child: str, parent: str, record: Doc) -> None:
@@ -125,7 +129,7 @@ def _points(doc: Doc, parent: str, record: Doc) -> bool:
 def _reopen(admin: Any, cascade: Callable[..., Any], child: str, parent: str, token: str) -> None:
     docs = admin.engine.store.query_partition(child).docs
     ex = next((d for d in docs if d.get("id") == EXEC_ID), None)
-    if ex is None or ex.get("status") not in (Status.FAILED, Status.CANCELLED):
+    if ex is None or ex.get("status") not in _REOPENABLE:
         return  # gone, or reopened already (by an earlier finisher of this op, or someone else)
     pending = ex.get(PENDING_OP)
     made = [*docs, *((pending.get("creates") or ()) if isinstance(pending, dict) else ())]

@@ -57,6 +57,7 @@ from celery_durable.engine.documents.schema import (
     task_id_of,
 )
 from celery_durable.engine.outbox import DUE_ADMIT
+from celery_durable.engine.starts.deadlines import LIFTED
 from celery_durable.errors import ConflictError, CorruptDocument, DurableError, OperationRefused, UnknownWorkflowError
 from celery_durable.stores.base import Doc, ExecFilter, strip_reserved
 from celery_durable.stores.search import check_filter
@@ -279,7 +280,7 @@ class Admin:
         check_field(OperationRefused, "reason", reason)
         cutoff = self.engine.clock.now() - older_than
         report = PurgeReport(dry_run=dry_run)
-        for status in (Status.COMPLETED, Status.FAILED, Status.CANCELLED):
+        for status in (Status.COMPLETED, Status.FAILED, Status.CANCELLED, Status.TIMED_OUT):
             # ended before the cutoff implies created before it: the store filters on that
             cursor: str | None = None
             while True:
@@ -345,6 +346,7 @@ class Admin:
                 "last_error": None,
                 "cancel_requested": False,
                 CANCELLED_BY_PARENT: None,
+                **LIFTED,  # a re-run has no deadline (engine/starts/deadlines.py)
                 "retried": _int(ex.get("retried")) + 1,
                 "wakeups": _int(ex.get("wakeups")) + 1,
                 **bump_reruns(ex),  # the ids of steps the re-run takes anew are new (engine/admin/reruns.py)
@@ -386,9 +388,8 @@ class Admin:
         )
         error = ex.get("error")
         if isinstance(error, dict) and "step" in error:
-            # the replay recorded which step's failure ended the execution (None: the workflow's
-            # own code did): only that one is re-run; a failure the code caught and went past is
-            # no cause
+            # the replay recorded which step's failure ended the execution (None: the workflow's own
+            # code did): only that one is re-run; a failure the code caught and went past is no cause
             cause = error.get("step")
             ours = _int(error.get("run"), run) == run and isinstance(cause, int)
             failed = [d for d in failed if ours and _int(d.get("seq")) == cause]
@@ -453,8 +454,8 @@ class Admin:
             keep_cancel(ex, rewrite)  # cascade is undone (its children reopen with their steps)
             reopen_terminated(self, ex, docs, rewrite)
             return rewrite
-        if status != Status.CANCELLED:
-            raise OperationRefused(f"{ex['pk']} is {status}; resume applies to running, failed or cancelled")
+        if status not in (Status.CANCELLED, Status.TIMED_OUT):  # a timeout is a cancel: resumed alike
+            raise OperationRefused(f"{ex['pk']} is {status}; resume applies to running, failed, cancelled or timed out")
         run = _int(ex.get("run"))
         current = [d for d in docs.values() if d["id"] != EXEC_ID and _int(d.get("run")) == run]
         cancelled = delivered_cancel(docs, run)

@@ -107,8 +107,8 @@ def plan_reset(
     """Fill ``rewrite`` to reset ``ex`` to ``step``; raises ``refuse`` when it does not apply."""
     OperationRefused = refuse  # noqa: N806 - the admin's exception class
     pk, status = str(ex["pk"]), ex.get("status")
-    if status not in (Status.FAILED, Status.CANCELLED):
-        raise OperationRefused(f"{pk} is {status}: reset applies to failed or cancelled executions (cancel it first)")
+    if status not in (Status.FAILED, Status.CANCELLED, Status.TIMED_OUT):
+        raise OperationRefused(f"{pk} is {status}: reset applies to failed, cancelled or timed out executions")
     if isinstance(step, bool) or not isinstance(step, int):
         raise OperationRefused(f"step must be an integer, not {step!r}")
     run, steps = _int(ex.get("run")), _int(ex.get("steps"))

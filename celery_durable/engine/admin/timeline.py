@@ -70,6 +70,9 @@ class ExecutionSummary:
     custom_status: Any = None
     #: what a running execution waits on (``[{"kind", "name", "until", "child"}]``, its exec's)
     waiting: tuple[dict[str, Any], ...] = ()
+    #: when it times out (``options(timeout=)``) and, while ``scheduled``, when it starts
+    deadline_at: float | None = None
+    start_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -214,6 +217,8 @@ def summary_of(doc: Mapping[str, Any]) -> ExecutionSummary:
         search=dict(search) if isinstance(search := doc.get("search"), dict) and search else None,
         memo=doc.get("memo"),
         custom_status=doc.get("custom_status"),
+        deadline_at=_num(doc.get("deadline_at")),
+        start_at=_num(doc.get("start_at")),
         waiting=tuple(w for w in doc.get("waiting") or () if isinstance(w, dict))
         if doc.get("status") == "running" and isinstance(doc.get("waiting"), list)
         else (),

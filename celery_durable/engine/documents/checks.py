@@ -179,6 +179,9 @@ def _exec(doc: Doc) -> None:
     _field(doc, "payload", dict)
     _field(doc, "payload_at", str)
     _field(doc, "cancel_requested", bool)
+    _field(doc, "timed_out", bool)
+    for key in ("deadline_at", "start_at"):  # engine/starts/deadlines.py
+        _field(doc, key, _NUMBER)
     lease = _field(doc, "lease", dict)
     if lease is not None:
         _field(lease, "holder", str)
@@ -197,6 +200,13 @@ def _exec(doc: Doc) -> None:
     signals = _field(doc, "signals", list)
     if signals is not None and not all(isinstance(s, str) for s in signals):
         raise ValueError("'signals' must be a list of names")
+
+
+def _clock(doc: Doc) -> None:
+    """``clock:deadline`` / ``clock:start`` (engine/starts/deadlines.py)."""
+    _field(doc, "kind", str, required=True)
+    _field(doc, "at", _NUMBER, required=True)
+    _field(doc, "fired_at", _NUMBER)
 
 
 def _input(doc: Doc) -> None:
@@ -258,6 +268,8 @@ def _checker(doc_id: str) -> Any:
     if doc_id == EXEC_ID:
         return _exec
     head = doc_id.partition(":")[0]
+    if head == "clock":
+        return _clock
     if head.startswith("sig") and (head == "sig" or head[3:].isdigit()):
         return _signal
     if doc_id.startswith(SIGNAL_VALUE_PREFIX):

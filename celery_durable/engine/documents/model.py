@@ -12,7 +12,7 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -228,31 +228,33 @@ def payload_of(ex: Mapping[str, Any], docs: Mapping[str, Mapping[str, Any]]) -> 
     return payload
 
 
-def create_exec(store: Store, doc: Doc) -> dict[str, Doc] | None:
-    """Create the new exec document ``doc`` (create-only), a large input apart in the same batch
-    (:func:`split_payload`): the documents as written, with their etags (what a drive that
-    follows at once knows of the partition); ``None`` when the id exists."""
+def create_exec(store: Store, doc: Doc, others: Sequence[Doc] = ()) -> dict[str, Doc] | None:
+    """Create the new exec document ``doc`` (create-only), a large input apart and ``others`` (its
+    deadline and start clocks: engine/starts/deadlines.py) in the same batch (:func:`split_payload`):
+    the documents as written, with their etags (what a drive that follows at once knows of the
+    partition); ``None`` when the id exists."""
     doc, input_doc = split_payload(doc)
-    if input_doc is None:
+    rest = [*([] if input_doc is None else [input_doc]), *others]
+    if not rest:
         etag = store.create(doc)
         return None if etag is None else {EXEC_ID: doc | {"_etag": etag}}
-    etags = create_with_input(store, str(doc["pk"]), doc, input_doc)
+    etags = create_with_input(store, str(doc["pk"]), doc, *rest)
     if etags is None:
         return None
-    return {EXEC_ID: doc | {"_etag": etags[0]}, input_doc["id"]: input_doc | {"_etag": etags[1]}}
+    return {d["id"]: d | {"_etag": etag} for d, etag in zip([doc, *rest], etags, strict=True) if etag is not None}
 
 
-def create_with_input(store: Store, eid: str, doc: Doc, input_doc: Doc) -> list[str | None] | None:
-    """Create the exec ``doc`` and its input document in one batch (the exec never names an input
-    that is not there); their etags, or ``None`` when the exec exists. Both create-only: an
-    unconditional write costs the offloading store a read. An input document with no exec (left
-    by nothing the engine writes, but a hand-deleted exec) is overwritten, never joined."""
+def create_with_input(store: Store, eid: str, doc: Doc, *input_docs: Doc) -> list[str | None] | None:
+    """Create the exec ``doc`` and its input document (and clocks) in one batch (the exec never
+    names an input that is not there); their etags, or ``None`` when the exec exists. All
+    create-only: an unconditional write costs the offloading store a read. An input document with
+    no exec (left by nothing the engine writes, but a hand-deleted exec) is overwritten, never joined."""
     try:
-        return store.batch(eid, [Op.create(doc), Op.create(input_doc)])
+        return store.batch(eid, [Op.create(doc), *map(Op.create, input_docs)])
     except ConflictError:
         if store.read(eid, EXEC_ID) is not None:
             return None
     try:
-        return store.batch(eid, [Op.create(doc), Op.upsert(input_doc)])
+        return store.batch(eid, [Op.create(doc), *map(Op.upsert, input_docs)])
     except ConflictError:
         return None  # created meanwhile

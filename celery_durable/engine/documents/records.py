@@ -45,6 +45,7 @@ __all__ = [
     "SealKeyDoc",
     "EffectIndexDoc",
     "EffectIntentDoc",
+    "ClockDoc",
     "FIELDS",
     "KINDS",
     "as_exec",
@@ -142,6 +143,13 @@ class ExecDoc(_Due, total=False):
     dedup_key: str
     #: created ended by a start that took its dedup key before its own starter created it
     never_started: bool
+    #: when it times out (``options(timeout=)``, capped by a parent's): its ``clock:deadline``
+    #: fires then (engine/starts/deadlines.py); lifted by an operator's re-run
+    deadline_at: float | None
+    #: the deadline's cancel: the cancel it delivers is a :class:`WorkflowTimedOutError`
+    timed_out: bool | None
+    #: a delayed start's first drive (``options(start_delay=)``: status ``scheduled`` until then)
+    start_at: float
     payload_at: str
     parent: ParentRef | None
     #: other executions' steps joined to this one (a parent that attached to an existing child)
@@ -224,6 +232,8 @@ class MarkerDoc(_Due, total=False):
     # child
     child_id: str
     child_reruns: int
+    #: the child's deadline: the earlier of its own timeout and the parent's deadline
+    deadline_at: float
     # sleep, signal wait
     fire_at: float
     decision: str
@@ -242,6 +252,15 @@ class MarkerDoc(_Due, total=False):
     # now, uuid, seed, patch: the recorded answer; done: the step whose future it answered
     value: Any
     of: int
+
+
+class ClockDoc(_Due, total=False):
+    """``clock:deadline`` / ``clock:start``: an execution's deadline or delayed start, due for the
+    timer scan at ``at`` and settled (due fields cleared) once fired (engine/starts/deadlines.py)."""
+
+    kind: str
+    at: float
+    fired_at: float
 
 
 class OutcomeDoc(_Doc, total=False):
@@ -472,6 +491,7 @@ FIELDS: dict[str, frozenset[str]] = {
         "effect_intent": EffectIntentDoc,
         "input": InputDoc,
         "dedup_owner": DedupOwnerDoc,
+        "clock": ClockDoc,
     }.items()
 }
 
@@ -496,6 +516,7 @@ KINDS: dict[str, str] = {
     "effect_intent": "effect_intent",
     DocType.INPUT: "input",
     "dedup_key": "dedup_owner",
+    DocType.CLOCK: "clock",
 }
 
 
@@ -562,5 +583,5 @@ def holder_of(doc: Mapping[str, Any]) -> str | None:
 
 
 def is_terminal(ex: Mapping[str, Any]) -> bool:
-    """Whether the execution has finished (completed, failed or cancelled)."""
+    """Whether the execution has finished (completed, failed, cancelled or timed out)."""
     return ex.get("status") in TERMINAL

@@ -98,6 +98,9 @@ class DocType(StrEnum):
     OPERATION_PART = "operation_part"
     #: a run's input when too large to ride in the exec (``in:payload``: model.split_payload)
     INPUT = "input"
+    #: an execution's deadline or delayed start (``clock:deadline``, ``clock:start``:
+    #: engine/starts/deadlines.py), due for the timer scan
+    CLOCK = "clock"
 
 
 class Status(StrEnum):
@@ -107,9 +110,17 @@ class Status(StrEnum):
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    #: its deadline (``options(timeout=)``) passed: raised at its suspension point, compensated
+    TIMED_OUT = "timed_out"
+    #: created by a start with ``options(start_delay=)``; its first drive is when the delay's clock
+    #: fires (engine/starts/deadlines.py). A stored status, not a display derived from a start
+    #: time: listings, counts and ``--status`` filters are store queries on the stored status
+    #: (SQLite/PostgreSQL columns, Cosmos indexes), which a derived value would escape; a
+    #: scheduled execution is not terminal, and the driver drives none (``Driver._round``).
+    SCHEDULED = "scheduled"
 
 
-TERMINAL = frozenset({Status.COMPLETED, Status.FAILED, Status.CANCELLED})
+TERMINAL = frozenset({Status.COMPLETED, Status.FAILED, Status.CANCELLED, Status.TIMED_OUT})
 
 
 class DueKind(StrEnum):

@@ -30,11 +30,8 @@ from celery_durable.engine.children.holders import stale_child_outcomes, withdra
 from celery_durable.engine.dispatcher import CancelRequest, Send
 from celery_durable.engine.documents.checks import check_partition
 from celery_durable.engine.documents.model import (
-    CANCELLED,
-    COMPLETED,
     DUE_EXEC,
     EXEC_ID,
-    FAILED,
     RUNNING,
     error_info,
     lease_live,
@@ -43,7 +40,8 @@ from celery_durable.engine.documents.model import (
     settled,
     split_payload,
 )
-from celery_durable.engine.documents.records import ExecDoc, count_of, holder_of, is_terminal
+from celery_durable.engine.documents.records import ExecDoc, as_exec, count_of, holder_of, is_terminal
+from celery_durable.engine.documents.schema import Status
 from celery_durable.engine.documents.search import apply_updates as apply_search_updates
 from celery_durable.engine.drive.carried import as_of, carry_json, eager_commit, oversized, waiting_of
 from celery_durable.engine.drive.corrupt import fail_corrupt
@@ -64,6 +62,8 @@ __all__ = ["Driver", "Replay"]
 log = logging.getLogger("celery_durable.drive")
 
 MAX_ROUNDS = 500
+#: the replay kinds that end an execution, each committed as the status of the same name
+ENDS = frozenset({ReplayKind.COMPLETED, ReplayKind.FAILED, ReplayKind.CANCELLED, ReplayKind.TIMED_OUT})
 
 
 class _Again(Enum):
@@ -89,6 +89,8 @@ class _Drive:
     me: str
     #: record what is carried with an exec bump, no replay (``Driver.drive``'s ``defer``)
     defer: bool = False
+    #: its deadline passed: this drive's commit records it (engine/starts/deadlines.py)
+    timing_out: bool = False
     holding: bool = False
     conflicts: int = 0
     orphan_sends: dict[str, Send] = field(default_factory=dict)
@@ -128,6 +130,7 @@ class Driver:
         known: Mapping[str, Doc] | None = None,
         tokens: Mapping[int, str | None] | None = None,
         defer: bool = False,
+        timing_out: bool = False,
     ) -> DriveOutcome:
         """Drive once to a suspension or an end; ``carry`` are documents to record with it, and
         ``release`` the steps whose markers they settle (both of the run the documents name: a
@@ -154,10 +157,12 @@ class Driver:
         due, and replay nothing: "deferred". The caller drives it next (an activity that failed
         for good: after Celery reported the failure, so no waiter sees the workflow end first);
         if it never does, the recovery scan drives it after ``drive_timeout``.
+        ``timing_out``: its deadline's clock fired: the exec is marked ``timed_out`` with a cancel
+        request in this drive's commit, with the timeout delivered at its suspension point, all or
+        nothing (a result landing after that commit is late; engine/starts/deadlines.py).
         """
-        d = _Drive(
-            execution_id, list(carry), list(release), trust_cache, eager, known, tokens, self.engine.identity(), defer
-        )
+        me = self.engine.identity()
+        d = _Drive(execution_id, list(carry), list(release), trust_cache, eager, known, tokens, me, defer, timing_out)
         try:
             for round_ in range(MAX_ROUNDS):
                 outcome = self._round(d, round_)
@@ -185,6 +190,11 @@ class Driver:
             return AGAIN  # an operator's op was left half done: finish it before driving
         if is_terminal(ex):
             return self._record_late(d, ex, carry_new)
+        if ex.get("status") == Status.SCHEDULED:  # its first drive is its start clock's (starts/deadlines.py)
+            return self._record_bumped(d, ex, docs, carry_new, {}) if carry_new else DriveOutcome.NOOP
+        at = ex.get("deadline_at")  # not lifted meanwhile (an operator's re-run): marked by this round's commit
+        if d.timing_out and not ex.get("timed_out") and isinstance(at, int | float) and at <= eng.clock.now():
+            ex = as_exec(ex | {"cancel_requested": True, "timed_out": True})
         now = eng.clock.now()
         contended = self._contend(d, ex, docs, carry_new, now)
         if contended is not None:
@@ -346,6 +356,8 @@ class Driver:
             # the engine cannot make sense of
             self.fail_corrupt(d.execution_id, CorruptDocument(f"malformed document in {d.execution_id!r}: {exc!r}"))
             return DriveOutcome.FAILED
+        if ops is None and d.timing_out:  # nothing else new (a cancel delivered before): the mark alone
+            ops = [Op.replace(strip_reserved(ex) | {"updated_at": now}, ex["_etag"])]
         if ops is None:
             return DriveOutcome.NOOP
         if d.eager and len(ops) > self.engine.store.max_batch_ops:  # not one batch: all or nothing is a worker's
@@ -462,11 +474,8 @@ class Driver:
             new_ex, input_doc = split_payload(new_ex)  # the new run's input: inline or its own
             if input_doc is not None:
                 ops.append(Op.upsert(input_doc))
-        elif replay.kind in (ReplayKind.COMPLETED, ReplayKind.FAILED, ReplayKind.CANCELLED):
-            status = {ReplayKind.COMPLETED: COMPLETED, ReplayKind.FAILED: FAILED, ReplayKind.CANCELLED: CANCELLED}[
-                replay.kind
-            ]
-            new_ex.update(status=status, completed_at=now)
+        elif replay.kind in ENDS:
+            new_ex.update(status=Status(replay.kind.value), completed_at=now)  # the same words
             if replay.kind == ReplayKind.COMPLETED:
                 new_ex["result"] = replay.value
             else:
@@ -555,7 +564,7 @@ class Driver:
         eng = self.engine
         eng.signals.after_commit(ex["pk"], replay.new_docs)  # signal values rejected/ignored by the replay
         eng.emit("drive_committed", execution_id=ex["pk"], outcome=replay.kind)
-        if replay.kind in (ReplayKind.COMPLETED, ReplayKind.FAILED, ReplayKind.CANCELLED):
+        if replay.kind in ENDS:
             eng.emit(f"workflow_{replay.kind}", execution_id=ex["pk"], workflow=ex["workflow"])
             if replay.kind != ReplayKind.COMPLETED:  # once: only the commit that ended it gets here
                 # WARNING, not ERROR: the activity that failed is Celery's ERROR line already, and

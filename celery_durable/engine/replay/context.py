@@ -40,6 +40,7 @@ from celery_durable.engine.documents.schema import (
 )
 from celery_durable.engine.outbox.model import DUE_ADMIT
 from celery_durable.engine.outbox.runtime import effects_of
+from celery_durable.engine.replay.cancels import TIMED_OUT_ERROR, cancel_error, cancelled
 from celery_durable.engine.replay.decoded import decoded
 from celery_durable.engine.replay.futures import DurableFuture
 from celery_durable.errors import (
@@ -50,7 +51,6 @@ from celery_durable.errors import (
     ExternalSignalError,
     NonDeterminismError,
     PayloadValidationError,
-    WorkflowCancelledError,
 )
 from celery_durable.stores.base import Doc
 
@@ -154,6 +154,9 @@ class WorkflowContext:
     now: float
     registry: Registry
     cancel_requested: bool = False
+    #: the cancel is its deadline's: delivered as WorkflowTimedOutError (engine/starts/deadlines.py)
+    timed_out: bool = False
+    deadline_at: float | None = None  # its own deadline: a child's is capped by it (start_child)
     activity_queue_timeout: float = 300.0
     #: an emitted effect's intent not admitted by its drive is admitted by the scan after this
     admit_grace: float = 10.0
@@ -265,14 +268,14 @@ class WorkflowContext:
                         "seq": seq,
                         "ok": False,
                         "cancelled": True,
-                        "error": {"type": "WorkflowCancelledError", "message": "cancel requested"},
+                        "error": cancel_error(self.timed_out),
                         "completed_at": self.now,
                         # the last step taken before the cancel: later ones are its compensations
                         # (admin resume forgets them; step order, as clocks of workers disagree)
                         "cancel_at": self.seq,
                     }
             self.cancel_delivered = True
-            raise WorkflowCancelledError(f"workflow {self.execution_id!r} was cancelled")
+            raise cancelled(self.execution_id, self.timed_out)
         if self.park is None:
             self.unwinding = True
             raise Suspend()
@@ -314,7 +317,7 @@ class WorkflowContext:
             self.suspend([seq])
         if doc.get("cancelled"):
             self.cancel_delivered = True
-            raise WorkflowCancelledError(f"workflow {self.execution_id!r} was cancelled")
+            raise cancelled(self.execution_id, (doc.get("error") or {}).get("type") == TIMED_OUT_ERROR)
         if doc.get("timeout"):
             raise DurableTimeoutError(f"timed out waiting for {kind} {name!r}")
         if doc.get("ok", True):
@@ -524,7 +527,12 @@ class WorkflowContext:
         self.new_docs[mark["id"]] = mark
 
     def start_child(
-        self, definition: WorkflowDef, args: tuple[Any, ...], kwargs: dict[str, Any], child_id: str | None
+        self,
+        definition: WorkflowDef,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        child_id: str | None,
+        timeout: float | None = None,
     ) -> DurableFuture[Any]:
         """Start a child workflow (idempotent by its derived id); return its future.
 
@@ -544,16 +552,15 @@ class WorkflowContext:
                 else check_workflow_id(child_id, "child workflow id")
             )
             payload = definition.codec.encode_args(args, kwargs)
-            self._marker(
-                seq,
-                "child",
-                definition.name,
-                child_id=cid,
-                input=payload,
-                due_kind=DUE_CHILD,
-                due_at=self.now + self.activity_queue_timeout,
+            # its deadline: the earlier of its own (from this step) and ours (engine/starts/deadlines.py)
+            ends = [t for t in (self.deadline_at, None if timeout is None else self.now + timeout) if t is not None]
+            limit = {"deadline_at": min(ends)} if ends else {}
+            due = {"due_kind": DUE_CHILD, "due_at": self.now + self.activity_queue_timeout}
+            self._marker(seq, "child", definition.name, child_id=cid, input=payload, **due, **limit)
+            req = ChildRequest(
+                self.execution_id, seq, definition.name, fresh(payload), cid, self.run, min(ends, default=None)
             )
-            self.sends.append(ChildRequest(self.execution_id, seq, definition.name, fresh(payload), cid, self.run))
+            self.sends.append(req)
         else:
             cid = str(marker["child_id"])
         future: DurableFuture[Any] = DurableFuture(self, seq, definition.name, definition.codec.result, kind="child")

@@ -24,7 +24,7 @@ from celery_durable.engine.outcomes import ReplayKind
 from celery_durable.engine.registry import Registry, WorkflowDef
 from celery_durable.engine.replay.context import ContinueAsNew, Fatal, LocalStep, Suspend, WorkflowContext, failed_step
 from celery_durable.engine.replay.sticky import Outcome, StickyCache, call
-from celery_durable.errors import CorruptDocument, PayloadValidationError, WorkflowCancelledError
+from celery_durable.errors import CorruptDocument, PayloadValidationError, WorkflowCancelledError, WorkflowTimedOutError
 from celery_durable.settings import Settings
 from celery_durable.stores.base import Doc
 
@@ -111,6 +111,8 @@ def replay(
         now=now,
         registry=registry,
         cancel_requested=bool(ex.get("cancel_requested")),
+        timed_out=bool(ex.get("timed_out")),
+        deadline_at=ex.get("deadline_at"),
         activity_queue_timeout=settings.activity_queue_timeout,
         admit_grace=settings.outbox_admit_grace,
         run=run_of(ex),
@@ -148,6 +150,8 @@ def _decide(ex: ExecDoc, wf: WorkflowDef, ctx: WorkflowContext, outcome: Outcome
             kind, payload = ReplayKind.CONTINUED, raised.payload
         elif isinstance(raised, Fatal):
             kind, error = ReplayKind.FAILED, error_info(raised.error)
+        elif isinstance(raised, WorkflowTimedOutError) and ctx.cancel_requested and ctx.timed_out:
+            kind, error = ReplayKind.TIMED_OUT, error_info(raised)  # its deadline (engine/starts/deadlines.py)
         elif isinstance(raised, WorkflowCancelledError):
             kind, error = (ReplayKind.CANCELLED if ctx.cancel_requested else ReplayKind.FAILED), error_info(raised)
         else:  # the workflow's own failure is its outcome

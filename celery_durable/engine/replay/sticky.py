@@ -67,7 +67,17 @@ VOLATILE = frozenset({"lease", "attempts", "due_kind", "due_at", "started_at", "
 #: steps whose new outcome a live instance may be resumed with (a signal wait's is decided by a replay)
 _RESUMABLE_KINDS = frozenset({"activity", "child", "sleep", "signal_send"})
 #: exec fields a context reads when it is made: a change means a full replay
-_EXEC_KEY = ("incarnation", "generation", "run", "resets", "reruns", "cancel_requested", "workflow")
+_EXEC_KEY = (
+    "incarnation",
+    "generation",
+    "run",
+    "resets",
+    "reruns",
+    "cancel_requested",
+    "timed_out",
+    "deadline_at",
+    "workflow",
+)
 
 _PARKED = object()
 

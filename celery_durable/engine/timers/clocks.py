@@ -1,4 +1,5 @@
-"""Durable timers: firing a due clock (a sleep, a signal wait's timeout, a local activity's retry).
+"""Durable timers: firing a due clock (a sleep, a signal wait's timeout, a local activity's retry,
+an execution's deadline or delayed start: engine/starts/deadlines.py).
 
 A clock fires by *creating* its outcome document, create-only, and then driving the execution with
 it (the driver's carry). Several writers (the fast-path countdown, beat's clock scan, two beats by
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 from celery_durable.engine.documents.records import ExecDoc, count_of, is_terminal, maybe_exec
 from celery_durable.engine.drive.upkeep import clear_due
 from celery_durable.engine.outcomes import ClockOutcome
+from celery_durable.engine.starts.deadlines import CLOCK_PREFIX, fire_exec_clock
 
 __all__ = ["Timers"]
 
@@ -104,8 +106,12 @@ class Timers:
         fired = 0
         for ref in self.engine.store.scan_due(DUE_CLOCK, self.engine.clock.now(), limit):
             try:
-                run, seq = parse_step_id(ref.id)
-                if self.fire_clock(ref.pk, seq, run) == ClockOutcome.FIRED:
+                if ref.id.startswith(CLOCK_PREFIX):  # an execution's deadline or delayed start
+                    outcome = fire_exec_clock(self.engine, ref.pk, ref.id)
+                else:
+                    run, seq = parse_step_id(ref.id)
+                    outcome = self.fire_clock(ref.pk, seq, run)
+                if outcome == ClockOutcome.FIRED:
                     fired += 1
             except CorruptDocument as exc:
                 self.engine.driver.fail_corrupt(ref.pk, exc)

@@ -45,7 +45,7 @@
   if (!live) return;
   var api = live.dataset.api;
   var state = document.getElementById("live-state");
-  var ended = ["completed", "failed", "cancelled"];
+  var ended = ["completed", "failed", "cancelled", "timed_out"];
   var last = null;
 
   function toggle(status) {
