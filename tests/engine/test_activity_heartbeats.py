@@ -345,3 +345,26 @@ def test_a_stall_is_noticed_at_its_timeout_not_at_the_next_renewal() -> None:
     began = time.monotonic()
     assert env.result(env.start(flow_stalls_between_renewals, "s3")) == "HeartbeatTimeoutError"
     assert time.monotonic() - began < 4
+
+
+def test_a_deadline_stops_the_running_attempt_and_compensations_run() -> None:
+    """Issue 26 §3 with §4: the workflow's deadline passes while its activity runs; beat's clock
+    scan (here a second thread) ends the wait with WorkflowTimedOutError, the attempt is told at
+    its next heartbeat, the compensation runs and the execution ends timed_out."""
+    env = WorkflowEnvironment(durable)
+    eid = "hb-deadline"
+
+    def scan_after_the_deadline() -> None:
+        assert started.wait(10)
+        env.clock.advance(120)  # past the 60 s deadline
+        env.engine.timers.fire_due_clocks()
+
+    thread = threading.Thread(target=scan_after_the_deadline)
+    thread.start()
+    began = time.monotonic()
+    env.start(flow_cancelled.options(workflow_id=eid, timeout=60), "d", False)
+    thread.join(10)
+    env.run_until_idle()
+    assert time.monotonic() - began < 10
+    assert seen["d"] == ["cancelled: the workflow timed out", "cleaned"]
+    assert env.engine.read_exec(eid)["status"] == "timed_out"
