@@ -399,7 +399,9 @@ def test_a_timeout_counts_from_the_delayed_start() -> None:
     env = _env()
     h = env.start(waiter.options(start_delay=100, timeout=50))
     assert _ex(env, h.id)["deadline_at"] == 1_000_150.0
-    env.advance(140)
+    env.advance(100)  # started on time
+    assert h.status() == "running"
+    env.advance(40)
     assert h.status() == "running"
     env.advance(10)
     assert h.status() == "timed_out"

@@ -50,6 +50,7 @@ from celery_durable.engine.drive.upkeep import prune_run
 from celery_durable.engine.outcomes import DriveOutcome, ReplayKind
 from celery_durable.engine.replay.history import Replay, replay
 from celery_durable.engine.replay.sticky import StickyCache
+from celery_durable.engine.starts.deadlines import unmarked_op
 from celery_durable.errors import ConflictError, CorruptDocument, DocumentTooLarge
 from celery_durable.observability import span
 from celery_durable.stores.base import Doc, Op, strip_reserved
@@ -193,10 +194,13 @@ class Driver:
         if ex.get("status") == Status.SCHEDULED:  # its first drive is its start clock's (starts/deadlines.py)
             return self._record_bumped(d, ex, docs, carry_new, {}) if carry_new else DriveOutcome.NOOP
         at = ex.get("deadline_at")  # not lifted meanwhile (an operator's re-run): marked by this round's commit
+        unmarked = ex
         if d.timing_out and not ex.get("timed_out") and isinstance(at, int | float) and at <= eng.clock.now():
             ex = as_exec(ex | {"cancel_requested": True, "timed_out": True})
         now = eng.clock.now()
-        contended = self._contend(d, ex, docs, carry_new, now)
+        # the mark goes only with a replay that delivers it: written by a bump (another worker
+        # drives) or a claim, a signal accepted before that replay ran the workflow past its deadline
+        contended = self._contend(d, unmarked, docs, carry_new, now)
         if contended is not None:
             return contended
         if d.defer:
@@ -204,6 +208,8 @@ class Driver:
         decided = self._decide(d, ex, docs, carry_new, now)
         if isinstance(decided, DriveOutcome):
             return decided
+        if ex is not unmarked and decided[0].kind == ReplayKind.UNKNOWN:  # nothing delivered it: unmarked
+            decided = decided[0], [unmarked_op(op, unmarked) for op in decided[1]]
         return self._commit(d, ex, docs, *decided)
 
     def _read(self, d: _Drive, round_: int) -> dict[str, Doc] | DriveOutcome:

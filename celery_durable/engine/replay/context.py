@@ -553,7 +553,9 @@ class WorkflowContext:
             )
             payload = definition.codec.encode_args(args, kwargs)
             # its deadline: the earlier of its own (from this step) and ours (engine/starts/deadlines.py)
-            ends = [t for t in (self.deadline_at, None if timeout is None else self.now + timeout) if t is not None]
+            # a deadline already delivered (this is a compensation) no longer caps anything
+            ours = None if self.timed_out and self.cancel_delivered else self.deadline_at
+            ends = [t for t in (ours, None if timeout is None else self.now + timeout) if t is not None]
             limit = {"deadline_at": min(ends)} if ends else {}
             due = {"due_kind": DUE_CHILD, "due_at": self.now + self.activity_queue_timeout}
             self._marker(seq, "child", definition.name, child_id=cid, input=payload, **due, **limit)

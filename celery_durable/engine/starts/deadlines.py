@@ -51,6 +51,7 @@ __all__ = [
     "exec_fields",
     "fire_exec_clock",
     "cancel_scheduled",
+    "unmarked_op",
 ]
 
 CLOCK_PREFIX = "clock:"
@@ -81,7 +82,12 @@ def check_seconds(name: str, value: object, *, zero_ok: bool) -> float | None:
     if isinstance(value, timedelta):
         seconds = value.total_seconds()
     elif isinstance(value, int | float) and not isinstance(value, bool):
-        seconds = float(value)
+        try:
+            seconds = float(value)
+        except OverflowError:  # an int beyond any float: past every bound below
+            raise ConfigurationError(
+                f"{name} must be at most {MAX_SECONDS:.0f} seconds (100 years), not {value!r}"
+            ) from None
     else:
         raise ConfigurationError(f"{name} must be seconds (int or float) or a timedelta, not {value!r}")
     if not math.isfinite(seconds):
@@ -220,7 +226,16 @@ def _fire_start(eng: EngineParts, ex: Any, clock: Doc, now: float) -> ClockOutco
         "due_kind": DUE_EXEC.value,
         "due_at": now + eng.settings.drive_timeout,
     }
-    eng.store.batch(pk, [Op.replace(updated, ex["_etag"]), Op.replace(_settled(clock, now), clock["_etag"])])
+    ops = [Op.replace(updated, ex["_etag"]), Op.replace(_settled(clock, now), clock["_etag"])]
+    deadline_at, late = ex.get("deadline_at"), now - float(start_at) if isinstance(start_at, int | float) else 0.0
+    if isinstance(deadline_at, int | float) and late > 0:
+        # its timeout counts from its first drive: a scan that starts it late moves its deadline
+        # as late (a delayed start is never a child, so no parent's deadline caps it)
+        updated["deadline_at"] = moved = float(deadline_at) + late
+        deadline = eng.store.read(pk, DEADLINE_CLOCK)
+        if deadline is not None and deadline.get("due_kind"):
+            ops.append(Op.replace(strip_reserved(deadline) | {"at": moved, "due_at": moved}, deadline["_etag"]))
+    eng.store.batch(pk, ops)
     eng.emit("workflow_scheduled_start", execution_id=pk, workflow=ex.get("workflow"))
     eng.dispatcher.send_drive(pk)
     return ClockOutcome.FIRED
@@ -250,3 +265,15 @@ def cancel_scheduled(eng: EngineParts, ex: Any, by: str | None, reason: str | No
         return False
     eng.emit("workflow_cancelled", execution_id=pk, workflow=ex.get("workflow"))
     return True
+
+
+def unmarked_op(op: Op, unmarked: Any) -> Op:
+    """``op``, writing the exec without the deadline's mark where ``unmarked`` (the exec as read)
+    had none: a drive whose replay could not deliver the timeout (its workflow is not registered
+    here) must not mark it, or a signal accepted before a later drive would run it past its
+    deadline."""
+    if op.doc is None or op.doc.get("id") != EXEC_ID:
+        return op
+    doc = {k: v for k, v in op.doc.items() if k not in ("cancel_requested", "timed_out")}
+    doc.update({k: unmarked[k] for k in ("cancel_requested", "timed_out") if k in unmarked})
+    return Op(op.kind, doc=doc, id=op.id, if_match=op.if_match)
