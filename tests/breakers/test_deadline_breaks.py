@@ -42,10 +42,6 @@ OPEN_ONE_DELIVERY = (
     "open: a deadline is a cancel and is delivered once: after a caught cancel no deadline is delivered, after "
     "a caught timeout no cancel (delivering it there cut a cancelled saga's compensations: the simulation caught it)"
 )
-OPEN_LATE_SIGNAL = (
-    "open: the mark is now written only with its delivery and the clock stays due, but a signal accepted before "
-    "the delivering drive is consumed first and the workflow may complete past its deadline"
-)
 OPEN_DRIVEN_IN_BEAT = "open: beat's scan drives a timed-out execution inline, its local activities included"
 
 
@@ -391,7 +387,6 @@ def test_an_int_too_large_for_a_float_is_a_configuration_error(option: str, valu
 # --- the deadline fired by a process that does not have the workflow's code -----------------------
 
 
-@pytest.mark.xfail(strict=True, reason=OPEN_LATE_SIGNAL)
 def test_a_deadline_fired_where_the_workflow_is_not_registered_still_ends_it_timed_out() -> None:
     """Promise (guides/deadlines.md "Enforced durably"): "The scan drives the execution itself:
     the commit that marks it ``timed_out`` records the timeout at its suspension point, all or
@@ -424,7 +419,6 @@ def test_a_deadline_fired_where_the_workflow_is_not_registered_still_ends_it_tim
     assert h.status() == "timed_out", _ex(env, h.id).get("result")
 
 
-@pytest.mark.xfail(strict=True, reason=OPEN_LATE_SIGNAL)
 def test_a_deadline_fired_while_a_worker_drives_still_refuses_a_later_signal() -> None:
     """Promise (guides/deadlines.md "Enforced durably"): "the commit that marks it ``timed_out``
     records the timeout at its suspension point, all or nothing" (docs/architecture.md: "the very

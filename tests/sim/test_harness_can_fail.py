@@ -64,7 +64,7 @@ def test_a_broken_store_is_caught(store: type[MemoryStore]) -> None:
     assert found is not None, f"{store.__name__}: no violation in {SEEDS} seeds"
 
 
-def unconditional_cancel(self: Engine, execution_id: str) -> bool:
+def unconditional_cancel(self: Engine, execution_id: str, **_: Any) -> bool:
     """``Engine.cancel`` with a reintroduced lost update: its write ignores the exec's etag."""
     ex = self.read_exec(execution_id)
     if ex.get("status") in TERMINAL:

@@ -44,7 +44,8 @@ def test_ops_left_half_done_are_caught_when_nobody_rolls_them_forward(monkeypatc
 
     found = first_caught(broken)
     assert found is not None, f"no violation in {SEEDS} seeds"
-    assert any(v.invariant == 8 for v in found[1].violations), found[1].violations
+    # an op left half done shows as itself (8) or as the execution it leaves stranded (5, 1)
+    assert any(v.invariant in (1, 5, 8) for v in found[1].violations), found[1].violations
 
 
 def legacy_commit(eng: Any, ex: Doc, docs: dict[str, Doc], rewrite: Any, final: dict[str, Any], *_: Any) -> str:

@@ -195,7 +195,10 @@ class Driver:
             return self._record_bumped(d, ex, docs, carry_new, {}) if carry_new else DriveOutcome.NOOP
         at = ex.get("deadline_at")  # not lifted meanwhile (an operator's re-run): marked by this round's commit
         unmarked = ex
-        if d.timing_out and not ex.get("timed_out") and isinstance(at, int | float) and at <= eng.clock.now():
+        # any drive of a top-level execution past its deadline delivers it (the clock's may be in a
+        # process without the workflow); a child's waits for its clock (its parent's goes first)
+        timing_out = d.timing_out or not ex.get("parent")
+        if timing_out and not ex.get("timed_out") and isinstance(at, int | float) and at <= eng.clock.now():
             ex = as_exec(ex | {"cancel_requested": True, "timed_out": True})
         now = eng.clock.now()
         # the mark goes only with a replay that delivers it: written by a bump (another worker

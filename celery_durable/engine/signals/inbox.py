@@ -117,6 +117,11 @@ class Signals:
             data = codec.encode(value, f"signal {name!r}")
             if is_terminal(ex):
                 return self._ignored(execution_id, name, str(ex["status"]))
+            at = ex.get("deadline_at")
+            if isinstance(at, int | float) and at <= eng.clock.now() and not ex.get("timed_out"):
+                # past its deadline, the timeout not delivered yet: the next drive delivers it
+                # where the workflow waits, before it could consume this (engine/starts/deadlines.py)
+                return self._ignored(execution_id, name, "its deadline passed")
             run = run_of(ex)
             n = count_of(ex, "signal_seq") + 1
             now = eng.clock.now()
