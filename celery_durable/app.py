@@ -135,6 +135,7 @@ class Workflow(Generic[P, R]):
         on_conflict: Literal["reject", "return-existing", "latest-wins"] = "reject",
         timeout: timedelta | float | None = None,
         start_delay: timedelta | float | None = None,
+        debounce: timedelta | float | None = None,
     ) -> WorkflowOptions[P, R]:
         """This workflow with start options, its arguments type-checked:
         ``fulfil.options(workflow_id=f"order-{o.id}", search={"customer": o.customer}).start(o)``
@@ -149,9 +150,15 @@ class Workflow(Generic[P, R]):
         :class:`WorkflowTimedOutError` is raised at its suspension point, its compensations run and
         it ends ``timed_out`` (a child's deadline is the earlier of its own and its parent's).
         ``start_delay`` (>= 0): created now, ``scheduled``, first driven that much later (top-level
-        starts only). docs/guides/deadlines.md."""
+        starts only). docs/guides/deadlines.md.
+
+        ``debounce`` (> 0, with a ``dedup_key``): a start delayed by that quiet period; another
+        debounced start with the key while it has not started yet gives it its input and moves its
+        start a full quiet period on (the latest input wins). docs/guides/dedup.md."""
         start_fields(search, memo)
-        timing = timing_of(timeout, start_delay)
+        timing = timing_of(timeout, start_delay, debounce)
+        if debounce is not None and dedup_key is None:
+            raise ConfigurationError("debounce needs a dedup_key: the starts it merges are those with the same key")
         return WorkflowOptions(
             self,
             None if workflow_id is None else check_workflow_id(workflow_id),

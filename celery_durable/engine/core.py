@@ -53,6 +53,7 @@ from celery_durable.engine.outcomes import ClockOutcome, DriveOutcome
 from celery_durable.engine.registry import Registry, WorkflowDef
 from celery_durable.engine.signals.inbox import Signals
 from celery_durable.engine.starts.deadlines import Timing, cancel_scheduled, exec_fields
+from celery_durable.engine.starts.debounce import push_back
 from celery_durable.engine.starts.dedup import OnConflict, claim
 from celery_durable.engine.timers.clocks import Timers
 from celery_durable.errors import (
@@ -198,7 +199,13 @@ class Engine:
         if dedup is not None and workflow_id is not None and joinable(self.store.read(eid, EXEC_ID)):
             return eid, False
         if dedup is not None:
-            return claim(self, dedup[0], dedup[1], eid, workflow.name, create)
+            quiet = timing.start_delay if timing is not None and timing.debounce else None
+            reschedule = (
+                None
+                if quiet is None
+                else lambda owner: push_back(self.store, self.clock.now(), owner, workflow.name, payload, quiet)
+            )
+            return claim(self, dedup[0], dedup[1], eid, workflow.name, create, reschedule)
         return eid, create()
 
     def create_execution(

@@ -42,3 +42,20 @@ def test_one_execution_per_key_on_real_workers(cluster: Any) -> None:
     assert third.status() == "running" and third.id not in (first.id, second.id)
     assert third.cancel()
     wait_until(lambda: third.status() == "cancelled", timeout=60, what="the third to be cancelled")
+
+
+def test_debounced_starts_run_once_with_the_latest_input_on_real_workers(cluster: Any) -> None:
+    """Issue 26 §5 debounce: three starts within the quiet period, on a worker and beat (whose
+    clock scan starts the scheduled execution): one execution, run once, with the last input."""
+    cluster.workers.env.update(TEST_CLOCK_INTERVAL="0.5")
+    cluster.start_worker()
+    cluster.workers.start_beat()
+    key = f"debounce-{uuid.uuid4().hex[:8]}"
+    debounced = basic.sleeper.options(dedup_key=key, debounce=2)
+    handles = [debounced.start(f"{key}-{n}", 0.1) for n in range(3)]
+    assert len({h.id for h in handles}) == 1
+    assert handles[0].status() == "scheduled"
+    handles[0].result(timeout=60)
+    marks = cluster.workers.tmp / "marks"
+    woke = sorted(p.name for p in marks.glob(f"woke-{key}-*")) if marks.exists() else []
+    assert woke == [f"woke-{key}-2"]

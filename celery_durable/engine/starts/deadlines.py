@@ -71,6 +71,9 @@ class Timing:
 
     timeout: float | None = None
     start_delay: float = 0.0
+    #: the delay is a quiet period: a start with the same dedup key while this one is still
+    #: scheduled gives it its input and moves its start (engine/starts/debounce.py)
+    debounce: bool = False
 
 
 def check_seconds(name: str, value: object, *, zero_ok: bool) -> float | None:
@@ -99,10 +102,16 @@ def check_seconds(name: str, value: object, *, zero_ok: bool) -> float | None:
     return seconds
 
 
-def timing_of(timeout: object, start_delay: object) -> Timing | None:
-    """The checked :class:`Timing` of ``options(timeout=, start_delay=)``; ``None`` when neither."""
+def timing_of(timeout: object, start_delay: object, debounce: object = None) -> Timing | None:
+    """The checked :class:`Timing` of ``options(timeout=, start_delay=, debounce=)``; ``None``
+    when none is given. ``debounce`` is a start delay that later keyed starts move."""
     seconds = check_seconds("timeout", timeout, zero_ok=False)
     delay = check_seconds("start_delay", start_delay, zero_ok=True) or 0.0
+    quiet = check_seconds("debounce", debounce, zero_ok=False)
+    if quiet is not None:
+        if delay:
+            raise ConfigurationError("debounce is a start delay of its own: give debounce or start_delay, not both")
+        return Timing(seconds, quiet, debounce=True)
     return None if seconds is None and not delay else Timing(seconds, delay)
 
 

@@ -159,7 +159,13 @@ def _tombstone(engine: Engine, owner: Doc, eid: str, key: str, now: float) -> bo
 
 
 def claim(
-    engine: Engine, key: str, on_conflict: OnConflict, eid: str, workflow: str, create: Callable[[], bool]
+    engine: Engine,
+    key: str,
+    on_conflict: OnConflict,
+    eid: str,
+    workflow: str,
+    create: Callable[[], bool],
+    reschedule: Callable[[str], bool] | None = None,
 ) -> tuple[str, bool]:
     """Start ``eid`` of ``workflow`` (``create()``: create-only, False when ``eid`` existed)
     holding ``key``, or settle the conflict with its running owner. Returns ``(execution id,
@@ -168,7 +174,8 @@ def claim(
     Never two running holders: a key is taken from an owner that ended (or was purged); from a
     running one (``latest-wins``) only after its cancel is recorded; from one not created yet
     only after its execution is created ended in its place (create-only: if its starter created
-    it first, the loop looks again)."""
+    it first, the loop looks again). ``reschedule(owner)``: a debounced start's, True when it gave
+    a still scheduled owner its input and a later start (engine/starts/debounce.py)."""
     store, pk = engine.store, dedup_pk(key)
     for _ in range(20):
         now = engine.clock.now()
@@ -190,6 +197,11 @@ def claim(
         if owner == eid:  # our own claim (a retried start with the same id)
             return eid, create()
         state = _owner(engine, doc, now)
+        if reschedule is not None and state in (Owner.RUNNING, Owner.PENDING):
+            # debounced: a scheduled holder takes this input and starts later (one being
+            # created by a racing start is waited for, as return-existing does)
+            if (state == Owner.RUNNING or _created_soon(engine, owner)) and reschedule(owner):
+                return owner, False
         if state in (Owner.RUNNING, Owner.PENDING):
             if on_conflict == OnConflict.REJECT:
                 raise DuplicateStart(
