@@ -196,16 +196,16 @@ class Engine:
 
         # with a key, an id that exists is joined (or refused) as without one, before any claim:
         # a refused or joined start takes no key and cancels no holder
+        quiet = timing.start_delay if dedup is not None and timing is not None and timing.debounce else None
+
+        def reschedule(owner: str) -> bool:  # a debounced start: the scheduled holder takes our input
+            return quiet is not None and push_back(self.store, self.clock.now(), owner, workflow.name, payload, quiet)
+
         if dedup is not None and workflow_id is not None and joinable(self.store.read(eid, EXEC_ID)):
+            reschedule(eid)  # joined, and (debounced, still scheduled) given this input
             return eid, False
         if dedup is not None:
-            quiet = timing.start_delay if timing is not None and timing.debounce else None
-            reschedule = (
-                None
-                if quiet is None
-                else lambda owner: push_back(self.store, self.clock.now(), owner, workflow.name, payload, quiet)
-            )
-            return claim(self, dedup[0], dedup[1], eid, workflow.name, create, reschedule)
+            return claim(self, dedup[0], dedup[1], eid, workflow.name, create, reschedule if quiet else None)
         return eid, create()
 
     def create_execution(

@@ -180,7 +180,7 @@ def _exec(doc: Doc) -> None:
     _field(doc, "payload_at", str)
     _field(doc, "cancel_requested", bool)
     _field(doc, "timed_out", bool)
-    for key in ("deadline_at", "start_at"):  # engine/starts/deadlines.py
+    for key in ("deadline_at", "start_at", "debounce"):  # engine/starts/deadlines.py, debounce.py
         _field(doc, key, _NUMBER)
     lease = _field(doc, "lease", dict)
     if lease is not None:

@@ -150,6 +150,9 @@ class ExecDoc(_Due, total=False):
     timed_out: bool | None
     #: a delayed start's first drive (``options(start_delay=)``: status ``scheduled`` until then)
     start_at: float
+    #: a debounced start's quiet period (``options(debounce=)``): later debounced starts with its
+    #: key move its start (engine/starts/debounce.py); no other scheduled execution is moved
+    debounce: float
     payload_at: str
     parent: ParentRef | None
     #: other executions' steps joined to this one (a parent that attached to an existing child)

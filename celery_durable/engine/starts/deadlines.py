@@ -129,6 +129,8 @@ def exec_fields(eid: str, timing: Timing | None, cap: float | None, now: float) 
     begins = now + delay
     if delay > 0:
         fields.update(status=Status.SCHEDULED.value, start_at=begins, due_kind=None, due_at=None)
+        if timing is not None and timing.debounce:
+            fields["debounce"] = delay
         clocks.append(_clock(eid, "start", begins) | {"due_kind": DUE_CLOCK.value, "due_at": begins})
     ends = [
         t for t in (cap, None if timing is None or timing.timeout is None else begins + timing.timeout) if t is not None

@@ -41,6 +41,8 @@ def push_back(
         ex = maybe_exec(found)
         if ex is None or ex.get("status") != Status.SCHEDULED or ex.get("workflow") != workflow:
             return False
+        if not ex.get("debounce"):  # a start_delay's: its time is its caller's, not a quiet period
+            return False
         if start is None or not start.get("due_kind"):
             return False  # its start is being fired: it runs with the input it has
         begins = now + quiet

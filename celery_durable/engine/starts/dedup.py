@@ -202,6 +202,7 @@ def claim(
             # created by a racing start is waited for, as return-existing does)
             if (state == Owner.RUNNING or _created_soon(engine, owner)) and reschedule(owner):
                 return owner, False
+            state = _owner(engine, doc, engine.clock.now())  # settled on what it is now (it may have ended)
         if state in (Owner.RUNNING, Owner.PENDING):
             if on_conflict == OnConflict.REJECT:
                 raise DuplicateStart(
