@@ -22,6 +22,7 @@ import pytest
 from celery_durable.engine.documents import checks, records
 from celery_durable.engine.documents.records import FIELDS, KINDS, record_type, undeclared
 from celery_durable.engine.documents.schema import DocType
+from celery_durable.stores.base import find_inner
 from celery_durable.stores.memory import MemoryStore
 from harness import outbox_sim, sim
 
@@ -78,8 +79,11 @@ def mistyped(doc: Mapping[str, Any]) -> list[str]:
     return [f"{k}={doc[k]!r:.40} is not {hints[k]}" for k in doc if k in hints and not _conforms(doc[k], hints[k])]
 
 
-def _documents(store: MemoryStore) -> Iterator[dict[str, Any]]:
-    for part in store._parts.values():
+def _documents(store: Any) -> Iterator[dict[str, Any]]:
+    # the memory store itself, also when a tracer provider (set by tests/unit/test_tracing.py,
+    # once per process) made the engine wrap it in a TracedStore
+    inner: MemoryStore = find_inner(store, lambda s: isinstance(s, MemoryStore))
+    for part in inner._parts.values():
         for _, body in part.values():
             yield body
 

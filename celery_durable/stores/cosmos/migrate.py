@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from celery_durable.stores.base import find_inner
 from celery_durable.stores.cosmos.provision import (
     INDEXING_POLICY,
     PARTITION_KEY_PATH,
@@ -65,6 +66,13 @@ def _normal(policy: dict[str, Any]) -> tuple[Any, ...]:
     )
 
 
+def _unwrapped(store: Any) -> CosmosStore:
+    """The Cosmos store itself: an engine's store may be wrapped (traced when a tracer provider
+    is set, counted in tests), and the wrappers do not open clients."""
+    found = find_inner(store, lambda s: hasattr(s, "_new_client"))
+    return found if found is not None else store  # type: ignore[no-any-return]
+
+
 def _open(store: CosmosStore) -> tuple[Any, Any, Any]:
     client = store._new_client()
     database = client.get_database_client(store.database)
@@ -87,6 +95,7 @@ def _state(store: CosmosStore, props: dict[str, Any]) -> ContainerState:
 
 def inspect_container(store: CosmosStore) -> ContainerState:
     """Read the container's properties (without the start-up check, which may refuse them)."""
+    store = _unwrapped(store)
     client, _db, proxy = _open(store)
     try:
         return _state(store, dict(proxy.read()))
@@ -100,6 +109,7 @@ def apply_indexing_policy(store: CosmosStore, *, dry_run: bool = False) -> tuple
     Returns the state before and after (equal with ``dry_run`` or when nothing had to change).
     The partition key is never touched: a container partitioned otherwise keeps its problem.
     """
+    store = _unwrapped(store)
     from azure.cosmos import PartitionKey  # noqa: PLC0415 - the SDK is an optional dependency
 
     client, database, proxy = _open(store)
