@@ -36,6 +36,7 @@ from celery_durable.engine.activities.context import (
     ActivityContext,
     ActivityInfo,
     ActivityInterrupt,
+    heartbeat_record,
 )
 from celery_durable.engine.activities.context import current as current_activity
 from celery_durable.engine.activities.delivery import STALE_EVENT, Delivery, marker_token, refusal
@@ -426,7 +427,7 @@ class ActivityRunner:
                 # the backoff, for the timeline (a retry's wait is not the activity running)
                 updated.update(failed_at=now, retry_at=now + countdown)
                 if details is not _NOTHING:  # kept for the next attempt (activity.last_heartbeat_details)
-                    updated["heartbeat"] = {"details": details, "at": now, "attempt": attempt.number}
+                    updated["heartbeat"] = heartbeat_record(details, now, attempt.number)
                 try:
                     eng.store.replace(updated, if_match=marker["_etag"])
                     return

@@ -49,6 +49,7 @@ __all__ = [
     "check_activity_options",
     "current",
     "heartbeat",
+    "heartbeat_record",
     "info",
     "is_cancelled",
     "last_heartbeat_details",
@@ -132,6 +133,12 @@ def _check_json(details: Any) -> None:
     size = len(text.encode("utf-8"))
     if size > MAX_DETAILS_BYTES:
         raise ValueError(f"heartbeat details are {size} bytes as JSON: at most {MAX_DETAILS_BYTES} (keep a cursor)")
+
+
+def heartbeat_record(details: Any, now: float, attempt: int) -> dict[str, Any]:
+    """The marker's ``heartbeat`` field: the details, when, from which attempt (a renewal writes
+    it, and a retry's release)."""
+    return {"details": details, "at": now, "attempt": attempt}
 
 
 _current: contextvars.ContextVar[ActivityContext | None] = contextvars.ContextVar(

@@ -19,7 +19,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from celery_durable.engine.activities.context import _NOTHING, ActivityContext
+from celery_durable.engine.activities.context import _NOTHING, ActivityContext, heartbeat_record
 from celery_durable.engine.activities.stalls import Stalls
 from celery_durable.engine.documents.model import EXEC_ID, marker_id, result_id
 from celery_durable.engine.documents.records import holder_of, is_terminal, run_of
@@ -149,13 +149,9 @@ class LeaseKeeper:
             updated.update(lease={"holder": attempt.holder, "expires": expires}, due_at=expires)
             details = _NOTHING if ctx is None else ctx.take_details()
             if details is not _NOTHING:
-                updated["heartbeat"] = {"details": details, "at": now, "attempt": attempt.number}
+                updated["heartbeat"] = heartbeat_record(details, now, attempt.number)
             try:
                 attempt.etag = eng.store.replace(updated, if_match=marker["_etag"])
-            except ConflictError:
-                if ctx is not None and details is not _NOTHING:
-                    ctx.give_back(details)
-                return False
             except (DocumentTooLarge, ConfigurationError) as exc:
                 if details is _NOTHING:
                     raise
@@ -164,9 +160,11 @@ class LeaseKeeper:
                 log.warning("heartbeat details of %s step %d dropped: %s", attempt.execution_id, attempt.seq, exc)
                 updated.pop("heartbeat", None)
                 attempt.etag = eng.store.replace(updated, if_match=marker["_etag"])
-            except StoreError:
+            except StoreError as exc:  # a conflict (changed meanwhile) or an outage: the next renewal writes them
                 if ctx is not None and details is not _NOTHING:
                     ctx.give_back(details)
+                if isinstance(exc, ConflictError):
+                    return False
                 raise
             return True
 
