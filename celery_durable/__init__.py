@@ -12,6 +12,7 @@
 
 from celery_durable import _moved
 from celery_durable.app import Durable, SharedWorkflow, Workflow, WorkflowOptions, shared_workflow
+from celery_durable.engine.limits.spec import Limit
 from celery_durable.errors import (
     ActivityError,
     ChildWorkflowError,
@@ -60,6 +61,7 @@ __all__ = [
     "DurableFuture",
     "DurableSettings",
     "RetryPolicy",
+    "Limit",
     "DurableError",
     "ConfigurationError",
     "PayloadValidationError",

@@ -47,6 +47,7 @@ from celery_durable.engine.drive.driver import Driver
 from celery_durable.engine.drive.partition_cache import PartitionCache
 from celery_durable.engine.drive.recovery import Recovery
 from celery_durable.engine.drive.upkeep import wake
+from celery_durable.engine.limits.slots import Slots
 from celery_durable.engine.outbox import DUE_ADMIT, OutboxEngine, OutboxSettings
 from celery_durable.engine.outbox.runtime import EffectKeeper
 from celery_durable.engine.outcomes import ClockOutcome, DriveOutcome
@@ -112,6 +113,8 @@ class Engine:
         # idling at the renewal interval, it never needs waking for a newly tracked attempt
         self.heartbeat = Heartbeat(idle_check=self.settings.heartbeat_interval)
         self.leases = LeaseKeeper(self, self.heartbeat)
+        #: keyed concurrency and rate limits' slots (engine/limits/)
+        self.limits = Slots(self)
         self.recovery = Recovery(self)
         self.timers = Timers(self)
         self.signals = Signals(self)

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from celery_durable.settings import Settings
     from celery_durable.stores.base import Doc, Store
 
-__all__ = ["EngineParts", "DriverPort", "ChildrenPort", "SignalsPort", "LeasesPort"]
+__all__ = ["EngineParts", "DriverPort", "ChildrenPort", "SignalsPort", "LeasesPort", "LimitsPort"]
 
 
 class DriverPort(Protocol):
@@ -64,6 +64,14 @@ class SignalsPort(Protocol):
     def after_commit(self, execution_id: str, new_docs: list[Doc]) -> None: ...
 
 
+class LimitsPort(Protocol):
+    def enter(self, execution_id: str, run: int, seq: int, number: int, record: Mapping[str, Any]) -> str | None: ...
+
+    def leave(self, attempt: Attempt) -> None: ...
+
+    def scan(self, limit: int = 500) -> int: ...
+
+
 class LeasesPort(Protocol):
     def track(self, attempt: Attempt) -> None: ...
 
@@ -100,6 +108,9 @@ class EngineParts(Protocol):
 
     @property
     def leases(self) -> LeasesPort: ...
+
+    @property
+    def limits(self) -> LimitsPort: ...
 
     def emit(self, event: str, **kwargs: Any) -> None: ...
 

@@ -28,6 +28,7 @@ from celery_durable.engine.activities.context import ActivityInterrupt, check_ac
 from celery_durable.engine.activities.delivery import Delivery
 from celery_durable.engine.documents.model import Attempt
 from celery_durable.engine.drive import seals
+from celery_durable.engine.limits.spec import Limit
 from celery_durable.engine.registry import GLOBAL_ACTIVITIES, ActivityDef
 from celery_durable.engine.replay.context import DurableFuture, current_context, require_context
 from celery_durable.errors import ActivityError, ConfigurationError, NonRetryableError, StoreUnavailable
@@ -380,6 +381,17 @@ def durable_activity(fn: Any = None, *, name: str | None = None, **options: Any)
     local = bool(options.pop("local", False))
     given: dict[str, Any] = {k: options.pop(k) for k in ("heartbeat_timeout", "cancellation") if k in options}
     beats = check_activity_options(given)
+    limit = options.pop("limit", None)
+    if limit is not None:
+        if not isinstance(limit, Limit):
+            raise ConfigurationError(f"@durable_activity(limit=) takes a celery_durable.Limit, not {limit!r}")
+        if local:
+            raise ConfigurationError(
+                "@durable_activity(local=True) cannot take limit=: a local activity runs inside the drive, "
+                "which cannot wait for a slot; use a normal activity"
+            )
+        given["limit"] = limit
+        beats["limit"] = limit
     if local and given:
         raise ConfigurationError(
             f"@durable_activity(local=True) cannot take {', '.join(given)}: a local activity runs inside the "
@@ -447,7 +459,11 @@ def _upgrade(task: Task) -> Task:
             add_autoretry_behaviour(task)
     # a task's own heartbeat_timeout / cancellation (Celery keeps unknown options as attributes)
     given = {k: getattr(task, k) for k in ("heartbeat_timeout", "cancellation") if getattr(task, k, None) is not None}
-    _register(task.name, getattr(task, "_orig_run", None) or task.run, check_activity_options(given))
+    options = check_activity_options(given)
+    limit = getattr(task, "limit", None)  # @app.task(limit=Limit(...)) under @durable_activity
+    if isinstance(limit, Limit):
+        options["limit"] = limit
+    _register(task.name, getattr(task, "_orig_run", None) or task.run, options)
     return task
 
 

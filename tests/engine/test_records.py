@@ -47,6 +47,7 @@ TYPES: dict[str, type] = {
     "input": records.InputDoc,
     "dedup_owner": records.DedupOwnerDoc,
     "clock": records.ClockDoc,
+    "limit": records.LimitDoc,
 }
 
 

@@ -22,6 +22,7 @@ PUBLIC = {
     "DurableFuture",
     "DurableSettings",
     "RetryPolicy",
+    "Limit",
     "DurableError",
     "ConfigurationError",
     "PayloadValidationError",

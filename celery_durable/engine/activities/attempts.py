@@ -176,7 +176,8 @@ def claim_kept(eng: EngineParts, sends: list[Send], ops: list[Op], now: float) -
     if keeps is None:
         return
     for i, req in enumerate(sends):
-        if not isinstance(req, ActivityRequest) or not keeps(req):
+        # a limited activity takes its slot as it begins (another partition): it is always sent
+        if not isinstance(req, ActivityRequest) or (req.options or {}).get("limit") is not None or not keeps(req):
             continue
         mid = marker_id(req.seq, req.run)
         for j, op in enumerate(ops):
@@ -226,21 +227,33 @@ class ActivityRunner:
         if claimed is not None and (found := self._claimed(execution_id, seq, run, claimed)) is not None:
             return found
         me = f"{eng.identity()}:{uuid.uuid4().hex[:12]}"
+        slot: dict[str, Any] | None = None  # the limit whose slot this delivery took (engine/limits/)
+        slot_number = 0  # for the attempt numbered this
         for _ in range(5):
             docs = eng.cache.load(execution_id)
             refused = _not_runnable(docs, seq, run)
             if refused is not None:
+                self._give_back(execution_id, seq, run, slot, slot_number)
                 return None, refused
             marker = docs[marker_id(seq, run)]
             if delivery is not None and (stale := refusal(marker, delivery)) is not None:
                 log.warning("activity %s (%s step %d) dropped: %s", delivery.name, execution_id, seq, stale)
                 eng.emit(STALE_EVENT, execution_id=execution_id, seq=seq, activity=delivery.name)
+                self._give_back(execution_id, seq, run, slot, slot_number)
                 return None, stale
             now = eng.clock.now()
             lease: dict[str, Any] = marker.get("lease") or {}
             if lease_live(marker, now) and (supersedes is None or lease.get("holder") != supersedes):
                 return None, f"another attempt is running ({lease.get('holder')})"
             number = count_of(marker, "attempts") + 1
+            record = marker.get("limit")
+            if isinstance(record, dict) and slot is None:
+                # a slot before the lease: a step that waits is queued on the limit and this
+                # delivery dropped; it is sent again when a slot is granted to it
+                waiting = eng.limits.enter(execution_id, run, seq, number, record)
+                if waiting is not None:
+                    return None, waiting
+                slot, slot_number = record, number
             leased = strip_reserved(marker)
             leased.update(
                 attempts=number,
@@ -265,10 +278,17 @@ class ActivityRunner:
                 run,
                 token=marker_token(marker),
                 heartbeat_details=_details(marker),
+                limit=slot,
             )
             eng.leases.track(attempt)
             return attempt, "started"
+        self._give_back(execution_id, seq, run, slot, slot_number)
         return None, "the step kept changing under us"
+
+    def _give_back(self, execution_id: str, seq: int, run: int, slot: dict[str, Any] | None, number: int) -> None:
+        """A delivery that took a slot but will not run: the slot goes to the next waiter."""
+        if slot is not None:
+            self.engine.limits.leave(Attempt(execution_id, seq, "", "", "", number, run, limit=slot))
 
     def _claimed(self, execution_id: str, seq: int, run: int, holder: str) -> tuple[Attempt | None, str] | None:
         """The attempt whose lease the scheduling commit took (``holder``), or None: not (or no

@@ -26,7 +26,7 @@ from typing import Any
 
 from celery_durable.engine.dispatcher import ActivityRequest, Send
 from celery_durable.engine.documents.model import run_of
-from celery_durable.engine.documents.schema import marker_id
+from celery_durable.engine.documents.schema import marker_id, task_id_of
 from celery_durable.stores.base import Doc
 
 __all__ = [
@@ -39,6 +39,7 @@ __all__ = [
     "marker_token",
     "stale_outcomes",
     "STALE_EVENT",
+    "request_of",
 ]
 
 #: the engine event (so counter and Prometheus ``events_total``) of a dropped stale delivery
@@ -170,3 +171,19 @@ def stale_outcomes(
         if marker is None or marker.get("kind") != "activity" or marker_token(marker) != tokens[seq]:
             stale.add(seq)
     return stale
+
+
+def request_of(execution_id: str, marker: Doc, ex: Mapping[str, Any] | None) -> ActivityRequest:
+    """The message of the step ``marker`` records, sent again (a recovery re-send, a slot granted)."""
+    payload = marker["input"]
+    return ActivityRequest(
+        execution_id=execution_id,
+        seq=int(marker["seq"]),
+        name=str(marker["name"]),
+        args=list(payload.get("args", [])),
+        kwargs=dict(payload.get("kwargs", {})),
+        task_id=task_id_of(marker),
+        workflow=str((ex or {}).get("workflow", "")),
+        run=run_of(marker),
+        token=marker_token(marker),
+    )

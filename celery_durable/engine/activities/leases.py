@@ -68,10 +68,14 @@ class LeaseKeeper:
         self._heartbeat.wake(first_beat)
 
     def untrack(self, attempt: Attempt) -> ActivityContext | None:
-        """Stop renewing ``attempt``; its heartbeat context, if it had one (now forgotten)."""
+        """Stop renewing ``attempt`` (it ended), give back its limit slot if it holds one; its
+        heartbeat context, if it had one (now forgotten)."""
         with self._lock:
             self._attempts.pop(_key(attempt), None)
-            return self._contexts.pop(_key(attempt), None)
+            ctx = self._contexts.pop(_key(attempt), None)
+        if attempt.limit is not None:
+            self.engine.limits.leave(attempt)  # never raises: a slot not given back lapses
+        return ctx
 
     def watch(self, ctx: ActivityContext) -> None:
         """Serve ``ctx`` with ``ctx.attempt``'s renewals (details, cancellation, stall deadline)."""

@@ -93,6 +93,8 @@ class Attempt:
     token: str | None = None
     #: the details an earlier attempt sent with ``activity.heartbeat`` (engine/activities/context.py)
     heartbeat_details: Any = None
+    #: the limit whose slot it holds (the marker's ``limit``), until it gives it back (engine/limits/)
+    limit: dict[str, Any] | None = None
 
 
 class Clock(Protocol):

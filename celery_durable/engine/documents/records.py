@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, TypedDict, cast
 
+from celery_durable.engine.documents.limit_docs import LimitDoc, StepLimitInfo
 from celery_durable.engine.documents.schema import EXEC_ID, TERMINAL, DocType
 
 __all__ = [
@@ -46,6 +47,8 @@ __all__ = [
     "EffectIndexDoc",
     "EffectIntentDoc",
     "ClockDoc",
+    "LimitDoc",
+    "StepLimitInfo",
     "FIELDS",
     "KINDS",
     "as_exec",
@@ -228,6 +231,8 @@ class MarkerDoc(_Due, total=False):
     retry_at: float
     #: the latest ``activity.heartbeat(details)`` an attempt sent (engine/activities/context.py)
     heartbeat: HeartbeatInfo
+    #: a limited activity's key, priority and group (engine/limits/)
+    limit: StepLimitInfo
     resends: int
     resent_at: float
     resent_due: float
@@ -495,6 +500,7 @@ FIELDS: dict[str, frozenset[str]] = {
         "input": InputDoc,
         "dedup_owner": DedupOwnerDoc,
         "clock": ClockDoc,
+        "limit": LimitDoc,
     }.items()
 }
 
@@ -520,6 +526,7 @@ KINDS: dict[str, str] = {
     DocType.INPUT: "input",
     "dedup_key": "dedup_owner",
     DocType.CLOCK: "clock",
+    DocType.LIMIT: "limit",
 }
 
 

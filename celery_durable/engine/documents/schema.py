@@ -101,6 +101,8 @@ class DocType(StrEnum):
     #: an execution's deadline or delayed start (``clock:deadline``, ``clock:start``:
     #: engine/starts/deadlines.py), due for the timer scan
     CLOCK = "clock"
+    #: a limit's slots and queue for one key (``lim:…/slots``: engine/limits/)
+    LIMIT = "limit"
 
 
 class Status(StrEnum):
@@ -134,6 +136,8 @@ class DueKind(StrEnum):
     CLOCK = "clock"
     #: a child workflow step not yet seen started or finished
     CHILD = "child"
+    #: a limit document while steps wait on it: a holder's expiry or the rate's next opening
+    LIMIT = "limit"
 
 
 class StepKind(StrEnum):

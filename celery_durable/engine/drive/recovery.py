@@ -19,9 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from celery_durable.engine.activities.delivery import marker_token
+from celery_durable.engine.activities.delivery import request_of
 from celery_durable.engine.admin.pending_ops import PENDING, finish
-from celery_durable.engine.dispatcher import ActivityRequest
 from celery_durable.engine.documents.checks import MalformedDocument, check_exec, check_partition, check_shape
 from celery_durable.engine.documents.model import (
     DUE_ACTIVITY,
@@ -37,7 +36,6 @@ from celery_durable.engine.documents.model import (
     settled,
 )
 from celery_durable.engine.documents.records import count_of, is_terminal
-from celery_durable.engine.documents.schema import task_id_of
 from celery_durable.errors import ConflictError, CorruptDocument
 from celery_durable.stores.base import DueRef, find_inner, strip_reserved
 from celery_durable.stores.offload.chunk_gc import collect_chunks
@@ -61,6 +59,8 @@ class ScanReport:
     failed: int = 0
     cleared: int = 0
     errors: int = 0
+    #: waiting steps sent a limit slot that had lapsed or was not handed on
+    granted: int = 0
     #: large documents' versions whose orphan chunks were deleted
     chunks_collected: int = 0
 
@@ -80,6 +80,7 @@ class Recovery:
             self._guard(report, ref, self._activity_due, ref.pk, ref.id, now, report)
         for ref in self.engine.store.scan_due(DUE_CHILD, now, limit):
             self._guard(report, ref, self._child_due, ref.pk, ref.id)
+        report.granted += self.engine.limits.scan(limit)  # slots nobody handed on (engine/limits/)
         offloading = find_inner(self.engine.store, lambda s: isinstance(s, Offloading))
         if offloading is not None:
             chunks = collect_chunks(offloading, now, limit)
@@ -188,19 +189,6 @@ class Recovery:
             eng.store.replace(pushed, if_match=marker["_etag"])
         except ConflictError:
             return
-        payload = marker["input"]
         eng.emit("recovery_resend", execution_id=pk, seq=seq, activity=marker["name"])
-        eng.dispatcher.send_activity(
-            ActivityRequest(
-                execution_id=pk,
-                seq=seq,
-                name=str(marker["name"]),
-                args=list(payload.get("args", [])),
-                kwargs=dict(payload.get("kwargs", {})),
-                task_id=task_id_of(marker),
-                workflow=str((ex or {}).get("workflow", "")),
-                run=run,
-                token=marker_token(marker),
-            )
-        )
+        eng.dispatcher.send_activity(request_of(pk, marker, ex))
         report.resent += 1

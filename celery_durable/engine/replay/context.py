@@ -32,12 +32,14 @@ from celery_durable.engine.documents.checks import check_workflow_id, pending_si
 from celery_durable.engine.documents.model import DUE_ACTIVITY, DUE_CHILD, DUE_CLOCK, marker_id, result_id
 from celery_durable.engine.documents.records import count_of
 from celery_durable.engine.documents.schema import (
+    EXEC_ID,
     activity_task_id,
     child_execution_id,
     default_effect_id,
     signal_outcome_id,
     wait_decision_id,
 )
+from celery_durable.engine.limits.spec import Limit, step_limit
 from celery_durable.engine.outbox.model import DUE_ADMIT
 from celery_durable.engine.outbox.runtime import effects_of
 from celery_durable.engine.replay.cancels import TIMED_OUT_ERROR, cancel_error, cancelled
@@ -361,6 +363,14 @@ class WorkflowContext:
         if marker is None:
             payload = codec.encode_args(args, kwargs)
             task_id = activity_task_id(self.execution_id, self.run, seq)  # derived: not stored (task_id_of)
+            limit = (options or {}).get("limit")
+            extra: dict[str, Any] = {}
+            if isinstance(limit, Limit):  # its key, priority and group, once (engine/limits/spec.py)
+                ex = self.doc(EXEC_ID) or {}
+                priority = ex.get("priority")
+                extra["limit"] = step_limit(
+                    limit, args, kwargs, self.execution_id, priority if isinstance(priority, int) else None
+                )
             self._marker(
                 seq,
                 "activity",
@@ -369,6 +379,7 @@ class WorkflowContext:
                 attempts=0,
                 due_kind=DUE_ACTIVITY,
                 due_at=self.now + self.activity_queue_timeout,
+                **extra,
             )
             self.sends.append(
                 ActivityRequest(

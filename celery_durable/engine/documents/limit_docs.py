@@ -1,0 +1,38 @@
+"""The documents of keyed limits (engine/limits/) as types, declared in :mod:`.records`' ``FIELDS``."""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+__all__ = ["StepLimitInfo", "LimitDoc"]
+
+
+class StepLimitInfo(TypedDict, total=False):
+    """What a limited step waits on (engine/limits/spec.py ``step_limit``), on its marker."""
+
+    name: str
+    key: str
+    max: int | None
+    rate: list[float] | None
+    #: priority (lower first) and fairness group
+    p: int
+    g: str
+
+
+class LimitDoc(TypedDict, total=False):
+    """``lim:<name>:<key digest>/slots``: one limit's slots and queue for one key (engine/limits/table.py)."""
+
+    pk: str
+    id: str
+    type: str
+    _etag: str
+    #: due (``"limit"``) only while steps wait: a holder's expiry or the rate window's next opening
+    due_kind: str | None
+    due_at: float | None
+    name: str
+    key: str
+    max: int | None
+    rate: list[float] | None
+    holders: dict[str, Any]
+    waiters: list[dict[str, Any]]
+    starts: list[float]

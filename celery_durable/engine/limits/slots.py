@@ -1,0 +1,306 @@
+"""Limit documents in the store: an attempt takes a slot as it begins, gives it back as it ends.
+
+``enter`` runs in ``ActivityRunner.begin`` before the step's lease is taken: the step holds a
+slot (go on) or is queued in the document and its delivery is dropped (nothing spins: the step
+is sent again when a slot is handed to it). ``leave`` runs when the attempt ends (outcome,
+retry, cancel, a lost lease): it frees the slot and, in the same etag-guarded write, grants the
+free room to the best waiters, which it then sends again (their message, rebuilt from their
+marker as the recovery scan does). So a freed slot goes to the next step in one write.
+
+A slot is a lease: a holder past its ``exp`` (a killed worker never gave it back) is checked on
+its step's own lease before it is freed (a long attempt renews its step lease, not the slot).
+While steps wait, the document is due (``due_kind="limit"``) at the first holder's expiry or the
+rate window's next opening, so beat's recovery scan grants what nobody handed off (a releaser
+killed between its write and its sends, a slot that lapsed).
+
+Each step records what it waits on (its key, priority and group) on its marker at scheduling
+(engine/limits/spec.py); this module trusts that record, never user code.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from celery_durable.engine.activities.delivery import request_of
+from celery_durable.engine.documents.model import EXEC_ID, lease_live, marker_id, result_id, run_of
+from celery_durable.engine.documents.records import is_terminal
+from celery_durable.engine.documents.schema import DueKind
+from celery_durable.engine.limits.spec import limit_pk
+from celery_durable.engine.limits.table import (
+    admit,
+    enqueue,
+    expired,
+    grant,
+    next_due,
+    room,
+    step_key,
+)
+from celery_durable.errors import ConflictError, StoreError
+from celery_durable.stores.base import Doc, strip_reserved
+
+if TYPE_CHECKING:
+    from celery_durable.engine.documents.model import Attempt
+    from celery_durable.engine.ports import EngineParts
+
+__all__ = ["Slots", "LIMIT_DOC_ID", "WAITING"]
+
+log = logging.getLogger("celery_durable.limits")
+
+LIMIT_DOC_ID = "slots"
+#: the start of every reason ``enter`` gives for a step that waits
+WAITING = "waiting for a slot of limit"
+ROUNDS = 8
+CACHE_SIZE = 512
+#: expired holders checked on their steps per write (each is a point read)
+CHECKS_PER_WRITE = 8
+
+
+def _parse(step: str) -> tuple[str, int, int]:
+    eid, run, seq = step.rsplit("|", 2)
+    return eid, int(run), int(seq)
+
+
+class Slots:
+    """The limit documents of one engine (a small cache of them, by partition)."""
+
+    def __init__(self, engine: EngineParts) -> None:
+        self.engine = engine
+        self._lock = threading.Lock()
+        self._docs: OrderedDict[str, Doc] = OrderedDict()
+
+    # --- cache ---------------------------------------------------------------------------
+
+    def _load(self, lpk: str, fresh: bool = False) -> Doc | None:
+        if not fresh:
+            with self._lock:
+                doc = self._docs.get(lpk)
+                if doc is not None:
+                    self._docs.move_to_end(lpk)
+                    return strip_reserved(doc) | {"_etag": doc["_etag"]}
+        doc = self.engine.store.read(lpk, LIMIT_DOC_ID)
+        if doc is not None:
+            self._remember(lpk, doc)
+        return doc
+
+    def _remember(self, lpk: str, doc: Doc) -> None:
+        with self._lock:
+            self._docs[lpk] = doc
+            self._docs.move_to_end(lpk)
+            while len(self._docs) > CACHE_SIZE:
+                self._docs.popitem(last=False)
+
+    def _forget(self, lpk: str) -> None:
+        with self._lock:
+            self._docs.pop(lpk, None)
+
+    def _write(self, lpk: str, doc: Doc, now: float) -> None:
+        """Create or replace (etag-guarded) ``doc``; raises ConflictError if it changed meanwhile."""
+        due = next_due(doc, now)
+        body = strip_reserved(doc)
+        body.pop("due_kind", None)
+        body.pop("due_at", None)
+        if due is not None:
+            body.update(due_kind=str(DueKind.LIMIT), due_at=due)
+        etag = doc.get("_etag")
+        try:
+            if etag is None:
+                new = self.engine.store.create(body)
+                if new is None:
+                    raise ConflictError(f"{lpk} was created meanwhile")
+            else:
+                new = self.engine.store.replace(body, if_match=str(etag))
+        except ConflictError:
+            self._forget(lpk)
+            raise
+        self._remember(lpk, body | {"_etag": new})
+
+    # --- the attempt's side --------------------------------------------------------------
+
+    def enter(self, execution_id: str, run: int, seq: int, number: int, record: Mapping[str, Any]) -> str | None:
+        """``None``: the step holds a slot of ``record``'s limit, its attempt ``number`` may run;
+        otherwise why it waits (queued: it is sent again when granted). Raises StoreError."""
+        eng = self.engine
+        lpk, step = limit_pk(record), step_key(execution_id, run, seq)
+        ttl = eng.settings.lease_ttl
+        fresh = False
+        for _ in range(ROUNDS):
+            now = eng.clock.now()
+            doc = self._load(lpk, fresh) or {
+                "pk": lpk,
+                "id": LIMIT_DOC_ID,
+                "type": "limit",
+                "name": record["name"],
+                "key": record["key"],
+                "holders": {},
+                "waiters": [],
+            }
+            holders: dict[str, Any] = doc.setdefault("holders", {})
+            mine = holders.get(step)
+            granted: list[dict[str, Any]] = []
+            changed = _declare(doc, record)
+            if mine is not None:
+                if int(mine.get("n") or 0) == number and float(mine.get("exp") or 0.0) - now > ttl / 2 and not changed:
+                    return None  # granted to it (or held by its earlier delivery): nothing to write
+                mine.update(n=number, exp=now + ttl)
+                go = True
+            else:
+                if room(doc, now) == 0 and expired(doc, now):
+                    self._check_expired(doc, now)
+                if room(doc, now) > 0 and not doc.get("waiters"):
+                    admit(doc, step, number, str(record.get("g")), now, ttl)
+                    go = True
+                else:
+                    waiter = {
+                        "s": step,
+                        "e": execution_id,
+                        "r": run,
+                        "q": seq,
+                        "n": number,
+                        "p": int(record.get("p") or 0),
+                        "g": str(record.get("g")),
+                        "at": now,
+                    }
+                    queued = enqueue(doc, waiter)
+                    granted = grant(doc, now, ttl)
+                    go = any(g["s"] == step for g in granted)
+                    granted = [g for g in granted if g["s"] != step]
+                    if not go and not queued:
+                        return f"{WAITING} {record['name']!r} (its queue is full: sent again by the recovery scan)"
+            try:
+                self._write(lpk, doc, now)
+            except ConflictError:
+                fresh = True
+                continue
+            self._send(granted)
+            if go:
+                eng.emit("limit_entered", execution_id=execution_id, seq=seq, limit=record["name"])
+                return None
+            eng.emit("limit_waiting", execution_id=execution_id, seq=seq, limit=record["name"])
+            return f"{WAITING} {record['name']!r} (key {record['key']!r})"
+        return f"{WAITING} {record['name']!r}: its document kept changing (sent again by the recovery scan)"
+
+    def leave(self, attempt: Attempt) -> None:
+        """``attempt`` ended: free its step's slot and grant the room. Never raises: a slot not
+        given back lapses (the recovery scan frees it once its step's lease has)."""
+        with self._lock:
+            record, attempt.limit = attempt.limit, None
+        if record is None:
+            return
+        try:
+            self._leave(attempt.execution_id, attempt.run, attempt.seq, attempt.number, record)
+        except StoreError as exc:
+            log.warning("could not give back the slot of %s step %d: %s", attempt.execution_id, attempt.seq, exc)
+
+    def _leave(self, execution_id: str, run: int, seq: int, number: int | None, record: Mapping[str, Any]) -> None:
+        eng = self.engine
+        lpk, step = limit_pk(record), step_key(execution_id, run, seq)
+        fresh = False
+        for _ in range(ROUNDS):
+            now = eng.clock.now()
+            doc = self._load(lpk, fresh)
+            if doc is None:
+                return
+            holders: dict[str, Any] = doc.get("holders") or {}
+            mine = holders.get(step)
+            if mine is None or (number is not None and int(mine.get("n") or 0) != number):
+                if fresh:
+                    return  # not its slot (any more): another attempt of the step holds it
+                fresh = True
+                continue
+            del holders[step]
+            granted = grant(doc, now, eng.settings.lease_ttl)
+            try:
+                self._write(lpk, doc, now)
+            except ConflictError:
+                fresh = True
+                continue
+            self._send(granted)
+            return
+
+    # --- grants --------------------------------------------------------------------------
+
+    def _send(self, granted: list[dict[str, Any]]) -> None:
+        """Send each granted step again; one that needs no slot any more (settled, reset,
+        cancelled) gives it straight back."""
+        for w in granted:
+            try:
+                self._send_one(w)
+            except StoreError as exc:  # its slot lapses; the scan grants it again
+                log.warning("could not send %s step %s its slot: %s", w.get("e"), w.get("q"), exc)
+
+    def _send_one(self, w: Mapping[str, Any]) -> None:
+        eng = self.engine
+        eid, run, seq = str(w["e"]), int(w["r"]), int(w["q"])
+        docs = eng.cache.load(eid)
+        marker, ex = docs.get(marker_id(seq, run)), docs.get(EXEC_ID)
+        dead = (
+            marker is None
+            or ex is None
+            or is_terminal(ex)
+            or run_of(ex) != run
+            or result_id(seq, run) in docs
+            or not isinstance(marker.get("limit"), dict)
+        )
+        if dead or marker is None:
+            record = (marker or {}).get("limit")
+            if isinstance(record, dict):
+                self._leave(eid, run, seq, None, record)
+            return
+        eng.emit("limit_granted", execution_id=eid, seq=seq, limit=str(w.get("g")))
+        eng.dispatcher.send_activity(request_of(eid, marker, ex))
+
+    def _check_expired(self, doc: Doc, now: float) -> None:
+        """Free the expired holders whose step holds no live lease (the attempt is gone); a step
+        still running (its lease renewed, the slot not) keeps it until that lease's expiry."""
+        holders: dict[str, Any] = doc.get("holders") or {}
+        for step in expired(doc, now)[:CHECKS_PER_WRITE]:
+            eid, run, seq = _parse(step)
+            marker = self.engine.store.read(eid, marker_id(seq, run))
+            lease = (marker or {}).get("lease") or {}
+            if marker is not None and lease_live(marker, now):
+                holders[step]["exp"] = float(lease.get("expires") or now)
+            else:
+                del holders[step]
+
+    # --- the scan ------------------------------------------------------------------------
+
+    def scan(self, limit: int = 500) -> int:
+        """Grant what waits on every due limit document (beat's recovery scan); the steps sent."""
+        eng = self.engine
+        sent = 0
+        for ref in eng.store.scan_due(str(DueKind.LIMIT), eng.clock.now(), limit):
+            try:
+                sent += self._settle(ref.pk)
+            except StoreError as exc:
+                log.warning("limit %s not settled: %s", ref.pk, exc)
+        return sent
+
+    def _settle(self, lpk: str) -> int:
+        eng = self.engine
+        for _ in range(ROUNDS):
+            now = eng.clock.now()
+            doc = self._load(lpk, fresh=True)
+            if doc is None:
+                return 0
+            self._check_expired(doc, now)
+            granted = grant(doc, now, eng.settings.lease_ttl)
+            try:
+                self._write(lpk, doc, now)
+            except ConflictError:
+                continue
+            self._send(granted)
+            return len(granted)
+        return 0
+
+
+def _declare(doc: Doc, record: Mapping[str, Any]) -> bool:
+    """The limit as the step's code declared it (the latest scheduled step's wins); changed?"""
+    rate = record.get("rate")
+    if doc.get("max") == record.get("max") and doc.get("rate") == rate and "max" in doc:
+        return False
+    doc["max"], doc["rate"] = record.get("max"), rate
+    return True

@@ -1,0 +1,118 @@
+"""What a limit is (:class:`Limit`) and what a step records of it when it is scheduled.
+
+A step of a limited activity records ``limit`` on its marker in the scheduling commit: the
+limit's name, the key its arguments give, the slot count and rate, its priority and its fairness
+group. The worker that begins it reads that record, never the user's code: the key is computed
+once, in the workflow, on the arguments as called, so a redelivery or a recovery re-send waits
+in the same place.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from celery_durable.errors import ConfigurationError
+
+__all__ = ["Limit", "StepLimit", "parse_rate", "step_limit", "limit_pk", "MAX_KEY_CHARS", "MAX_RATE_COUNT"]
+
+MAX_KEY_CHARS = 200
+#: a rate keeps one start time per start in its period: at most this many
+MAX_RATE_COUNT = 1000
+_PERIODS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,100}$")
+
+
+def parse_rate(rate: str | None) -> tuple[int, float] | None:
+    """``"100/m"`` -> ``(100, 60.0)``; Celery's spelling (``/s``, ``/m``, ``/h``) and ``/d``."""
+    if rate is None:
+        return None
+    m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d*\.?\d*)\s*([smhd])\s*", str(rate))
+    if m is None:
+        raise ConfigurationError(f"rate must look like '100/m' (per s, m, h or d), not {rate!r}")
+    count, mult, unit = int(m.group(1)), m.group(2), m.group(3)
+    per = _PERIODS[unit] * (float(mult) if mult else 1.0)
+    if count < 1 or per <= 0:
+        raise ConfigurationError(f"rate {rate!r} allows nothing")
+    if count > MAX_RATE_COUNT:
+        raise ConfigurationError(
+            f"rate {rate!r}: at most {MAX_RATE_COUNT} starts per period are tracked; use a shorter period"
+        )
+    return count, per
+
+
+@dataclass(frozen=True)
+class Limit:
+    """A limit shared by every worker: at most ``max_running`` attempts at once and at most
+    ``rate`` starts in any window of its period, per ``key``.
+
+    ``key``: a callable given the activity's arguments (as called), returning the partition key
+    (a ``str`` or ``int``), e.g. ``key=lambda customer, amount: customer``; ``None``: one key.
+    ``fair_by``: likewise, the group waiting steps take turns by (default: their workflow
+    execution, so one fan-out cannot starve the others). ``priority``: the default priority of
+    its steps (lower runs first; a workflow's ``options(priority=…)`` overrides it).
+    """
+
+    name: str
+    max_running: int | None = None
+    rate: str | None = None
+    key: Callable[..., Any] | None = None
+    fair_by: Callable[..., Any] | None = None
+    priority: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _NAME.match(self.name):
+            raise ConfigurationError(f"a limit's name is 1-100 of [A-Za-z0-9_.-], not {self.name!r}")
+        if self.max_running is None and self.rate is None:
+            raise ConfigurationError(f"Limit({self.name!r}) needs max_running=, rate= or both")
+        if self.max_running is not None and (
+            isinstance(self.max_running, bool) or not isinstance(self.max_running, int) or self.max_running < 1
+        ):
+            raise ConfigurationError(f"max_running must be an int >= 1, not {self.max_running!r}")
+        parse_rate(self.rate)
+        for what in ("key", "fair_by"):
+            fn = getattr(self, what)
+            if fn is not None and not callable(fn):
+                raise ConfigurationError(f"Limit({what}=) takes a callable of the activity's arguments, not {fn!r}")
+        if isinstance(self.priority, bool) or not isinstance(self.priority, int):
+            raise ConfigurationError(f"priority must be an int, not {self.priority!r}")
+
+
+#: what a marker records: {"name", "key", "max", "rate": [n, per] | None, "p", "g"}
+StepLimit = dict[str, Any]
+
+
+def _key_text(value: Any, what: str, name: str) -> str:
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise ConfigurationError(f"Limit({name!r}) {what} must give a str or int, not {type(value).__name__}")
+    text = str(value)
+    if not text or len(text) > MAX_KEY_CHARS:
+        raise ConfigurationError(f"Limit({name!r}) {what} must give 1-{MAX_KEY_CHARS} characters, not {text!r}")
+    return text
+
+
+def step_limit(
+    limit: Limit, args: tuple[Any, ...], kwargs: Mapping[str, Any], execution_id: str, priority: int | None
+) -> StepLimit:
+    """The ``limit`` record of a step scheduled with ``args``/``kwargs`` (in the workflow)."""
+    key = "" if limit.key is None else _key_text(limit.key(*args, **kwargs), "key", limit.name)
+    group = execution_id if limit.fair_by is None else _key_text(limit.fair_by(*args, **kwargs), "fair_by", limit.name)
+    rate = parse_rate(limit.rate)
+    return {
+        "name": limit.name,
+        "key": key,
+        "max": limit.max_running,
+        "rate": list(rate) if rate is not None else None,
+        "p": int(limit.priority if priority is None else priority),
+        "g": group,
+    }
+
+
+def limit_pk(record: Mapping[str, Any]) -> str:
+    """The partition of the limit document of ``record``'s name and key (keys are hashed: any
+    text is a key, and a partition key cannot hold every character)."""
+    digest = hashlib.sha256(str(record["key"]).encode()).hexdigest()[:24]
+    return f"lim:{record['name']}:{digest}"

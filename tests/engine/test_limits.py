@@ -1,0 +1,134 @@
+"""Keyed concurrency and rate limits (issue 26 §1, engine/limits/): slots as leases in a limit
+document per key, steps that find no room queued there and sent again when a slot frees, the
+best waiter first (priority, then fairness between groups, then age)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from celery_durable import Limit
+from celery_durable.engine.dispatcher import ActivityRequest
+from celery_durable.engine.documents.model import Attempt
+from celery_durable.engine.limits.slots import LIMIT_DOC_ID, WAITING
+from celery_durable.engine.limits.spec import limit_pk, parse_rate
+from celery_durable.engine.limits.table import grant, room
+from celery_durable.engine.replay.context import require_context
+from celery_durable.errors import ConfigurationError
+from tests.engine.inprocess import InProcess
+
+T0 = 1_700_000_000.0
+
+
+def _world(limit: Limit, fan: int, keys: list[str] | None = None) -> InProcess:
+    w = InProcess()
+    act = w.registry.add_activity("charge", lambda key, n: f"{key}:{n}", {"limit": limit})
+
+    def fan_out(count: int) -> list[str]:
+        ctx = require_context("test")
+        futures = [
+            ctx.call_activity(act.name, act.codec, ((keys or ["k"])[i % len(keys or ["k"])], i), {}, act.options)
+            for i in range(count)
+        ]
+        return [f.result() for f in futures]
+
+    w.fan_out = w.workflow(fan_out)  # type: ignore[attr-defined]
+    return w
+
+
+def _queued(w: InProcess) -> list[ActivityRequest]:
+    out = [item for kind, item in w.dispatcher.queue if kind == "activity"]
+    w.dispatcher.queue.clear()
+    return out
+
+
+def _start(w: InProcess, eid: str, count: int) -> list[ActivityRequest]:
+    w.engine.start(w.fan_out, (count,), {}, eid)  # type: ignore[attr-defined]
+    while any(kind == "drive" for kind, _ in w.dispatcher.queue):
+        kind, item = w.dispatcher.queue.popleft()
+        if kind == "drive":
+            w.engine.drive(item)
+        else:
+            w.dispatcher.queue.append((kind, item))
+    return _queued(w)
+
+
+def _begin(w: InProcess, req: ActivityRequest) -> tuple[Attempt | None, str]:
+    return w.engine.activities.begin(req.execution_id, req.seq, req.run)
+
+
+def _limit_doc(w: InProcess, name: str, key: str) -> dict[str, Any]:
+    doc = w.store.read(limit_pk({"name": name, "key": key}), LIMIT_DOC_ID)
+    assert doc is not None
+    return doc
+
+
+def test_at_most_max_running_begin_and_a_freed_slot_goes_to_the_next_waiter() -> None:
+    w = _world(Limit("stripe", max_running=2, key=lambda key, n: key), fan=5)
+    reqs = _start(w, "e1", 5)
+    assert len(reqs) == 5
+    results = [_begin(w, r) for r in reqs]
+    running = [a for a, _ in results if a is not None]
+    assert len(running) == 2
+    assert all(why.startswith(WAITING) for a, why in results if a is None)
+    doc = _limit_doc(w, "stripe", "k")
+    assert len(doc["holders"]) == 2 and len(doc["waiters"]) == 3
+    assert doc["due_kind"] == "limit"
+    # a redelivery of a waiting step queues it once
+    assert _begin(w, reqs[4])[0] is None
+    assert len(_limit_doc(w, "stripe", "k")["waiters"]) == 3
+    first = running[0]
+    w.engine.activities.complete(first, w.engine.activities.result_doc(first, value="x"))
+    sent = _queued(w)
+    assert [r.seq for r in sent] == [reqs[2].seq]  # the oldest waiter, sent again
+    nxt, _ = _begin(w, sent[0])
+    assert nxt is not None
+    doc = _limit_doc(w, "stripe", "k")
+    assert len(doc["holders"]) == 2 and len(doc["waiters"]) == 2
+
+
+def test_keys_are_independent() -> None:
+    w = _world(Limit("stripe", max_running=1, key=lambda key, n: key), fan=4, keys=["a", "b"])
+    reqs = _start(w, "e1", 4)
+    began = [a for a in (_begin(w, r)[0] for r in reqs) if a is not None]
+    assert sorted(a.seq for a in began) == [1, 2]  # one of a, one of b
+
+
+def test_priority_then_fairness_then_age() -> None:
+    doc: dict[str, Any] = {"max": 1, "holders": {}, "waiters": []}
+    doc["waiters"] = [
+        {"s": "x|0|1", "p": 5, "g": "A", "at": 1.0, "n": 1},
+        {"s": "x|0|2", "p": 1, "g": "A", "at": 3.0, "n": 1},
+        {"s": "y|0|1", "p": 1, "g": "B", "at": 2.0, "n": 1},
+    ]
+    assert [g["s"] for g in grant(doc, 10.0, 30.0)] == ["y|0|1"]  # priority 1 first, then the oldest
+    doc["holders"] = {"a|0|9": {"g": "A", "n": 1, "exp": 99.0}}
+    doc["max"] = 2
+    doc["waiters"] = [
+        {"s": "x|0|3", "p": 0, "g": "A", "at": 1.0, "n": 1},
+        {"s": "y|0|3", "p": 0, "g": "B", "at": 2.0, "n": 1},
+    ]
+    # B holds nothing, A holds one: B's step goes first though A's waited longer
+    assert [g["s"] for g in grant(doc, 10.0, 30.0)] == ["y|0|3"]
+
+
+def test_a_rate_holds_over_any_window() -> None:
+    doc: dict[str, Any] = {"max": None, "rate": [3, 60.0], "holders": {}, "waiters": [], "starts": [0.0, 30.0, 59.0]}
+    assert room(doc, 59.5) == 0
+    assert room(doc, 60.5) == 1  # the start at 0 left the window
+    assert room(doc, 90.5) == 2
+
+
+def test_rates_and_limits_are_checked_at_declaration() -> None:
+    assert parse_rate("100/m") == (100, 60.0)
+    assert parse_rate("5/s") == (5, 1.0)
+    for bad in ("100", "x/m", "0/m", "5/w"):
+        with pytest.raises(ConfigurationError):
+            parse_rate(bad)
+    with pytest.raises(ConfigurationError):
+        Limit("x")
+    with pytest.raises(ConfigurationError):
+        Limit("x", max_running=0)
+    with pytest.raises(ConfigurationError):
+        Limit("bad name", max_running=1)
