@@ -14,6 +14,7 @@ from pydantic import BaseModel
 from celery_durable import (
     ActivityError,
     Durable,
+    Limit,
     NonRetryableError,
     WorkflowTimedOutError,
     activity,
@@ -379,3 +380,23 @@ def stalls_once(key: str) -> str:
 @durable.workflow(name="stalling")
 def stalling(key: str) -> str:
     return stalls_once(key)
+
+
+# --- keyed limits (issue 26 §1): at most 2 at once per key, across every worker process ---------
+
+
+@durable_activity(limit=Limit("it-stripe", max_running=2, key=lambda key, i, seconds: key))
+def limited(key: str, i: int, seconds: float) -> int:
+    """Note its start and end (time, pid) in the key's marks file; work ``seconds``."""
+    mark(f"lim-{key}")  # one line per start: how many ran
+    with open(MARKS / f"span-{key}", "a") as f:
+        f.write(f"start {time.time()!r} {os.getpid()}\n")
+    time.sleep(seconds)
+    with open(MARKS / f"span-{key}", "a") as f:
+        f.write(f"end {time.time()!r} {os.getpid()}\n")
+    return i
+
+
+@durable.workflow(name="limited_fan")
+def limited_fan(key: str, n: int, seconds: float) -> list[int]:
+    return wf.gather(limited.s(key, i, seconds) for i in range(n))

@@ -132,3 +132,52 @@ def test_rates_and_limits_are_checked_at_declaration() -> None:
         Limit("x", max_running=0)
     with pytest.raises(ConfigurationError):
         Limit("bad name", max_running=1)
+
+
+def test_a_calls_priority_orders_the_queue() -> None:
+    """``activity.s(...).set(priority=n)`` (Celery's spelling): the waiting step with the lowest
+    number is granted the freed slot first, whatever its age."""
+    from types import SimpleNamespace
+
+    w = InProcess()
+    w.registry.add_activity("charge", lambda key, n: n, {"limit": Limit("prio", max_running=1)})
+
+    def prioritised() -> list[int]:
+        ctx = require_context("test")
+        sigs = [
+            SimpleNamespace(task="charge", args=("k", i), kwargs={}, options={"priority": p})
+            for i, p in enumerate([5, 5, 9, 1])
+        ]
+        return ctx.gather(sigs)
+
+    wf_def = w.workflow(prioritised)
+    w.engine.start(wf_def, (), {}, "p1")
+    while any(kind == "drive" for kind, _ in w.dispatcher.queue):
+        kind, item = w.dispatcher.queue.popleft()
+        if kind == "drive":
+            w.engine.drive(item)
+        else:
+            w.dispatcher.queue.append((kind, item))
+    reqs = _queued(w)
+    running = [a for a in (_begin(w, r)[0] for r in reqs) if a is not None]
+    assert [a.seq for a in running] == [1]
+    order = []
+    while running:
+        a = running.pop()
+        order.append(a.seq)
+        w.engine.activities.complete(a, w.engine.activities.result_doc(a, value=a.seq))
+        sent = [r for r in _queued(w) if isinstance(r, ActivityRequest)]
+        running = [x for x in (_begin(w, r)[0] for r in sent) if x is not None]
+    assert order == [1, 4, 2, 3]  # then priority 1, then the older 5, then 9
+
+
+def test_a_bad_key_is_a_clear_error() -> None:
+    from celery_durable.engine.limits.spec import step_limit
+
+    lim = Limit("k", max_running=1, key=lambda x: x)
+    with pytest.raises(ConfigurationError, match="str or int"):
+        step_limit(lim, (["a"],), {}, "e", None)
+    with pytest.raises(ConfigurationError, match="characters"):
+        step_limit(lim, ("",), {}, "e", None)
+    with pytest.raises(ConfigurationError, match="priority"):
+        step_limit(lim, ("a",), {}, "e", "high")  # type: ignore[arg-type]

@@ -53,7 +53,7 @@ class Limit:
     (a ``str`` or ``int``), e.g. ``key=lambda customer, amount: customer``; ``None``: one key.
     ``fair_by``: likewise, the group waiting steps take turns by (default: their workflow
     execution, so one fan-out cannot starve the others). ``priority``: the default priority of
-    its steps (lower runs first; a workflow's ``options(priority=…)`` overrides it).
+    its steps (lower runs first; a call's ``activity.s(…).set(priority=n)`` overrides it).
     """
 
     name: str
@@ -101,6 +101,8 @@ def step_limit(
     key = "" if limit.key is None else _key_text(limit.key(*args, **kwargs), "key", limit.name)
     group = execution_id if limit.fair_by is None else _key_text(limit.fair_by(*args, **kwargs), "fair_by", limit.name)
     rate = parse_rate(limit.rate)
+    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
+        raise ConfigurationError(f"priority must be an int, not {priority!r}")
     return {
         "name": limit.name,
         "key": key,

@@ -32,7 +32,6 @@ from celery_durable.engine.documents.checks import check_workflow_id, pending_si
 from celery_durable.engine.documents.model import DUE_ACTIVITY, DUE_CHILD, DUE_CLOCK, marker_id, result_id
 from celery_durable.engine.documents.records import count_of
 from celery_durable.engine.documents.schema import (
-    EXEC_ID,
     activity_task_id,
     child_execution_id,
     default_effect_id,
@@ -366,11 +365,8 @@ class WorkflowContext:
             limit = (options or {}).get("limit")
             extra: dict[str, Any] = {}
             if isinstance(limit, Limit):  # its key, priority and group, once (engine/limits/spec.py)
-                ex = self.doc(EXEC_ID) or {}
-                priority = ex.get("priority")
-                extra["limit"] = step_limit(
-                    limit, args, kwargs, self.execution_id, priority if isinstance(priority, int) else None
-                )
+                priority = (options or {}).get("priority")  # a signature's .set(priority=n)
+                extra["limit"] = step_limit(limit, args, kwargs, self.execution_id, priority)
             self._marker(
                 seq,
                 "activity",
@@ -590,7 +586,11 @@ class WorkflowContext:
         activity = self.registry.activity(name)
         if activity is None:
             raise TypeError(f"{name!r} is not a durable activity")
-        return self.call_activity(name, activity.codec, tuple(sig.args), dict(sig.kwargs), activity.options)
+        options = activity.options
+        priority = (getattr(sig, "options", None) or {}).get("priority")
+        if priority is not None:  # Celery's own spelling: limited.s(...).set(priority=1)
+            options = dict(options, priority=priority)
+        return self.call_activity(name, activity.codec, tuple(sig.args), dict(sig.kwargs), options)
 
     def gather(self, items: Iterable[Any]) -> list[Any]:
         """Start all, wait for all; then return results in order or raise the first failure."""

@@ -1,0 +1,110 @@
+"""Issue 26 §1 on real ``celery worker`` processes: a keyed limit holds across two workers (at
+most ``max_running`` of a key at once, observed from the activities themselves, other keys
+running beside them), and the slots of a SIGKILLed worker free after their lease so the waiting
+steps still run, each once."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.apps import basic
+from tests.plugins.workers import wait_until
+
+pytestmark = pytest.mark.worker
+
+FAST = {
+    "TEST_LEASE_TTL": "3",
+    "TEST_HEARTBEAT": "0.5",
+    "TEST_RECOVERY_INTERVAL": "1",
+    "TEST_DRIVE_TIMEOUT": "3",
+    "TEST_QUEUE_TIMEOUT": "6",
+}
+
+
+@pytest.fixture
+def fast(cluster: Any) -> Any:
+    cluster.workers.env.update(FAST, TEST_MARKS_DIR=str(cluster.workers.tmp / "marks"))
+    return cluster
+
+
+def _spans(marks: Path, key: str, killed_at: float | None = None) -> list[tuple[float, int]]:
+    """(time, +1 start / -1 end) of every run of ``key``'s activities, in time order (an end
+    before a start at the same instant). A process runs one at a time: a start its process never
+    ended (SIGKILLed) ends at ``killed_at``."""
+    path = marks / f"span-{key}"
+    events: list[tuple[float, int]] = []
+    open_by_pid: dict[str, float] = {}
+    for line in path.read_text().splitlines() if path.exists() else []:
+        kind, at, pid = line.split()
+        if kind == "start":
+            if pid in open_by_pid:
+                raise AssertionError(f"process {pid} started a second run before ending the first")
+            open_by_pid[pid] = float(at)
+        else:
+            events += [(open_by_pid.pop(pid), 1), (float(at), -1)]
+    assert not open_by_pid or killed_at is not None, f"runs never ended: {open_by_pid}"
+    for started in open_by_pid.values():
+        assert killed_at is not None
+        events += [(started, 1), (killed_at, -1)]
+    return sorted(events)
+
+
+def _max_running(events: list[tuple[float, int]]) -> int:
+    running = peak = 0
+    for _, step in events:
+        running += step
+        peak = max(peak, running)
+    return peak
+
+
+def _started(marks: Path, key: str) -> int:
+    path = marks / f"lim-{key}"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+@pytest.mark.parametrize(
+    "cluster",
+    [
+        ("redis", "sqlite"),
+        ("redis", "postgres"),
+        pytest.param(("redis", "cosmos"), id="redis-cosmos", marks=pytest.mark.cosmos),
+    ],
+    indirect=True,
+)
+def test_at_most_two_per_key_across_two_workers(fast: Any) -> None:
+    """Two workers of 3 processes each (6 could run at once): 8 steps of key a and 8 of key b,
+    each 0.4 s. Never more than 2 of a key ran at once, both keys did reach 2, and all ran once."""
+    fast.start_worker(concurrency=3)
+    fast.start_worker(concurrency=3)
+    marks = fast.workers.tmp / "marks"
+    a, b = f"a{uuid.uuid4().hex[:6]}", f"b{uuid.uuid4().hex[:6]}"
+    ha = basic.limited_fan.start(a, 8, 0.4)
+    hb = basic.limited_fan.start(b, 8, 0.4)
+    assert ha.result(timeout=120) == list(range(8))
+    assert hb.result(timeout=120) == list(range(8))
+    for key in (a, b):
+        events = _spans(marks, key)
+        assert len(events) == 16 and _started(marks, key) == 8  # each step ran once
+        assert _max_running(events) == 2, f"key {key}: {events}"
+
+
+def test_a_killed_workers_slots_free_after_their_lease(fast: Any) -> None:
+    """The only worker runs the first 2 steps (their slots taken) and is SIGKILLed; a new worker
+    and beat take over: the lapsed slots are freed (their steps' leases lapsed too), the steps
+    re-sent, and every step completes."""
+    victim = fast.start_worker(concurrency=2)
+    marks = fast.workers.tmp / "marks"
+    key = f"k{uuid.uuid4().hex[:6]}"
+    handle = basic.limited_fan.start(key, 4, 3.0)
+    wait_until(lambda: _started(marks, key) == 2, timeout=60, what="two steps to take the slots")
+    victim.kill()
+    killed_at = time.time()
+    fast.start_worker(concurrency=2)
+    fast.workers.start_beat()
+    assert handle.result(timeout=120) == list(range(4))
+    assert _max_running(_spans(marks, key, killed_at)) == 2
