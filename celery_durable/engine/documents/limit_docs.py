@@ -36,3 +36,5 @@ class LimitDoc(TypedDict, total=False):
     holders: dict[str, Any]
     waiters: list[dict[str, Any]]
     starts: list[float]
+    #: when each group holding or waiting was last granted a slot (its turn: engine/limits/table.py)
+    served: dict[str, float]

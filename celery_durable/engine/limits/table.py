@@ -12,7 +12,8 @@ A document ``lim:<name>:<key digest>/slots`` holds:
   over *any* window of its period, not per fixed minute).
 
 :func:`grant` fills free room from the queue: the lowest priority number first; among equals,
-the group with the fewest slots held (so keys or workflows take turns), then the oldest.
+the group with the fewest slots held, then the group served longest ago (``served``: so keys or
+workflows take turns), then the oldest.
 """
 
 from __future__ import annotations
@@ -81,6 +82,12 @@ def drop_waiter(doc: dict[str, Any], step: str) -> None:
 
 def _take(doc: dict[str, Any], step: str, number: int, group: str, now: float, ttl: float) -> None:
     doc.setdefault("holders", {})[step] = {"n": number, "exp": now + ttl, "g": group, "at": now}
+    # when each group was last served, kept for the groups still holding or waiting: the
+    # turn goes to the group served longest ago (round robin between keys or workflows)
+    live = {str(h.get("g")) for h in doc["holders"].values()} | {str(w.get("g")) for w in doc.get("waiters") or []}
+    served = {g: t for g, t in (doc.get("served") or {}).items() if g in live}
+    served[group] = now
+    doc["served"] = served
     rate = _rate(doc)
     if rate is not None:
         doc["starts"] = [*_recent(doc, now), now]
@@ -96,8 +103,18 @@ def _best(doc: Mapping[str, Any]) -> dict[str, Any]:
     held: dict[str, int] = {}
     for h in (doc.get("holders") or {}).values():
         held[str(h.get("g"))] = held.get(str(h.get("g")), 0) + 1
+    served: dict[str, float] = doc.get("served") or {}
     waiters: list[dict[str, Any]] = doc["waiters"]
-    return min(waiters, key=lambda w: (int(w.get("p") or 0), held.get(str(w.get("g")), 0), float(w["at"]), w["s"]))
+    return min(
+        waiters,
+        key=lambda w: (
+            int(w.get("p") or 0),
+            held.get(str(w.get("g")), 0),
+            float(served.get(str(w.get("g")), float("-inf"))),
+            float(w["at"]),
+            w["s"],
+        ),
+    )
 
 
 def grant(doc: dict[str, Any], now: float, ttl: float) -> list[dict[str, Any]]:
