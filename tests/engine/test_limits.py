@@ -9,8 +9,10 @@ from typing import Any
 import pytest
 
 from celery_durable import Limit
+from celery_durable.engine.activities.delivery import request_of
 from celery_durable.engine.dispatcher import ActivityRequest
 from celery_durable.engine.documents.model import Attempt
+from celery_durable.engine.documents.schema import EXEC_ID, marker_id
 from celery_durable.engine.limits.slots import LIMIT_DOC_ID, WAITING
 from celery_durable.engine.limits.spec import limit_pk, parse_rate
 from celery_durable.engine.limits.table import grant, room
@@ -67,25 +69,40 @@ def _limit_doc(w: InProcess, name: str, key: str) -> dict[str, Any]:
 def test_at_most_max_running_begin_and_a_freed_slot_goes_to_the_next_waiter() -> None:
     w = _world(Limit("stripe", max_running=2, key=lambda key, n: key), fan=5)
     reqs = _start(w, "e1", 5)
-    assert len(reqs) == 5
-    results = [_begin(w, r) for r in reqs]
-    running = [a for a, _ in results if a is not None]
-    assert len(running) == 2
-    assert all(why.startswith(WAITING) for a, why in results if a is None)
+    # the drive's dispatch queued the 3 it had no room for (one write): only 2 messages went out
+    assert [r.seq for r in reqs] == [1, 2]
     doc = _limit_doc(w, "stripe", "k")
-    assert len(doc["holders"]) == 2 and len(doc["waiters"]) == 3
+    assert sorted(doc["holders"]) == ["e1|0|1", "e1|0|2"] and [x["q"] for x in doc["waiters"]] == [3, 4, 5]
     assert doc["due_kind"] == "limit"
-    # a redelivery of a waiting step queues it once
-    assert _begin(w, reqs[4])[0] is None
+    running = [a for a in (_begin(w, r)[0] for r in reqs) if a is not None]
+    assert len(running) == 2
+    # a delivery of a waiting step (a recovery re-send) is dropped and stays queued once
+    docs = w.engine.cache.load("e1")
+    late = request_of("e1", docs[marker_id(5, 0)], docs[EXEC_ID])
+    attempt, why = _begin(w, late)
+    assert attempt is None and why.startswith(WAITING)
     assert len(_limit_doc(w, "stripe", "k")["waiters"]) == 3
     first = running[0]
     w.engine.activities.complete(first, w.engine.activities.result_doc(first, value="x"))
     sent = _queued(w)
-    assert [r.seq for r in sent] == [reqs[2].seq]  # the oldest waiter, sent again
+    assert [r.seq for r in sent] == [3]  # the oldest waiter, sent again
     nxt, _ = _begin(w, sent[0])
     assert nxt is not None
     doc = _limit_doc(w, "stripe", "k")
     assert len(doc["holders"]) == 2 and len(doc["waiters"]) == 2
+
+
+def test_without_admission_at_dispatch_a_delivery_queues_itself() -> None:
+    """A step whose dispatch could not queue it (the store failed then, or an older worker sent
+    it) takes its slot as it begins, or queues itself there."""
+    w = _world(Limit("stripe", max_running=1), fan=3)
+    w.engine.limits.admit = lambda sends: sends  # type: ignore[method-assign]
+    reqs = _start(w, "e1", 3)
+    assert len(reqs) == 3
+    results = [_begin(w, r) for r in reqs]
+    assert [a is not None for a, _ in results] == [True, False, False]
+    assert all(why.startswith(WAITING) for a, why in results[1:])
+    assert [x["q"] for x in _limit_doc(w, "stripe", "")["waiters"]] == [2, 3]
 
 
 def test_keys_are_independent() -> None:
@@ -160,7 +177,7 @@ def test_a_calls_priority_orders_the_queue() -> None:
             w.dispatcher.queue.append((kind, item))
     reqs = _queued(w)
     running = [a for a in (_begin(w, r)[0] for r in reqs) if a is not None]
-    assert [a.seq for a in running] == [1]
+    assert [a.seq for a in running] == [4]  # queued at dispatch: the best priority got the one slot
     order = []
     while running:
         a = running.pop()
@@ -168,7 +185,7 @@ def test_a_calls_priority_orders_the_queue() -> None:
         w.engine.activities.complete(a, w.engine.activities.result_doc(a, value=a.seq))
         sent = [r for r in _queued(w) if isinstance(r, ActivityRequest)]
         running = [x for x in (_begin(w, r)[0] for r in sent) if x is not None]
-    assert order == [1, 4, 2, 3]  # then priority 1, then the older 5, then 9
+    assert order == [4, 1, 2, 3]  # priority 1, then the 5s by age, then 9
 
 
 def test_a_bad_key_is_a_clear_error() -> None:

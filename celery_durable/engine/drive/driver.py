@@ -425,7 +425,7 @@ class Driver:
             self.sticky.drop(d.execution_id)
         # the replay's commands first, then what follows from its outcome: a continued run is
         # pruned only after the effects it emitted were admitted (they live in its documents)
-        for req in d.orphan_sends.values():
+        for req in eng.limits.admit(list(d.orphan_sends.values())):  # new limited steps wait on their limit
             eng.dispatch(req)
         if d.committed is not None:
             self._after_commit(*d.committed)

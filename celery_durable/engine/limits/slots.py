@@ -19,6 +19,7 @@ Each step records what it waits on (its key, priority and group) on its marker a
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 from collections import OrderedDict
@@ -26,10 +27,11 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from celery_durable.engine.activities.delivery import request_of
+from celery_durable.engine.dispatcher import ActivityRequest, Send
 from celery_durable.engine.documents.model import EXEC_ID, lease_live, marker_id, result_id, run_of
 from celery_durable.engine.documents.records import is_terminal
 from celery_durable.engine.documents.schema import DueKind
-from celery_durable.engine.limits.spec import limit_pk
+from celery_durable.engine.limits.spec import LIMIT_RECORD, limit_pk
 from celery_durable.engine.limits.table import (
     admit,
     enqueue,
@@ -80,13 +82,16 @@ class Slots:
                 doc = self._docs.get(lpk)
                 if doc is not None:
                     self._docs.move_to_end(lpk)
-                    return strip_reserved(doc) | {"_etag": doc["_etag"]}
+                    # a deep copy: its caller edits holders and waiters in place, and another
+                    # thread of this process may be editing its own copy of the same document
+                    return copy.deepcopy(doc)
         doc = self.engine.store.read(lpk, LIMIT_DOC_ID)
         if doc is not None:
             self._remember(lpk, doc)
         return doc
 
     def _remember(self, lpk: str, doc: Doc) -> None:
+        doc = copy.deepcopy(doc)  # never the caller's (edited) copy
         with self._lock:
             self._docs[lpk] = doc
             self._docs.move_to_end(lpk)
@@ -118,6 +123,63 @@ class Slots:
             raise
         self._remember(lpk, body | {"_etag": new})
 
+    # --- the drive's side: new steps queued at dispatch -----------------------------------
+
+    def admit(self, sends: list[Send]) -> list[Send]:
+        """What a drive's commit sends, less the new limited steps queued on their limit.
+
+        The steps the commit scheduled take their place on their limit here, one write per
+        limit document for all of them (a fan-out of 1,000 steps is one write per key, not 1,000
+        deliveries that each find no room): those given a slot are sent (their attempt finds the
+        slot its own, n=1), the others wait in the document and are sent when granted. Never
+        raises: on a store error every step is sent, to take its slot as it begins."""
+        by_doc: dict[str, list[ActivityRequest]] = {}
+        for send in sends:
+            if isinstance(send, ActivityRequest) and isinstance(send.options.get(LIMIT_RECORD), dict):
+                by_doc.setdefault(limit_pk(send.options[LIMIT_RECORD]), []).append(send)
+        held: set[str] = set()
+        for lpk, reqs in by_doc.items():
+            try:
+                held |= self._admit(lpk, reqs)
+            except StoreError as exc:
+                log.warning("limit %s: %d new steps sent to take their slots as they begin: %s", lpk, len(reqs), exc)
+        return [s for s in sends if not (isinstance(s, ActivityRequest) and s.task_id in held)]
+
+    def _admit(self, lpk: str, reqs: list[ActivityRequest]) -> set[str]:
+        """Queue ``reqs`` on ``lpk`` (admitting what room allows); the task ids held back."""
+        eng = self.engine
+        ttl = eng.settings.lease_ttl
+        fresh = False
+        for _ in range(ROUNDS):
+            now = eng.clock.now()
+            record = reqs[-1].options[LIMIT_RECORD]
+            doc = self._load(lpk, fresh) or _new_doc(lpk, record)
+            _declare(doc, record)
+            holders: dict[str, Any] = doc.setdefault("holders", {})
+            if room(doc, now) < len(reqs) and expired(doc, now):
+                self._check_expired(doc, now)
+            mine = {step_key(r.execution_id, r.run, r.seq): r for r in reqs}
+            for step, r in mine.items():
+                if step not in holders:
+                    enqueue(doc, _waiter(r.execution_id, r.run, r.seq, 1, r.options[LIMIT_RECORD], now))
+            granted = grant(doc, now, ttl)
+            waiting = {w["s"] for w in doc.get("waiters") or []}
+            try:
+                self._write(lpk, doc, now)
+            except ConflictError:
+                fresh = True
+                continue
+            self._send([g for g in granted if g["s"] not in mine])
+            for step in mine:
+                eng.emit(
+                    "limit_waiting" if step in waiting else "limit_entered",
+                    execution_id=mine[step].execution_id,
+                    seq=mine[step].seq,
+                    limit=str(record["name"]),
+                )
+            return {r.task_id for step, r in mine.items() if step in waiting}
+        return set()
+
     # --- the attempt's side --------------------------------------------------------------
 
     def enter(self, execution_id: str, run: int, seq: int, number: int, record: Mapping[str, Any]) -> str | None:
@@ -129,15 +191,7 @@ class Slots:
         fresh = False
         for _ in range(ROUNDS):
             now = eng.clock.now()
-            doc = self._load(lpk, fresh) or {
-                "pk": lpk,
-                "id": LIMIT_DOC_ID,
-                "type": "limit",
-                "name": record["name"],
-                "key": record["key"],
-                "holders": {},
-                "waiters": [],
-            }
+            doc = self._load(lpk, fresh) or _new_doc(lpk, record)
             holders: dict[str, Any] = doc.setdefault("holders", {})
             mine = holders.get(step)
             granted: list[dict[str, Any]] = []
@@ -154,17 +208,7 @@ class Slots:
                     admit(doc, step, number, str(record.get("g")), now, ttl)
                     go = True
                 else:
-                    waiter = {
-                        "s": step,
-                        "e": execution_id,
-                        "r": run,
-                        "q": seq,
-                        "n": number,
-                        "p": int(record.get("p") or 0),
-                        "g": str(record.get("g")),
-                        "at": now,
-                    }
-                    queued = enqueue(doc, waiter)
+                    queued = enqueue(doc, _waiter(execution_id, run, seq, number, record, now))
                     granted = grant(doc, now, ttl)
                     go = any(g["s"] == step for g in granted)
                     granted = [g for g in granted if g["s"] != step]
@@ -304,3 +348,28 @@ def _declare(doc: Doc, record: Mapping[str, Any]) -> bool:
         return False
     doc["max"], doc["rate"] = record.get("max"), rate
     return True
+
+
+def _new_doc(lpk: str, record: Mapping[str, Any]) -> Doc:
+    return {
+        "pk": lpk,
+        "id": LIMIT_DOC_ID,
+        "type": "limit",
+        "name": record["name"],
+        "key": record["key"],
+        "holders": {},
+        "waiters": [],
+    }
+
+
+def _waiter(eid: str, run: int, seq: int, number: int, record: Mapping[str, Any], now: float) -> dict[str, Any]:
+    return {
+        "s": step_key(eid, run, seq),
+        "e": eid,
+        "r": run,
+        "q": seq,
+        "n": number,
+        "p": int(record.get("p") or 0),
+        "g": str(record.get("g")),
+        "at": now,
+    }

@@ -17,9 +17,20 @@ from typing import Any
 
 from celery_durable.errors import ConfigurationError
 
-__all__ = ["Limit", "StepLimit", "parse_rate", "step_limit", "limit_pk", "MAX_KEY_CHARS", "MAX_RATE_COUNT"]
+__all__ = [
+    "LIMIT_RECORD",
+    "Limit",
+    "StepLimit",
+    "parse_rate",
+    "step_limit",
+    "limit_pk",
+    "MAX_KEY_CHARS",
+    "MAX_RATE_COUNT",
+]
 
 MAX_KEY_CHARS = 200
+#: ``ActivityRequest.options`` key of a new limited step's record (for its admission at dispatch)
+LIMIT_RECORD = "limit_record"
 #: a rate keeps one start time per start in its period: at most this many
 MAX_RATE_COUNT = 1000
 _PERIODS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}

@@ -112,7 +112,9 @@ def _best(doc: Mapping[str, Any]) -> dict[str, Any]:
             held.get(str(w.get("g")), 0),
             float(served.get(str(w.get("g")), float("-inf"))),
             float(w["at"]),
-            w["s"],
+            str(w.get("e")),
+            int(w.get("r") or 0),
+            int(w.get("q") or 0),
         ),
     )
 

@@ -38,7 +38,7 @@ from celery_durable.engine.documents.schema import (
     signal_outcome_id,
     wait_decision_id,
 )
-from celery_durable.engine.limits.spec import Limit, step_limit
+from celery_durable.engine.limits.spec import LIMIT_RECORD, Limit, step_limit
 from celery_durable.engine.outbox.model import DUE_ADMIT
 from celery_durable.engine.outbox.runtime import effects_of
 from celery_durable.engine.replay.cancels import TIMED_OUT_ERROR, cancel_error, cancelled
@@ -362,11 +362,9 @@ class WorkflowContext:
         if marker is None:
             payload = codec.encode_args(args, kwargs)
             task_id = activity_task_id(self.execution_id, self.run, seq)  # derived: not stored (task_id_of)
-            limit = (options or {}).get("limit")
-            extra: dict[str, Any] = {}
-            if isinstance(limit, Limit):  # its key, priority and group, once (engine/limits/spec.py)
-                priority = (options or {}).get("priority")  # a signature's .set(priority=n)
-                extra["limit"] = step_limit(limit, args, kwargs, self.execution_id, priority)
+            limit, extra = (options or {}).get("limit"), {}
+            if isinstance(limit, Limit):  # its key, priority (a signature's .set(priority=n)) and group, once
+                extra["limit"] = step_limit(limit, args, kwargs, self.execution_id, (options or {}).get("priority"))
             self._marker(
                 seq,
                 "activity",
@@ -386,7 +384,8 @@ class WorkflowContext:
                     kwargs=fresh(payload["kwargs"]),
                     task_id=task_id,
                     workflow=self.workflow,
-                    options=dict(options or {}),
+                    # with its limit record: the drive's dispatch queues it on the limit (engine/limits/)
+                    options=dict(options or {}, **{LIMIT_RECORD: extra["limit"]} if extra else {}),
                     run=self.run,
                 )
             )
