@@ -65,7 +65,9 @@ class SignalsPort(Protocol):
 
 
 class LimitsPort(Protocol):
-    def enter(self, execution_id: str, run: int, seq: int, number: int, record: Mapping[str, Any]) -> str | None: ...
+    def enter(
+        self, execution_id: str, run: int, seq: int, number: int, record: Mapping[str, Any], token: str | None = None
+    ) -> str | None: ...
 
     def leave(self, attempt: Attempt) -> None: ...
 

@@ -52,6 +52,7 @@ from celery_durable.engine.documents.model import (
     run_of,
 )
 from celery_durable.engine.documents.records import count_of, holder_of, is_terminal
+from celery_durable.engine.limits.slots import NOT_QUEUED
 from celery_durable.errors import (
     ConfigurationError,
     ConflictError,
@@ -228,18 +229,18 @@ class ActivityRunner:
             return found
         me = f"{eng.identity()}:{uuid.uuid4().hex[:12]}"
         slot: dict[str, Any] | None = None  # the limit whose slot this delivery took (engine/limits/)
-        slot_number = 0  # for the attempt numbered this
+        slot_number, slot_token = 0, None  # for the attempt numbered this, of the marker with this token
         for _ in range(5):
             docs = eng.cache.load(execution_id)
             refused = _not_runnable(docs, seq, run)
             if refused is not None:
-                self._give_back(execution_id, seq, run, slot, slot_number)
+                self._give_back(execution_id, seq, run, slot, slot_number, slot_token)
                 return None, refused
             marker = docs[marker_id(seq, run)]
             if delivery is not None and (stale := refusal(marker, delivery)) is not None:
                 log.warning("activity %s (%s step %d) dropped: %s", delivery.name, execution_id, seq, stale)
                 eng.emit(STALE_EVENT, execution_id=execution_id, seq=seq, activity=delivery.name)
-                self._give_back(execution_id, seq, run, slot, slot_number)
+                self._give_back(execution_id, seq, run, slot, slot_number, slot_token)
                 return None, stale
             now = eng.clock.now()
             lease: dict[str, Any] = marker.get("lease") or {}
@@ -250,10 +251,12 @@ class ActivityRunner:
             if isinstance(record, dict) and slot is None:
                 # a slot before the lease: a step that waits is queued on the limit and this
                 # delivery dropped; it is sent again when a slot is granted to it
-                waiting = eng.limits.enter(execution_id, run, seq, number, record)
+                waiting = eng.limits.enter(execution_id, run, seq, number, record, marker_token(marker))
                 if waiting is not None:
+                    if NOT_QUEUED in waiting:  # recorded nowhere: due again within a scan interval
+                        self._due_soon(marker)
                     return None, waiting
-                slot, slot_number = record, number
+                slot, slot_number, slot_token = record, number, marker_token(marker)
             leased = strip_reserved(marker)
             leased.update(
                 attempts=number,
@@ -282,13 +285,24 @@ class ActivityRunner:
             )
             eng.leases.track(attempt)
             return attempt, "started"
-        self._give_back(execution_id, seq, run, slot, slot_number)
+        self._give_back(execution_id, seq, run, slot, slot_number, slot_token)
         return None, "the step kept changing under us"
 
-    def _give_back(self, execution_id: str, seq: int, run: int, slot: dict[str, Any] | None, number: int) -> None:
+    def _due_soon(self, marker: Doc) -> None:
+        eng = self.engine
+        try:
+            eng.store.replace(
+                strip_reserved(marker) | {"due_at": eng.clock.now() + eng.settings.recovery_interval}, marker["_etag"]
+            )
+        except StoreError:
+            pass  # it stays due as it was (its queue timeout)
+
+    def _give_back(
+        self, execution_id: str, seq: int, run: int, slot: dict[str, Any] | None, number: int, token: str | None = None
+    ) -> None:
         """A delivery that took a slot but will not run: the slot goes to the next waiter."""
         if slot is not None:
-            self.engine.limits.leave(Attempt(execution_id, seq, "", "", "", number, run, limit=slot))
+            self.engine.limits.leave(Attempt(execution_id, seq, "", "", "", number, run, token=token, limit=slot))
 
     def _claimed(self, execution_id: str, seq: int, run: int, holder: str) -> tuple[Attempt | None, str] | None:
         """The attempt whose lease the scheduling commit took (``holder``), or None: not (or no

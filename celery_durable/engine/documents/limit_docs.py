@@ -17,6 +17,8 @@ class StepLimitInfo(TypedDict, total=False):
     #: priority (lower first) and fairness group
     p: int
     g: str
+    #: when the step was scheduled (the latest scheduled declaration wins)
+    d: float
 
 
 class LimitDoc(TypedDict, total=False):
@@ -35,6 +37,9 @@ class LimitDoc(TypedDict, total=False):
     rate: list[float] | None
     holders: dict[str, Any]
     waiters: list[dict[str, Any]]
-    starts: list[float]
+    #: ``[time, step]`` of the starts within the rate's period
+    starts: list[Any]
+    #: when the declaration in force (``max``, ``rate``) was scheduled
+    declared_at: float
     #: when each group holding or waiting was last granted a slot (its turn: engine/limits/table.py)
     served: dict[str, float]

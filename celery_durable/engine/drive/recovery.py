@@ -80,7 +80,11 @@ class Recovery:
             self._guard(report, ref, self._activity_due, ref.pk, ref.id, now, report)
         for ref in self.engine.store.scan_due(DUE_CHILD, now, limit):
             self._guard(report, ref, self._child_due, ref.pk, ref.id)
-        report.granted += self.engine.limits.scan(limit)  # slots nobody handed on (engine/limits/)
+        try:
+            report.granted += self.engine.limits.scan(limit)  # slots nobody handed on (engine/limits/)
+        except Exception as exc:  # the other scans go on
+            report.errors += 1
+            log.exception("limit scan failed: %s", exc)
         offloading = find_inner(self.engine.store, lambda s: isinstance(s, Offloading))
         if offloading is not None:
             chunks = collect_chunks(offloading, now, limit)

@@ -26,10 +26,10 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from celery_durable.engine.activities.delivery import request_of
+from celery_durable.engine.activities.delivery import marker_token, request_of
 from celery_durable.engine.dispatcher import ActivityRequest, Send
 from celery_durable.engine.documents.model import EXEC_ID, lease_live, marker_id, result_id, run_of
-from celery_durable.engine.documents.records import is_terminal
+from celery_durable.engine.documents.records import count_of, is_terminal
 from celery_durable.engine.documents.schema import DueKind
 from celery_durable.engine.limits.spec import LIMIT_RECORD, limit_pk
 from celery_durable.engine.limits.table import (
@@ -38,6 +38,7 @@ from celery_durable.engine.limits.table import (
     expired,
     grant,
     next_due,
+    restart,
     room,
     step_key,
 )
@@ -48,13 +49,15 @@ if TYPE_CHECKING:
     from celery_durable.engine.documents.model import Attempt
     from celery_durable.engine.ports import EngineParts
 
-__all__ = ["Slots", "LIMIT_DOC_ID", "WAITING"]
+__all__ = ["Slots", "LIMIT_DOC_ID", "WAITING", "NOT_QUEUED"]
 
 log = logging.getLogger("celery_durable.limits")
 
 LIMIT_DOC_ID = "slots"
 #: the start of every reason ``enter`` gives for a step that waits
 WAITING = "waiting for a slot of limit"
+#: in the reason of a step that waits recorded nowhere (a full queue, an etag storm)
+NOT_QUEUED = "not queued: its step is due again within a recovery scan interval"
 ROUNDS = 8
 CACHE_SIZE = 512
 #: expired holders checked on their steps per write (each is a point read)
@@ -131,8 +134,8 @@ class Slots:
         The steps the commit scheduled take their place on their limit here, one write per
         limit document for all of them (a fan-out of 1,000 steps is one write per key, not 1,000
         deliveries that each find no room): those given a slot are sent (their attempt finds the
-        slot its own, n=1), the others wait in the document and are sent when granted. Never
-        raises: on a store error every step is sent, to take its slot as it begins."""
+        slot its own), the others wait in the document and are sent when granted. Never raises:
+        on any error every step is sent, to take its slot as it begins."""
         by_doc: dict[str, list[ActivityRequest]] = {}
         for send in sends:
             if isinstance(send, ActivityRequest) and isinstance(send.options.get(LIMIT_RECORD), dict):
@@ -141,14 +144,13 @@ class Slots:
         for lpk, reqs in by_doc.items():
             try:
                 held |= self._admit(lpk, reqs)
-            except StoreError as exc:
+            except Exception as exc:  # noqa: BLE001 - sent instead: each takes its slot as it begins
                 log.warning("limit %s: %d new steps sent to take their slots as they begin: %s", lpk, len(reqs), exc)
         return [s for s in sends if not (isinstance(s, ActivityRequest) and s.task_id in held)]
 
     def _admit(self, lpk: str, reqs: list[ActivityRequest]) -> set[str]:
         """Queue ``reqs`` on ``lpk`` (admitting what room allows); the task ids held back."""
         eng = self.engine
-        ttl = eng.settings.lease_ttl
         fresh = False
         for _ in range(ROUNDS):
             now = eng.clock.now()
@@ -156,35 +158,37 @@ class Slots:
             doc = self._load(lpk, fresh) or _new_doc(lpk, record)
             _declare(doc, record)
             holders: dict[str, Any] = doc.setdefault("holders", {})
-            if room(doc, now) < len(reqs) and expired(doc, now):
-                self._check_expired(doc, now)
+            lost = self._check_expired(doc, now) if room(doc, now) < len(reqs) and expired(doc, now) else []
             mine = {step_key(r.execution_id, r.run, r.seq): r for r in reqs}
             for step, r in mine.items():
+                if step in holders and holders[step].get("t") != r.token:
+                    del holders[step]  # a forgotten marker's attempt (a reset re-ran the step): not this one's
                 if step not in holders:
-                    enqueue(doc, _waiter(r.execution_id, r.run, r.seq, 1, r.options[LIMIT_RECORD], now))
-            granted = grant(doc, now, ttl)
+                    enqueue(doc, _waiter(r.execution_id, r.run, r.seq, 1, r.token, r.options[LIMIT_RECORD], now))
+            granted = grant(doc, now, eng.settings.lease_ttl)
             waiting = {w["s"] for w in doc.get("waiters") or []}
             try:
                 self._write(lpk, doc, now)
             except ConflictError:
                 fresh = True
                 continue
-            self._send([g for g in granted if g["s"] not in mine])
-            for step in mine:
-                eng.emit(
-                    "limit_waiting" if step in waiting else "limit_entered",
-                    execution_id=mine[step].execution_id,
-                    seq=mine[step].seq,
-                    limit=str(record["name"]),
-                )
+            self._send(lpk, [g for g in granted if g["s"] not in mine] + lost)
+            for step, r in mine.items():
+                what = "limit_waiting" if step in waiting else "limit_entered"
+                eng.emit(what, execution_id=r.execution_id, seq=r.seq, limit=str(record["name"]))
+            # sent: those given a slot, and those the queue had no place for (as without admission)
             return {r.task_id for step, r in mine.items() if step in waiting}
         return set()
 
     # --- the attempt's side --------------------------------------------------------------
 
-    def enter(self, execution_id: str, run: int, seq: int, number: int, record: Mapping[str, Any]) -> str | None:
-        """``None``: the step holds a slot of ``record``'s limit, its attempt ``number`` may run;
-        otherwise why it waits (queued: it is sent again when granted). Raises StoreError."""
+    def enter(
+        self, execution_id: str, run: int, seq: int, number: int, record: Mapping[str, Any], token: str | None = None
+    ) -> str | None:
+        """``None``: the step holds a slot of ``record``'s limit, its attempt ``number`` (of the
+        marker with ``token``) may run; otherwise why it waits (queued: sent again when granted;
+        a reason containing :data:`NOT_QUEUED`: recorded nowhere, the caller makes its step due
+        soon). Raises StoreError."""
         eng = self.engine
         lpk, step = limit_pk(record), step_key(execution_id, run, seq)
         ttl = eng.settings.lease_ttl
@@ -196,36 +200,43 @@ class Slots:
             mine = holders.get(step)
             granted: list[dict[str, Any]] = []
             changed = _declare(doc, record)
-            if mine is not None:
-                if int(mine.get("n") or 0) == number and float(mine.get("exp") or 0.0) - now > ttl / 2 and not changed:
+            lost: list[dict[str, Any]] = []
+            go = True
+            if mine is not None and int(mine.get("n") or 0) == number and mine.get("t") == token:
+                late = _has_rate(doc) and float(mine.get("at") or now) < now  # granted before it began
+                if float(mine.get("exp") or 0.0) - now > ttl / 2 and not changed and not late:
                     return None  # granted to it (or held by its earlier delivery): nothing to write
-                mine.update(n=number, exp=now + ttl)
-                go = True
+                mine.update(exp=now + ttl, at=now)
+                restart(doc, step, now, moved=True)
+            elif mine is not None and room(doc, now, ignoring=step) > 0:
+                # another attempt of the step (a retry taking over a lapsed lease, a re-run): a new start
+                mine.update(n=number, t=token, exp=now + ttl, at=now)
+                restart(doc, step, now, moved=False)
             else:
+                if mine is not None:  # another attempt, and the rate allows no start now: it queues
+                    del holders[step]
                 if room(doc, now) == 0 and expired(doc, now):
-                    self._check_expired(doc, now)
+                    lost = self._check_expired(doc, now)
                 if room(doc, now) > 0 and not doc.get("waiters"):
-                    admit(doc, step, number, str(record.get("g")), now, ttl)
-                    go = True
+                    admit(doc, step, number, str(record.get("g")), now, ttl, token)
                 else:
-                    queued = enqueue(doc, _waiter(execution_id, run, seq, number, record, now))
+                    queued = enqueue(doc, _waiter(execution_id, run, seq, number, token, record, now))
                     granted = grant(doc, now, ttl)
                     go = any(g["s"] == step for g in granted)
                     granted = [g for g in granted if g["s"] != step]
                     if not go and not queued:
-                        return f"{WAITING} {record['name']!r} (its queue is full: sent again by the recovery scan)"
+                        return f"{WAITING} {record['name']!r}: its queue is full ({NOT_QUEUED})"
             try:
                 self._write(lpk, doc, now)
             except ConflictError:
                 fresh = True
                 continue
-            self._send(granted)
-            if go:
-                eng.emit("limit_entered", execution_id=execution_id, seq=seq, limit=record["name"])
-                return None
-            eng.emit("limit_waiting", execution_id=execution_id, seq=seq, limit=record["name"])
-            return f"{WAITING} {record['name']!r} (key {record['key']!r})"
-        return f"{WAITING} {record['name']!r}: its document kept changing (sent again by the recovery scan)"
+            self._send(lpk, granted + lost)
+            eng.emit(
+                "limit_entered" if go else "limit_waiting", execution_id=execution_id, seq=seq, limit=record["name"]
+            )
+            return None if go else f"{WAITING} {record['name']!r} (key {record['key']!r})"
+        return f"{WAITING} {record['name']!r}: its document kept changing ({NOT_QUEUED})"
 
     def leave(self, attempt: Attempt) -> None:
         """``attempt`` ended: free its step's slot and grant the room. Never raises: a slot not
@@ -234,25 +245,28 @@ class Slots:
             record, attempt.limit = attempt.limit, None
         if record is None:
             return
+        lpk = limit_pk(record)
+        step = step_key(attempt.execution_id, attempt.run, attempt.seq)
         try:
-            self._leave(attempt.execution_id, attempt.run, attempt.seq, attempt.number, record)
-        except StoreError as exc:
+            self._send(lpk, self._leave(lpk, step, (attempt.number, attempt.token)))
+        except Exception as exc:  # noqa: BLE001 - the attempt's outcome must still be recorded
             log.warning("could not give back the slot of %s step %d: %s", attempt.execution_id, attempt.seq, exc)
 
-    def _leave(self, execution_id: str, run: int, seq: int, number: int | None, record: Mapping[str, Any]) -> None:
+    def _leave(self, lpk: str, step: str, attempt: tuple[int, str | None] | None) -> list[dict[str, Any]]:
+        """Free ``step``'s slot (only ``attempt``'s — its number and marker token — unless None);
+        the waiters granted the room, for the caller to send."""
         eng = self.engine
-        lpk, step = limit_pk(record), step_key(execution_id, run, seq)
         fresh = False
         for _ in range(ROUNDS):
             now = eng.clock.now()
             doc = self._load(lpk, fresh)
             if doc is None:
-                return
+                return []
             holders: dict[str, Any] = doc.get("holders") or {}
             mine = holders.get(step)
-            if mine is None or (number is not None and int(mine.get("n") or 0) != number):
+            if mine is None or (attempt is not None and (int(mine.get("n") or 0), mine.get("t")) != attempt):
                 if fresh:
-                    return  # not its slot (any more): another attempt of the step holds it
+                    return []  # not its slot (any more): another attempt of the step holds it
                 fresh = True
                 continue
             del holders[step]
@@ -262,53 +276,59 @@ class Slots:
             except ConflictError:
                 fresh = True
                 continue
-            self._send(granted)
-            return
+            return granted
+        return []
 
     # --- grants --------------------------------------------------------------------------
 
-    def _send(self, granted: list[dict[str, Any]]) -> None:
-        """Send each granted step again; one that needs no slot any more (settled, reset,
-        cancelled) gives it straight back."""
-        for w in granted:
+    def _send(self, lpk: str, granted: list[dict[str, Any]]) -> None:
+        """Send each step granted a slot of ``lpk`` again; one that needs no slot any more
+        (settled, reset, cancelled, purged) gives it straight back, and whom that grants is sent
+        in turn (a work list, not recursion: a cancelled fan-out of thousands is a long chain)."""
+        work = list(granted)
+        while work:
+            w = work.pop(0)
             try:
-                self._send_one(w)
+                if not self._send_one(w):
+                    work += self._leave(lpk, str(w["s"]), None)
             except StoreError as exc:  # its slot lapses; the scan grants it again
                 log.warning("could not send %s step %s its slot: %s", w.get("e"), w.get("q"), exc)
 
-    def _send_one(self, w: Mapping[str, Any]) -> None:
+    def _send_one(self, w: Mapping[str, Any]) -> bool:
+        """Send the granted step ``w``; False when it needs no slot any more."""
         eng = self.engine
         eid, run, seq = str(w["e"]), int(w["r"]), int(w["q"])
         docs = eng.cache.load(eid)
         marker, ex = docs.get(marker_id(seq, run)), docs.get(EXEC_ID)
-        dead = (
-            marker is None
-            or ex is None
-            or is_terminal(ex)
-            or run_of(ex) != run
-            or result_id(seq, run) in docs
-            or not isinstance(marker.get("limit"), dict)
-        )
-        if dead or marker is None:
-            record = (marker or {}).get("limit")
-            if isinstance(record, dict):
-                self._leave(eid, run, seq, None, record)
-            return
+        if marker is None or _done(docs, ex, run, seq):
+            return False
         eng.emit("limit_granted", execution_id=eid, seq=seq, limit=str(w.get("g")))
         eng.dispatcher.send_activity(request_of(eid, marker, ex))
+        return True
 
-    def _check_expired(self, doc: Doc, now: float) -> None:
-        """Free the expired holders whose step holds no live lease (the attempt is gone); a step
-        still running (its lease renewed, the slot not) keeps it until that lease's expiry."""
+    def _check_expired(self, doc: Doc, now: float) -> list[dict[str, Any]]:
+        """Settle the expired holders on their steps: a step still running (its lease renewed,
+        the slot not) keeps the slot until that lease's expiry; a step granted the slot that never
+        began (its message lost, its sender killed) keeps it for another TTL and is sent again
+        (returned, to send after the write); any other gives it back."""
         holders: dict[str, Any] = doc.get("holders") or {}
+        resend: list[dict[str, Any]] = []
         for step in expired(doc, now)[:CHECKS_PER_WRITE]:
             eid, run, seq = _parse(step)
-            marker = self.engine.store.read(eid, marker_id(seq, run))
+            docs = self.engine.cache.load(eid)
+            marker, ex = docs.get(marker_id(seq, run)), docs.get(EXEC_ID)
             lease = (marker or {}).get("lease") or {}
-            if marker is not None and lease_live(marker, now):
-                holders[step]["exp"] = float(lease.get("expires") or now)
+            holder = holders[step]
+            if marker is None or _done(docs, ex, run, seq) or holder.get("t") not in (None, marker_token(marker)):
+                del holders[step]  # settled, or held for a marker a reset forgot
+            elif lease_live(marker, now):
+                holder["exp"] = float(lease.get("expires") or now)
+            elif count_of(marker, "attempts") < int(holder.get("n") or 1) and not holder.get("resent"):
+                holder.update(exp=now + self.engine.settings.lease_ttl, resent=True)
+                resend.append({"s": step, "e": eid, "r": run, "q": seq, "g": holder.get("g")})
             else:
                 del holders[step]
+        return resend
 
     # --- the scan ------------------------------------------------------------------------
 
@@ -319,7 +339,7 @@ class Slots:
         for ref in eng.store.scan_due(str(DueKind.LIMIT), eng.clock.now(), limit):
             try:
                 sent += self._settle(ref.pk)
-            except StoreError as exc:
+            except Exception as exc:  # noqa: BLE001 - one document never stops the scan
                 log.warning("limit %s not settled: %s", ref.pk, exc)
         return sent
 
@@ -330,23 +350,36 @@ class Slots:
             doc = self._load(lpk, fresh=True)
             if doc is None:
                 return 0
-            self._check_expired(doc, now)
+            lost = self._check_expired(doc, now)
             granted = grant(doc, now, eng.settings.lease_ttl)
             try:
                 self._write(lpk, doc, now)
             except ConflictError:
                 continue
-            self._send(granted)
-            return len(granted)
+            self._send(lpk, granted + lost)
+            return len(granted) + len(lost)
         return 0
 
 
+def _done(docs: Mapping[str, Doc], ex: Doc | None, run: int, seq: int) -> bool:
+    """The step needs no slot any more: settled, or its run ended or moved on."""
+    return ex is None or is_terminal(ex) or run_of(ex) != run or result_id(seq, run) in docs
+
+
+def _has_rate(doc: Mapping[str, Any]) -> bool:
+    return isinstance(doc.get("rate"), list)
+
+
 def _declare(doc: Doc, record: Mapping[str, Any]) -> bool:
-    """The limit as the step's code declared it (the latest scheduled step's wins); changed?"""
+    """The limit as the latest *scheduled* step's code declared it (``d``: when it was scheduled,
+    so an older deploy's step beginning late never restores an older limit); changed?"""
+    declared = float(record.get("d") or 0.0)
+    if "max" in doc and declared < float(doc.get("declared_at") or 0.0):
+        return False
     rate = record.get("rate")
     if doc.get("max") == record.get("max") and doc.get("rate") == rate and "max" in doc:
         return False
-    doc["max"], doc["rate"] = record.get("max"), rate
+    doc["max"], doc["rate"], doc["declared_at"] = record.get("max"), rate, declared
     return True
 
 
@@ -362,13 +395,16 @@ def _new_doc(lpk: str, record: Mapping[str, Any]) -> Doc:
     }
 
 
-def _waiter(eid: str, run: int, seq: int, number: int, record: Mapping[str, Any], now: float) -> dict[str, Any]:
+def _waiter(
+    eid: str, run: int, seq: int, number: int, token: str | None, record: Mapping[str, Any], now: float
+) -> dict[str, Any]:
     return {
         "s": step_key(eid, run, seq),
         "e": eid,
         "r": run,
         "q": seq,
         "n": number,
+        "t": token,
         "p": int(record.get("p") or 0),
         "g": str(record.get("g")),
         "at": now,

@@ -24,6 +24,7 @@ __all__ = [
     "parse_rate",
     "step_limit",
     "limit_pk",
+    "limit_fields",
     "MAX_KEY_CHARS",
     "MAX_RATE_COUNT",
 ]
@@ -41,7 +42,7 @@ def parse_rate(rate: str | None) -> tuple[int, float] | None:
     """``"100/m"`` -> ``(100, 60.0)``; Celery's spelling (``/s``, ``/m``, ``/h``) and ``/d``."""
     if rate is None:
         return None
-    m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d*\.?\d*)\s*([smhd])\s*", str(rate))
+    m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+(?:\.\d*)?|\.\d+)?\s*([smhd])\s*", str(rate))
     if m is None:
         raise ConfigurationError(f"rate must look like '100/m' (per s, m, h or d), not {rate!r}")
     count, mult, unit = int(m.group(1)), m.group(2), m.group(3)
@@ -92,21 +93,29 @@ class Limit:
             raise ConfigurationError(f"priority must be an int, not {self.priority!r}")
 
 
-#: what a marker records: {"name", "key", "max", "rate": [n, per] | None, "p", "g"}
+#: what a marker records: {"name", "key", "max", "rate": [n, per] | None, "p", "g", "d"}
 StepLimit = dict[str, Any]
 
 
 def _key_text(value: Any, what: str, name: str) -> str:
     if isinstance(value, bool) or not isinstance(value, str | int):
         raise ConfigurationError(f"Limit({name!r}) {what} must give a str or int, not {type(value).__name__}")
-    text = str(value)
+    try:
+        text = str(value)
+    except ValueError:  # an int too long to print (sys.get_int_max_str_digits)
+        raise ConfigurationError(f"Limit({name!r}) {what} gave an int too long to be a key") from None
     if not text or len(text) > MAX_KEY_CHARS:
         raise ConfigurationError(f"Limit({name!r}) {what} must give 1-{MAX_KEY_CHARS} characters, not {text!r}")
     return text
 
 
 def step_limit(
-    limit: Limit, args: tuple[Any, ...], kwargs: Mapping[str, Any], execution_id: str, priority: int | None
+    limit: Limit,
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    execution_id: str,
+    priority: int | None,
+    at: float = 0.0,
 ) -> StepLimit:
     """The ``limit`` record of a step scheduled with ``args``/``kwargs`` (in the workflow)."""
     key = "" if limit.key is None else _key_text(limit.key(*args, **kwargs), "key", limit.name)
@@ -121,6 +130,8 @@ def step_limit(
         "rate": list(rate) if rate is not None else None,
         "p": int(limit.priority if priority is None else priority),
         "g": group,
+        #: when it was scheduled: the latest scheduled step's declaration is the limit's
+        "d": at,
     }
 
 
@@ -129,3 +140,15 @@ def limit_pk(record: Mapping[str, Any]) -> str:
     text is a key, and a partition key cannot hold every character)."""
     digest = hashlib.sha256(str(record["key"]).encode()).hexdigest()[:24]
     return f"lim:{record['name']}:{digest}"
+
+
+def limit_fields(
+    options: Mapping[str, Any] | None, args: tuple[Any, ...], kwargs: Mapping[str, Any], execution_id: str, now: float
+) -> dict[str, Any]:
+    """The marker fields of a step scheduled with an activity's ``options``: ``{"limit": record}``
+    for a limited activity (its key, its priority — a signature's ``.set(priority=n)`` — and its
+    group, computed once, in the workflow), else nothing."""
+    limit = (options or {}).get("limit")
+    if not isinstance(limit, Limit):
+        return {}
+    return {"limit": step_limit(limit, args, kwargs, execution_id, (options or {}).get("priority"), now)}

@@ -2,14 +2,16 @@
 
 A document ``lim:<name>:<key digest>/slots`` holds:
 
-- ``holders``: ``{step: {"n": attempt number, "exp": until when, "g": group, "at": since}}``, one
-  per step that holds a slot (a step, not an attempt: the step's lease already allows one live
-  attempt; ``n`` says which attempt the slot is for, so an attempt that lost its lease cannot give
-  back the slot of the attempt that took the step over);
+- ``holders``: ``{step: {"n": attempt number, "t": marker token, "exp": until when, "g": group,
+  "at": since}}``, one per step that holds a slot (a step, not an attempt: the step's lease
+  already allows one live attempt; ``n`` and ``t`` say which attempt of which marker the slot is
+  for, so an attempt that lost its lease — or whose step a reset re-ran — cannot give back the
+  slot of the attempt that took the step over);
 - ``waiters``: the steps that found no room, each with its priority ``p``, group ``g``, arrival
   ``at`` and the execution, run and seq to send it again by;
-- ``starts``: with a rate, the start times within the last period (a sliding log: the rate holds
-  over *any* window of its period, not per fixed minute).
+- ``starts``: with a rate, ``[time, step]`` of the starts within the last period (a sliding log:
+  the rate holds over *any* window of its period, not per fixed minute); a grant's entry moves to
+  the moment its attempt really begins (:func:`restart`).
 
 :func:`grant` fills free room from the queue: the lowest priority number first; among equals,
 the group with the fewest slots held, then the group served longest ago (``served``: so keys or
@@ -32,6 +34,7 @@ __all__ = [
     "next_due",
     "expired",
     "drop_waiter",
+    "restart",
 ]
 
 #: a queue longer than this is not recorded: a step past it waits for its recovery re-send
@@ -47,18 +50,41 @@ def _rate(doc: Mapping[str, Any]) -> tuple[int, float] | None:
     return (int(rate[0]), float(rate[1])) if isinstance(rate, list) and len(rate) == 2 else None
 
 
-def _recent(doc: Mapping[str, Any], now: float) -> list[float]:
+def _start_time(entry: Any) -> float:
+    return float(entry[0]) if isinstance(entry, list) else float(entry)
+
+
+def _recent_entries(doc: Mapping[str, Any], now: float) -> list[Any]:
+    """The rate log's entries (``[time, step]``) within the period before ``now``."""
     rate = _rate(doc)
     if rate is None:
         return []
-    return [float(t) for t in doc.get("starts") or [] if float(t) > now - rate[1]]
+    return [e for e in doc.get("starts") or [] if _start_time(e) > now - rate[1]]
 
 
-def room(doc: Mapping[str, Any], now: float) -> int:
-    """How many more steps may start now (slots and rate both)."""
+def _recent(doc: Mapping[str, Any], now: float) -> list[float]:
+    return [_start_time(e) for e in _recent_entries(doc, now)]
+
+
+def restart(doc: dict[str, Any], step: str, now: float, moved: bool) -> None:
+    """The rate log learns when ``step``'s attempt really began: its grant's entry moves to
+    ``now`` (``moved``: it was granted earlier, its message took time to arrive), or a new entry
+    (another attempt of a step that kept its slot is another start)."""
+    if _rate(doc) is None:
+        return
+    entries = _recent_entries(doc, now)
+    if moved:
+        entries = [e for e in entries if not (isinstance(e, list) and len(e) > 1 and e[1] == step)]
+    doc["starts"] = [*entries, [now, step]]
+
+
+def room(doc: Mapping[str, Any], now: float, ignoring: str | None = None) -> int:
+    """How many more steps may start now (slots and rate both); ``ignoring``: as if that step's
+    slot were free (another attempt of a step holding one: may it start now?)."""
     free = 1 << 30
+    holders = doc.get("holders") or {}
     if doc.get("max") is not None:
-        free = int(doc["max"]) - len(doc.get("holders") or {})
+        free = int(doc["max"]) - len(holders) + (1 if ignoring is not None and ignoring in holders else 0)
     rate = _rate(doc)
     if rate is not None:
         free = min(free, rate[0] - len(_recent(doc, now)))
@@ -80,23 +106,26 @@ def drop_waiter(doc: dict[str, Any], step: str) -> None:
     doc["waiters"] = [w for w in doc.get("waiters") or [] if w.get("s") != step]
 
 
-def _take(doc: dict[str, Any], step: str, number: int, group: str, now: float, ttl: float) -> None:
-    doc.setdefault("holders", {})[step] = {"n": number, "exp": now + ttl, "g": group, "at": now}
+def _take(
+    doc: dict[str, Any], step: str, number: int, group: str, now: float, ttl: float, token: str | None = None
+) -> None:
+    doc.setdefault("holders", {})[step] = {"n": number, "t": token, "exp": now + ttl, "g": group, "at": now}
     # when each group was last served, kept for the groups still holding or waiting: the
     # turn goes to the group served longest ago (round robin between keys or workflows)
     live = {str(h.get("g")) for h in doc["holders"].values()} | {str(w.get("g")) for w in doc.get("waiters") or []}
     served = {g: t for g, t in (doc.get("served") or {}).items() if g in live}
     served[group] = now
     doc["served"] = served
-    rate = _rate(doc)
-    if rate is not None:
-        doc["starts"] = [*_recent(doc, now), now]
+    if _rate(doc) is not None:
+        doc["starts"] = [*_recent_entries(doc, now), [now, step]]
 
 
-def admit(doc: dict[str, Any], step: str, number: int, group: str, now: float, ttl: float) -> None:
+def admit(
+    doc: dict[str, Any], step: str, number: int, group: str, now: float, ttl: float, token: str | None = None
+) -> None:
     """Give ``step`` a slot (the caller checked :func:`room` and the queue)."""
     drop_waiter(doc, step)
-    _take(doc, step, number, group, now, ttl)
+    _take(doc, step, number, group, now, ttl, token)
 
 
 def _best(doc: Mapping[str, Any]) -> dict[str, Any]:
@@ -125,7 +154,7 @@ def grant(doc: dict[str, Any], now: float, ttl: float) -> list[dict[str, Any]]:
     while room(doc, now) > 0 and doc.get("waiters"):
         best = _best(doc)
         drop_waiter(doc, best["s"])
-        _take(doc, best["s"], int(best.get("n") or 1), str(best.get("g")), now, ttl)
+        _take(doc, best["s"], int(best.get("n") or 1), str(best.get("g")), now, ttl, best.get("t"))
         granted.append(best)
     return granted
 
@@ -141,15 +170,17 @@ def expired(doc: Mapping[str, Any], now: float) -> list[str]:
 
 
 def next_due(doc: Mapping[str, Any], now: float) -> float | None:
-    """When a scan must look again: only while steps wait, at the first holder's expiry or the
-    moment the rate's window lets one more start."""
-    if not doc.get("waiters"):
-        return None
-    times = [float(h.get("exp") or now) for h in (doc.get("holders") or {}).values()]
-    rate = _rate(doc)
-    recent = _recent(doc, now)
-    if rate is not None and len(recent) >= rate[0]:
-        times.append(min(recent) + rate[1])
-    if room(doc, now) > 0:
-        times.append(now)
-    return min(times) if times else now
+    """When a scan must look again: at the first holder's expiry (a holder granted its slot whose
+    message was lost is sent again then, one gone is freed), and while steps wait also the moment
+    the rate's window lets one more start; never while the document holds nothing."""
+    holders = doc.get("holders") or {}
+    times = [float(h.get("exp") or now) for h in holders.values()]
+    if doc.get("waiters"):
+        rate = _rate(doc)
+        recent = _recent(doc, now)
+        if rate is not None and len(recent) >= rate[0]:
+            times.append(min(recent) + rate[1])
+        if room(doc, now) > 0:
+            times.append(now)
+        return min(times) if times else now
+    return min(times) if times else None

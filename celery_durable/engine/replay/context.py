@@ -38,7 +38,7 @@ from celery_durable.engine.documents.schema import (
     signal_outcome_id,
     wait_decision_id,
 )
-from celery_durable.engine.limits.spec import LIMIT_RECORD, Limit, step_limit
+from celery_durable.engine.limits.spec import LIMIT_RECORD, limit_fields
 from celery_durable.engine.outbox.model import DUE_ADMIT
 from celery_durable.engine.outbox.runtime import effects_of
 from celery_durable.engine.replay.cancels import TIMED_OUT_ERROR, cancel_error, cancelled
@@ -362,9 +362,7 @@ class WorkflowContext:
         if marker is None:
             payload = codec.encode_args(args, kwargs)
             task_id = activity_task_id(self.execution_id, self.run, seq)  # derived: not stored (task_id_of)
-            limit, extra = (options or {}).get("limit"), {}
-            if isinstance(limit, Limit):  # its key, priority (a signature's .set(priority=n)) and group, once
-                extra["limit"] = step_limit(limit, args, kwargs, self.execution_id, (options or {}).get("priority"))
+            extra = limit_fields(options, args, kwargs, self.execution_id, self.now)  # engine/limits/spec.py
             self._marker(
                 seq,
                 "activity",
