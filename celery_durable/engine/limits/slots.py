@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -60,6 +61,8 @@ WAITING = "waiting for a slot of limit"
 NOT_QUEUED = "not queued: its step is due again within a recovery scan interval"
 ROUNDS = 8
 CACHE_SIZE = 512
+#: for this long after a cached copy proved stale, a document is read before it is written
+CONTENDED_FOR = 5.0
 #: expired holders checked on their steps per write (each is a point read)
 CHECKS_PER_WRITE = 8
 
@@ -76,6 +79,8 @@ class Slots:
         self.engine = engine
         self._lock = threading.Lock()
         self._docs: OrderedDict[str, Doc] = OrderedDict()
+        #: when a cached copy last proved stale, by document: contended documents are read first
+        self._stale_at: dict[str, float] = {}
 
     # --- cache ---------------------------------------------------------------------------
 
@@ -104,6 +109,16 @@ class Slots:
     def _forget(self, lpk: str) -> None:
         with self._lock:
             self._docs.pop(lpk, None)
+            if len(self._stale_at) > CACHE_SIZE:
+                self._stale_at.clear()
+            self._stale_at[lpk] = time.monotonic()
+
+    def _contended(self, lpk: str) -> bool:
+        """Did a cached copy of ``lpk`` prove stale lately? Then read it before writing: other
+        processes write it too, and a write on a stale copy costs a failed write and a read."""
+        with self._lock:
+            at = self._stale_at.get(lpk)
+        return at is not None and time.monotonic() - at < CONTENDED_FOR
 
     def _write(self, lpk: str, doc: Doc, now: float) -> None:
         """Create or replace (etag-guarded) ``doc``; raises ConflictError if it changed meanwhile."""
@@ -151,7 +166,7 @@ class Slots:
     def _admit(self, lpk: str, reqs: list[ActivityRequest]) -> set[str]:
         """Queue ``reqs`` on ``lpk`` (admitting what room allows); the task ids held back."""
         eng = self.engine
-        fresh = False
+        fresh = self._contended(lpk)
         for _ in range(ROUNDS):
             now = eng.clock.now()
             record = reqs[-1].options[LIMIT_RECORD]
@@ -192,12 +207,15 @@ class Slots:
         eng = self.engine
         lpk, step = limit_pk(record), step_key(execution_id, run, seq)
         ttl = eng.settings.lease_ttl
-        fresh = False
+        fresh = self._contended(lpk)
         for _ in range(ROUNDS):
             now = eng.clock.now()
             doc = self._load(lpk, fresh) or _new_doc(lpk, record)
             holders: dict[str, Any] = doc.setdefault("holders", {})
             mine = holders.get(step)
+            if not fresh and (mine is None or int(mine.get("n") or 0) != number or mine.get("t") != token):
+                fresh = True  # a copy that does not show its slot may be older than its grant
+                continue
             granted: list[dict[str, Any]] = []
             changed = _declare(doc, record)
             lost: list[dict[str, Any]] = []
@@ -256,7 +274,7 @@ class Slots:
         """Free ``step``'s slot (only ``attempt``'s — its number and marker token — unless None);
         the waiters granted the room, for the caller to send."""
         eng = self.engine
-        fresh = False
+        fresh = self._contended(lpk)
         for _ in range(ROUNDS):
             now = eng.clock.now()
             doc = self._load(lpk, fresh)
@@ -319,10 +337,13 @@ class Slots:
             marker, ex = docs.get(marker_id(seq, run)), docs.get(EXEC_ID)
             lease = (marker or {}).get("lease") or {}
             holder = holders[step]
-            if marker is None or _done(docs, ex, run, seq) or holder.get("t") not in (None, marker_token(marker)):
-                del holders[step]  # settled, or held for a marker a reset forgot
-            elif lease_live(marker, now):
+            ours = marker is not None and holder.get("t") in (None, marker_token(marker))
+            if ours and marker is not None and lease_live(marker, now):
+                # still running (its lease renewed), even if its execution ended meanwhile: it
+                # holds the slot until it stops (told at its next renewal) or its lease lapses
                 holder["exp"] = float(lease.get("expires") or now)
+            elif not ours or marker is None or _done(docs, ex, run, seq):
+                del holders[step]  # settled, or held for a marker a reset forgot
             elif count_of(marker, "attempts") < int(holder.get("n") or 1) and not holder.get("resent"):
                 holder.update(exp=now + self.engine.settings.lease_ttl, resent=True)
                 resend.append({"s": step, "e": eid, "r": run, "q": seq, "g": holder.get("g")})
