@@ -506,7 +506,9 @@ def ui(
 
 
 from celery_durable.cli.cosmos import cosmos as _cosmos  # noqa: E402 - the `durable cosmos …` subgroup
+from celery_durable.cli.limit_commands import limit as _limit  # noqa: E402 - `durable limit …`
 from celery_durable.cli.outbox_commands import outbox as _outbox  # noqa: E402 - `durable outbox …`
 
 durable.add_command(_cosmos)
 durable.add_command(_outbox)
+durable.add_command(_limit)

@@ -35,6 +35,7 @@ __all__ = [
     "expired",
     "drop_waiter",
     "restart",
+    "queue_order",
 ]
 
 #: a queue longer than this is not recorded: a step past it waits for its recovery re-send
@@ -73,8 +74,10 @@ def restart(doc: dict[str, Any], step: str, now: float, moved: bool) -> None:
     if _rate(doc) is None:
         return
     entries = _recent_entries(doc, now)
-    if moved:
-        entries = [e for e in entries if not (isinstance(e, list) and len(e) > 1 and e[1] == step)]
+    if moved:  # only its grant's entry (the step's latest): an earlier attempt's start stays counted
+        mine = [i for i, e in enumerate(entries) if isinstance(e, list) and len(e) > 1 and e[1] == step]
+        if mine:
+            del entries[mine[-1]]
     doc["starts"] = [*entries, [now, step]]
 
 
@@ -184,3 +187,18 @@ def next_due(doc: Mapping[str, Any], now: float) -> float | None:
             times.append(now)
         return min(times) if times else now
     return min(times) if times else None
+
+
+def queue_order(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The waiters in the order :func:`grant` would give them slots (as if each in turn)."""
+    probe: dict[str, Any] = {k: v for k, v in doc.items() if k in ("holders", "waiters", "served")}
+    probe["holders"] = dict(probe.get("holders") or {})
+    probe["waiters"] = list(probe.get("waiters") or [])
+    order: list[dict[str, Any]] = []
+    while probe["waiters"]:
+        best = _best(probe)
+        drop_waiter(probe, best["s"])
+        probe["holders"][best["s"]] = {"g": best.get("g")}
+        probe["served"] = dict(probe.get("served") or {}) | {str(best.get("g")): float("inf")}
+        order.append(best)
+    return order
