@@ -47,6 +47,7 @@ from harness.sim_checks import Outcome, check, outcome_of
 from harness.sim_deadlines import check_enforced
 from harness.sim_faults import quiet
 from harness.sim_heartbeats import beat, check_stops, stopped
+from harness.sim_limits import check_begun, limit_work, plan_limited
 from harness.sim_ops import plan_ops
 from harness.sim_store import (
     EPOCH,
@@ -89,7 +90,7 @@ ACTIONS = (("deliver", 40), ("finish", 16), ("time", 14), ("recovery", 5), ("clo
 NESTED = ("deliver", "drive", "dup", "finish", "recovery", "clocks", "client")
 FAULT_STEPS = 200
 HEAL_STEPS = 600
-DUE_KINDS = (DUE_EXEC, DUE_ACTIVITY, DUE_CLOCK, DUE_CHILD)
+DUE_KINDS = (DUE_EXEC, DUE_ACTIVITY, DUE_CLOCK, DUE_CHILD, "limit")
 
 #: fault-free outcome of (workflow, args): computed once per process
 _REFERENCE: dict[str, Outcome] = {}
@@ -139,6 +140,7 @@ class Sim:
         #: KNOWN_BUGS["signal_error_after_write"] is on)
         self.client_faults = True
         plan_ops(self, only)  # _make_plan, then operators' calls (sim_ops.py)
+        plan_limited(self)  # fan-outs under keyed limits and a rate (sim_limits.py)
 
     # --- hooks used by the store and the actors -----------------------------------------
 
@@ -185,7 +187,7 @@ class Sim:
 
     def _work_on(self, pk: str) -> list[str]:
         """Nested actions that would touch ``pk`` now (a spurious drive at least)."""
-        work = ["drive", "recovery"]
+        work = limit_work(self, pk) or ["drive", "recovery"]
         if any(_target(m) == pk and m.at <= self.now for m in self.pool):
             work += ["deliver", "deliver"]
         if any(_target(m) == pk for m in self.pool + self.handling) or any(
@@ -435,6 +437,7 @@ class Sim:
             act = eng.registry.activity(req.name)
             ctx = eng.activities.context(attempt, act.options if act is not None else None)
             self.inflight.append(InFlight(w, attempt, req, ctx))
+            check_begun(self, attempt)  # invariant 13 (a): at most max_running of a key (sim_limits.py)
 
     def _eager(self, w: Actor, commit: Callable[[], object]) -> None:
         if not self.eager_activities:

@@ -49,6 +49,9 @@ def _check_stop(sim: Sim, fl: InFlight) -> None:
         return  # (an operator's rewrite, sim_ops.py, may have reopened what the renewal read)
     if int(ex.get("run") or 0) > attempt.run or (marker.get("lease") or {}).get("holder") != attempt.holder:
         return
+    lease = marker.get("lease") or {}
+    if marker.get("limit") and float(lease.get("expires") or 0.0) <= sim.now + 1.0:
+        return  # its lease lapsed while it held a limit slot (engine/activities/leases.py): it stops
     before = ex.get("cancel_before")
     awaited = any(isinstance(w, dict) and w.get("seq") == req.seq for w in ex.get("waiting") or [])
     if ex.get("cancel_requested") and isinstance(before, int) and req.seq <= before and awaited:

@@ -17,6 +17,7 @@ from celery_durable.engine.documents.model import EXEC_ID, RUNNING, TERMINAL, Se
 from celery_durable.errors import StoreUnavailable
 from celery_durable.stores.base import Doc, DueRef, Op, PartitionRead, Store
 from harness.sim_faults import FaultSpec
+from harness.sim_limits import LimitWatch
 from harness.sim_sticky import StickyFaults
 
 if TYPE_CHECKING:
@@ -62,6 +63,9 @@ INVARIANTS = {
     12: "a step's recorded heartbeat details never go back (only its attempt holding the lease writes them); "
     "an attempt told to stop has its step settled, its run ended or the step taken by another attempt, or "
     "its workflow waits on it and a cancel was requested after the step was taken (never a compensation)",
+    13: "of one limit key, at most max_running attempts hold a live step lease at once, and no slot is freed while "
+    "its attempt holds one; no rate is exceeded by attempt begins over any window of its period (less the clocks' "
+    "skew); after healing no limit document has waiters while it has room (sim_limits.py)",
 }
 
 #: Workload triggers of engine bugs (each description is the bug it found). All are fixed and on
@@ -295,6 +299,8 @@ class FaultyStore(Store):
         self._sticky = StickyFaults(sim.seed)
         #: outcomes deleted by a batch that recorded no operation (invariant 8)
         self._cut: set[tuple[str, str]] = set()
+        #: every write of a limit document (invariant 13, sim_limits.py)
+        self.limits = LimitWatch(sim)
 
     # --- the fault point ----------------------------------------------------------------
 
@@ -357,6 +363,8 @@ class FaultyStore(Store):
             self._live_results[(pk, did)] = True
         if doc.get("type") == "step" or did == EXEC_ID:
             self._check_lease(pk, did, doc)
+        if kind == "limit":
+            self.limits.written(doc)
         beat = doc.get("heartbeat") if doc.get("type") == "step" else None
         if isinstance(beat, dict) and isinstance(beat.get("details"), int):
             token, details = doc.get("token"), beat["details"]

@@ -11,11 +11,12 @@ from __future__ import annotations
 from typing import Any
 
 from celery_durable import workflow as wf
+from celery_durable.engine.limits.spec import Limit
 from celery_durable.engine.registry import Registry
 from celery_durable.engine.replay.context import DurableFuture, require_context
 from celery_durable.errors import ActivityError, DurableTimeoutError, NonRetryableError
 
-__all__ = ["SIGNAL_TIMEOUT", "LONG_TIMEOUT", "build_registry", "ActivityLedger", "set_ledger"]
+__all__ = ["SIGNAL_TIMEOUT", "LONG_TIMEOUT", "LIMITS", "build_registry", "ActivityLedger", "set_ledger"]
 
 #: how long a signal wait lasts before its timeout fires (simulated seconds)
 SIGNAL_TIMEOUT = 40.0
@@ -44,7 +45,7 @@ def act(name: str, *args: Any) -> DurableFuture[Any]:
     ctx = require_context(name)
     definition = ctx.registry.activity(name)
     assert definition is not None, name
-    return ctx.call_activity(name, definition.codec, args, {})
+    return ctx.call_activity(name, definition.codec, args, {}, definition.options or None)
 
 
 def child(name: str, *args: Any) -> DurableFuture[Any]:
@@ -94,6 +95,30 @@ def reserve(item: str) -> str:
 def release(item: str) -> str:
     _ledger.bodies += 1
     return f"released {item}"
+
+
+#: limited activities (engine/limits/; harness/sim_limits.py): at most 2 charges of one key at
+#: once, at most 3 pings a minute (one key), shared by every workflow of a seed
+LIMITS = {
+    "charge": Limit("sim.charge", max_running=2, key=lambda key, tag, n: key),
+    "ping": Limit("sim.ping", rate="3/m"),
+}
+
+
+def charge(key: str, tag: str, n: int) -> str:
+    """Under ``sim.charge``; fails the first time its body runs for every third ``n`` (a retry
+    gives its slot back and takes one again)."""
+    _ledger.bodies += 1
+    if n % 3 == 0 and not _ledger.flaky_failed.get(f"charge/{tag}/{n}"):
+        _ledger.flaky_failed[f"charge/{tag}/{n}"] = True
+        raise RuntimeError(f"charge {tag}/{n} first attempt")
+    return f"{key}:{n}"
+
+
+def ping(n: int) -> int:
+    """Under ``sim.ping`` (a rate)."""
+    _ledger.bodies += 1
+    return n + 1
 
 
 # --- workflows ------------------------------------------------------------------------------
@@ -184,6 +209,17 @@ def w_counter(n: int, total: int, activity: bool, pad: str = "") -> int:
     return total + len(pad)
 
 
+def w_limited(n: int, keys: list[str], tag: str) -> list[str]:
+    """A fan-out of ``n`` charges over ``keys`` (each key at most 2 at once across the seed)."""
+    return sorted(str(v) for v in wf.gather([act("charge", keys[i % len(keys)], tag, i) for i in range(n)]))
+
+
+def w_rated(n: int) -> int:
+    """A fan-out of ``n`` pings, then one more (at most 3 a minute across the seed)."""
+    first = sum(int(v) for v in wf.gather([act("ping", i) for i in range(n)]))
+    return first + int(act("ping", n).result())
+
+
 def w_generations(g: int) -> int:
     """Run 0 has a child at step 11, run 1 at step 1 (issue 10 bug 4: child ids collide)."""
     if g == 0:
@@ -194,8 +230,21 @@ def w_generations(g: int) -> int:
     return int(child("w_child", 1).result())
 
 
-ACTIVITIES = (add, square, echo, flaky, doomed, reserve, release)
-WORKFLOWS = (w_seq, w_fan, w_timer, w_signal, w_child, w_parent, w_saga, w_counter, w_generations, w_fail)
+ACTIVITIES = (add, square, echo, flaky, doomed, reserve, release, charge, ping)
+WORKFLOWS = (
+    w_seq,
+    w_fan,
+    w_timer,
+    w_signal,
+    w_child,
+    w_parent,
+    w_saga,
+    w_counter,
+    w_generations,
+    w_fail,
+    w_limited,
+    w_rated,
+)
 
 _registry: Registry | None = None
 
@@ -206,7 +255,8 @@ def build_registry() -> Registry:
     if _registry is None:
         reg = Registry()
         for fn in ACTIVITIES:
-            reg.add_activity(fn.__name__, fn)
+            limit = LIMITS.get(fn.__name__)
+            reg.add_activity(fn.__name__, fn, {"limit": limit} if limit is not None else None)
         for w in WORKFLOWS:
             # a declared signal: every value is kept, each wait consumes the next (a channel)
             reg.add_workflow(w.__name__, w, signals={"tick": str} if w is w_signal else None)

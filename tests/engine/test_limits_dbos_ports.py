@@ -77,8 +77,11 @@ class World:
     def tick(self, seconds: float) -> None:
         """Time passes (the running attempts' heartbeats renew their leases) and beat's recovery
         scan runs."""
-        self.w.clock.advance(seconds)
-        self.eng.leases.renew_all()
+        while seconds > 0:  # the heartbeat renews every 10 s (Settings.heartbeat_interval)
+            step = min(seconds, self.eng.settings.heartbeat_interval)
+            self.w.clock.advance(step)
+            self.eng.leases.renew_all()
+            seconds -= step
         self.eng.recovery.scan()
         self.pump()
 

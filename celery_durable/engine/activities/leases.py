@@ -134,7 +134,11 @@ class LeaseKeeper:
         with attempt.lock:
             marker, outcome, ex = self._read(attempt)
             lease = (marker or {}).get("lease") or {}
-            if marker is None or lease.get("holder") != attempt.holder:
+            # an attempt holding a limit slot whose lease lapsed may have lost the slot to the next
+            # waiter (engine/limits/slots.py frees a lapsed holder's): reviving it would run one
+            # over max_running, so it stops as if another attempt held the step
+            lapsed = attempt.limit is not None and float(lease.get("expires") or 0.0) <= eng.clock.now()
+            if marker is None or lease.get("holder") != attempt.holder or lapsed:
                 attempt.lost = True
                 self.untrack(attempt)
                 eng.emit("lease_lost", execution_id=attempt.execution_id, seq=attempt.seq)
@@ -143,6 +147,8 @@ class LeaseKeeper:
                         "the step was reset or purged"
                         if marker is None or not lease
                         else "another attempt holds the step"
+                        if lease.get("holder") != attempt.holder
+                        else "its lease lapsed: its limit slot may be another step's"
                     )
                 return False
             if ctx is not None and (why := _why_stop(attempt, outcome, ex)) is not None:

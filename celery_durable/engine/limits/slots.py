@@ -22,7 +22,6 @@ from __future__ import annotations
 import copy
 import logging
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -38,6 +37,7 @@ from celery_durable.engine.limits.table import (
     enqueue,
     expired,
     grant,
+    has_start,
     next_due,
     restart,
     room,
@@ -111,14 +111,14 @@ class Slots:
             self._docs.pop(lpk, None)
             if len(self._stale_at) > CACHE_SIZE:
                 self._stale_at.clear()
-            self._stale_at[lpk] = time.monotonic()
+            self._stale_at[lpk] = self.engine.clock.now()
 
     def _contended(self, lpk: str) -> bool:
         """Did a cached copy of ``lpk`` prove stale lately? Then read it before writing: other
         processes write it too, and a write on a stale copy costs a failed write and a read."""
         with self._lock:
             at = self._stale_at.get(lpk)
-        return at is not None and time.monotonic() - at < CONTENDED_FOR
+        return at is not None and 0.0 <= self.engine.clock.now() - at < CONTENDED_FOR
 
     def _write(self, lpk: str, doc: Doc, now: float) -> None:
         """Create or replace (etag-guarded) ``doc``; raises ConflictError if it changed meanwhile."""
@@ -220,18 +220,21 @@ class Slots:
             changed = _declare(doc, record)
             lost: list[dict[str, Any]] = []
             go = True
-            if mine is not None and int(mine.get("n") or 0) == number and mine.get("t") == token:
-                late = _has_rate(doc) and float(mine.get("at") or now) < now  # granted before it began
-                if float(mine.get("exp") or 0.0) - now > ttl / 2 and not changed and not late:
-                    return None  # granted to it (or held by its earlier delivery): nothing to write
-                mine.update(exp=now + ttl, at=now)
+            held: dict[str, Any] = mine or {}
+            ours = mine is not None and int(held.get("n") or 0) == number and held.get("t") == token
+            late = ours and _has_rate(doc) and float(held.get("at") or now) < now  # granted before it began
+            if ours and not late and float(held.get("exp") or 0.0) - now > ttl / 2 and not changed:
+                return None  # granted to it (or held by its earlier delivery): nothing to write
+            if mine is not None and ours and (not late or has_start(doc, step, now)):
+                mine.update(exp=now + ttl, at=now)  # its grant's start moves to now
                 restart(doc, step, now, moved=True)
             elif mine is not None and room(doc, now, ignoring=step) > 0:
-                # another attempt of the step (a retry taking over a lapsed lease, a re-run): a new start
+                # another attempt of the step (a retry taking over a lapsed lease, a re-run), or a
+                # grant so late its start left the rate's window: a new start, room allowing
                 mine.update(n=number, t=token, exp=now + ttl, at=now)
                 restart(doc, step, now, moved=False)
             else:
-                if mine is not None:  # another attempt, and the rate allows no start now: it queues
+                if mine is not None:  # as above, but the rate allows no start now: it queues
                     del holders[step]
                 if room(doc, now) == 0 and expired(doc, now):
                     lost = self._check_expired(doc, now)

@@ -35,6 +35,7 @@ __all__ = [
     "expired",
     "drop_waiter",
     "restart",
+    "has_start",
     "queue_order",
 ]
 
@@ -65,6 +66,11 @@ def _recent_entries(doc: Mapping[str, Any], now: float) -> list[Any]:
 
 def _recent(doc: Mapping[str, Any], now: float) -> list[float]:
     return [_start_time(e) for e in _recent_entries(doc, now)]
+
+
+def has_start(doc: Mapping[str, Any], step: str, now: float) -> bool:
+    """Does the rate log hold a start of ``step`` within the period (its grant's, say)?"""
+    return any(isinstance(e, list) and len(e) > 1 and e[1] == step for e in _recent_entries(doc, now))
 
 
 def restart(doc: dict[str, Any], step: str, now: float, moved: bool) -> None:
