@@ -198,3 +198,33 @@ def test_a_bad_key_is_a_clear_error() -> None:
         step_limit(lim, ("",), {}, "e", None)
     with pytest.raises(ConfigurationError, match="priority"):
         step_limit(lim, ("a",), {}, "e", "high")  # type: ignore[arg-type]
+
+
+def test_an_attempt_whose_lease_lapsed_stops_rather_than_renew_without_its_slot() -> None:
+    """Found by the simulation (seeds 19 and 58, no faults): a slot holder's lease lapsed (no
+    renewal for a TTL), the recovery scan freed its slot for the next step, then its renewal
+    revived the lease nobody had taken and it ran on without a slot, one over max_running."""
+    w = _world(Limit("stripe", max_running=1), fan=2)
+    (req,) = _start(w, "e1", 2)
+    first, _ = _begin(w, req)
+    assert first is not None
+    w.clock.advance(w.engine.settings.lease_ttl + 1)  # type: ignore[attr-defined]  # a long pause
+    w.engine.limits.scan()  # frees the lapsed holder's slot (before the activity scan re-sends its step)
+    granted = [r for r in _queued(w) if r.seq == 2]
+    assert granted and _begin(w, granted[0])[0] is not None
+    assert w.engine.leases.renew(first) is False and first.lost  # stopped, not revived
+
+
+def test_a_grant_begun_a_period_late_needs_the_rate_again() -> None:
+    """Found by the simulation (seed 223): a step granted a rate slot whose message arrived a
+    period later began without a rate check, on top of the steps granted once its start had left
+    the window."""
+    w = _world(Limit("ping", rate="1/m"), fan=2)
+    (late,) = _start(w, "e1", 2)  # step 1 granted at t0 (its message will be late); step 2 waits
+    w.clock.advance(61)  # type: ignore[attr-defined]
+    w.engine.recovery.scan()
+    (second,) = [r for r in _queued(w) if r.seq == 2]  # the window opened: step 2 granted
+    assert _begin(w, second)[0] is not None
+    w.clock.advance(9)  # type: ignore[attr-defined]
+    attempt, why = _begin(w, late)  # 9 s after step 2 began: the rate allows no start
+    assert attempt is None and why.startswith(WAITING)
