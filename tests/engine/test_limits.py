@@ -47,6 +47,11 @@ def _queued(w: InProcess) -> list[ActivityRequest]:
 
 def _start(w: InProcess, eid: str, count: int) -> list[ActivityRequest]:
     w.engine.start(w.fan_out, (count,), {}, eid)  # type: ignore[attr-defined]
+    return _drives_then_sent(w)
+
+
+def _drives_then_sent(w: InProcess) -> list[ActivityRequest]:
+    """Run the queued drives; the activity messages they sent (taken off the queue)."""
     while any(kind == "drive" for kind, _ in w.dispatcher.queue):
         kind, item = w.dispatcher.queue.popleft()
         if kind == "drive":
@@ -169,13 +174,7 @@ def test_a_calls_priority_orders_the_queue() -> None:
 
     wf_def = w.workflow(prioritised)
     w.engine.start(wf_def, (), {}, "p1")
-    while any(kind == "drive" for kind, _ in w.dispatcher.queue):
-        kind, item = w.dispatcher.queue.popleft()
-        if kind == "drive":
-            w.engine.drive(item)
-        else:
-            w.dispatcher.queue.append((kind, item))
-    reqs = _queued(w)
+    reqs = _drives_then_sent(w)
     running = [a for a in (_begin(w, r)[0] for r in reqs) if a is not None]
     assert [a.seq for a in running] == [4]  # queued at dispatch: the best priority got the one slot
     order = []
