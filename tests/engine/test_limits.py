@@ -227,3 +227,42 @@ def test_a_grant_begun_a_period_late_needs_the_rate_again() -> None:
     w.clock.advance(9)  # type: ignore[attr-defined]
     attempt, why = _begin(w, late)  # 9 s after step 2 began: the rate allows no start
     assert attempt is None and why.startswith(WAITING)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"limit": "stripe"},  # not a Limit
+        {"limit": Limit("l", max_running=1), "local": True},  # a local activity cannot wait
+    ],
+)
+def test_bad_limit_options_are_refused_at_declaration(options: dict[str, Any]) -> None:
+    from celery_durable import durable_activity
+
+    with pytest.raises(ConfigurationError):
+
+        @durable_activity(name=f"lim.bad.{len(options)}", **options)
+        def bad() -> None: ...
+
+
+def test_a_limit_given_to_a_stacked_celery_task_is_its_activitys() -> None:
+    """``@durable_activity`` over ``@app.task(limit=Limit(...))``: Celery keeps the option as an
+    attribute and the activity's definition carries it (``limit=`` on the decorator above a task
+    is refused, as heartbeat options are: give it to the task)."""
+    from celery import Celery
+
+    from celery_durable import durable_activity
+    from celery_durable.engine.registry import GLOBAL_ACTIVITIES
+
+    app = Celery("limits-stacked", broker="memory://", set_as_current=False)
+    lim = Limit("stacked", max_running=3)
+
+    @durable_activity
+    @app.task(name="lim.stacked", limit=lim)
+    def stacked(x: int) -> int:
+        return x
+
+    assert stacked.name == "lim.stacked"  # a task of an app not yet finalized is a proxy: evaluated here
+    assert GLOBAL_ACTIVITIES["lim.stacked"].options["limit"] is lim
+    with pytest.raises(ConfigurationError, match="give them to the task"):
+        durable_activity(limit=lim)(app.task(name="lim.stacked2")(lambda: None))
