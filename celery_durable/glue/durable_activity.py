@@ -28,7 +28,7 @@ from celery_durable.engine.activities.context import ActivityInterrupt, check_ac
 from celery_durable.engine.activities.delivery import Delivery
 from celery_durable.engine.documents.model import Attempt
 from celery_durable.engine.drive import seals
-from celery_durable.engine.limits.spec import Limit
+from celery_durable.engine.limits.spec import Limit, declare_limit
 from celery_durable.engine.registry import GLOBAL_ACTIVITIES, ActivityDef
 from celery_durable.engine.replay.context import DurableFuture, current_context, require_context
 from celery_durable.errors import ActivityError, ConfigurationError, NonRetryableError, StoreUnavailable
@@ -390,6 +390,7 @@ def durable_activity(fn: Any = None, *, name: str | None = None, **options: Any)
                 "@durable_activity(local=True) cannot take limit=: a local activity runs inside the drive, "
                 "which cannot wait for a slot; use a normal activity"
             )
+        declare_limit(limit)
         given["limit"] = limit
         beats["limit"] = limit
     if local and given:
@@ -462,7 +463,7 @@ def _upgrade(task: Task) -> Task:
     options = check_activity_options(given)
     limit = getattr(task, "limit", None)  # @app.task(limit=Limit(...)) under @durable_activity
     if isinstance(limit, Limit):
-        options["limit"] = limit
+        options["limit"] = declare_limit(limit)
     _register(task.name, getattr(task, "_orig_run", None) or task.run, options)
     return task
 

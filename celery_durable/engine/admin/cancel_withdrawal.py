@@ -6,7 +6,8 @@ reopens the parent (resume; reset of a cancelled execution) plans, from what it 
 
 * :func:`cascaded`: the recorded ends that cancel caused, forgotten and their steps armed again
   (the children reopened with them), as the cancel's own ``cancelled`` outcomes are;
-* :func:`rearm_waiting_children`: the child steps still waiting, made due again for the child scan.
+* :func:`rearm_waiting_children`: the child steps still waiting, made due again for the child scan,
+  and the activity steps with no outcome and no attempt running, sent again.
 
 What lands after the plan is the parent's drive's: ``kin.withdrawn_cancels`` and
 ``kin.stale_child_outcomes``.
@@ -19,6 +20,7 @@ from typing import Any, Protocol
 
 from celery_durable.engine.admin.timeline import _int, _str
 from celery_durable.engine.children.holders import is_fence
+from celery_durable.engine.documents.model import lease_live
 from celery_durable.engine.documents.records import ExecDoc
 from celery_durable.engine.documents.schema import (
     CANCELLED_BY_PARENT,
@@ -80,7 +82,16 @@ def rearm_waiting_children(admin: _Admin, ex: ExecDoc, docs: dict[str, Doc], rew
     run = _int(ex.get("run"))
     taken = {d["id"] for d in rewrite.deletes} | {d["id"] for d in rewrite.replaces}
     for m in list(docs.values()):
-        if m.get("type") != DocType.STEP or m.get("kind") != StepKind.CHILD or _int(m.get("run")) != run:
+        if m.get("type") != DocType.STEP or _int(m.get("run")) != run or m["id"] in taken:
+            continue
+        if m.get("kind") == StepKind.ACTIVITY and not m.get("local"):
+            # a kept activity step with no outcome and no attempt running: its message may have
+            # been refused while the run was cancelled (or its limit slot handed on): sent again
+            settled = result_id(_int(m.get("seq")), run) in docs
+            if not settled and not lease_live(m, eng.clock.now()):
+                admin._rearm(ex, m, rewrite)
+            continue
+        if m.get("kind") != StepKind.CHILD:
             continue
         if m["id"] in taken or result_id(_int(m.get("seq")), run) in docs or not _str(m.get("child_id")):
             continue

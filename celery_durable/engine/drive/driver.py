@@ -573,6 +573,8 @@ class Driver:
         eng = self.engine
         eng.signals.after_commit(ex["pk"], replay.new_docs)  # signal values rejected/ignored by the replay
         eng.emit("drive_committed", execution_id=ex["pk"], outcome=replay.kind)
+        if replay.kind in ENDS or replay.kind == ReplayKind.CONTINUED:  # its steps' unused slots (engine/limits/)
+            eng.limits.release_idle(ex["pk"], run_of(ex))
         if replay.kind in ENDS:
             eng.emit(f"workflow_{replay.kind}", execution_id=ex["pk"], workflow=ex["workflow"])
             if replay.kind != ReplayKind.COMPLETED:  # once: only the commit that ended it gets here

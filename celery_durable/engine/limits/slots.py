@@ -300,6 +300,45 @@ class Slots:
             return granted
         return []
 
+    def release_idle(self, execution_id: str, run: int) -> None:
+        """Run ``run`` of ``execution_id`` ended or continued as new: the slots granted to its steps
+        that never began (as this commit's copy of the partition shows: their messages will be
+        refused) expire now, so the next scan — due at once — frees them on their steps' own leases
+        (not after their lease TTL). Never freed here: an attempt may have begun since that copy,
+        and the scan's check races it on the document's etag. Never raises."""
+        docs: Mapping[str, Doc] = self.engine.cache.peek(execution_id, float("inf")) or {}  # the commit's copy
+        for doc in docs.values():
+            record = doc.get("limit")
+            if doc.get("type") != "step" or int(doc.get("run") or 0) != run or not isinstance(record, dict):
+                continue
+            seq = int(doc.get("seq") or 0)
+            outcome = docs.get(result_id(seq, run))
+            ran = outcome is not None and not outcome.get("cancelled")  # a cancel's outcome: it never ran
+            if ran or lease_live(doc, self.engine.clock.now()):
+                continue
+            granted = (count_of(doc, "attempts") + 1, marker_token(doc))  # a grant is for the next attempt
+            lpk = limit_pk(record)
+            try:
+                self._expire(lpk, step_key(execution_id, run, seq), granted)
+            except Exception as exc:  # noqa: BLE001 - its slot lapses instead
+                log.warning("limit %s: the slot of %s step %d not given back: %s", lpk, execution_id, seq, exc)
+
+    def _expire(self, lpk: str, step: str, attempt: tuple[int, str | None]) -> None:
+        """``step``'s slot, if it is ``attempt``'s, expires now (the document due now)."""
+        eng = self.engine
+        for _ in range(ROUNDS):
+            now = eng.clock.now()
+            doc = self._load(lpk, self._contended(lpk))
+            mine = ((doc or {}).get("holders") or {}).get(step)
+            if doc is None or mine is None or (int(mine.get("n") or 0), mine.get("t")) != attempt:
+                return
+            mine["exp"] = now
+            try:
+                self._write(lpk, doc, now)
+                return
+            except ConflictError:
+                continue
+
     # --- grants --------------------------------------------------------------------------
 
     def _send(self, lpk: str, granted: list[dict[str, Any]]) -> None:

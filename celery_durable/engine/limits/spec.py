@@ -25,6 +25,8 @@ __all__ = [
     "step_limit",
     "limit_pk",
     "limit_fields",
+    "declare_limit",
+    "MAX_PRIORITY",
     "MAX_KEY_CHARS",
     "MAX_RATE_COUNT",
 ]
@@ -36,6 +38,8 @@ LIMIT_RECORD = "limit_record"
 MAX_RATE_COUNT = 1000
 _PERIODS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,100}$")
+#: a priority is a JSON number every store keeps exactly (an integer a double holds)
+MAX_PRIORITY = 2**53
 
 
 def parse_rate(rate: str | None) -> tuple[int, float] | None:
@@ -89,8 +93,13 @@ class Limit:
             fn = getattr(self, what)
             if fn is not None and not callable(fn):
                 raise ConfigurationError(f"Limit({what}=) takes a callable of the activity's arguments, not {fn!r}")
-        if isinstance(self.priority, bool) or not isinstance(self.priority, int):
-            raise ConfigurationError(f"priority must be an int, not {self.priority!r}")
+        _check_priority(self.priority)
+
+
+def _check_priority(priority: object) -> None:
+    if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > MAX_PRIORITY:
+        what = f"an int of {priority.bit_length()} bits" if isinstance(priority, int) else type(priority).__name__
+        raise ConfigurationError(f"priority must be an int within ±2**53, not {what}")
 
 
 #: what a marker records: {"name", "key", "max", "rate": [n, per] | None, "p", "g", "d"}
@@ -121,8 +130,8 @@ def step_limit(
     key = "" if limit.key is None else _key_text(limit.key(*args, **kwargs), "key", limit.name)
     group = execution_id if limit.fair_by is None else _key_text(limit.fair_by(*args, **kwargs), "fair_by", limit.name)
     rate = parse_rate(limit.rate)
-    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
-        raise ConfigurationError(f"priority must be an int, not {priority!r}")
+    if priority is not None:
+        _check_priority(priority)
     return {
         "name": limit.name,
         "key": key,
@@ -152,3 +161,20 @@ def limit_fields(
     if not isinstance(limit, Limit):
         return {}
     return {"limit": step_limit(limit, args, kwargs, execution_id, (options or {}).get("priority"), now)}
+
+
+#: the limits this process declared, by name: (max_running, rate)
+_DECLARED: dict[str, tuple[int | None, str | None]] = {}
+
+
+def declare_limit(limit: Limit) -> Limit:
+    """Note ``limit`` as its name's declaration in this process: a second activity declaring the
+    same name with another ``max_running`` or ``rate`` is refused (both share one document per key,
+    whose limit would be the one scheduled last). Returns it."""
+    seen = _DECLARED.setdefault(limit.name, (limit.max_running, limit.rate))
+    if seen != (limit.max_running, limit.rate):
+        raise ConfigurationError(
+            f"Limit({limit.name!r}) is declared twice: max_running={seen[0]!r}, rate={seen[1]!r} and "
+            f"max_running={limit.max_running!r}, rate={limit.rate!r}; one name is one limit (share the Limit object)"
+        )
+    return limit
