@@ -258,11 +258,13 @@ def test_a_limit_given_to_a_stacked_celery_task_is_its_activitys() -> None:
     lim = Limit("stacked", max_running=3)
 
     @durable_activity
-    @app.task(name="lim.stacked", limit=lim)
+    @app.task(name="lim.stacked", limit=lim, shared=False)  # not shared: no other app gets it
     def stacked(x: int) -> int:
         return x
+
+    def other() -> None: ...
 
     assert stacked.name == "lim.stacked"  # a task of an app not yet finalized is a proxy: evaluated here
     assert GLOBAL_ACTIVITIES["lim.stacked"].options["limit"] is lim
     with pytest.raises(ConfigurationError, match="give them to the task"):
-        durable_activity(limit=lim)(app.task(name="lim.stacked2")(lambda: None))
+        durable_activity(limit=lim)(app.task(name="lim.stacked2", shared=False)(other))
