@@ -142,7 +142,7 @@ def test_a_huge_declared_priority_is_refused_at_declaration() -> None:
 
 # Found by the breaker (fixed): a step granted a slot (its message sent) whose workflow is cancelled
 # before the message arrives: ActivityRunner.begin refuses the delivery ('execution is cancelled',
-# _not_runnable) before it calls limits.enter, so nobody gives the granted slot back; it lapses only
+# not_runnable) before it calls limits.enter, so nobody gives the granted slot back; it lapses only
 # at its exp (lease TTL, 30 s) via _check_expired, and the live waiter behind it waits 30 s (> the 15
 # s scan interval) on a slot no step will use
 def test_a_grant_refused_because_its_workflow_was_cancelled_frees_the_slot() -> None:

@@ -39,19 +39,17 @@ from celery_durable.engine.activities.context import (
     heartbeat_record,
 )
 from celery_durable.engine.activities.context import current as current_activity
-from celery_durable.engine.activities.delivery import STALE_EVENT, Delivery, marker_token, refusal
+from celery_durable.engine.activities.delivery import STALE_EVENT, Delivery, marker_token, not_runnable, refusal
 from celery_durable.engine.dispatcher import ActivityRequest, Send
 from celery_durable.engine.documents.model import (
     DUE_ACTIVITY,
-    EXEC_ID,
     Attempt,
     error_info,
     lease_live,
     marker_id,
     result_id,
-    run_of,
 )
-from celery_durable.engine.documents.records import count_of, holder_of, is_terminal
+from celery_durable.engine.documents.records import count_of, holder_of
 from celery_durable.engine.limits.slots import NOT_QUEUED
 from celery_durable.errors import (
     ConfigurationError,
@@ -139,25 +137,6 @@ def may_be_stale(why: str) -> bool:
     return why.startswith(STALE_REASONS)
 
 
-def _not_runnable(docs: Mapping[str, Doc], seq: int, run: int) -> str | None:
-    """Why no attempt of step ``seq`` of ``run`` may begin on this partition (None: one may)."""
-    ex = docs.get(EXEC_ID)
-    if ex is None:
-        return "no such execution"
-    if is_terminal(ex):
-        return f"execution is {ex['status']}"
-    if run_of(ex) > run:
-        return "the execution continued as new"
-    if run_of(ex) < run:  # the message follows a run we do not see (yet)
-        return f"the run is not yet {run}"
-    if result_id(seq, run) in docs:
-        return "duplicate: the result is already recorded"
-    marker = docs.get(marker_id(seq, run))
-    if marker is None or marker.get("kind") != "activity":
-        return "no such activity step"
-    return None
-
-
 def _details(marker: Doc) -> Any:
     """The heartbeat details an earlier attempt left on the step's marker (None: none)."""
     beat = marker.get("heartbeat")
@@ -232,7 +211,7 @@ class ActivityRunner:
         slot_number, slot_token = 0, None  # for the attempt numbered this, of the marker with this token
         for _ in range(5):
             docs = eng.cache.load(execution_id)
-            refused = _not_runnable(docs, seq, run)
+            refused = not_runnable(docs, seq, run)
             if refused is not None:
                 self._give_back(execution_id, seq, run, slot, slot_number, slot_token)
                 return None, refused
@@ -302,7 +281,7 @@ class ActivityRunner:
     ) -> None:
         """A delivery that took a slot but will not run: the slot goes to the next waiter."""
         if slot is not None:
-            self.engine.limits.leave(Attempt(execution_id, seq, "", "", "", number, run, token=token, limit=slot))
+            self.engine.limits.release(execution_id, run, seq, (number, token), slot)
 
     def _claimed(self, execution_id: str, seq: int, run: int, holder: str) -> tuple[Attempt | None, str] | None:
         """The attempt whose lease the scheduling commit took (``holder``), or None: not (or no
@@ -315,7 +294,7 @@ class ActivityRunner:
         marker = docs.get(marker_id(seq, run))
         if marker is None or holder_of(marker) != holder:
             return None
-        refused = _not_runnable(docs, seq, run)
+        refused = not_runnable(docs, seq, run)
         if refused is not None:
             return None, refused
         if not lease_live(marker, eng.clock.now()):

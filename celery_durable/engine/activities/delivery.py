@@ -26,7 +26,8 @@ from typing import Any
 
 from celery_durable.engine.dispatcher import ActivityRequest, Send
 from celery_durable.engine.documents.model import run_of
-from celery_durable.engine.documents.schema import marker_id, task_id_of
+from celery_durable.engine.documents.records import is_terminal
+from celery_durable.engine.documents.schema import EXEC_ID, marker_id, result_id, task_id_of
 from celery_durable.stores.base import Doc
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "stale_outcomes",
     "STALE_EVENT",
     "request_of",
+    "not_runnable",
 ]
 
 #: the engine event (so counter and Prometheus ``events_total``) of a dropped stale delivery
@@ -187,3 +189,22 @@ def request_of(execution_id: str, marker: Doc, ex: Mapping[str, Any] | None) -> 
         run=run_of(marker),
         token=marker_token(marker),
     )
+
+
+def not_runnable(docs: Mapping[str, Doc], seq: int, run: int) -> str | None:
+    """Why no attempt of step ``seq`` of ``run`` may begin on this partition (None: one may)."""
+    ex = docs.get(EXEC_ID)
+    if ex is None:
+        return "no such execution"
+    if is_terminal(ex):
+        return f"execution is {ex['status']}"
+    if run_of(ex) > run:
+        return "the execution continued as new"
+    if run_of(ex) < run:  # the message follows a run we do not see (yet)
+        return f"the run is not yet {run}"
+    if result_id(seq, run) in docs:
+        return "duplicate: the result is already recorded"
+    marker = docs.get(marker_id(seq, run))
+    if marker is None or marker.get("kind") != "activity":
+        return "no such activity step"
+    return None

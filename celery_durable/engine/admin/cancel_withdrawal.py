@@ -84,16 +84,15 @@ def rearm_waiting_children(admin: _Admin, ex: ExecDoc, docs: dict[str, Doc], rew
     for m in list(docs.values()):
         if m.get("type") != DocType.STEP or _int(m.get("run")) != run or m["id"] in taken:
             continue
+        if result_id(_int(m.get("seq")), run) in docs:
+            continue  # settled
         if m.get("kind") == StepKind.ACTIVITY and not m.get("local"):
             # a kept activity step with no outcome and no attempt running: its message may have
             # been refused while the run was cancelled (or its limit slot handed on): sent again
-            settled = result_id(_int(m.get("seq")), run) in docs
-            if not settled and not lease_live(m, eng.clock.now()):
+            if not lease_live(m, eng.clock.now()):
                 admin._rearm(ex, m, rewrite)
             continue
-        if m.get("kind") != StepKind.CHILD:
-            continue
-        if m["id"] in taken or result_id(_int(m.get("seq")), run) in docs or not _str(m.get("child_id")):
+        if m.get("kind") != StepKind.CHILD or not _str(m.get("child_id")):
             continue
         if ended_by_parent(eng.store.read(str(m["child_id"]), EXEC_ID) or {}):
             admin._rearm(ex, m, rewrite)

@@ -26,10 +26,10 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from celery_durable.engine.activities.delivery import marker_token, request_of
+from celery_durable.engine.activities.delivery import marker_token, not_runnable, request_of
 from celery_durable.engine.dispatcher import ActivityRequest, Send
-from celery_durable.engine.documents.model import EXEC_ID, lease_live, marker_id, result_id, run_of
-from celery_durable.engine.documents.records import count_of, is_terminal
+from celery_durable.engine.documents.model import EXEC_ID, lease_live, marker_id, result_id
+from celery_durable.engine.documents.records import count_of
 from celery_durable.engine.documents.schema import DueKind
 from celery_durable.engine.limits.spec import LIMIT_RECORD, limit_pk
 from celery_durable.engine.limits.table import (
@@ -38,6 +38,7 @@ from celery_durable.engine.limits.table import (
     expired,
     grant,
     has_start,
+    holds,
     next_due,
     restart,
     room,
@@ -167,9 +168,9 @@ class Slots:
         """Queue ``reqs`` on ``lpk`` (admitting what room allows); the task ids held back."""
         eng = self.engine
         fresh = self._contended(lpk)
+        record = reqs[-1].options[LIMIT_RECORD]
         for _ in range(ROUNDS):
             now = eng.clock.now()
-            record = reqs[-1].options[LIMIT_RECORD]
             doc = self._load(lpk, fresh) or _new_doc(lpk, record)
             _declare(doc, record)
             holders: dict[str, Any] = doc.setdefault("holders", {})
@@ -213,20 +214,19 @@ class Slots:
             doc = self._load(lpk, fresh) or _new_doc(lpk, record)
             holders: dict[str, Any] = doc.setdefault("holders", {})
             mine = holders.get(step)
-            if not fresh and (mine is None or int(mine.get("n") or 0) != number or mine.get("t") != token):
+            ours = mine if holds(mine, (number, token)) else None  # the slot is this attempt's
+            if not fresh and ours is None:
                 fresh = True  # a copy that does not show its slot may be older than its grant
                 continue
             granted: list[dict[str, Any]] = []
             changed = _declare(doc, record)
             lost: list[dict[str, Any]] = []
             go = True
-            held: dict[str, Any] = mine or {}
-            ours = mine is not None and int(held.get("n") or 0) == number and held.get("t") == token
-            late = ours and _has_rate(doc) and float(held.get("at") or now) < now  # granted before it began
-            if ours and not late and float(held.get("exp") or 0.0) - now > ttl / 2 and not changed:
+            late = ours is not None and _has_rate(doc) and float(ours.get("at") or now) < now  # granted earlier
+            if ours is not None and not late and float(ours.get("exp") or 0.0) - now > ttl / 2 and not changed:
                 return None  # granted to it (or held by its earlier delivery): nothing to write
-            if mine is not None and ours and (not late or has_start(doc, step, now)):
-                mine.update(exp=now + ttl, at=now)  # its grant's start moves to now
+            if ours is not None and (not late or has_start(doc, step, now)):
+                ours.update(exp=now + ttl, at=now)  # its grant's start moves to now
                 restart(doc, step, now, moved=True)
             elif mine is not None and room(doc, now, ignoring=step) > 0:
                 # another attempt of the step (a retry taking over a lapsed lease, a re-run), or a
@@ -264,14 +264,19 @@ class Slots:
         given back lapses (the recovery scan frees it once its step's lease has)."""
         with self._lock:
             record, attempt.limit = attempt.limit, None
-        if record is None:
-            return
+        if record is not None:
+            self.release(attempt.execution_id, attempt.run, attempt.seq, (attempt.number, attempt.token), record)
+
+    def release(
+        self, execution_id: str, run: int, seq: int, attempt: tuple[int, str | None], record: Mapping[str, Any]
+    ) -> None:
+        """Free the slot of ``record``'s limit that step ``seq`` holds for ``attempt`` (its number,
+        its marker's token) and grant the room. Never raises."""
         lpk = limit_pk(record)
-        step = step_key(attempt.execution_id, attempt.run, attempt.seq)
         try:
-            self._send(lpk, self._leave(lpk, step, (attempt.number, attempt.token)))
+            self._send(lpk, self._leave(lpk, step_key(execution_id, run, seq), attempt))
         except Exception as exc:  # noqa: BLE001 - the attempt's outcome must still be recorded
-            log.warning("could not give back the slot of %s step %d: %s", attempt.execution_id, attempt.seq, exc)
+            log.warning("could not give back the slot of %s step %d: %s", execution_id, seq, exc)
 
     def _leave(self, lpk: str, step: str, attempt: tuple[int, str | None] | None) -> list[dict[str, Any]]:
         """Free ``step``'s slot (only ``attempt``'s — its number and marker token — unless None);
@@ -285,7 +290,7 @@ class Slots:
                 return []
             holders: dict[str, Any] = doc.get("holders") or {}
             mine = holders.get(step)
-            if mine is None or (attempt is not None and (int(mine.get("n") or 0), mine.get("t")) != attempt):
+            if mine is None or (attempt is not None and not holds(mine, attempt)):
                 if fresh:
                     return []  # not its slot (any more): another attempt of the step holds it
                 fresh = True
@@ -330,7 +335,7 @@ class Slots:
             now = eng.clock.now()
             doc = self._load(lpk, self._contended(lpk))
             mine = ((doc or {}).get("holders") or {}).get(step)
-            if doc is None or mine is None or (int(mine.get("n") or 0), mine.get("t")) != attempt:
+            if doc is None or mine is None or not holds(mine, attempt):
                 return
             mine["exp"] = now
             try:
@@ -360,7 +365,7 @@ class Slots:
         eid, run, seq = str(w["e"]), int(w["r"]), int(w["q"])
         docs = eng.cache.load(eid)
         marker, ex = docs.get(marker_id(seq, run)), docs.get(EXEC_ID)
-        if marker is None or _done(docs, ex, run, seq):
+        if marker is None or not_runnable(docs, seq, run) is not None:  # settled, or its run ended or moved on
             return False
         eng.emit("limit_granted", execution_id=eid, seq=seq, limit=str(w.get("g")))
         eng.dispatcher.send_activity(request_of(eid, marker, ex))
@@ -376,7 +381,7 @@ class Slots:
         for step in expired(doc, now)[:CHECKS_PER_WRITE]:
             eid, run, seq = _parse(step)
             docs = self.engine.cache.load(eid)
-            marker, ex = docs.get(marker_id(seq, run)), docs.get(EXEC_ID)
+            marker = docs.get(marker_id(seq, run))
             lease = (marker or {}).get("lease") or {}
             holder = holders[step]
             ours = marker is not None and holder.get("t") in (None, marker_token(marker))
@@ -384,7 +389,7 @@ class Slots:
                 # still running (its lease renewed), even if its execution ended meanwhile: it
                 # holds the slot until it stops (told at its next renewal) or its lease lapses
                 holder["exp"] = float(lease.get("expires") or now)
-            elif not ours or marker is None or _done(docs, ex, run, seq):
+            elif not ours or marker is None or not_runnable(docs, seq, run) is not None:
                 del holders[step]  # settled, or held for a marker a reset forgot
             elif count_of(marker, "attempts") < int(holder.get("n") or 1) and not holder.get("resent"):
                 holder.update(exp=now + self.engine.settings.lease_ttl, resent=True)
@@ -422,11 +427,6 @@ class Slots:
             self._send(lpk, granted + lost)
             return len(granted) + len(lost)
         return 0
-
-
-def _done(docs: Mapping[str, Doc], ex: Doc | None, run: int, seq: int) -> bool:
-    """The step needs no slot any more: settled, or its run ended or moved on."""
-    return ex is None or is_terminal(ex) or run_of(ex) != run or result_id(seq, run) in docs
 
 
 def _has_rate(doc: Mapping[str, Any]) -> bool:

@@ -26,11 +26,11 @@ from typing import Any
 __all__ = [
     "MAX_WAITERS",
     "step_key",
+    "holds",
     "room",
     "enqueue",
     "admit",
     "grant",
-    "first_of",
     "next_due",
     "expired",
     "drop_waiter",
@@ -45,6 +45,11 @@ MAX_WAITERS = 1000
 
 def step_key(execution_id: str, run: int, seq: int) -> str:
     return f"{execution_id}|{run}|{seq}"
+
+
+def holds(holder: Mapping[str, Any] | None, attempt: tuple[int, str | None]) -> bool:
+    """Is ``holder`` the slot of ``attempt`` (its number and its marker's token)?"""
+    return holder is not None and (int(holder.get("n") or 0), holder.get("t")) == attempt
 
 
 def _rate(doc: Mapping[str, Any]) -> tuple[int, float] | None:
@@ -166,11 +171,6 @@ def grant(doc: dict[str, Any], now: float, ttl: float) -> list[dict[str, Any]]:
         _take(doc, best["s"], int(best.get("n") or 1), str(best.get("g")), now, ttl, best.get("t"))
         granted.append(best)
     return granted
-
-
-def first_of(doc: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The waiter :func:`grant` would pick next."""
-    return dict(_best(doc)) if doc.get("waiters") else None
 
 
 def expired(doc: Mapping[str, Any], now: float) -> list[str]:
