@@ -25,10 +25,11 @@ from celery_durable.engine.core import Engine
 from celery_durable.engine.documents.checks import check_workflow_id
 from celery_durable.engine.documents.model import TERMINAL
 from celery_durable.engine.documents.search import start_fields
+from celery_durable.engine.limits.spec import Limit, WorkflowQueueing
 from celery_durable.engine.registry import Registry, WorkflowDef, add_shared_workflow
 from celery_durable.engine.replay.context import DurableFuture, current_context, require_context
 from celery_durable.engine.starts.deadlines import Timing, timing_of
-from celery_durable.engine.starts.dedup import OnConflict, check_dedup, check_on_conflict
+from celery_durable.engine.starts.dedup import OnConflict
 from celery_durable.errors import ConfigurationError
 from celery_durable.glue.beat_scans import install_beat_scans
 from celery_durable.glue.beat_shutdown import install_beat_shutdown
@@ -47,6 +48,7 @@ from celery_durable.glue.wire import check as check_wire
 from celery_durable.handle import WorkflowHandle
 from celery_durable.observability import Counters
 from celery_durable.settings import Settings
+from celery_durable.start_options import WorkflowOptions, dedup_of, queueing_of
 from celery_durable.stores import Store, store_from_url
 from celery_durable.stores.push.base import REDIS_SCHEMES
 from celery_durable.stores.push.selection import build_notifier
@@ -119,9 +121,18 @@ class Workflow(Generic[P, R]):
         memo: Any = None,
         dedup: tuple[str, OnConflict] | None = None,
         timing: Timing | None = None,
+        queueing: WorkflowQueueing | None = None,
     ) -> WorkflowHandle[R]:
         eid, _ = self._durable.engine.start(
-            self.definition, args, kwargs, workflow_id=workflow_id, search=search, memo=memo, dedup=dedup, timing=timing
+            self.definition,
+            args,
+            kwargs,
+            workflow_id=workflow_id,
+            search=search,
+            memo=memo,
+            dedup=dedup,
+            timing=timing,
+            queueing=queueing,
         )
         return WorkflowHandle(self._durable.engine, eid, self.definition)
 
@@ -136,6 +147,9 @@ class Workflow(Generic[P, R]):
         timeout: timedelta | float | None = None,
         start_delay: timedelta | float | None = None,
         debounce: timedelta | float | None = None,
+        limit: Limit | None = None,
+        limit_key: str | int | None = None,
+        priority: int | None = None,
     ) -> WorkflowOptions[P, R]:
         """This workflow with start options, its arguments type-checked:
         ``fulfil.options(workflow_id=f"order-{o.id}", search={"customer": o.customer}).start(o)``
@@ -154,7 +168,12 @@ class Workflow(Generic[P, R]):
 
         ``debounce`` (> 0, with a ``dedup_key``): a start delayed by that quiet period; another
         debounced start with the key while it has not started yet gives it its input and moves its
-        start a full quiet period on (the latest input wins). docs/guides/dedup.md."""
+        start a full quiet period on (the latest input wins). docs/guides/dedup.md.
+
+        ``limit`` (a :class:`Limit`; default: the workflow's ``limit=``): the execution is created
+        ``queued`` and starts when it gets a slot, held until it ends. ``limit_key``: its key (instead
+        of the limit's key function of the arguments); ``priority``: lower starts first.
+        docs/guides/limits.md."""
         start_fields(search, memo)
         timing = timing_of(timeout, start_delay, debounce)
         if debounce is not None and dedup_key is None:
@@ -164,20 +183,13 @@ class Workflow(Generic[P, R]):
             None if workflow_id is None else check_workflow_id(workflow_id),
             search=search,
             memo=memo,
-            dedup=_dedup_of(dedup_key, on_conflict),
+            dedup=dedup_of(dedup_key, on_conflict),
             timing=timing,
+            queueing=queueing_of(limit, limit_key, priority),
         )
 
     def handle(self, workflow_id: str) -> WorkflowHandle[R]:
         return WorkflowHandle(self._durable.engine, workflow_id, self.definition)
-
-
-def _dedup_of(key: str | None, on_conflict: str) -> tuple[str, OnConflict] | None:
-    if key is not None:
-        return check_dedup(key, on_conflict)
-    if check_on_conflict(on_conflict) != OnConflict.REJECT:  # a policy with no key would do nothing
-        raise ConfigurationError(f"on_conflict={on_conflict!r} needs a dedup_key")
-    return None
 
 
 class SharedWorkflow(Workflow[P, R]):
@@ -205,16 +217,18 @@ class SharedWorkflow(Workflow[P, R]):
 def shared_workflow(fn: Callable[P, R]) -> SharedWorkflow[P, R]: ...
 @overload
 def shared_workflow(
-    *, name: str | None = None, signals: dict[str, Any] | None = None
+    *, name: str | None = None, signals: dict[str, Any] | None = None, limit: Limit | None = None
 ) -> Callable[[Callable[P, R]], SharedWorkflow[P, R]]: ...
-def shared_workflow(fn: Any = None, *, name: str | None = None, signals: dict[str, Any] | None = None) -> Any:
+def shared_workflow(
+    fn: Any = None, *, name: str | None = None, signals: dict[str, Any] | None = None, limit: Limit | None = None
+) -> Any:
     """``@durable.workflow`` without a ``Durable`` at hand, for reusable (Django) apps, as Celery's
     ``@shared_task``: every Durable's workers run it, and ``start()`` goes through the current
     app's Durable. Same options and rules as :meth:`Durable.workflow`."""
 
     def wrap(f: Callable[P, R]) -> SharedWorkflow[P, R]:
         _refuse_non_plain(f)
-        return SharedWorkflow(add_shared_workflow(name or f"{f.__module__}.{f.__qualname__}", f, signals))
+        return SharedWorkflow(add_shared_workflow(name or f"{f.__module__}.{f.__qualname__}", f, signals, limit))
 
     return wrap(fn) if fn is not None else wrap
 
@@ -244,48 +258,6 @@ def _refuse_non_plain(fn: Callable[..., Any]) -> None:
             f"workflows must be plain functions; async activities are supported "
             f"({getattr(fn, '__qualname__', fn)!r} is {kind}: call async code from a @durable_activity)"
         )
-
-
-class WorkflowOptions(Generic[P, R]):
-    """A workflow with start options (``Workflow.options(...)``); ``start``/``start_child`` as there."""
-
-    def __init__(
-        self,
-        workflow: Workflow[P, R],
-        workflow_id: str | None,
-        search: dict[str, Any] | None = None,
-        memo: Any = None,
-        dedup: tuple[str, OnConflict] | None = None,
-        timing: Timing | None = None,
-    ) -> None:
-        self.workflow = workflow
-        self.workflow_id = workflow_id
-        self.search = search
-        self.memo = memo
-        self.dedup = dedup
-        #: its deadline and start delay (engine/starts/deadlines.py)
-        self.timing = timing
-
-    def start(self, *args: P.args, **kwargs: P.kwargs) -> WorkflowHandle[R]:
-        for name in ("_workflow_id", "_search", "_memo"):  # given here, they would be the function's arguments
-            if name in kwargs:
-                raise ConfigurationError(f"{name}= with options(): give it to options() instead")
-        return self.workflow._start(
-            args, dict(kwargs), self.workflow_id, self.search, self.memo, self.dedup, self.timing
-        )
-
-    def start_child(self, *args: P.args, **kwargs: P.kwargs) -> DurableFuture[R]:
-        if self.search or self.memo is not None or self.dedup is not None:
-            raise ConfigurationError(
-                "search attributes, a memo and a dedup key are given at start to top-level executions "
-                "only: a child sets its search attributes with wf.upsert_search"
-            )
-        if self.timing is not None and self.timing.start_delay:
-            raise ConfigurationError("start_delay is for top-level starts: a workflow sleeps (wf.sleep) before a child")
-        if self.timing is None:
-            return self.workflow.start_child(*args, _workflow_id=self.workflow_id, **kwargs)
-        ctx = require_context(f"{self.workflow.name}.start_child()")
-        return ctx.start_child(self.workflow.definition, args, kwargs, self.workflow_id, self.timing.timeout)
 
 
 class Durable:
@@ -453,9 +425,16 @@ class Durable:
     def workflow(self, fn: Callable[P, R]) -> Workflow[P, R]: ...
     @overload
     def workflow(
-        self, *, name: str | None = None, signals: dict[str, Any] | None = None
+        self, *, name: str | None = None, signals: dict[str, Any] | None = None, limit: Limit | None = None
     ) -> Callable[[Callable[P, R]], Workflow[P, R]]: ...
-    def workflow(self, fn: Any = None, *, name: str | None = None, signals: dict[str, Any] | None = None) -> Any:
+    def workflow(
+        self,
+        fn: Any = None,
+        *,
+        name: str | None = None,
+        signals: dict[str, Any] | None = None,
+        limit: Limit | None = None,
+    ) -> Any:
         """Register a workflow function; its name (default ``module.qualname``) is stored.
 
         A workflow is a plain function: ``async def`` (and generator) functions are refused with
@@ -463,12 +442,16 @@ class Durable:
 
         ``signals`` declares signal names and their types: values sent to them are validated
         in the sender.
+
+        ``limit`` (a :class:`Limit`, its ``key`` a function of the workflow's arguments): each
+        execution is created ``queued`` and starts when it gets a slot of its key, which it holds
+        until it ends (docs/guides/limits.md).
         """
 
         def wrap(f: Callable[P, R]) -> Workflow[P, R]:
             _refuse_non_plain(f)
             wf_name = name or f"{f.__module__}.{f.__qualname__}"
-            return Workflow(self, self.registry.add_workflow(wf_name, f, signals))
+            return Workflow(self, self.registry.add_workflow(wf_name, f, signals, limit))
 
         return wrap(fn) if fn is not None else wrap
 

@@ -98,7 +98,7 @@ class WorkflowHandle(Generic[R]):
         return answer_query(eng.store, eng.registry, eng.settings, eng.clock, self.id, name, args)
 
     def status(self) -> str:
-        """``scheduled``, ``running``, ``completed``, ``failed``, ``cancelled`` or ``timed_out``."""
+        """``scheduled``, ``queued``, ``running``, ``completed``, ``failed``, ``cancelled`` or ``timed_out``."""
         return self.poll().status
 
     def result(self, timeout: float | None = None) -> R:

@@ -48,6 +48,7 @@ from celery_durable.engine.drive.partition_cache import PartitionCache
 from celery_durable.engine.drive.recovery import Recovery
 from celery_durable.engine.drive.upkeep import wake
 from celery_durable.engine.limits.slots import Slots
+from celery_durable.engine.limits.spec import WorkflowQueueing, workflow_limit
 from celery_durable.engine.outbox import DUE_ADMIT, OutboxEngine, OutboxSettings
 from celery_durable.engine.outbox.runtime import EffectKeeper
 from celery_durable.engine.outcomes import ClockOutcome, DriveOutcome
@@ -165,6 +166,7 @@ class Engine:
         memo: Any = None,
         dedup: tuple[str, OnConflict] | None = None,
         timing: Timing | None = None,
+        queueing: WorkflowQueueing | None = None,
     ) -> tuple[str, bool]:
         """Create the execution (idempotent by id) and send its first drive.
 
@@ -174,11 +176,17 @@ class Engine:
         ``search`` (indexed attributes) and ``memo`` (any JSON) are checked here too
         (:class:`InvalidSearchAttribute`; engine/documents/search.py) and stored in the exec document.
         ``timing``: its deadline and start delay, checked by the caller (engine/starts/deadlines.py).
+        ``queueing``: the limit it waits on, if not its workflow's (engine/limits/workflows.py).
         """
         eid = uuid.uuid4().hex if workflow_id is None else check_workflow_id(workflow_id)
         extra = start_fields(search, memo)
         payload = workflow.codec.encode_args(args, kwargs)
+        group = "" if parent is None else str(parent.get("pk"))  # a child's turns are its parent's
+        limit = workflow_limit(workflow.limit, queueing, args, kwargs, group, self.clock.now())
+        if limit is not None:
+            extra["limit"] = limit
         eager = self.settings.eager_start and parent is None and (timing is None or not timing.start_delay)
+        eager = eager and limit is None  # a limited one starts when it gets its slot
         if dedup is not None:  # one running execution per key (engine/starts/dedup.py)
             extra["dedup_key"] = dedup[0]
 
@@ -243,12 +251,17 @@ class Engine:
             now,
             **({"due_kind": DUE_EXEC, "due_at": now + self.settings.drive_timeout} | fields | timed),
         )
+        if isinstance(fields.get("limit"), dict) and "status" not in timed:
+            doc.update(status=Status.QUEUED.value, queued_at=now)  # it starts when it gets a slot
         known = create_exec(self.store, doc, clocks)
         if known is None:
             return False
         self.emit("workflow_started", execution_id=eid, workflow=workflow)
         if timed.get("status") == Status.SCHEDULED:
             return True  # its start clock sends the first drive
+        if doc.get("status") == Status.QUEUED:
+            self.limits.queue_execution(eid, fields["limit"])
+            return True
         if not (eager and definition is not None and self._eager_drive(eid, known)):
             self.dispatcher.send_drive(eid)
         return True
@@ -323,10 +336,11 @@ class Engine:
             ex = self.read_exec(execution_id)
             if is_terminal(ex):
                 return False
-            if ex.get("status") == Status.SCHEDULED:  # none of its code ran: it ends now
+            if ex.get("status") in (Status.SCHEDULED, Status.QUEUED):  # none of its code ran: it ends now
                 if by is not None:
                     check_field(OperationRefused, "by", by)
                 if cancel_scheduled(self, ex, by, reason):
+                    self.limits.release_execution(ex)  # its place in its limit's queue
                     return True
                 continue
             if ex.get("cancel_requested") and by is None:

@@ -77,6 +77,8 @@ class ChildRequest:
     run: int = 0
     #: the child's deadline (its own timeout capped by the parent's deadline), if any
     deadline_at: float | None = None
+    #: the limit the child waits on (its workflow's ``limit=``: engine/limits/workflows.py)
+    limit: dict[str, Any] | None = None
 
     @property
     def key(self) -> str:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from celery_durable.codecs import CallCodec, codec_for
+from celery_durable.engine.limits.spec import Limit, declare_limit
 from celery_durable.errors import ConfigurationError
 
 __all__ = ["WorkflowDef", "ActivityDef", "Registry"]
@@ -19,6 +20,8 @@ class WorkflowDef:
     codec: CallCodec
     #: declared signal types: values are validated against them when sent
     signals: dict[str, Any] = field(default_factory=dict)
+    #: its executions wait for a slot of this limit before they start (engine/limits/workflows.py)
+    limit: Limit | None = None
 
     @property
     def signal_names(self) -> list[str] | None:
@@ -42,13 +45,23 @@ GLOBAL_ACTIVITIES: dict[str, ActivityDef] = {}
 GLOBAL_WORKFLOWS: dict[str, WorkflowDef] = {}
 
 
-def add_shared_workflow(name: str, fn: Callable[..., Any], signals: dict[str, Any] | None = None) -> WorkflowDef:
+def add_shared_workflow(
+    name: str, fn: Callable[..., Any], signals: dict[str, Any] | None = None, limit: Limit | None = None
+) -> WorkflowDef:
     """Declare a workflow every :class:`Registry` knows (``@shared_workflow``)."""
     existing = GLOBAL_WORKFLOWS.get(name)
     if existing is not None and existing.fn is not fn:
         raise ConfigurationError(f"two shared workflows are named {name!r}")
-    wf = GLOBAL_WORKFLOWS[name] = WorkflowDef(name, fn, codec_for(fn), dict(signals or {}))
+    wf = GLOBAL_WORKFLOWS[name] = WorkflowDef(name, fn, codec_for(fn), dict(signals or {}), _declared(limit))
     return wf
+
+
+def _declared(limit: object) -> Limit | None:
+    if limit is None:
+        return None
+    if not isinstance(limit, Limit):
+        raise ConfigurationError(f"a workflow's limit= takes a celery_durable.Limit, not {limit!r}")
+    return declare_limit(limit)
 
 
 class Registry:
@@ -56,11 +69,13 @@ class Registry:
         self.workflows: dict[str, WorkflowDef] = {}
         self.activities: dict[str, ActivityDef] = {}
 
-    def add_workflow(self, name: str, fn: Callable[..., Any], signals: dict[str, Any] | None = None) -> WorkflowDef:
+    def add_workflow(
+        self, name: str, fn: Callable[..., Any], signals: dict[str, Any] | None = None, limit: Limit | None = None
+    ) -> WorkflowDef:
         existing = self.workflows.get(name) or GLOBAL_WORKFLOWS.get(name)
         if existing is not None and existing.fn is not fn:
             raise ConfigurationError(f"two workflows are named {name!r}")
-        wf = WorkflowDef(name, fn, codec_for(fn), dict(signals or {}))
+        wf = WorkflowDef(name, fn, codec_for(fn), dict(signals or {}), _declared(limit))
         self.workflows[name] = wf
         return wf
 

@@ -267,15 +267,17 @@ class WorkflowEnvironment:
         **kwargs: Any,
     ) -> WorkflowHandle[R]:
         """Start ``workflow`` (or ``workflow.options(...)``, its options) and run until idle."""
-        dedup, timing = None, None
+        dedup, timing, queueing = None, None, None
         if not hasattr(workflow, "definition"):  # options (not imported here: app imports this module's users)
             opts: WorkflowOptions[Any, R] = workflow
             _workflow_id = opts.workflow_id if _workflow_id is None else _workflow_id
             _search = opts.search if _search is None else _search
             _memo, dedup, timing = opts.memo if _memo is None else _memo, opts.dedup, opts.timing
-            workflow = opts.workflow
+            queueing, definition = opts.queueing, opts.workflow.definition
+        else:
+            definition = workflow.definition
         eid, _ = self.engine.start(
-            workflow.definition,
+            definition,
             args,
             kwargs,
             workflow_id=_workflow_id,
@@ -283,9 +285,10 @@ class WorkflowEnvironment:
             memo=_memo,
             dedup=dedup,
             timing=timing,
+            queueing=queueing,
         )
         self.run_until_idle()
-        return WorkflowHandle(self.engine, eid, workflow.definition)
+        return WorkflowHandle(self.engine, eid, definition)
 
     def list_executions(self, **filters: Any) -> ExecutionPage:
         """``durable.list_executions(...)`` on this environment's store (same keywords)."""

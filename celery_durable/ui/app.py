@@ -63,8 +63,8 @@ BATCH_ACTIONS = ("cancel", "terminate", "retry", "resume")
 MAX_BATCH = 200
 #: which statuses each action applies to (the page shows its form only then)
 WHEN = {
-    "signal": "running scheduled",
-    "cancel": "running scheduled",
+    "signal": "running scheduled queued",
+    "cancel": "running scheduled queued",
     "terminate": "running",
     "retry": "failed",
     "resume": "running failed cancelled timed_out",

@@ -400,3 +400,25 @@ def limited(key: str, i: int, seconds: float) -> int:
 @durable.workflow(name="limited_fan")
 def limited_fan(key: str, n: int, seconds: float) -> list[int]:
     return wf.gather(limited.s(key, i, seconds) for i in range(n))
+
+
+@durable_activity
+def tenant_mark(key: str, what: str, tag: str) -> None:
+    """Note ``what`` (start/end) of the execution ``tag`` with the time, in the key's marks file."""
+    MARKS.mkdir(parents=True, exist_ok=True)
+    with open(MARKS / f"wspan-{key}", "a") as f:
+        f.write(f"{what} {time.time()!r} {tag}\n")
+
+
+@durable_activity
+def nap(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+@durable.workflow(name="limited_tenant", limit=Limit("it-tenant", max_running=2, key=lambda key, tag, seconds: key))
+def limited_tenant(key: str, tag: str, seconds: float) -> str:
+    """Runs only while it holds one of its key's 2 slots: its first and last steps bound that."""
+    tenant_mark(key, "start", tag)
+    nap(seconds)
+    tenant_mark(key, "end", tag)
+    return tag

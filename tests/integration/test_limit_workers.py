@@ -108,3 +108,45 @@ def test_a_killed_workers_slots_free_after_their_lease(fast: Any) -> None:
     fast.workers.start_beat()
     assert handle.result(timeout=120) == list(range(4))
     assert _max_running(_spans(marks, key, killed_at)) == 2
+
+
+def _workflow_spans(marks: Path, key: str) -> list[tuple[float, int]]:
+    """(time, +1/-1) of each execution's first and last step of ``key`` (a re-run step may mark
+    twice: its first start and last end bound it)."""
+    starts: dict[str, float] = {}
+    ends: dict[str, float] = {}
+    path = marks / f"wspan-{key}"
+    for line in path.read_text().splitlines() if path.exists() else []:
+        what, at, tag = line.split()
+        if what == "start":
+            starts[tag] = min(starts.get(tag, float(at)), float(at))
+        else:
+            ends[tag] = max(ends.get(tag, float(at)), float(at))
+    assert set(starts) == set(ends), f"unfinished: {set(starts) ^ set(ends)}"
+    return sorted([(t, 1) for t in starts.values()] + [(t, -1) for t in ends.values()])
+
+
+@pytest.mark.parametrize(
+    "cluster",
+    [
+        ("redis", "sqlite"),
+        ("redis", "postgres"),
+        pytest.param(("redis", "cosmos"), id="redis-cosmos", marks=pytest.mark.cosmos),
+    ],
+    indirect=True,
+)
+def test_limited_workflows_at_most_two_per_key_across_two_workers(fast: Any) -> None:
+    """``@durable.workflow(limit=Limit(max_running=2, key=...))``: 6 executions of key a and 3 of
+    key b on two workers of 3 processes: never more than 2 executions of a key ran at once (from
+    their own first and last steps), key a did reach 2, the rest waited ``queued``, all completed."""
+    fast.start_worker(concurrency=3)
+    fast.start_worker(concurrency=3)
+    marks = fast.workers.tmp / "marks"
+    a, b = f"a{uuid.uuid4().hex[:6]}", f"b{uuid.uuid4().hex[:6]}"
+    handles = [basic.limited_tenant.start(a, f"a{i}", 0.8) for i in range(6)]
+    handles += [basic.limited_tenant.start(b, f"b{i}", 0.8) for i in range(3)]
+    statuses = [h.status() for h in handles[:6]]
+    assert statuses.count("queued") >= 2, statuses  # 2 run at first: most of the others wait
+    assert [h.result(timeout=120) for h in handles] == [f"a{i}" for i in range(6)] + [f"b{i}" for i in range(3)]
+    assert _max_running(_workflow_spans(marks, a)) == 2
+    assert _max_running(_workflow_spans(marks, b)) <= 2

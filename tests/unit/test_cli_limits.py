@@ -48,3 +48,19 @@ def test_an_unknown_limit_is_a_clear_error(memory: MemoryStore) -> None:
     out = _cli("limit", "show", "nope", "--key", "x")
     assert out.exit_code != 0
     assert "no document for key 'x'" in out.output
+
+
+def test_show_names_workflow_executions_holding_and_waiting(memory: MemoryStore) -> None:
+    """Executions of a limited workflow hold and wait too: shown as ``workflow``, not a step
+    number (their entries have none: a parse of one as a step used to fail the command)."""
+    slots = basic.durable.engine.limits
+    waiter = {"s": "wf-a|wf", "e": "wf-a", "r": 0, "q": 0, "n": 1, "t": None, "p": 0, "g": "", "w": 1}
+    assert slots.join(_record(), waiter) is True
+    assert slots.join(_record(), waiter | {"s": "wf-b|wf", "e": "wf-b"}) is False
+    out = _cli("limit", "show", "stripe", "--key", "cus_1")
+    assert out.exit_code == 0, out.output
+    assert "wf-a" in out.output and "wf-b" in out.output and "workflow" in out.output
+    data = json.loads(_cli("limit", "show", "stripe", "--key", "cus_1", "--json").output)
+    held = data["holders"][0]
+    assert (held["execution_id"], held["seq"], held["kind"], held["group"]) == ("wf-a", None, "workflow", "")
+    assert [(w["execution_id"], w["kind"]) for w in data["waiting"]] == [("wf-b", "workflow")]

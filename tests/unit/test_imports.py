@@ -26,6 +26,7 @@ LAYERS = {
     "workflow": 3,
     "activity": 3,  # the API inside activities (celery_durable.activity)
     "handle": 3,
+    "start_options": 3,  # Workflow.options(...)
     "glue": 4,  # the Celery glue
     # public paths of glue objects (celery_durable.signals, .metrics, .outbox, .contrib.filesystem:Transport)
     "signals": 5,

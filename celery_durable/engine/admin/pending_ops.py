@@ -173,6 +173,7 @@ def commit(
             _roll(eng, as_exec(pending | {"_etag": str(etag)}), {k: v for k, v in docs.items() if k not in gone}, token)
     finally:
         eng.cache.invalidate(ex["pk"])
+    eng.limits.hold_execution(ex)  # a limited execution re-run at once holds a slot (engine/limits/workflows.py)
     return token
 
 

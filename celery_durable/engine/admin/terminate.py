@@ -68,6 +68,7 @@ def terminate(engine: Any, execution_id: str, by: str, reason: str | None = None
         except ConflictError:
             continue  # a drive or another operator wrote meanwhile: look again
         engine.cache.invalidate(execution_id)
+        engine.limits.release_execution(ex)  # its slot, or its place in its limit's queue
         log.warning(
             "workflow %s (%s) terminated by %s%s", ex.get("workflow"), execution_id, by, f": {reason}" if reason else ""
         )

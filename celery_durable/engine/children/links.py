@@ -82,7 +82,10 @@ class Children:
             log.warning("child %s of %s not started: %s", req.child_id, req.parent_id, why)
             return False
         parent = {"pk": req.parent_id, "seq": req.seq, "run": req.run}
-        if not eng.create_execution(req.workflow, req.payload, req.child_id, parent, deadline_at=req.deadline_at):
+        queueing = {"limit": req.limit} if isinstance(req.limit, dict) else {}  # it waits for a slot first
+        if not eng.create_execution(
+            req.workflow, req.payload, req.child_id, parent, deadline_at=req.deadline_at, **queueing
+        ):
             existing = maybe_exec(eng.store.read(req.child_id, EXEC_ID))
             if existing is not None and not is_child_of(existing, req.parent_id, req.run, req.seq):
                 if self._joinable(existing, req):
@@ -313,8 +316,10 @@ class Children:
             return
         child_id = str(marker["child_id"])
         run, seq = parse_step_id(marker["id"])
-        limit = marker.get("deadline_at")
-        req = ChildRequest(parent_id, seq, str(marker["name"]), dict(marker.get("input") or {}), child_id, run, limit)
+        deadline, queueing = marker.get("deadline_at"), marker.get("child_limit")
+        req = ChildRequest(
+            parent_id, seq, str(marker["name"]), dict(marker.get("input") or {}), child_id, run, deadline, queueing
+        )
         child = check_exec(child_id, eng.store.read(child_id, EXEC_ID))
         if child is not None and not is_child_of(child, parent_id, run, seq):
             # the id is held by another execution: joined if it is this parent's same child,

@@ -12,8 +12,7 @@ status is the plain string ``"running"`` (``Status`` members compare equal to it
 not declare, which a test runs over every document the simulations and the engine tests store,
 so this module stays true to what is written (``tests/engine/test_records.py``).
 
-The documents themselves are described in ``docs/architecture.md`` §5 and in :mod:`.schema`
-(ids, statuses, due kinds); the outbox's in :mod:`celery_durable.engine.outbox.model`.
+The documents: ``docs/architecture.md`` §5, :mod:`.schema`, :mod:`celery_durable.engine.outbox.model`.
 """
 
 from __future__ import annotations
@@ -156,6 +155,9 @@ class ExecDoc(_Due, total=False):
     #: a debounced start's quiet period (``options(debounce=)``): later debounced starts with its
     #: key move its start (engine/starts/debounce.py); no other scheduled execution is moved
     debounce: float
+    #: the limit it waits on (``queued`` since ``queued_at``), held while it runs (engine/limits/workflows.py)
+    limit: StepLimitInfo
+    queued_at: float
     payload_at: str
     parent: ParentRef | None
     #: other executions' steps joined to this one (a parent that attached to an existing child)
@@ -240,8 +242,9 @@ class MarkerDoc(_Due, total=False):
     # child
     child_id: str
     child_reruns: int
-    #: the child's deadline: the earlier of its own timeout and the parent's deadline
+    #: the child's deadline (the earlier of its own timeout and the parent's), its limit's record
     deadline_at: float
+    child_limit: StepLimitInfo
     # sleep, signal wait
     fire_at: float
     decision: str

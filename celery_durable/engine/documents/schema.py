@@ -120,6 +120,10 @@ class Status(StrEnum):
     #: (SQLite/PostgreSQL columns, Cosmos indexes), which a derived value would escape; a
     #: scheduled execution is not terminal, and the driver drives none (``Driver._round``).
     SCHEDULED = "scheduled"
+    #: created by a start under a limit (``@durable.workflow(limit=)``, ``options(limit=)``) that
+    #: waits for a slot of its key: first driven when it gets one (engine/limits/workflows.py).
+    #: Stored, not terminal, never driven, as ``scheduled``
+    QUEUED = "queued"
 
 
 TERMINAL = frozenset({Status.COMPLETED, Status.FAILED, Status.CANCELLED, Status.TIMED_OUT})

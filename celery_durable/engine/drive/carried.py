@@ -1,21 +1,23 @@
 """What a drive carries and decides, as pure functions of the driver (engine/drive/driver.py):
 a carried wait timeout counted as of the exec read, an oversized outcome turned into its step's
-failure, whether an eager first drive may commit, the JSON a custom status is compared by."""
+failure, whether an eager first drive may commit, the JSON a custom status is compared by, the
+markers its commit settles."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from celery_durable.engine.dispatcher import ActivityRequest, ClockRequest
-from celery_durable.engine.documents.model import error_info, marker_id
+from celery_durable.engine.documents.model import error_info, marker_id, settled
 from celery_durable.engine.documents.records import ExecDoc, count_of
 from celery_durable.engine.outcomes import ReplayKind
 from celery_durable.engine.replay.history import Replay
 from celery_durable.errors import DocumentTooLarge
-from celery_durable.stores.base import Doc
+from celery_durable.stores.base import Doc, Op
 
-__all__ = ["as_of", "carry_json", "eager_commit", "oversized", "waiting_of", "MAX_WAITING"]
+__all__ = ["as_of", "carry_json", "eager_commit", "oversized", "waiting_of", "release_ops", "MAX_WAITING"]
 
 #: at most this many of the steps a suspended execution waits for are named in its exec
 MAX_WAITING = 5
@@ -80,3 +82,13 @@ def waiting_of(seqs: list[int], run: int, docs: dict[str, Doc], new_docs: list[D
     if len(seqs) > MAX_WAITING:
         out.append({"more": len(seqs) - MAX_WAITING})
     return out
+
+
+def release_ops(docs: Mapping[str, Doc], release: list[int], run: int) -> list[Op]:
+    """Settle the markers of steps whose outcome a drive records (etag-guarded)."""
+    ops: list[Op] = []
+    for seq in release:
+        marker = docs.get(marker_id(seq, run))
+        if marker is not None and (marker.get("lease") or marker.get("due_kind")):
+            ops.append(Op.replace(settled(marker), marker["_etag"]))
+    return ops

@@ -35,15 +35,13 @@ from celery_durable.engine.documents.model import (
     RUNNING,
     error_info,
     lease_live,
-    marker_id,
     run_of,
-    settled,
     split_payload,
 )
 from celery_durable.engine.documents.records import ExecDoc, as_exec, count_of, holder_of, is_terminal
 from celery_durable.engine.documents.schema import Status
 from celery_durable.engine.documents.search import apply_updates as apply_search_updates
-from celery_durable.engine.drive.carried import as_of, carry_json, eager_commit, oversized, waiting_of
+from celery_durable.engine.drive.carried import as_of, carry_json, eager_commit, oversized, release_ops, waiting_of
 from celery_durable.engine.drive.corrupt import fail_corrupt
 from celery_durable.engine.drive.partition_cache import Partition
 from celery_durable.engine.drive.upkeep import prune_run
@@ -191,7 +189,9 @@ class Driver:
             return AGAIN  # an operator's op was left half done: finish it before driving
         if is_terminal(ex):
             return self._record_late(d, ex, carry_new)
-        if ex.get("status") == Status.SCHEDULED:  # its first drive is its start clock's (starts/deadlines.py)
+        if ex.get("status") in (Status.SCHEDULED, Status.QUEUED):  # started by its clock or its limit's grant
+            if ex.get("status") == Status.QUEUED and not carry_new:
+                eng.limits.take_turn(ex)  # engine/limits/workflows.py
             return self._record_bumped(d, ex, docs, carry_new, {}) if carry_new else DriveOutcome.NOOP
         at = ex.get("deadline_at")  # not lifted meanwhile (an operator's re-run): marked by this round's commit
         unmarked = ex
@@ -443,7 +443,7 @@ class Driver:
         run = run_of(ex)
         ops: list[Op] = [Op.create(d) for d in carry_new]
         ops += [Op.create(d) for d in replay.new_docs if d["id"] not in docs]
-        ops += self._release_ops(docs, release, run)
+        ops += release_ops(docs, release, run)
         new_ex = strip_reserved(ex)
         # what it waits on now, for listings (none once it ends or runs on)
         new_ex.pop("waiting", None)
@@ -551,22 +551,12 @@ class Driver:
             self.engine.emit(STALE_EVENT, execution_id=execution_id, seq=d["seq"], activity=d.get("name"))
         return kept, [s for s in release if s not in stale]
 
-    @staticmethod
-    def _release_ops(docs: dict[str, Doc], release: list[int], run: int) -> list[Op]:
-        """Settle the markers of steps whose outcome we record (etag-guarded)."""
-        ops: list[Op] = []
-        for seq in release:
-            marker = docs.get(marker_id(seq, run))
-            if marker is not None and (marker.get("lease") or marker.get("due_kind")):
-                ops.append(Op.replace(settled(marker), marker["_etag"]))
-        return ops
-
     def _record_ops(
         self, docs: dict[str, Doc], carry_new: list[Doc], release: list[int], new_ex: Doc, etag: str
     ) -> list[Op]:
         """Our documents, their markers settled, and the exec write (if-match ``etag``), for one batch."""
         run = run_of(new_ex)
-        ops = [Op.create(d) for d in carry_new] + self._release_ops(docs, release, run)
+        ops = [Op.create(d) for d in carry_new] + release_ops(docs, release, run)
         return ops + [Op.replace(new_ex, etag)]
 
     def _after_commit(self, ex: ExecDoc, replay: Replay) -> None:
@@ -576,6 +566,7 @@ class Driver:
         if replay.kind in ENDS or replay.kind == ReplayKind.CONTINUED:  # its steps' unused slots (engine/limits/)
             eng.limits.release_idle(ex["pk"], run_of(ex))
         if replay.kind in ENDS:
+            eng.limits.release_execution(ex)  # its own slot, if it waited on a limit
             eng.emit(f"workflow_{replay.kind}", execution_id=ex["pk"], workflow=ex["workflow"])
             if replay.kind != ReplayKind.COMPLETED:  # once: only the commit that ended it gets here
                 # WARNING, not ERROR: the activity that failed is Celery's ERROR line already, and

@@ -34,6 +34,7 @@ from celery_durable.engine.documents.schema import DueKind
 from celery_durable.engine.limits.spec import LIMIT_RECORD, limit_pk
 from celery_durable.engine.limits.table import (
     admit,
+    drop_waiter,
     enqueue,
     expired,
     grant,
@@ -43,6 +44,15 @@ from celery_durable.engine.limits.table import (
     restart,
     room,
     step_key,
+)
+from celery_durable.engine.limits.workflows import (
+    check_execution,
+    execution_step,
+    is_execution,
+    queue_execution,
+    release_execution,
+    send_execution,
+    take_turn,
 )
 from celery_durable.errors import ConflictError, StoreError
 from celery_durable.stores.base import Doc, strip_reserved
@@ -344,6 +354,96 @@ class Slots:
             except ConflictError:
                 continue
 
+    # --- executions waiting on a limit (engine/limits/workflows.py) ------------------------
+
+    def join(self, record: Mapping[str, Any], waiter: dict[str, Any]) -> bool | None:
+        """Queue ``waiter`` on ``record``'s limit, granting what room allows, in one write: True
+        when its step holds a slot now (the caller starts it), False when it waits (it is sent when
+        granted), None when it is recorded nowhere (a full queue, an etag storm). Raises StoreError."""
+        eng = self.engine
+        lpk, step = limit_pk(record), str(waiter["s"])
+        fresh = self._contended(lpk)
+        for _ in range(ROUNDS):
+            now = eng.clock.now()
+            doc = self._load(lpk, fresh) or _new_doc(lpk, record)
+            known = step in (doc.get("holders") or {}) or any(w.get("s") == step for w in doc.get("waiters") or [])
+            if known and not fresh:  # a cached copy may be older than its withdrawal
+                fresh = True
+                continue
+            if known:
+                return step in (doc.get("holders") or {})
+            _declare(doc, record)
+            lost = self._check_expired(doc, now) if room(doc, now) == 0 and expired(doc, now) else []
+            queued = enqueue(doc, dict(waiter, at=now))
+            granted = grant(doc, now, eng.settings.lease_ttl)
+            try:
+                self._write(lpk, doc, now)
+            except ConflictError:
+                fresh = True
+                continue
+            self._send(lpk, [g for g in granted if g["s"] != step] + lost)
+            if any(g["s"] == step for g in granted):
+                return True
+            return False if queued else None
+        return None
+
+    def hold(self, record: Mapping[str, Any], step: str) -> None:
+        """``step`` takes a slot whether or not there is room (an operator's re-run of an ended
+        execution starts at once): counted, so others wait until it is back under the limit.
+        Never raises (not counted then)."""
+        lpk = limit_pk(record)
+        try:
+            for _ in range(ROUNDS):
+                now = self.engine.clock.now()
+                doc = self._load(lpk, fresh=True) or _new_doc(lpk, record)
+                admit(doc, step, 1, str(record.get("g") or ""), now, self.engine.settings.lease_ttl)
+                try:
+                    self._write(lpk, doc, now)
+                    return
+                except ConflictError:
+                    continue
+        except Exception as exc:  # noqa: BLE001 - the re-run goes on, uncounted
+            log.warning("limit %s: the re-run %s not counted: %s", lpk, step, exc)
+
+    def withdraw(self, record: Mapping[str, Any], step: str) -> None:
+        """``step`` needs no slot any more (its execution ended or was cancelled while queued):
+        free its slot or take it off the queue, grant the room. Never raises (a slot not given
+        back is freed by the scan at its holder's expiry)."""
+        lpk = limit_pk(record)
+        try:
+            for _ in range(ROUNDS):
+                now = self.engine.clock.now()
+                doc = self._load(lpk, fresh=True)
+                if doc is None:
+                    return
+                holders: dict[str, Any] = doc.get("holders") or {}
+                if step not in holders and not any(w.get("s") == step for w in doc.get("waiters") or []):
+                    return
+                holders.pop(step, None)
+                drop_waiter(doc, step)
+                granted = grant(doc, now, self.engine.settings.lease_ttl)
+                try:
+                    self._write(lpk, doc, now)
+                except ConflictError:
+                    continue
+                self._send(lpk, granted)
+                return
+        except Exception as exc:  # noqa: BLE001 - its slot lapses instead
+            log.warning("limit %s: the slot of %s not given back: %s", lpk, step, exc)
+
+    def queue_execution(self, execution_id: str, record: Mapping[str, Any]) -> None:
+        queue_execution(self.engine, execution_id, record)
+
+    def take_turn(self, ex: Mapping[str, Any]) -> None:
+        take_turn(self.engine, ex)
+
+    def release_execution(self, ex: Mapping[str, Any]) -> None:
+        release_execution(self.engine, ex)
+
+    def hold_execution(self, ex: Mapping[str, Any]) -> None:
+        if isinstance(ex.get("limit"), dict):
+            self.hold(ex["limit"], execution_step(str(ex["pk"])))
+
     # --- grants --------------------------------------------------------------------------
 
     def _send(self, lpk: str, granted: list[dict[str, Any]]) -> None:
@@ -362,6 +462,8 @@ class Slots:
     def _send_one(self, w: Mapping[str, Any]) -> bool:
         """Send the granted step ``w``; False when it needs no slot any more."""
         eng = self.engine
+        if is_execution(str(w["s"])):
+            return send_execution(eng, str(w["e"]))
         eid, run, seq = str(w["e"]), int(w["r"]), int(w["q"])
         docs = eng.cache.load(eid)
         marker, ex = docs.get(marker_id(seq, run)), docs.get(EXEC_ID)
@@ -379,6 +481,11 @@ class Slots:
         holders: dict[str, Any] = doc.get("holders") or {}
         resend: list[dict[str, Any]] = []
         for step in expired(doc, now)[:CHECKS_PER_WRITE]:
+            if is_execution(step):  # an execution's slot, held while it runs
+                keep = check_execution(self.engine, holders[step], step, now, resend)
+                if not keep:
+                    del holders[step]
+                continue
             eid, run, seq = _parse(step)
             docs = self.engine.cache.load(eid)
             marker = docs.get(marker_id(seq, run))

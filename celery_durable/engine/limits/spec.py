@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from celery_durable.errors import ConfigurationError
@@ -23,6 +23,8 @@ __all__ = [
     "StepLimit",
     "parse_rate",
     "step_limit",
+    "WorkflowQueueing",
+    "workflow_limit",
     "limit_pk",
     "limit_fields",
     "declare_limit",
@@ -142,6 +144,50 @@ def step_limit(
         #: when it was scheduled: the latest scheduled step's declaration is the limit's
         "d": at,
     }
+
+
+@dataclass(frozen=True)
+class WorkflowQueueing:
+    """A start's queueing (``options(limit=, limit_key=, priority=)``): which limit its execution
+    waits on (``None``: its workflow's declared one), the key (``None``: its limit's key function
+    of the arguments) and its priority (``None``: its limit's)."""
+
+    limit: Limit | None = None
+    key: str | int | None = None
+    priority: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.limit is not None and not isinstance(self.limit, Limit):
+            raise ConfigurationError(f"limit= takes a celery_durable.Limit, not {self.limit!r}")
+        if self.key is not None:
+            _key_text(self.key, "limit_key", self.limit.name if self.limit is not None else "?")
+        if self.priority is not None:
+            _check_priority(self.priority)
+
+
+def workflow_limit(
+    declared: Limit | None,
+    queueing: WorkflowQueueing | None,
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    group: str,
+    at: float,
+) -> StepLimit | None:
+    """The ``limit`` record of a new execution (computed in the caller of ``start()``, so a bad key
+    fails there): the start's limit or its workflow's, keyed by the start's ``limit_key`` or the
+    limit's key function of the workflow's arguments; ``None``: not limited. ``group``: whom it
+    takes turns with when ``fair_by`` is not given (its parent, for a child; one group for
+    top-level starts: first come, first served within a priority)."""
+    q = queueing or WorkflowQueueing()
+    limit = q.limit or declared
+    if limit is None:
+        if q.key is not None or q.priority is not None:
+            raise ConfigurationError("limit_key= and priority= need a limit (options(limit=) or the workflow's limit=)")
+        return None
+    record = step_limit(limit if q.key is None else replace(limit, key=None), args, kwargs, group, q.priority, at)
+    if q.key is not None:
+        record["key"] = _key_text(q.key, "limit_key", limit.name)
+    return record
 
 
 def limit_pk(record: Mapping[str, Any]) -> str:

@@ -38,7 +38,7 @@ from celery_durable.engine.documents.schema import (
     signal_outcome_id,
     wait_decision_id,
 )
-from celery_durable.engine.limits.spec import LIMIT_RECORD, limit_fields
+from celery_durable.engine.limits.spec import LIMIT_RECORD, limit_fields, workflow_limit
 from celery_durable.engine.outbox.model import DUE_ADMIT
 from celery_durable.engine.outbox.runtime import effects_of
 from celery_durable.engine.replay.cancels import TIMED_OUT_ERROR, cancel_error, cancelled
@@ -560,11 +560,14 @@ class WorkflowContext:
             # a deadline already delivered (this is a compensation) no longer caps anything
             ours = None if self.timed_out and self.cancel_delivered else self.deadline_at
             ends = [t for t in (ours, None if timeout is None else self.now + timeout) if t is not None]
-            limit = {"deadline_at": min(ends)} if ends else {}
+            queueing = workflow_limit(definition.limit, None, args, kwargs, self.execution_id, self.now)  # its limit=
+            extra: dict[str, Any] = {"deadline_at": min(ends)} if ends else {}
+            extra |= {"child_limit": queueing} if queueing else {}
             due = {"due_kind": DUE_CHILD, "due_at": self.now + self.activity_queue_timeout}
-            self._marker(seq, "child", definition.name, child_id=cid, input=payload, **due, **limit)
+            self._marker(seq, "child", definition.name, child_id=cid, input=payload, **due, **extra)
+            deadline = min(ends, default=None)
             req = ChildRequest(
-                self.execution_id, seq, definition.name, fresh(payload), cid, self.run, min(ends, default=None)
+                self.execution_id, seq, definition.name, fresh(payload), cid, self.run, deadline, queueing
             )
             self.sends.append(req)
         else:

@@ -52,6 +52,7 @@ __all__ = [
     "fire_exec_clock",
     "cancel_scheduled",
     "unmarked_op",
+    "running_ops",
 ]
 
 CLOCK_PREFIX = "clock:"
@@ -157,6 +158,8 @@ def fire_exec_clock(eng: EngineParts, execution_id: str, clock_id: str) -> Clock
             if ex is None:  # purged, or a hand-deleted exec: nothing to time
                 eng.store.delete(execution_id, clock_id)
                 return ClockOutcome.DONE
+            if clock_id == DEADLINE_CLOCK and ex.get("status") == Status.QUEUED:
+                return ClockOutcome.EARLY  # counted from its start: moved when it gets its slot
             if clock_id == DEADLINE_CLOCK and ex.get("status") == Status.SCHEDULED:
                 # its start is due too (a deadline counts from it): started first, then timed
                 if fire_exec_clock(eng, execution_id, START_CLOCK) != ClockOutcome.FIRED:
@@ -230,26 +233,42 @@ def _fire_start(eng: EngineParts, ex: Any, clock: Doc, now: float) -> ClockOutco
     if isinstance(start_at, int | float) and now < start_at:
         return ClockOutcome.EARLY
     pk = str(ex["pk"])
-    updated = strip_reserved(ex) | {
-        "status": Status.RUNNING.value,
-        "updated_at": now,
-        # its first drive message may be lost: recovery drives it after drive_timeout
-        "due_kind": DUE_EXEC.value,
-        "due_at": now + eng.settings.drive_timeout,
-    }
-    ops = [Op.replace(updated, ex["_etag"]), Op.replace(_settled(clock, now), clock["_etag"])]
-    deadline_at, late = ex.get("deadline_at"), now - float(start_at) if isinstance(start_at, int | float) else 0.0
+    limited = isinstance(ex.get("limit"), dict)  # it waits for a slot first (engine/limits/workflows.py)
+    planned = float(start_at) if isinstance(start_at, int | float) else now
+    ops = [Op.replace(_settled(clock, now), clock["_etag"])]
+    if limited:
+        queued = strip_reserved(ex) | {"status": Status.QUEUED.value, "queued_at": now, "updated_at": now}
+        eng.store.batch(pk, [Op.replace(queued | _due(eng, now), ex["_etag"]), *ops])
+    else:
+        eng.store.batch(pk, running_ops(eng, ex, planned, now) + ops)
+    eng.emit("workflow_scheduled_start", execution_id=pk, workflow=ex.get("workflow"))
+    if limited:
+        eng.limits.queue_execution(pk, ex["limit"])
+    else:
+        eng.dispatcher.send_drive(pk)
+    return ClockOutcome.FIRED
+
+
+def _due(eng: EngineParts, now: float) -> dict[str, Any]:
+    # its first drive message may be lost: recovery drives it after drive_timeout
+    return {"due_kind": DUE_EXEC.value, "due_at": now + eng.settings.drive_timeout}
+
+
+def running_ops(eng: EngineParts, ex: Any, planned: float, now: float) -> list[Op]:
+    """The batch that makes a ``scheduled`` or ``queued`` execution ``running`` (its first drive to
+    be sent after it): its timeout counts from its first drive, so one started later than
+    ``planned`` (a scan that fired its start late, a slot it waited for) has its deadline moved as
+    late (a delayed or queued start is never a child, so no parent's deadline caps it)."""
+    pk = str(ex["pk"])
+    updated = strip_reserved(ex) | {"status": Status.RUNNING.value, "updated_at": now} | _due(eng, now)
+    ops = [Op.replace(updated, ex["_etag"])]
+    deadline_at, late = ex.get("deadline_at"), now - planned
     if isinstance(deadline_at, int | float) and late > 0:
-        # its timeout counts from its first drive: a scan that starts it late moves its deadline
-        # as late (a delayed start is never a child, so no parent's deadline caps it)
         updated["deadline_at"] = moved = float(deadline_at) + late
         deadline = eng.store.read(pk, DEADLINE_CLOCK)
         if deadline is not None and deadline.get("due_kind"):
             ops.append(Op.replace(strip_reserved(deadline) | {"at": moved, "due_at": moved}, deadline["_etag"]))
-    eng.store.batch(pk, ops)
-    eng.emit("workflow_scheduled_start", execution_id=pk, workflow=ex.get("workflow"))
-    eng.dispatcher.send_drive(pk)
-    return ClockOutcome.FIRED
+    return ops
 
 
 def cancel_scheduled(eng: EngineParts, ex: Any, by: str | None, reason: str | None) -> bool:
