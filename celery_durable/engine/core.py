@@ -41,7 +41,7 @@ from celery_durable.engine.documents.model import (
     worker_identity,
 )
 from celery_durable.engine.documents.records import ExecDoc, as_exec, count_of, is_terminal
-from celery_durable.engine.documents.schema import CANCELLED_BY_PARENT, Status
+from celery_durable.engine.documents.schema import CANCELLED_BY_PARENT, NOT_STARTED, Status
 from celery_durable.engine.documents.search import start_fields
 from celery_durable.engine.drive.driver import Driver
 from celery_durable.engine.drive.partition_cache import PartitionCache
@@ -210,7 +210,8 @@ class Engine:
         quiet = timing.start_delay if dedup is not None and timing is not None and timing.debounce else None
 
         def reschedule(owner: str) -> bool:  # a debounced start: the scheduled holder takes our input
-            return quiet is not None and push_back(self.store, self.clock.now(), owner, workflow.name, payload, quiet)
+            now, record = self.clock.now(), extra.get("limit")
+            return quiet is not None and push_back(self.store, now, owner, workflow.name, payload, quiet, record)
 
         if dedup is not None and workflow_id is not None and joinable(self.store.read(eid, EXEC_ID)):
             reschedule(eid)  # joined, and (debounced, still scheduled) given this input
@@ -336,11 +337,10 @@ class Engine:
             ex = self.read_exec(execution_id)
             if is_terminal(ex):
                 return False
-            if ex.get("status") in (Status.SCHEDULED, Status.QUEUED):  # none of its code ran: it ends now
+            if ex.get("status") in NOT_STARTED:  # none of its code ran: it ends now (engine/starts/deadlines.py)
                 if by is not None:
                     check_field(OperationRefused, "by", by)
-                if cancel_scheduled(self, ex, by, reason):
-                    self.limits.release_execution(ex)  # its place in its limit's queue
+                if cancel_scheduled(self, ex, by, reason, from_parent):
                     return True
                 continue
             if ex.get("cancel_requested") and by is None:

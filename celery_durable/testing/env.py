@@ -33,6 +33,8 @@ from celery_durable.engine.core import Engine
 from celery_durable.engine.dispatcher import ActivityRequest, InlineDispatcher
 from celery_durable.engine.documents.model import Settings
 from celery_durable.engine.drive.in_process import LocalWorker
+from celery_durable.engine.limits.slots import LIMIT_DOC_ID
+from celery_durable.engine.limits.table import rate_opens
 from celery_durable.engine.registry import Registry
 from celery_durable.errors import DurableError, NonRetryableError
 from celery_durable.glue.durable_activity import task_retry
@@ -240,6 +242,7 @@ class WorkflowEnvironment:
         clock = self.engine.timers.next_clock()
         if clock is not None:
             pending.append(clock)
+        pending += self._rate_openings()
         if not pending:
             return False
         nxt = min(pending)
@@ -247,9 +250,17 @@ class WorkflowEnvironment:
         self._scan()
         return True
 
+    def _rate_openings(self) -> list[float]:
+        """When a rate limit lets a waiting step or execution start (engine/limits/table.py)."""
+        store, now = self.engine.store, self.clock.now()
+        docs = [store.read(ref.pk, LIMIT_DOC_ID) for ref in store.scan_due("limit", float("inf"), 100)]
+        return [t for t in (rate_opens(d, now) for d in docs if d is not None) if t is not None]
+
     def _scan(self) -> None:
-        """What beat does when time passes: fire due timers, re-send due effects (retries)."""
+        """What beat does when time passes: fire due timers, grant limits' slots (their recovery
+        scan), re-send due effects (retries)."""
         self.engine.timers.fire_due_clocks()
+        self.engine.limits.scan()
         self._release_retries()
         self.worker.release_due()
         self.engine.outbox.scan()

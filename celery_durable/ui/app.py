@@ -31,7 +31,7 @@ from celery_durable.engine.admin.timeline import STATUSES
 from celery_durable.engine.admin.waiting import activity_states
 from celery_durable.engine.admin.wording import ts
 from celery_durable.engine.core import Engine
-from celery_durable.engine.documents.schema import Status
+from celery_durable.engine.documents.schema import NOT_STARTED, Status
 from celery_durable.engine.signals.inbox import declared_signals
 from celery_durable.errors import DurableError, PayloadValidationError, StoreUnavailable, UnknownWorkflowError
 from celery_durable.glue.bootsteps import PROBE_ID, PROBE_PK
@@ -128,7 +128,7 @@ class UI:
         now = self.engine.clock.now()
         signals: list[str] | None = None
         schemas: dict[str, str] = {}
-        if detail.summary.status in (Status.RUNNING, Status.SCHEDULED):  # a scheduled one takes signals too
+        if detail.summary.status in (Status.RUNNING, *NOT_STARTED):  # a scheduled or queued one takes signals too
             try:
                 ex = self.engine.store.read(detail.summary.id, "exec") or {}
                 wf = self.engine.registry.workflow(str(ex.get("workflow")))

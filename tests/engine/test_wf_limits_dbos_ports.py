@@ -186,7 +186,7 @@ def test_queue_workflow_in_recovered_workflow() -> None:
     def child(n: int) -> int:
         return n * 10
 
-    cdef = w.registry.add_workflow("child", child, None, Limit("kids", max_running=2))
+    cdef = w.registry.add_workflow("child", child, None, Limit("dbos-kids", max_running=2))
 
     def parent(count: int) -> list[int]:
         ctx = require_context("parent")

@@ -52,7 +52,7 @@ def test_list_pages_through_the_read_model_and_filters(env: WorkflowEnvironment,
     # newest first, every execution once, each page one store query of the page's size
     assert seen[0] == waiting.id and sorted(seen) == sorted(["order-1", *(f"echo-{i}" for i in range(5))])
     assert limits and set(limits) == {2}
-    assert counted == {"scheduled", "running", "completed", "failed", "cancelled", "timed_out"}
+    assert counted == {"scheduled", "queued", "running", "completed", "failed", "cancelled", "timed_out"}
     second = client.get("/executions?limit=2").text.split('id="next-page" href="')[1].split('"')[0]
     assert 'id="first-page" href="/executions?limit=2"' in client.get(second.replace("&amp;", "&")).text
 

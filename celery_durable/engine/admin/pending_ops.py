@@ -232,6 +232,7 @@ def finish_loaded(eng: Engine, ex: ExecDoc, docs: dict[str, Doc]) -> None:
         _finish(eng, ex, docs)
     finally:
         eng.cache.invalidate(ex["pk"])
+    eng.limits.hold_execution(ex)  # as the op's own process would have (idempotent)
     # the op's own process would have sent it: reopened, the execution is driven now (not only
     # when the recovery scan finds it due, drive_timeout later)
     eng.dispatcher.send_drive(ex["pk"])

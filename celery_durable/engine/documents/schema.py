@@ -32,6 +32,7 @@ from typing import Any, Final
 
 __all__ = [
     "EXEC_ID",
+    "NOT_STARTED",
     "DocType",
     "Status",
     "DueKind",
@@ -127,6 +128,8 @@ class Status(StrEnum):
 
 
 TERMINAL = frozenset({Status.COMPLETED, Status.FAILED, Status.CANCELLED, Status.TIMED_OUT})
+#: created, none of its code run yet: waiting for its start clock or a slot of its limit
+NOT_STARTED = frozenset({Status.SCHEDULED, Status.QUEUED})
 
 
 class DueKind(StrEnum):

@@ -98,6 +98,7 @@ def fail_corrupt(engine: EngineParts, execution_id: str, error: Exception) -> No
         _settle_doc(engine, pk, doc_id)
     eng.cache.invalidate(pk)
     eng.emit("workflow_failed", execution_id=pk, workflow=workflow)
+    eng.limits.release_execution(body)  # its limit's slot, if it held one (never raises)
     if fields.get("parent_notified") is False:
         try:
             eng.children.notify_parent(pk)

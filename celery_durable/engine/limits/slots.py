@@ -391,8 +391,9 @@ class Slots:
         """``step`` takes a slot whether or not there is room (an operator's re-run of an ended
         execution starts at once): counted, so others wait until it is back under the limit.
         Never raises (not counted then)."""
-        lpk = limit_pk(record)
+        lpk = str(record.get("name"))
         try:
+            lpk = limit_pk(record)
             for _ in range(ROUNDS):
                 now = self.engine.clock.now()
                 doc = self._load(lpk, fresh=True) or _new_doc(lpk, record)
@@ -409,8 +410,9 @@ class Slots:
         """``step`` needs no slot any more (its execution ended or was cancelled while queued):
         free its slot or take it off the queue, grant the room. Never raises (a slot not given
         back is freed by the scan at its holder's expiry)."""
-        lpk = limit_pk(record)
+        lpk = str(record.get("name"))
         try:
+            lpk = limit_pk(record)
             for _ in range(ROUNDS):
                 now = self.engine.clock.now()
                 doc = self._load(lpk, fresh=True)

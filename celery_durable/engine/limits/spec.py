@@ -117,6 +117,10 @@ def _key_text(value: Any, what: str, name: str) -> str:
         raise ConfigurationError(f"Limit({name!r}) {what} gave an int too long to be a key") from None
     if not text or len(text) > MAX_KEY_CHARS:
         raise ConfigurationError(f"Limit({name!r}) {what} must give 1-{MAX_KEY_CHARS} characters, not {text!r}")
+    try:
+        text.encode()
+    except UnicodeEncodeError as exc:  # a lone surrogate: no store can hold it, none can hash it
+        raise ConfigurationError(f"Limit({name!r}) {what} must be encodable as UTF-8: {exc}") from None
     return text
 
 

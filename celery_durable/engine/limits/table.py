@@ -14,8 +14,8 @@ A document ``lim:<name>:<key digest>/slots`` holds:
   the moment its attempt really begins (:func:`restart`).
 
 :func:`grant` fills free room from the queue: the lowest priority number first; among equals,
-the group with the fewest slots held, then the group served longest ago (``served``: so keys or
-workflows take turns), then the oldest.
+the group with the fewest slots held, then the group served longest ago (``served``: each live
+group's turn number, so keys or workflows take turns), then the oldest.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ __all__ = [
     "restart",
     "has_start",
     "queue_order",
+    "rate_opens",
 ]
 
 #: a queue longer than this is not recorded: a step past it waits for its recovery re-send
@@ -128,7 +129,9 @@ def _take(
     # turn goes to the group served longest ago (round robin between keys or workflows)
     live = {str(h.get("g")) for h in doc["holders"].values()} | {str(w.get("g")) for w in doc.get("waiters") or []}
     served = {g: t for g, t in (doc.get("served") or {}).items() if g in live}
-    served[group] = now
+    # a turn number, not a time: hand-offs in the same instant (a coarse or frozen clock) still
+    # take turns; above every live group's (an older document's times included)
+    served[group] = max(served.values(), default=0.0) + 1
     doc["served"] = served
     if _rate(doc) is not None:
         doc["starts"] = [*_recent_entries(doc, now), [now, step]]
@@ -193,6 +196,16 @@ def next_due(doc: Mapping[str, Any], now: float) -> float | None:
             times.append(now)
         return min(times) if times else now
     return min(times) if times else None
+
+
+def rate_opens(doc: Mapping[str, Any], now: float) -> float | None:
+    """When the rate lets the next waiter start, if steps wait on the rate alone (slots free)."""
+    rate = _rate(doc)
+    recent = _recent(doc, now)
+    if rate is None or not doc.get("waiters") or len(recent) < rate[0]:
+        return None
+    free = doc.get("max") is None or int(doc["max"]) > len(doc.get("holders") or {})
+    return min(recent) + rate[1] if free else None
 
 
 def queue_order(doc: Mapping[str, Any]) -> list[dict[str, Any]]:

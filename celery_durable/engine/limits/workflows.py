@@ -12,7 +12,8 @@ two writes) takes its turn again.
 The holder of an execution's slot carries no attempt lease: at its expiry the scan looks at the
 execution itself. Running, it keeps the slot (looked at again ``RECHECK`` × ``lease_ttl`` later);
 queued (a grant whose start was lost), it is started again; ended or gone, the slot frees. So a
-worker killed between an execution's end and the slot's hand-off costs a slot for that long.
+worker killed between an execution's end and the slot's hand-off costs the slot for up to
+``RECHECK`` lease TTLs plus a recovery interval.
 """
 
 from __future__ import annotations
@@ -46,8 +47,9 @@ __all__ = [
 log = logging.getLogger("celery_durable.limits")
 
 _SUFFIX = "|wf"
-#: a running execution's slot is looked at again this many lease TTLs after the last look
-RECHECK = 10
+#: a running execution's slot is looked at again this many lease TTLs after the last look (one
+#: write of its document each time): a lost hand-off costs the slot that long at most
+RECHECK = 4
 _ATTEMPTS = 20
 
 
@@ -83,9 +85,16 @@ def queue_execution(eng: EngineParts, execution_id: str, record: Mapping[str, An
         log.warning("execution %s not queued on limit %s yet: %s", execution_id, record.get("name"), exc)
         return
     if held:
-        begin_queued(eng, execution_id)
+        _begin_or_give_back(eng, execution_id, record)
     elif held is False:
         _set_due(eng, execution_id, None)
+
+
+def _begin_or_give_back(eng: EngineParts, execution_id: str, record: Mapping[str, Any]) -> None:
+    """Start the execution given a slot; one that needs it no more (cancelled meanwhile) gives it
+    back at once rather than at the holder's expiry."""
+    if not begin_queued(eng, execution_id):
+        eng.limits.withdraw(record, execution_step(execution_id))
 
 
 def _set_due(eng: EngineParts, execution_id: str, at: float | None) -> None:
@@ -135,7 +144,7 @@ def take_turn(eng: EngineParts, ex: Mapping[str, Any]) -> None:
         return
     held = eng.limits.join(record, _waiter(eid, record))
     if held:
-        begin_queued(eng, eid)
+        _begin_or_give_back(eng, eid, record)
     else:  # waiting (the grant starts it), or not recorded (looked at again after drive_timeout)
         _set_due(eng, eid, None if held is False else eng.clock.now() + eng.settings.drive_timeout)
 

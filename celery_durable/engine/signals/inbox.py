@@ -24,7 +24,7 @@ from celery_durable.engine.documents.model import (
     run_of,
 )
 from celery_durable.engine.documents.records import count_of, is_terminal
-from celery_durable.engine.documents.schema import DocType, signal_key_id
+from celery_durable.engine.documents.schema import NOT_STARTED, DocType, signal_key_id
 from celery_durable.engine.signals.external import send_signal
 from celery_durable.errors import (
     ConflictError,
@@ -117,7 +117,8 @@ class Signals:
             data = codec.encode(value, f"signal {name!r}")
             if is_terminal(ex):
                 return self._ignored(execution_id, name, str(ex["status"]))
-            at = ex.get("deadline_at")
+            # a top-level one not started yet (scheduled, queued on a limit): its deadline moves with its start
+            at = ex.get("deadline_at") if ex.get("parent") or ex.get("status") not in NOT_STARTED else None
             if isinstance(at, int | float) and at <= eng.clock.now() and not ex.get("timed_out"):
                 # past its deadline, the timeout not delivered yet: the next drive delivers it
                 # where the workflow waits, before it could consume this (engine/starts/deadlines.py)

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from celery_durable.engine.admin.oplog import cancel_ops
 from celery_durable.engine.documents.model import DUE_CLOCK, DUE_EXEC, EXEC_ID
 from celery_durable.engine.documents.records import is_terminal, maybe_exec
-from celery_durable.engine.documents.schema import DocType, Status
+from celery_durable.engine.documents.schema import CANCELLED_BY_PARENT, DocType, Status
 from celery_durable.engine.outcomes import ClockOutcome
 from celery_durable.errors import ConfigurationError, ConflictError, DurableError
 from celery_durable.stores.base import Doc, Op, strip_reserved
@@ -51,6 +51,7 @@ __all__ = [
     "exec_fields",
     "fire_exec_clock",
     "cancel_scheduled",
+    "end_unstarted",
     "unmarked_op",
     "running_ops",
 ]
@@ -158,8 +159,10 @@ def fire_exec_clock(eng: EngineParts, execution_id: str, clock_id: str) -> Clock
             if ex is None:  # purged, or a hand-deleted exec: nothing to time
                 eng.store.delete(execution_id, clock_id)
                 return ClockOutcome.DONE
-            if clock_id == DEADLINE_CLOCK and ex.get("status") == Status.QUEUED:
+            if clock_id == DEADLINE_CLOCK and ex.get("status") == Status.QUEUED and not ex.get("parent"):
                 return ClockOutcome.EARLY  # counted from its start: moved when it gets its slot
+            if clock_id == DEADLINE_CLOCK and ex.get("status") == Status.QUEUED:  # a child's: from its step
+                return _time_out_queued(eng, ex, clock, now)
             if clock_id == DEADLINE_CLOCK and ex.get("status") == Status.SCHEDULED:
                 # its start is due too (a deadline counts from it): started first, then timed
                 if fire_exec_clock(eng, execution_id, START_CLOCK) != ClockOutcome.FIRED:
@@ -237,7 +240,8 @@ def _fire_start(eng: EngineParts, ex: Any, clock: Doc, now: float) -> ClockOutco
     planned = float(start_at) if isinstance(start_at, int | float) else now
     ops = [Op.replace(_settled(clock, now), clock["_etag"])]
     if limited:
-        queued = strip_reserved(ex) | {"status": Status.QUEUED.value, "queued_at": now, "updated_at": now}
+        # queued as of its planned start: its deadline (from start_at) moves by the whole wait, a late clock's too
+        queued = strip_reserved(ex) | {"status": Status.QUEUED.value, "queued_at": planned, "updated_at": now}
         eng.store.batch(pk, [Op.replace(queued | _due(eng, now), ex["_etag"]), *ops])
     else:
         eng.store.batch(pk, running_ops(eng, ex, planned, now) + ops)
@@ -271,20 +275,49 @@ def running_ops(eng: EngineParts, ex: Any, planned: float, now: float) -> list[O
     return ops
 
 
-def cancel_scheduled(eng: EngineParts, ex: Any, by: str | None, reason: str | None) -> bool:
-    """Cancel a ``scheduled`` execution: it ends ``cancelled`` at once (none of its code ran), its
-    start clock settled in the same batch; an operator's cancel is recorded as any. False when the
-    exec changed meanwhile (the caller reads it again)."""
+def _time_out_queued(eng: EngineParts, ex: Any, clock: Doc, now: float) -> ClockOutcome:
+    """A queued child's deadline passed before it got a slot: it ends ``timed_out`` at once (none of
+    its code ran), leaves its limit's queue, and its parent is told."""
+    at = ex.get("deadline_at")
+    if not isinstance(at, int | float) or now < at or not _parent_first(eng, ex, float(at)):
+        return ClockOutcome.EARLY
+    if not end_unstarted(eng, ex, Status.TIMED_OUT, "WorkflowTimedOutError", "its deadline passed before it started"):
+        return ClockOutcome.EARLY  # it changed meanwhile: the next scan looks again
+    eng.store.replace(_settled(clock, now), if_match=clock["_etag"])
+    return ClockOutcome.FIRED
+
+
+def end_unstarted(
+    eng: EngineParts,
+    ex: Any,
+    status: Status,
+    error: str,
+    message: str,
+    by: str | None = None,
+    reason: str | None = None,
+    extra: dict[str, Any] | None = None,
+) -> bool:
+    """End an execution none of whose code ran (``scheduled``, ``queued``) with ``status``: its
+    start clock settled in the same batch (an operator's cancel recorded in it), its place on its
+    limit given up, its parent told. False when the exec changed meanwhile (read it again)."""
     pk, now = str(ex["pk"]), eng.clock.now()
-    ended = strip_reserved(ex) | {
-        "status": Status.CANCELLED.value,
-        "cancel_requested": True,
-        "error": {"type": "WorkflowCancelledError", "message": "cancelled before it started"},
-        "completed_at": now,
-        "updated_at": now,
-        "due_kind": None,
-        "due_at": None,
-    }
+    ended = (
+        strip_reserved(ex)
+        | {
+            "status": status.value,
+            "cancel_requested": True,
+            "error": {"type": error, "message": message},
+            "completed_at": now,
+            "updated_at": now,
+            "due_kind": None,
+            "due_at": None,
+        }
+        | (extra or {})
+    )
+    if status == Status.TIMED_OUT:
+        ended["timed_out"] = True
+    if ex.get("parent"):  # stays due until the parent has been told (as any child's end)
+        ended.update(parent_notified=False, due_kind=DUE_EXEC.value, due_at=now + eng.settings.drive_timeout)
     ops = [Op.replace(ended, ex["_etag"])] if by is None else cancel_ops(ex, ended, by, reason, now)
     clock = eng.store.read(pk, START_CLOCK)
     if clock is not None and clock.get("due_kind"):
@@ -293,8 +326,20 @@ def cancel_scheduled(eng: EngineParts, ex: Any, by: str | None, reason: str | No
         eng.store.batch(pk, ops)
     except ConflictError:
         return False
-    eng.emit("workflow_cancelled", execution_id=pk, workflow=ex.get("workflow"))
+    eng.emit(f"workflow_{status.value}", execution_id=pk, workflow=ex.get("workflow"))
+    eng.limits.release_execution(ex)  # its place in its limit's queue
+    if ex.get("parent"):
+        eng.children.notify_parent(pk)
     return True
+
+
+def cancel_scheduled(eng: EngineParts, ex: Any, by: str | None, reason: str | None, from_parent: bool = False) -> bool:
+    """Cancel a ``scheduled`` or ``queued`` execution: it ends ``cancelled`` at once (none of its
+    code ran: nothing to compensate); ``from_parent``: its parent's cancel, marked on it (so
+    resuming the parent resumes it). False when the exec changed meanwhile."""
+    marked = {CANCELLED_BY_PARENT: True} if from_parent else None
+    message = "cancelled before it started"
+    return end_unstarted(eng, ex, Status.CANCELLED, "WorkflowCancelledError", message, by, reason, marked)
 
 
 def unmarked_op(op: Op, unmarked: Any) -> Op:

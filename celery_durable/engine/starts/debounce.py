@@ -31,9 +31,16 @@ _ATTEMPTS = 20
 
 
 def push_back(
-    store: Store, now: float, execution_id: str, workflow: str, payload: dict[str, Any], quiet: float
+    store: Store,
+    now: float,
+    execution_id: str,
+    workflow: str,
+    payload: dict[str, Any],
+    quiet: float,
+    limit: dict[str, Any] | None = None,
 ) -> bool:
-    """Give the ``scheduled`` execution ``execution_id`` of ``workflow`` the input ``payload`` and
+    """Give the ``scheduled`` execution ``execution_id`` of ``workflow`` the input ``payload`` (and
+    the ``limit`` record its arguments give: it waits on the key of the input it runs with) and
     start it ``quiet`` seconds from ``now``. False when it is not (or no longer) a scheduled
     execution of that workflow: the caller settles the conflict as any."""
     for _ in range(_ATTEMPTS):
@@ -49,6 +56,9 @@ def push_back(
         moved = begins - float(ex.get("start_at") or begins)
         updated: dict[str, Any] = strip_reserved(ex) | {"payload": payload, "start_at": begins, "updated_at": now}
         updated.pop("payload_at", None)
+        updated.pop("limit", None)
+        if limit is not None:
+            updated["limit"] = limit
         updated, input_doc = split_payload(updated)
         ops = [Op.replace(strip_reserved(start) | {"at": begins, "due_at": begins}, start["_etag"])]
         if input_doc is not None:
