@@ -508,7 +508,11 @@ def ui(
 from celery_durable.cli.cosmos import cosmos as _cosmos  # noqa: E402 - the `durable cosmos …` subgroup
 from celery_durable.cli.limit_commands import limit as _limit  # noqa: E402 - `durable limit …`
 from celery_durable.cli.outbox_commands import outbox as _outbox  # noqa: E402 - `durable outbox …`
+from celery_durable.cli.replay_commands import export as _export  # noqa: E402 - `durable export ID`
+from celery_durable.cli.replay_commands import replay_check as _replay_check  # noqa: E402 - `durable replay-check`
 
 durable.add_command(_cosmos)
 durable.add_command(_outbox)
 durable.add_command(_limit)
+durable.add_command(_export)
+durable.add_command(_replay_check)
