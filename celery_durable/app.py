@@ -20,6 +20,7 @@ from celery_durable.engine.admin.operator import (
     StepRecord,
 )
 from celery_durable.engine.admin.oplog import actor
+from celery_durable.engine.admin.pause import pause, unpause
 from celery_durable.engine.admin.terminate import terminate
 from celery_durable.engine.core import Engine
 from celery_durable.engine.documents.checks import check_workflow_id
@@ -524,6 +525,16 @@ class Durable:
         (no compensations; its running children too); False if it had already ended. Recorded
         (``by``: who, default ``user@host``). ``cancel`` is the graceful way."""
         return terminate(self.engine, workflow_id, actor() if by is None else by, reason)
+
+    def pause(self, workflow_id: str, *, by: str | None = None, reason: str | None = None) -> bool:
+        """Pause an execution that has not ended: nothing of it is replayed (no new step, no new
+        activity) until :meth:`unpause`; what arrives meanwhile is recorded. False if it was paused
+        already. Recorded (``by``: who, default ``user@host``)."""
+        return pause(self.engine, workflow_id, actor() if by is None else by, reason)
+
+    def unpause(self, workflow_id: str, *, by: str | None = None, reason: str | None = None) -> bool:
+        """Unpause an execution and drive it now; False if it was not paused. Recorded."""
+        return unpause(self.engine, workflow_id, actor() if by is None else by, reason)
 
     def resume(self, workflow_id: str, *, by: str | None = None, reason: str | None = None) -> list[StepRecord]:
         """Drive a running execution now, or reopen a failed/cancelled one on its history (recorded)."""

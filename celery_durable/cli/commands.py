@@ -189,7 +189,8 @@ def show(ctx: click.Context, execution_id: str, as_json: bool) -> None:
         return
     click.echo(f"execution  {_cell(s.id)}")
     click.echo(f"workflow   {_cell(s.workflow)}")
-    click.echo(f"status     {_cell(s.status)}{'  (cancel requested)' if s.cancel_requested else ''}")
+    paused = f"  (paused since {ts(s.paused_at)})" if s.paused_at is not None else ""
+    click.echo(f"status     {_cell(s.status)}{'  (cancel requested)' if s.cancel_requested else ''}{paused}")
     click.echo(f"created    {ts(s.created_at)}    updated {ts(s.updated_at)}")
     if s.start_at is not None and s.status == Status.SCHEDULED:
         click.echo(f"starts     {ts(s.start_at)}")
@@ -508,6 +509,8 @@ def ui(
 from celery_durable.cli.cosmos import cosmos as _cosmos  # noqa: E402 - the `durable cosmos …` subgroup
 from celery_durable.cli.limit_commands import limit as _limit  # noqa: E402 - `durable limit …`
 from celery_durable.cli.outbox_commands import outbox as _outbox  # noqa: E402 - `durable outbox …`
+from celery_durable.cli.pause_commands import pause as _pause  # noqa: E402 - `durable pause ID`
+from celery_durable.cli.pause_commands import unpause as _unpause  # noqa: E402 - `durable unpause ID`
 from celery_durable.cli.replay_commands import export as _export  # noqa: E402 - `durable export ID`
 from celery_durable.cli.replay_commands import replay_check as _replay_check  # noqa: E402 - `durable replay-check`
 
@@ -515,4 +518,6 @@ durable.add_command(_cosmos)
 durable.add_command(_outbox)
 durable.add_command(_limit)
 durable.add_command(_export)
+durable.add_command(_pause)
+durable.add_command(_unpause)
 durable.add_command(_replay_check)

@@ -26,6 +26,7 @@ from starlette.staticfiles import StaticFiles
 from celery_durable.engine.admin.counts import status_counts
 from celery_durable.engine.admin.family import family
 from celery_durable.engine.admin.operator import Admin, ExecutionDetail, OperationRefused
+from celery_durable.engine.admin.pause import pause, unpause
 from celery_durable.engine.admin.terminate import terminate
 from celery_durable.engine.admin.timeline import STATUSES
 from celery_durable.engine.admin.waiting import activity_states
@@ -57,9 +58,9 @@ __all__ = ["create_app", "ACTIONS"]
 log = logging.getLogger("celery_durable.ui")
 
 HERE = Path(__file__).parent
-ACTIONS = ("signal", "cancel", "terminate", "retry", "resume")
+ACTIONS = ("signal", "cancel", "terminate", "retry", "resume", "pause", "unpause")
 #: what the list's selection can do to many executions at once, and how many at most
-BATCH_ACTIONS = ("cancel", "terminate", "retry", "resume")
+BATCH_ACTIONS = ("cancel", "terminate", "retry", "resume", "pause", "unpause")
 MAX_BATCH = 200
 #: which statuses each action applies to (the page shows its form only then)
 WHEN = {
@@ -68,6 +69,8 @@ WHEN = {
     "terminate": "running",
     "retry": "failed",
     "resume": "running failed cancelled timed_out",
+    "pause": "running scheduled queued",
+    "unpause": "running scheduled queued",
 }
 #: the messages a redirect after an action may show (a code in the URL, never free text)
 MESSAGES = {
@@ -79,6 +82,10 @@ MESSAGES = {
     "cancel-finished": "already finished: nothing to cancel",
     "retry": "retrying from the failed step",
     "resume": "resumed",
+    "paused": "paused: nothing of it runs until unpaused",
+    "pause-already": "already paused",
+    "unpaused": "unpaused: driven now",
+    "unpause-already": "not paused",
 }
 CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -369,6 +376,9 @@ class UI:
             return "cancel-requested" if self.engine.cancel(execution_id, by=by) else "cancel-finished"
         if name == "terminate":
             return "terminated" if terminate(self.engine, execution_id, by) else "terminate-finished"
+        if name in ("pause", "unpause"):
+            done = (pause if name == "pause" else unpause)(self.engine, execution_id, by)
+            return f"{name}d" if done else f"{name}-already"
         if name == "retry":
             status = self.engine.read_exec(execution_id).get("status")
             if status != Status.FAILED:

@@ -10,7 +10,7 @@ from celery_durable import Durable
 from celery_durable import workflow as wf
 from tests.apps.replay_old import step_a, step_b, step_c
 
-app = Celery("replay-new", set_as_current=False)
+app = Celery("replay-new", set_as_current=False, broker="memory://")
 durable = Durable(app, store="memory://")
 
 

@@ -8,7 +8,7 @@ from celery import Celery
 from celery_durable import Durable, durable_activity
 from celery_durable import workflow as wf
 
-app = Celery("replay-old", set_as_current=False)
+app = Celery("replay-old", set_as_current=False, broker="memory://")
 durable = Durable(app, store="memory://")
 
 

@@ -318,3 +318,26 @@ def test_a_batch_acts_on_each_selected_execution_and_says_what_each_got(
     assert client.post("/actions/batch", data={"action": "retry", "id": ["fails-b1"]}).status_code == 403
     assert client.post("/actions/batch", data={"action": "signal", "id": ["fails-b1"]}, headers=auth).status_code == 400
     assert client.post("/actions/batch", data={"action": "cancel"}, headers=auth).status_code == 400
+
+
+def test_pause_and_unpause_from_the_page_and_the_api(env: WorkflowEnvironment, client: TestClient) -> None:
+    """The execution page offers pause on a running execution and shows it paused, then offers
+    unpause; a signal sent while paused is recorded and taken in after the unpause."""
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    h = _run_order(env)
+    login(client)  # the page shows its action forms to a logged-in session
+    assert 'action="/actions/pause"' in client.get(f"/executions/{h.id}").text
+    assert client.post("/actions/pause", data={"id": h.id}, headers=auth).json() == {
+        "ok": True,
+        "message": "paused: nothing of it runs until unpaused",
+    }
+    assert client.post("/actions/pause", data={"id": h.id}, headers=auth).json()["message"] == "already paused"
+    page = client.get(f"/executions/{h.id}").text
+    assert 'id="paused"' in page and 'action="/actions/unpause"' in page
+    sent = client.post("/actions/signal", data={"id": h.id, "name": "approve", "value": "true"}, headers=auth)
+    assert sent.json()["ok"]
+    env.run_until_idle()
+    assert h.status() == "running"  # recorded, not taken in
+    assert client.post("/actions/unpause", data={"id": h.id}, headers=auth).json()["message"] == "unpaused: driven now"
+    env.run_until_idle()
+    assert h.status() == "completed"

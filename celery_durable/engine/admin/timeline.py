@@ -73,6 +73,8 @@ class ExecutionSummary:
     #: when it times out (``options(timeout=)``) and, while ``scheduled``, when it starts
     deadline_at: float | None = None
     start_at: float | None = None
+    #: since when an operator paused it (``durable pause``), None when it is not paused
+    paused_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -219,6 +221,7 @@ def summary_of(doc: Mapping[str, Any]) -> ExecutionSummary:
         custom_status=doc.get("custom_status"),
         deadline_at=_num(doc.get("deadline_at")),
         start_at=_num(doc.get("start_at")),
+        paused_at=(_num(doc.get("paused_at")) or 0.0) if doc.get("paused") else None,
         waiting=tuple(w for w in doc.get("waiting") or () if isinstance(w, dict))
         if doc.get("status") == "running" and isinstance(doc.get("waiting"), list)
         else (),

@@ -180,7 +180,8 @@ def _exec(doc: Doc) -> None:
     _field(doc, "payload_at", str)
     _field(doc, "cancel_requested", bool)
     _field(doc, "timed_out", bool)
-    for key in ("deadline_at", "start_at", "debounce", "queued_at"):  # engine/starts/, engine/limits/
+    _field(doc, "paused", bool)
+    for key in ("deadline_at", "start_at", "debounce", "queued_at", "paused_at"):  # engine/starts/, engine/limits/
         _field(doc, key, _NUMBER)
     _field(doc, "limit", dict)
     lease = _field(doc, "lease", dict)

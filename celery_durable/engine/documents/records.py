@@ -138,23 +138,23 @@ class ExecDoc(_Due, total=False):
     #: a fresh token per creation of the id (engine/drive/partition_cache.py)
     incarnation: str
     generation: int
-    #: the run's input ``{"args", "kwargs"}``, or instead ``payload_at``: the id of the document
-    #: holding it (a large input is written once, not with every step: model.split_payload)
+    #: the run's input ``{"args", "kwargs"}``, or ``payload_at``: the document holding it (model.split_payload)
     payload: dict[str, Any]
     #: the dedup key it holds (``options(dedup_key=)``: engine/starts/dedup.py)
     dedup_key: str
     #: created ended by a start that took its dedup key before its own starter created it
     never_started: bool
-    #: when it times out (``options(timeout=)``, capped by a parent's): its ``clock:deadline``
-    #: fires then (engine/starts/deadlines.py); lifted by an operator's re-run
+    #: when it times out (``options(timeout=)``, a parent's cap; lifted by a re-run): engine/starts/deadlines.py
     deadline_at: float | None
     #: the deadline's cancel: the cancel it delivers is a :class:`WorkflowTimedOutError`
     timed_out: bool | None
     #: a delayed start's first drive (``options(start_delay=)``: status ``scheduled`` until then)
     start_at: float
-    #: a debounced start's quiet period (``options(debounce=)``): later debounced starts with its
-    #: key move its start (engine/starts/debounce.py); no other scheduled execution is moved
+    #: a debounced start's quiet period (``options(debounce=)``: engine/starts/debounce.py)
     debounce: float
+    #: an operator paused it, when (engine/admin/pause.py)
+    paused: bool | None
+    paused_at: float | None
     #: the limit it waits on (``queued`` since ``queued_at``), held while it runs (engine/limits/workflows.py)
     limit: StepLimitInfo
     queued_at: float

@@ -39,7 +39,7 @@ from celery_durable.engine.documents.model import (
     split_payload,
 )
 from celery_durable.engine.documents.records import ExecDoc, as_exec, count_of, holder_of, is_terminal
-from celery_durable.engine.documents.schema import Status
+from celery_durable.engine.documents.schema import NOT_STARTED, Status
 from celery_durable.engine.documents.search import apply_updates as apply_search_updates
 from celery_durable.engine.drive.carried import as_of, carry_json, eager_commit, oversized, release_ops, waiting_of
 from celery_durable.engine.drive.corrupt import fail_corrupt
@@ -189,10 +189,13 @@ class Driver:
             return AGAIN  # an operator's op was left half done: finish it before driving
         if is_terminal(ex):
             return self._record_late(d, ex, carry_new)
-        if ex.get("status") in (Status.SCHEDULED, Status.QUEUED):  # started by its clock or its limit's grant
-            if ex.get("status") == Status.QUEUED and not carry_new:
+        if ex.get("status") in NOT_STARTED:  # started by its clock or its limit's grant
+            if ex.get("status") == Status.QUEUED and not carry_new and not ex.get("paused"):
                 eng.limits.take_turn(ex)  # engine/limits/workflows.py
             return self._record_bumped(d, ex, docs, carry_new, {}) if carry_new else DriveOutcome.NOOP
+        if ex.get("paused"):  # an operator's pause (engine/admin/pause.py): recorded, not replayed, not due
+            idle = {"due_kind": None, "due_at": None} if ex.get("due_kind") else {}
+            return self._record_bumped(d, ex, docs, carry_new, idle) if carry_new or idle else DriveOutcome.NOOP
         at = ex.get("deadline_at")  # not lifted meanwhile (an operator's re-run): marked by this round's commit
         unmarked = ex
         # any drive of a top-level execution past its deadline delivers it (the clock's may be in a

@@ -1,0 +1,73 @@
+"""Pausing an execution (``durable pause|unpause ID``; Temporal's workflow pause).
+
+A paused execution keeps its status (``running``, ``queued``…) and the flag ``paused``. No drive
+replays it: what arrives meanwhile — an activity's outcome, a fired timer, a signal, a child's
+end, a cancel request — is recorded as usual (``Driver._round``: recorded with a wake-up, not
+replayed), so no new step is taken and no new activity is sent; an attempt already running goes
+on and its outcome waits. Its recovery due is cleared while paused, so beat's scans send it no
+drive. Unpausing clears the flag and drives it at once: the replay takes in everything recorded
+meanwhile (a deadline that passed is delivered then). ``terminate`` works on a paused execution;
+a cancel is recorded and delivered once it is unpaused.
+
+Both are operator actions, recorded as ``op:<n>`` documents (who, when, why), like a cancel.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from celery_durable.engine.admin.oplog import op_doc
+from celery_durable.engine.admin.pending_ops import check_field
+from celery_durable.engine.documents.model import DUE_EXEC
+from celery_durable.engine.documents.records import count_of, is_terminal
+from celery_durable.errors import ConflictError, DurableError, OperationRefused
+from celery_durable.stores.base import Op, strip_reserved
+
+if TYPE_CHECKING:
+    from celery_durable.engine.core import Engine
+
+__all__ = ["pause", "unpause"]
+
+_ATTEMPTS = 50
+
+
+def pause(engine: Engine, execution_id: str, by: str, reason: str | None = None) -> bool:
+    """Pause ``execution_id``; False when it was paused already. Raises OperationRefused when it
+    has ended, UnknownWorkflowError when there is no such execution."""
+    return _set(engine, execution_id, True, by, reason)
+
+
+def unpause(engine: Engine, execution_id: str, by: str, reason: str | None = None) -> bool:
+    """Unpause ``execution_id`` and drive it now; False when it was not paused."""
+    done = _set(engine, execution_id, False, by, reason)
+    if done:
+        engine.dispatcher.send_drive(execution_id)
+    return done
+
+
+def _set(engine: Engine, execution_id: str, paused: bool, by: str, reason: str | None) -> bool:
+    check_field(OperationRefused, "by", by)
+    action = "pause" if paused else "unpause"
+    for _ in range(_ATTEMPTS):
+        ex = engine.read_exec(execution_id)
+        if is_terminal(ex):
+            raise OperationRefused(f"{execution_id} is {ex.get('status')}: an ended execution cannot {action}")
+        if bool(ex.get("paused")) == paused:
+            return False
+        now = engine.clock.now()
+        body = strip_reserved(ex) | {"operations": count_of(ex, "operations") + 1, "updated_at": now}
+        if paused:  # no recovery drive while paused: nothing would come of it
+            body.update(paused=True, paused_at=now, due_kind=None, due_at=None)
+        else:  # driven now; due again in case that message is lost
+            due = now + engine.settings.drive_timeout
+            body.update(paused=None, paused_at=None, due_kind=DUE_EXEC.value, due_at=due)
+        doc = op_doc(ex, action, by, reason, now)
+        try:
+            engine.store.batch(execution_id, [Op.replace(body, ex["_etag"]), Op.create(doc)])
+        except ConflictError:
+            continue  # a drive or a signal wrote meanwhile: look again
+        finally:
+            engine.cache.invalidate(execution_id)
+        engine.emit(f"workflow_{action}d", execution_id=execution_id, workflow=ex.get("workflow"))
+        return True
+    raise DurableError(f"could not {action} {execution_id!r}: too much contention")

@@ -1,0 +1,47 @@
+"""``celery -A proj durable pause ID`` / ``unpause ID``: recorded, idempotent, shown by ``show``;
+an ended execution is a clear refusal."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+from celery.bin.celery import celery as celery_cli
+from click.testing import CliRunner, Result
+
+from celery_durable.stores.memory import MemoryStore
+from celery_durable.testing.env import WorkflowEnvironment
+from tests.apps import replay_app, replay_old
+
+
+@pytest.fixture
+def env() -> Iterator[WorkflowEnvironment]:
+    store = MemoryStore()
+    env = WorkflowEnvironment(replay_old.durable, store=store)
+    replay_app.durable.configure(store=store)
+    yield env
+    replay_app.durable.configure(store=None)
+
+
+def _cli(*args: str) -> Result:
+    return CliRunner().invoke(celery_cli, ["-A", "tests.apps.replay_app", "durable", *args])
+
+
+def test_pause_show_unpause(env: WorkflowEnvironment) -> None:
+    h = env.start(replay_old.same, 1, _workflow_id="cp-1")
+    out = _cli("pause", "cp-1", "--reason", "looking")
+    assert out.exit_code == 0 and "paused" in out.output, out.output
+    assert "paused since" in _cli("show", "cp-1").output
+    assert json.loads(_cli("pause", "cp-1", "--json").output) == {"id": "cp-1", "action": "pause", "changed": False}
+    h.signal("go", 1)
+    env.run_until_idle()
+    assert h.status() == "running"
+    assert "unpaused: driven now" in _cli("unpause", "cp-1").output
+    env.engine.dispatcher.send_drive("cp-1")  # the drive the CLI sent, received by a worker (the env's)
+    env.run_until_idle()
+    assert h.status() == "completed"
+    refused = _cli("pause", "cp-1")
+    assert refused.exit_code != 0 and "ended execution cannot pause" in refused.output
+    actions = [o["action"] for o in json.loads(_cli("show", "cp-1", "--json").output).get("operations", [])]
+    assert actions == ["pause", "unpause"]
