@@ -14,6 +14,7 @@ from celery_durable.cli.render import print_table
 from celery_durable.engine.documents.model import EXEC_ID
 from celery_durable.engine.documents.schema import Status
 from celery_durable.engine.replay.check import Verdict, check_all, export_history
+from celery_durable.errors import DurableError
 
 __all__ = ["export", "replay_check"]
 
@@ -26,7 +27,10 @@ __all__ = ["export", "replay_check"]
 def export(ctx: click.Context, execution_id: str, output: str | None, as_json: bool) -> None:
     """The history of EXECUTION_ID as JSON (every document of its partition), for replay-check --from."""
     d = durable_of(ctx)
-    docs = {doc["id"]: doc for doc in d.engine.store.query_partition(execution_id).docs}
+    try:
+        docs = {doc["id"]: doc for doc in d.engine.store.query_partition(execution_id).docs}
+    except DurableError as exc:  # a corrupt row, the store down: said, not a traceback
+        raise click.ClickException(f"{execution_id}: {type(exc).__name__}: {exc}") from None
     if EXEC_ID not in docs:
         raise click.ClickException(f"no execution with id {execution_id!r}")
     text = json.dumps(export_history(docs), sort_keys=True, indent=1)

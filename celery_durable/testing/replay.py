@@ -36,7 +36,7 @@ class ReplayMismatch(AssertionError):
 
 def replay(
     durable: Any,
-    histories: Iterable[str | Path | Mapping[str, Any]] | None = None,
+    histories: Iterable[str | Path | Mapping[str, Any]] | str | Path | Mapping[str, Any] | None = None,
     *,
     workflow: str | None = None,
     status: str | None = "running",
@@ -45,10 +45,15 @@ def replay(
 ) -> list[ReplayVerdict]:
     """Replay each history read-only against ``durable``'s registered workflows (nothing is
     written or sent); the verdicts, in order. ``histories``: exported histories (paths or their
-    parsed JSON); ``None``: the executions of ``durable``'s store (``workflow``, ``status`` —
-    ``None`` for any — at most ``limit``). Raises :class:`ReplayMismatch` when any is not
-    compatible, unless ``raise_on_mismatch=False``."""
-    found = list(check_all(durable.engine, histories, workflow, status, limit))
+    parsed JSON; one, or several: none at all is a ValueError); ``None``: the executions of
+    ``durable``'s store (``workflow``, ``status`` — ``None`` for any — at most ``limit``). Raises
+    :class:`ReplayMismatch` when any is not compatible, unless ``raise_on_mismatch=False``."""
+    if isinstance(histories, str | Path | Mapping):  # one history, not an iterable of its characters
+        histories = [histories]
+    given = None if histories is None else list(histories)
+    if given is not None and not given:  # an empty glob (a typo in its path) must not pass
+        raise ValueError("no history to check: the histories given are empty")
+    found = list(check_all(durable.engine, given, workflow, status, limit))
     if raise_on_mismatch and any(not v.ok for v in found):
         raise ReplayMismatch(found)
     return found

@@ -167,3 +167,24 @@ def test_an_exported_history_checks_as_the_live_one() -> None:
         reg = _registry(w, code)
         assert check_history(docs_of(exported), reg, Settings(), 0.0).verdict == expected
         assert _check(w, "o1", reg).verdict == expected
+
+
+def test_the_pytest_helper_takes_one_history_and_refuses_none() -> None:
+    """A single export (not a list of them) is one history; an empty selection — a mistyped
+    glob — is an error, not a pass."""
+    from celery import Celery
+
+    from celery_durable import Durable
+    from celery_durable.testing.replay import replay
+
+    w, calls = _started()
+    docs = {d["id"]: d for d in w.store.query_partition("o1").docs}
+    durable = Durable(Celery("rc-helper", set_as_current=False), store="memory://")
+    durable.registry.activities.update(_registry(w, _v1(calls)).activities)
+    durable.registry.add_workflow("order", _v1(calls))
+    (v,) = replay(durable, export_history(docs))
+    assert v.ok
+    import pytest
+
+    with pytest.raises(ValueError, match="no history"):
+        replay(durable, [])

@@ -29,14 +29,16 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
-from celery_durable.engine.documents.checks import check_partition
-from celery_durable.engine.documents.model import EXEC_ID
-from celery_durable.engine.documents.records import count_of, is_terminal, maybe_exec
+from celery_durable.engine.admin.terminate import TERMINATED
+from celery_durable.engine.documents.checks import check_shape
+from celery_durable.engine.documents.model import EXEC_ID, marker_id
+from celery_durable.engine.documents.records import count_of, is_terminal, maybe_exec, run_of
+from celery_durable.engine.documents.schema import Status
 from celery_durable.engine.outcomes import ReplayKind
 from celery_durable.engine.replay.history import replay
-from celery_durable.errors import CorruptDocument
+from celery_durable.errors import CorruptDocument, StoreError
 from celery_durable.stores.base import Doc, ExecFilter, strip_reserved
 
 if TYPE_CHECKING:
@@ -118,6 +120,15 @@ def docs_of(exported: Mapping[str, Any]) -> dict[str, Doc]:
     return {str(d["id"]): dict(d) | {"_etag": "exported"} for d in docs}
 
 
+#: what the replay of an ended execution must end as, by its stored status
+_ENDS = {
+    Status.COMPLETED: ReplayKind.COMPLETED,
+    Status.FAILED: ReplayKind.FAILED,
+    Status.CANCELLED: ReplayKind.CANCELLED,
+    Status.TIMED_OUT: ReplayKind.TIMED_OUT,
+}
+
+
 def check_history(docs: Mapping[str, Doc], registry: Registry, settings: Settings, now: float) -> ReplayVerdict:
     """Replay one execution's ``docs`` read-only against ``registry``'s code; its verdict."""
     ex = maybe_exec(docs.get(EXEC_ID))
@@ -125,43 +136,71 @@ def check_history(docs: Mapping[str, Doc], registry: Registry, settings: Setting
         return ReplayVerdict("?", "?", "?", Verdict.UNREADABLE, detail="no exec document in the history")
     eid, name, status = str(ex.get("pk")), str(ex.get("workflow")), str(ex.get("status"))
     verdict = functools.partial(ReplayVerdict, eid, name, status)
-    try:
-        check_partition(eid, docs)
+    try:  # every document: an ended execution's steps are replayed too (a drive checks only its exec)
+        for doc in docs.values():
+            check_shape(eid, doc)
     except CorruptDocument as exc:
         return verdict(Verdict.UNREADABLE, detail=str(exc))
     definition = registry.workflow(name)
     if definition is None:
         return verdict(Verdict.UNKNOWN, detail=f"workflow {name!r} is not registered in this process")
-    result = replay(ex, dict(docs), definition, registry, now, settings, read_only=True)
     recorded = count_of(ex, "steps")
+    if recorded == 0 and status in (Status.CANCELLED, Status.TIMED_OUT):
+        return verdict(Verdict.COMPATIBLE, detail="ended before any of its code ran")
+    try:
+        result = replay(ex, dict(docs), definition, registry, now, settings, read_only=True)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - sys.exit() in workflow code: its verdict, not the check's end
+        return verdict(Verdict.FAILS, detail=f"the replay raised {type(exc).__name__}: {exc}")
     error = result.error or {}
     if result.kind == ReplayKind.FAILED and error.get("type") == "NonDeterminismError":
-        message = str(error.get("message", ""))
-        returned = _RETURNED.search(message)
-        if returned is not None:
-            end = int(returned.group(1)) + 1
-            return verdict(
-                Verdict.INCOMPATIBLE, end, f"step {end} and on ({recorded} steps)", "returns", detail=message
-            )
-        step_m, calls = _STEP.search(message), _CALLS.search(message)
-        history, code = (calls.group(1), calls.group(2)) if calls else (None, None)
-        return verdict(Verdict.INCOMPATIBLE, int(step_m.group(1)) if step_m else None, history, code, detail=message)
-    invented = [
-        d for d in (result.context.new_docs.values() if result.context is not None else []) if d.get("kind") != "patch"
-    ]
-    if is_terminal(ex) and (result.kind == ReplayKind.SUSPENDED or (recorded and invented)):
-        first = min((int(d.get("seq") or 0) for d in invented), default=recorded + 1)
+        return _diverged(verdict, str(error.get("message", "")), recorded)
+    # a terminated execution ended where it waited: replayed, it waits there again
+    ended = is_terminal(ex) and (ex.get("error") or {}).get("type") != TERMINATED
+    if result.kind == ReplayKind.SUSPENDED and result.steps < recorded:
+        # the unchanged code would take every recorded step before waiting (outcomes only accumulate)
+        nxt = result.steps + 1
+        marker = docs.get(marker_id(nxt, run_of(ex))) or {}
+        return verdict(
+            Verdict.INCOMPATIBLE,
+            nxt,
+            f"{marker.get('kind')} {marker.get('name')!r}",
+            "waits before it",
+            detail=f"the code waits at step {result.steps}, before step {nxt} the history took then",
+        )
+    invented = [d for d in (result.context.new_docs.values() if result.context else []) if d.get("kind") != "patch"]
+    if ended and (result.kind == ReplayKind.SUSPENDED or invented):
+        first = min((int(d.get("seq") or 0) for d in invented), default=result.steps + 1)
         what = next((f"{d.get('kind')} {d.get('name')!r}" for d in invented if int(d.get("seq") or 0) == first), None)
         return verdict(
             Verdict.INCOMPATIBLE,
             first,
             "the end of the execution",
-            what or "more steps",
+            what or "waits",
             detail=f"the code takes step {first}, which this {status} execution never took",
         )
-    if result.kind == ReplayKind.FAILED and not is_terminal(ex):
+    if ended and result.kind != _ENDS.get(Status(status)):
+        why = f": {error.get('type')}: {error.get('message')}" if error else ""
+        return verdict(Verdict.FAILS, detail=f"this {status} execution's replay now ends {result.kind}{why}")
+    if result.kind == ReplayKind.FAILED and not ended:
         return verdict(Verdict.FAILS, detail=f"{error.get('type')}: {error.get('message')}")
     return verdict(Verdict.COMPATIBLE)
+
+
+def _diverged(verdict: Any, message: str, recorded: int) -> ReplayVerdict:
+    """The verdict of a replay that met ``NonDeterminismError`` (its message names the step)."""
+    returned = _RETURNED.search(message)
+    if returned is not None:
+        end = int(returned.group(1)) + 1
+        return cast(
+            ReplayVerdict,
+            verdict(Verdict.INCOMPATIBLE, end, f"step {end} and on ({recorded} steps)", "returns", detail=message),
+        )
+    step_m, calls = _STEP.search(message), _CALLS.search(message)
+    history, code = (calls.group(1), calls.group(2)) if calls else (None, None)
+    step = int(step_m.group(1)) if step_m else None
+    return cast(ReplayVerdict, verdict(Verdict.INCOMPATIBLE, step, history, code, detail=message))
 
 
 def _exported(item: str | Path | Mapping[str, Any]) -> dict[str, Doc]:
@@ -194,7 +233,17 @@ def check_all(
     while left > 0:
         page = eng.store.list_execs(ExecFilter(workflow, status), min(500, left), cursor)
         for ex in page.docs:
-            docs = {d["id"]: d for d in eng.store.query_partition(str(ex["pk"])).docs}
+            try:
+                docs = {d["id"]: d for d in eng.store.query_partition(str(ex["pk"])).docs}
+            except (CorruptDocument, StoreError) as exc:  # one unreadable partition: its verdict only
+                yield ReplayVerdict(
+                    str(ex.get("pk")),
+                    str(ex.get("workflow")),
+                    str(ex.get("status")),
+                    Verdict.UNREADABLE,
+                    detail=str(exc),
+                )
+                continue
             if EXEC_ID in docs:  # not purged since it was listed
                 yield check_history(docs, eng.registry, eng.settings, now)
         left -= len(page.docs)
