@@ -213,13 +213,13 @@ class ActivityRunner:
             docs = eng.cache.load(execution_id)
             refused = not_runnable(docs, seq, run)
             if refused is not None:
-                self._give_back(execution_id, seq, run, slot, slot_number, slot_token)
+                self._give_back(execution_id, seq, run, slot, slot_number, slot_token, docs)
                 return None, refused
             marker = docs[marker_id(seq, run)]
             if delivery is not None and (stale := refusal(marker, delivery)) is not None:
                 log.warning("activity %s (%s step %d) dropped: %s", delivery.name, execution_id, seq, stale)
                 eng.emit(STALE_EVENT, execution_id=execution_id, seq=seq, activity=delivery.name)
-                self._give_back(execution_id, seq, run, slot, slot_number, slot_token)
+                self._give_back(execution_id, seq, run, slot, slot_number, slot_token, docs)
                 return None, stale
             now = eng.clock.now()
             lease: dict[str, Any] = marker.get("lease") or {}
@@ -264,7 +264,7 @@ class ActivityRunner:
             )
             eng.leases.track(attempt)
             return attempt, "started"
-        self._give_back(execution_id, seq, run, slot, slot_number, slot_token)
+        self._give_back(execution_id, seq, run, slot, slot_number, slot_token, eng.cache.load(execution_id))
         return None, "the step kept changing under us"
 
     def _due_soon(self, marker: Doc) -> None:
@@ -277,11 +277,22 @@ class ActivityRunner:
             pass  # it stays due as it was (its queue timeout)
 
     def _give_back(
-        self, execution_id: str, seq: int, run: int, slot: dict[str, Any] | None, number: int, token: str | None = None
+        self,
+        execution_id: str,
+        seq: int,
+        run: int,
+        slot: dict[str, Any] | None,
+        number: int,
+        token: str | None,
+        docs: Mapping[str, Doc],
     ) -> None:
-        """A delivery that took a slot but will not run: the slot goes to the next waiter."""
-        if slot is not None:
-            self.engine.limits.release(execution_id, run, seq, (number, token), slot)
+        """A delivery that took a slot but will not run: the slot goes to the next waiter — unless
+        attempt ``number`` began in another delivery of the step (a duplicate message that won the
+        lease): the slot is that attempt's too, and its own end frees it (sim seed 907)."""
+        marker = docs.get(marker_id(seq, run))
+        if slot is None or (marker is not None and count_of(marker, "attempts") >= number):
+            return
+        self.engine.limits.release(execution_id, run, seq, (number, token), slot)
 
     def _claimed(self, execution_id: str, seq: int, run: int, holder: str) -> tuple[Attempt | None, str] | None:
         """The attempt whose lease the scheduling commit took (``holder``), or None: not (or no
