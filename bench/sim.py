@@ -57,6 +57,10 @@ ROWS = (
     ("operator calls refused (not applicable)", "ops_refused"),
     ("operator calls that got a store error", "ops_store_error"),
     (
+        "limited executions queued / started / cancelled queued / slots freed late",
+        ("wf_queued_written", "wf_limited_started", "wf_cancel_queued", "wf_slot_freed_late"),
+    ),
+    (
         "dedup-key starts: reject / return-existing / latest-wins returned",
         ("keyed_reject_returned", "keyed_return-existing_returned", "keyed_latest-wins_returned"),
     ),

@@ -34,16 +34,45 @@ Invariant 13 (sim_store.INVARIANTS):
     limit document's due time, holder expiry and rate window, and one fault-free limit scan
     runs; then no limit document has waiters while it has room. (A workflow left waiting for a
     slot nobody grants is invariant 5's: the healing phase only ends when every execution has.)
+
+Limits on whole executions (engine/limits/workflows.py; the plan, the workflow and the checks are
+in harness/sim_wf_limits.py). On one seed in six (``seed % 6 == 4``: a subset of the seeds above,
+which draw for it after their fan-outs; no other seed draws) the plan adds 3-7 executions of
+``w_tenant`` (``Limit("sim.tenant", max_running=2)`` keyed by its first argument, over 1-3 keys)
+started in a burst (so keys fill and executions queue): about half with a priority (-1, 0, 1 or
+5), some with a ``limit_key`` of their own, some delayed (``start_delay``: ``scheduled``, then
+queued at their time), about a third cancelled (soon after the start: often while ``queued``, or
+later: often while running); by mode each runs 0-2 activities then sleeps (holding its slot long),
+fails (a ``doomed`` step), continues as new once (keeping its slot) or runs a ``charge`` (an
+activity limit inside a workflow limit). They go through every fault above: crashes and store
+errors anywhere (between an end's commit and its slot's release too: the slot is then freed by
+the scan at its holder's expiry, counted ``wf_slot_freed_late``), lost, duplicated and delayed
+drives, preemption, skewed clocks. No operator call targets them (an operator's re-run ``hold``s a
+slot regardless of room, a documented override that may exceed ``max_running``).
+
+(d) *executions*, on every write of an exec document with a ``limit`` record (seen by the faulty
+    store; :class:`~harness.sim_wf_limits.WfWatch`): the executions whose last written exec
+    document has the same limit document (name and key) and status ``running`` are at most its
+    ``max_running``. Exact, no skew tolerance: an execution is made ``running`` only after a write
+    granted its slot, and an end's terminal write comes before its slot is given back.
+(d') on the same writes: an execution made ``running`` holds a slot in its limit document (as last
+    written), and no write of a limit document frees the slot of an execution whose exec document
+    is ``running``.
+(e) *liveness*, after (c)'s fault-free scan (:func:`~harness.sim_wf_limits.check_wf_settled`): no
+    execution with a ``limit`` record is left ``queued`` while its limit document has room or holds
+    a slot for it (or is missing), and every planned ``w_tenant`` ended (completed, failed or
+    cancelled, as invariant 1 then checks against a fault-free run).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from celery_durable.engine.documents.model import marker_id
+from celery_durable.engine.documents.model import EXEC_ID, marker_id
 from celery_durable.engine.limits.slots import LIMIT_DOC_ID
 from celery_durable.engine.limits.spec import limit_pk
 from celery_durable.engine.limits.table import room
+from harness.sim_wf_limits import WfWatch, check_wf_settled, plan_wf_limited
 
 if TYPE_CHECKING:
     from celery_durable.engine.documents.model import Attempt
@@ -72,15 +101,16 @@ KEY_SETS = (["a"], ["a", "b"], ["a", "b"], ["a", "b", "c"])
 
 
 def plan_limited(sim: Sim) -> None:
-    """Plan the limited fan-outs of a seed with ``seed % 3 == 1``."""
-    if sim.reference or sim.seed % 3 != 1:
-        return
-    rng = sim.rng
-    for n in range(rng.randint(2, MAX_LIMITED)):
-        args: list[Any] = [rng.randint(4, 7), rng.choice(KEY_SETS), f"s{sim.seed}-l{n}"]
-        sim._add(f"s{sim.seed}-l{n}-w_limited", "w_limited", args, cancel=rng.random() < 0.2, signals=0)
-    for n in range(rng.randint(1, MAX_RATED)):
-        sim._add(f"s{sim.seed}-r{n}-w_rated", "w_rated", [rng.randint(2, 4)], cancel=rng.random() < 0.2, signals=0)
+    """Plan the limited fan-outs of a seed with ``seed % 3 == 1``, then its limited executions."""
+    if not sim.reference and sim.seed % 3 == 1:
+        rng = sim.rng
+        for n in range(rng.randint(2, MAX_LIMITED)):
+            args: list[Any] = [rng.randint(4, 7), rng.choice(KEY_SETS), f"s{sim.seed}-l{n}"]
+            sim._add(f"s{sim.seed}-l{n}-w_limited", "w_limited", args, cancel=rng.random() < 0.2, signals=0)
+        for n in range(rng.randint(1, MAX_RATED)):
+            args = [rng.randint(2, 4)]
+            sim._add(f"s{sim.seed}-r{n}-w_rated", "w_rated", args, cancel=rng.random() < 0.2, signals=0)
+    plan_wf_limited(sim)  # limited executions, on seed % 6 == 4 (sim_wf_limits.py)
 
 
 def limit_work(sim: Sim, pk: str) -> list[str] | None:
@@ -157,8 +187,14 @@ class LimitWatch:
         self.since: dict[str, dict[str, float]] = {}
         #: per document: the steps holding a slot as last written (a)
         self.holders: dict[str, set[str]] = {}
+        #: the executions waiting on a limit and their slots (d), (d')
+        self.wf = WfWatch(sim)
 
     def written(self, doc: Doc) -> None:
+        if doc.get("id") == EXEC_ID:  # an execution: (d), if it waits on a limit (sim_wf_limits.py)
+            self.wf.exec_written(doc)
+            return
+        self.wf.limit_written(doc)
         lpk = str(doc["pk"])
         holders = doc.get("holders") or {}
         if doc.get("max") is not None:  # (a rate's slots hold nothing back: its starts are logged)
@@ -211,3 +247,4 @@ def check_settled(sim: Sim) -> None:
         if waiters and free > 0:
             steps = [x.get("s") for x in waiters]
             sim.violate(13, f"{pk}: {len(waiters)} steps wait with room for {free} after healing: {steps}")
+    check_wf_settled(sim, w.engine.clock.now())  # (e)

@@ -65,7 +65,9 @@ INVARIANTS = {
     "its workflow waits on it and a cancel was requested after the step was taken (never a compensation)",
     13: "of one limit key, at most max_running attempts hold a live step lease at once, and no slot is freed while "
     "its attempt holds one; no rate is exceeded by attempt begins over any window of its period (less the clocks' "
-    "skew); after healing no limit document has waiters while it has room (sim_limits.py)",
+    "skew); after healing no limit document has waiters while it has room; of the executions under one limit key, "
+    "at most max_running are running at every store state, each holding a slot; after healing none is left "
+    "queued while it could start, and every one has ended (sim_limits.py, sim_wf_limits.py)",
 }
 
 #: Workload triggers of engine bugs (each description is the bug it found). All are fixed and on
@@ -363,7 +365,7 @@ class FaultyStore(Store):
             self._live_results[(pk, did)] = True
         if doc.get("type") == "step" or did == EXEC_ID:
             self._check_lease(pk, did, doc)
-        if kind == "limit":
+        if kind == "limit" or did == EXEC_ID:  # a limit document, an execution (invariant 13, sim_limits.py)
             self.limits.written(doc)
         beat = doc.get("heartbeat") if doc.get("type") == "step" else None
         if isinstance(beat, dict) and isinstance(beat.get("details"), int):
