@@ -11,6 +11,7 @@ from typing import Any, Generic, Literal, ParamSpec, TypeVar, overload
 from celery import Celery, current_app
 
 from celery_durable import workflow as _wf
+from celery_durable.engine.admin.batch import BATCH_WORKFLOW, batch_spec
 from celery_durable.engine.admin.operator import (
     Admin,
     ExecutionDetail,
@@ -32,6 +33,7 @@ from celery_durable.engine.replay.context import DurableFuture, current_context,
 from celery_durable.engine.starts.deadlines import Timing, timing_of
 from celery_durable.engine.starts.dedup import OnConflict
 from celery_durable.errors import ConfigurationError
+from celery_durable.glue import batch as _batch  # noqa: F401 - declares the batch workflow and its activity
 from celery_durable.glue.beat_scans import install_beat_scans
 from celery_durable.glue.beat_shutdown import install_beat_shutdown
 from celery_durable.glue.bootsteps import DurableEventsStep, DurableMetricsStep, DurableShutdownStep, DurableStep
@@ -535,6 +537,23 @@ class Durable:
     def unpause(self, workflow_id: str, *, by: str | None = None, reason: str | None = None) -> bool:
         """Unpause an execution and drive it now; False if it was not paused. Recorded."""
         return unpause(self.engine, workflow_id, actor() if by is None else by, reason)
+
+    def batch(
+        self, action: str, *, since: datetime | timedelta | float | None = None, **spec: Any
+    ) -> WorkflowHandle[Any]:
+        """Start a batch: ``action`` (cancel, terminate, retry, resume, reset, pause, unpause, signal)
+        on every execution of ``workflow=``, ``status=``, ``search=`` started ``since`` (a datetime,
+        epoch seconds, or a timedelta: that long ago), as a durable workflow reporting its progress
+        as its custom status; ``rate=`` executions per second, ``page_size=``, ``reason=``, ``by=``,
+        ``step=`` (reset), ``signal=``/``value=`` (signal). Checked here (ConfigurationError)."""
+        if isinstance(since, timedelta):
+            since = self.engine.clock.now() - since.total_seconds()
+        after = since.timestamp() if isinstance(since, datetime) else since
+        query, options = batch_spec(action, since=after, by=spec.pop("by", None) or actor(), **spec)
+        definition = self.registry.workflow(BATCH_WORKFLOW)
+        assert definition is not None  # glue/batch.py declares it for every Durable
+        eid, _ = self.engine.start(definition, (action, query, options), {})
+        return WorkflowHandle(self.engine, eid, definition)
 
     def resume(self, workflow_id: str, *, by: str | None = None, reason: str | None = None) -> list[StepRecord]:
         """Drive a running execution now, or reopen a failed/cancelled one on its history (recorded)."""

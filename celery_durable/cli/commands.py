@@ -506,6 +506,7 @@ def ui(
         raise click.UsageError(str(exc)) from exc
 
 
+from celery_durable.cli.batch_commands import batch as _batch  # noqa: E402 - `durable batch ACTION …`
 from celery_durable.cli.cosmos import cosmos as _cosmos  # noqa: E402 - the `durable cosmos …` subgroup
 from celery_durable.cli.limit_commands import limit as _limit  # noqa: E402 - `durable limit …`
 from celery_durable.cli.outbox_commands import outbox as _outbox  # noqa: E402 - `durable outbox …`
@@ -519,5 +520,6 @@ durable.add_command(_outbox)
 durable.add_command(_limit)
 durable.add_command(_export)
 durable.add_command(_pause)
+durable.add_command(_batch)
 durable.add_command(_unpause)
 durable.add_command(_replay_check)

@@ -45,3 +45,22 @@ def test_pause_show_unpause(env: WorkflowEnvironment) -> None:
     assert refused.exit_code != 0 and "ended execution cannot pause" in refused.output
     actions = [o["action"] for o in json.loads(_cli("show", "cp-1", "--json").output).get("operations", [])]
     assert actions == ["pause", "unpause"]
+
+
+def test_batch_starts_a_batch_workflow_and_needs_yes_with_json(env: WorkflowEnvironment) -> None:
+    """``durable batch pause --workflow W --yes`` starts the batch (a workflow of its own, run by
+    the workers: here the environment's) and prints its id; with --json, --yes is required."""
+    for i in range(3):
+        env.start(replay_old.same, i, _workflow_id=f"cb-{i}")
+    refused = _cli("batch", "pause", "--workflow", "rp.same", "--json")
+    assert refused.exit_code != 0 and "--yes" in refused.output
+    out = _cli("batch", "pause", "--workflow", "rp.same", "--status", "running", "--yes", "--json")
+    assert out.exit_code == 0, out.output
+    bid = json.loads(out.output)["id"]
+    env.engine.dispatcher.send_drive(bid)  # its first drive, received by a worker (the environment's)
+    env.run_until_idle()
+    done = env.engine.read_exec(bid)
+    assert done["status"] == "completed" and done["result"]["done"] == 3
+    assert all(env.engine.read_exec(f"cb-{i}").get("paused") for i in range(3))
+    bad = _cli("batch", "reset", "--yes")
+    assert bad.exit_code != 0 and "step" in bad.output

@@ -357,6 +357,7 @@ class ActivityRunner:
             heartbeat_details=attempt.heartbeat_details,
         )
         ctx = ActivityContext(attempt, info, stalls=self.engine.leases.stalls)
+        ctx.engine = self.engine
         self.engine.leases.watch(ctx)
         return ctx
 

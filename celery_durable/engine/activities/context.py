@@ -175,6 +175,8 @@ class ActivityContext:
         #: next await), not by an exception into the loop's thread
         self._task: Any = None
         self._loop: Any = None
+        #: the engine running the attempt (the library's own activities act on its store: batch.py)
+        self.engine: Any = None
 
     # --- the attempt's side ----------------------------------------------------------------
 
