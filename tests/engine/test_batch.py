@@ -108,3 +108,34 @@ def test_a_bad_batch_fails_in_the_caller() -> None:
             durable.batch(action, **spec)
     with pytest.raises(ConfigurationError, match="page_size"):
         durable.batch("cancel", since=timedelta(days=1), page_size=0)
+
+
+def test_a_page_acted_on_again_sends_no_signal_twice_and_a_bad_value_is_refused() -> None:
+    """A page re-run after a killed worker acts again on what it listed: a signal carries the
+    batch's and the target's id, so the second send is found recorded (the workflow gets one
+    value); a value of the wrong type for a declared signal is a refusal, not a stored value."""
+    from celery_durable.engine.admin.batch import apply_page, batch_spec
+
+    env = _env(2)
+    query, options = batch_spec("signal", by="ops", workflow="bt.waits", signal="go", value="!")
+    for _ in range(2):  # the same page twice, as a re-run would
+        page = apply_page(env.engine, "signal", query, None, options, "batch-x")
+        assert page["done"] == 2
+    env.run_until_idle()
+    values = [d for d in env.engine.store.query_partition("w0").docs if d.get("type") == "signal_value"]
+    assert len(values) == 1 and env.engine.read_exec("w0")["result"] == "w0!"
+
+
+@durable.workflow(name="bt.typed", signals={"n": int})
+def typed() -> int:
+    return int(wf.wait_signal("n"))
+
+
+def test_a_signal_of_the_wrong_type_is_refused_per_execution() -> None:
+    from celery_durable.engine.admin.batch import apply_page, batch_spec
+
+    env = WorkflowEnvironment(durable)
+    env.start(typed, _workflow_id="t0")
+    query, options = batch_spec("signal", by="ops", workflow="bt.typed", signal="n", value="not an int")
+    page = apply_page(env.engine, "signal", query, None, options, "batch-y")
+    assert (page["done"], page["refused"]) == (0, 1) and "PayloadValidationError" in page["errors"][0][1]

@@ -18,8 +18,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from celery_durable.codecs import ValueCodec
 from celery_durable.engine.admin.operator import Admin
 from celery_durable.engine.admin.pause import pause, unpause
+from celery_durable.engine.admin.pending_ops import check_signal_name
 from celery_durable.engine.admin.terminate import terminate
 from celery_durable.engine.documents.schema import Status
 from celery_durable.errors import ConfigurationError, DurableError
@@ -90,7 +92,7 @@ def apply_page(
             continue  # a batch never acts on itself, nor on other batches unless asked to
         matched += 1
         try:
-            changed = _act(engine, admin, action, summary.id, options)
+            changed = _act(engine, admin, action, summary.id, options, me)
         except DurableError as exc:  # refused, unknown (purged meanwhile): counted, named
             changed, why = False, f"{type(exc).__name__}: {exc}"
         else:
@@ -103,7 +105,7 @@ def apply_page(
     return {"cursor": page.cursor, "matched": matched, "done": done, "refused": refused, "errors": errors}
 
 
-def _act(engine: Engine, admin: Admin, action: str, eid: str, options: Mapping[str, Any]) -> bool:
+def _act(engine: Engine, admin: Admin, action: str, eid: str, options: Mapping[str, Any], me: str) -> bool:
     by, reason = str(options["by"]), options.get("reason")
     if action == "cancel":
         return engine.cancel(eid, by=by, reason=reason)
@@ -114,7 +116,7 @@ def _act(engine: Engine, admin: Admin, action: str, eid: str, options: Mapping[s
     if action == "unpause":
         return unpause(engine, eid, by, reason)
     if action == "signal":
-        return engine.signal(eid, str(options["signal"]), options.get("value"), by=by)
+        return _signal(engine, eid, str(options["signal"]), options.get("value"), by, me)
     if action == "retry":
         admin.retry(eid, by=by, reason=reason)
     elif action == "resume":
@@ -122,3 +124,16 @@ def _act(engine: Engine, admin: Admin, action: str, eid: str, options: Mapping[s
     else:
         admin.reset(eid, int(options["step"]), by=by, reason=reason)
     return True
+
+
+def _signal(engine: Engine, eid: str, name: str, value: Any, by: str, me: str) -> bool:
+    """Send the batch's signal once: its id is the batch's and the target's, so a page acted on
+    again (a killed worker) finds it recorded and sends nothing twice. Its value is checked against
+    the workflow's declared type first, as ``durable signal`` checks it (a send with an id is not)."""
+    check_signal_name(name)
+    ex = engine.read_exec(eid)
+    definition = engine.registry.workflow(str(ex.get("workflow")))
+    declared = definition.signals.get(name) if definition is not None else None
+    if declared is not None:
+        ValueCodec(declared).encode(value, f"signal {name!r}")
+    return engine.signals.signal(eid, name, value, signal_id=f"batch:{me}:{eid}", by=by)
