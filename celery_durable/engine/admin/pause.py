@@ -9,24 +9,34 @@ drive. Unpausing clears the flag and drives it at once: the replay takes in ever
 meanwhile (a deadline that passed is delivered then). ``terminate`` works on a paused execution;
 a cancel is recorded and delivered once it is unpaused.
 
+Things that fall due while paused are *parked* (:func:`park`: their due moved into ``parked``,
+so no scan spins on them): its deadline and start clocks, a local activity's retry timer, an
+activity step the recovery scan would re-send; unpausing re-arms them in its batch, so a deadline
+that passed is delivered and a delayed start fires at once. A queued execution gives up its slot
+while paused (``begin_queued``) and queues again when unpaused. An execution that ends is no
+longer paused (terminate, a cancel before it started); an operator's re-run is not paused.
+
 Both are operator actions, recorded as ``op:<n>`` documents (who, when, why), like a cancel.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from celery_durable.engine.admin.oplog import op_doc
 from celery_durable.engine.admin.pending_ops import check_field
-from celery_durable.engine.documents.model import DUE_EXEC
+from celery_durable.engine.documents.model import DUE_EXEC, EXEC_ID
 from celery_durable.engine.documents.records import count_of, is_terminal
 from celery_durable.errors import ConflictError, DurableError, OperationRefused
-from celery_durable.stores.base import Op, strip_reserved
+from celery_durable.stores.base import Doc, Op, strip_reserved
 
 if TYPE_CHECKING:
     from celery_durable.engine.core import Engine
 
-__all__ = ["pause", "unpause"]
+__all__ = ["pause", "unpause", "park", "PAUSED_FIELDS"]
+
+#: the exec fields of a pause, cleared when it ends or an operator re-runs it
+PAUSED_FIELDS: dict[str, None] = {"paused": None, "paused_at": None}
 
 _ATTEMPTS = 50
 
@@ -40,13 +50,46 @@ def pause(engine: Engine, execution_id: str, by: str, reason: str | None = None)
 def unpause(engine: Engine, execution_id: str, by: str, reason: str | None = None) -> bool:
     """Unpause ``execution_id`` and drive it now; False when it was not paused."""
     done = _set(engine, execution_id, False, by, reason)
-    if done:
-        engine.dispatcher.send_drive(execution_id)
-    return done
+    if not done:
+        return False
+    ex = engine.read_exec(execution_id)
+    at = ex.get("deadline_at")
+    if isinstance(at, int | float) and at <= engine.clock.now() and not ex.get("timed_out"):
+        # its deadline passed while paused: delivered first (a child's drive would not deliver it,
+        # and take a new step); what this process cannot replay its clock's scan does
+        from celery_durable.engine.starts.deadlines import DEADLINE_CLOCK, fire_exec_clock  # imports this module
+
+        fire_exec_clock(engine, execution_id, DEADLINE_CLOCK)
+        if ex.get("parent"):
+            return True
+    engine.dispatcher.send_drive(execution_id)
+    return True
+
+
+def park(engine: Any, doc: Doc) -> None:
+    """A document of a paused execution fell due (a clock, a retry timer, a lost activity): its
+    due is kept in ``parked`` until the unpause re-arms it (a race lost: the next scan parks it)."""
+    body = strip_reserved(doc) | {"parked": [doc.get("due_kind"), doc.get("due_at")], "due_kind": None, "due_at": None}
+    try:
+        engine.store.replace(body, if_match=str(doc["_etag"]))
+    except ConflictError:
+        pass
+
+
+def _rearm(engine: Engine, execution_id: str) -> list[Op]:
+    """The unpause's re-arms: every parked document of the partition due again as it was."""
+    ops: list[Op] = []
+    for doc in engine.store.query_partition(execution_id).docs:
+        parked = doc.get("parked")
+        if doc.get("id") != EXEC_ID and isinstance(parked, list) and len(parked) == 2:
+            body = strip_reserved(doc) | {"due_kind": parked[0], "due_at": parked[1], "parked": None}
+            ops.append(Op.replace(body, str(doc["_etag"])))
+    return ops
 
 
 def _set(engine: Engine, execution_id: str, paused: bool, by: str, reason: str | None) -> bool:
     check_field(OperationRefused, "by", by)
+    check_field(OperationRefused, "reason", reason)
     action = "pause" if paused else "unpause"
     for _ in range(_ATTEMPTS):
         ex = engine.read_exec(execution_id)
@@ -62,8 +105,9 @@ def _set(engine: Engine, execution_id: str, paused: bool, by: str, reason: str |
             due = now + engine.settings.drive_timeout
             body.update(paused=None, paused_at=None, due_kind=DUE_EXEC.value, due_at=due)
         doc = op_doc(ex, action, by, reason, now)
+        rearm = [] if paused else _rearm(engine, execution_id)
         try:
-            engine.store.batch(execution_id, [Op.replace(body, ex["_etag"]), Op.create(doc)])
+            engine.store.batch(execution_id, [*rearm, Op.replace(body, ex["_etag"]), Op.create(doc)])
         except ConflictError:
             continue  # a drive or a signal wrote meanwhile: look again
         finally:

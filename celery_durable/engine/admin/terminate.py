@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from celery_durable.engine.admin.oplog import op_doc
+from celery_durable.engine.admin.pause import PAUSED_FIELDS
 from celery_durable.engine.admin.pending_ops import check_field
 from celery_durable.engine.documents.model import DUE_EXEC, EXEC_ID, FAILED, run_of
 from celery_durable.engine.documents.records import count_of, is_terminal, maybe_exec
@@ -58,6 +59,7 @@ def terminate(engine: Any, execution_id: str, by: str, reason: str | None = None
             due_kind=None,
             due_at=None,
             operations=count_of(ex, "operations") + 1,
+            **PAUSED_FIELDS,  # an ended execution is no longer paused
         )
         if ex.get("parent"):  # stays due until the parent has been told (as any child's end)
             body.update(parent_notified=False, due_kind=DUE_EXEC, due_at=now + engine.settings.drive_timeout)

@@ -125,9 +125,11 @@ class _Doc(TypedDict, total=False):
 
 
 class _Due(_Doc, total=False):
-    #: a scan looks at the document once ``due_at`` passes (stores.base.Store.scan_due)
+    #: a scan looks at the document once ``due_at`` passes (stores.base.Store.scan_due); ``parked``:
+    #: ``[due_kind, due_at]`` while its execution is paused (engine/admin/pause.py)
     due_kind: str | None
     due_at: float | None
+    parked: list[Any] | None
 
 
 class ExecDoc(_Due, total=False):
@@ -146,14 +148,12 @@ class ExecDoc(_Due, total=False):
     never_started: bool
     #: when it times out (``options(timeout=)``, a parent's cap; lifted by a re-run): engine/starts/deadlines.py
     deadline_at: float | None
-    #: the deadline's cancel: the cancel it delivers is a :class:`WorkflowTimedOutError`
-    timed_out: bool | None
+    timed_out: bool | None  # the deadline's cancel: it delivers a :class:`WorkflowTimedOutError`
     #: a delayed start's first drive (``options(start_delay=)``: status ``scheduled`` until then)
     start_at: float
     #: a debounced start's quiet period (``options(debounce=)``: engine/starts/debounce.py)
     debounce: float
-    #: an operator paused it, when (engine/admin/pause.py)
-    paused: bool | None
+    paused: bool | None  # an operator paused it, when (engine/admin/pause.py)
     paused_at: float | None
     #: the limit it waits on (``queued`` since ``queued_at``), held while it runs (engine/limits/workflows.py)
     limit: StepLimitInfo

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from celery_durable.engine.activities.delivery import request_of
+from celery_durable.engine.admin.pause import park
 from celery_durable.engine.admin.pending_ops import PENDING, finish
 from celery_durable.engine.documents.checks import MalformedDocument, check_exec, check_partition, check_shape
 from celery_durable.engine.documents.model import (
@@ -153,6 +154,9 @@ class Recovery:
                 pass
             return
         if lease_live(marker, now):
+            return
+        if ex is not None and ex.get("paused"):  # re-sent once unpaused (engine/admin/pause.py)
+            park(eng, marker)
             return
         lost = count_of(marker, "lost") + (1 if marker.get("lease") else 0)
         if lost > eng.settings.max_lost_attempts:

@@ -119,6 +119,8 @@ def begin_queued(eng: EngineParts, execution_id: str) -> bool:
             return False
         if ex.get("status") != Status.QUEUED:
             return ex.get("status") == Status.RUNNING
+        if ex.get("paused"):  # paused: the slot goes on; it queues again once unpaused (its drive)
+            return False
         now = eng.clock.now()
         since = ex.get("queued_at")
         planned = float(since) if isinstance(since, int | float) else float(ex.get("created_at") or now)

@@ -30,6 +30,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from celery_durable.engine.admin.oplog import cancel_ops
+from celery_durable.engine.admin.pause import PAUSED_FIELDS, park
 from celery_durable.engine.documents.model import DUE_CLOCK, DUE_EXEC, EXEC_ID
 from celery_durable.engine.documents.records import is_terminal, maybe_exec
 from celery_durable.engine.documents.schema import CANCELLED_BY_PARENT, DocType, Status
@@ -58,7 +59,7 @@ __all__ = [
 
 CLOCK_PREFIX = "clock:"
 #: the exec fields an operator's re-run (retry, resume, reset) clears: it runs with no deadline
-LIFTED: dict[str, Any] = {"deadline_at": None, "timed_out": None}
+LIFTED: dict[str, Any] = {"deadline_at": None, "timed_out": None, "paused": None, "paused_at": None}  # nor paused
 DEADLINE_CLOCK = "clock:deadline"
 START_CLOCK = "clock:start"
 _ATTEMPTS = 50
@@ -159,6 +160,9 @@ def fire_exec_clock(eng: EngineParts, execution_id: str, clock_id: str) -> Clock
             if ex is None:  # purged, or a hand-deleted exec: nothing to time
                 eng.store.delete(execution_id, clock_id)
                 return ClockOutcome.DONE
+            if ex.get("paused") and not is_terminal(ex):  # fired once unpaused (engine/admin/pause.py)
+                park(eng, clock)
+                return ClockOutcome.DONE
             if clock_id == DEADLINE_CLOCK and ex.get("status") == Status.QUEUED and not ex.get("parent"):
                 return ClockOutcome.EARLY  # counted from its start: moved when it gets its slot
             if clock_id == DEADLINE_CLOCK and ex.get("status") == Status.QUEUED:  # a child's: from its step
@@ -218,6 +222,7 @@ def _parent_first(eng: EngineParts, ex: Any, at: float) -> bool:
         return (
             parent is None
             or is_terminal(parent)
+            or bool(parent.get("paused"))  # its deadline waits for its unpause: the child's does not
             or bool(parent.get("timed_out"))
             or not isinstance(limit, int | float)
             or limit > at
@@ -312,6 +317,7 @@ def end_unstarted(
             "due_kind": None,
             "due_at": None,
         }
+        | PAUSED_FIELDS
         | (extra or {})
     )
     if status == Status.TIMED_OUT:

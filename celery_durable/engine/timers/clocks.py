@@ -30,6 +30,7 @@ from celery_durable.stores.base import Doc
 
 if TYPE_CHECKING:
     from celery_durable.engine.ports import EngineParts
+from celery_durable.engine.admin.pause import park
 from celery_durable.engine.documents.records import ExecDoc, count_of, is_terminal, maybe_exec
 from celery_durable.engine.drive.upkeep import clear_due
 from celery_durable.engine.outcomes import ClockOutcome
@@ -95,6 +96,9 @@ class Timers:
             return ClockOutcome.DONE
         if self.engine.clock.now() < float(marker["fire_at"]):
             return ClockOutcome.EARLY
+        if ex.get("paused"):  # runs once unpaused (engine/admin/pause.py)
+            park(self.engine, marker)
+            return ClockOutcome.DONE
         self.engine.driver.drive(str(ex["pk"]))
         return ClockOutcome.FIRED
 
