@@ -281,6 +281,8 @@ def _run_attempt(task: Task, meta: dict[str, Any], args: tuple[Any, ...], kwargs
             delay = task_retry(task).next_delay(task.request.retries, stalled)
             if delay is not None:  # retried by its options, as any failure of the attempt
                 raise task.retry(exc=stalled, countdown=delay) from None
+            if definition.options.get("pause_on_failure") and runner.hold(attempt, stalled):
+                raise stalled from None  # paused, the step held (engine/activities/holds.py)
             doc = runner.result_doc(attempt, error=stalled)
             failed = stalled
         except Retry as exc:
@@ -288,6 +290,8 @@ def _run_attempt(task: Task, meta: dict[str, Any], args: tuple[Any, ...], kwargs
                 runner.retrying(attempt, _countdown(exc), exc.exc or exc)
             raise
         except Exception as exc:  # retries exhausted or not retryable: the workflow decides
+            if definition.options.get("pause_on_failure") and runner.hold(attempt, exc):
+                raise  # its execution paused, the step held: re-run once unpaused (engine/activities/holds.py)
             doc = runner.result_doc(attempt, error=exc)
             failed = exc
     _record(task, attempt, doc, meta, defer=failed is not None)
@@ -379,7 +383,8 @@ def durable_activity(fn: Any = None, *, name: str | None = None, **options: Any)
     """
 
     local = bool(options.pop("local", False))
-    given: dict[str, Any] = {k: options.pop(k) for k in ("heartbeat_timeout", "cancellation") if k in options}
+    keys = ("heartbeat_timeout", "cancellation", "pause_on_failure")
+    given: dict[str, Any] = {k: options.pop(k) for k in keys if k in options}
     beats = check_activity_options(given)
     limit = options.pop("limit", None)
     if limit is not None:
@@ -459,7 +464,8 @@ def _upgrade(task: Task) -> Task:
         if orig is not None or inspect.iscoroutinefunction(fn):
             add_autoretry_behaviour(task)
     # a task's own heartbeat_timeout / cancellation (Celery keeps unknown options as attributes)
-    given = {k: getattr(task, k) for k in ("heartbeat_timeout", "cancellation") if getattr(task, k, None) is not None}
+    keys = ("heartbeat_timeout", "cancellation", "pause_on_failure")
+    given = {k: getattr(task, k) for k in keys if getattr(task, k, None) is not None}
     options = check_activity_options(given)
     limit = getattr(task, "limit", None)  # @app.task(limit=Limit(...)) under @durable_activity
     if isinstance(limit, Limit):

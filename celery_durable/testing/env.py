@@ -179,6 +179,8 @@ class WorkflowEnvironment:
             assert failure is not None
             # attempts so far minus one: Celery's request.retries (no lost deliveries in-process)
             delay = self._retry_of(req.name).next_delay(attempt.number - 1, failure)
+            if delay is None and act.options.get("pause_on_failure") and eng.activities.hold(attempt, failure):
+                return  # its execution paused, the step held for the unpause (engine/activities/holds.py)
             if delay is None:
                 eng.activities.complete(attempt, eng.activities.result_doc(attempt, error=failure))
             else:

@@ -422,3 +422,16 @@ def limited_tenant(key: str, tag: str, seconds: float) -> str:
     nap(seconds)
     tenant_mark(key, "end", tag)
     return tag
+
+
+@durable_activity(pause_on_failure=True)
+def flaky_service(key: str) -> str:
+    """Fails for good until the file ``fixed-<key>`` exists in the marks directory."""
+    if not (MARKS / f"fixed-{key}").exists():
+        raise ConnectionRefusedError(f"service for {key} is down")
+    return f"served {key}"
+
+
+@durable.workflow(name="pauses_on_failure")
+def pauses_on_failure(key: str) -> str:
+    return flaky_service(key) + "!"

@@ -40,6 +40,7 @@ from celery_durable.engine.activities.context import (
 )
 from celery_durable.engine.activities.context import current as current_activity
 from celery_durable.engine.activities.delivery import STALE_EVENT, Delivery, marker_token, not_runnable, refusal
+from celery_durable.engine.activities.holds import hold_failure
 from celery_durable.engine.dispatcher import ActivityRequest, Send
 from celery_durable.engine.documents.model import (
     DUE_ACTIVITY,
@@ -387,6 +388,11 @@ class ActivityRunner:
             reason=reason,
         )
         return None
+
+    def hold(self, attempt: Attempt, exc: BaseException) -> bool:
+        """``attempt`` failed for good and its activity pauses on failure: its execution paused,
+        its step held for the unpause (engine/activities/holds.py); False: record the failure."""
+        return hold_failure(self.engine, attempt, exc)  # type: ignore[arg-type]
 
     def result_doc(self, attempt: Attempt, value: Any = None, error: BaseException | None = None) -> Doc:
         doc: Doc = {

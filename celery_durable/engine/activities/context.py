@@ -85,7 +85,8 @@ class ActivityStalled(ActivityInterrupt):
 
 
 def check_activity_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    """``heartbeat_timeout`` and ``cancellation`` of ``@durable_activity``, checked at declaration."""
+    """``heartbeat_timeout``, ``cancellation`` and ``pause_on_failure`` of ``@durable_activity``,
+    checked at declaration."""
     out: dict[str, Any] = {}
     timeout = options.get("heartbeat_timeout")
     if timeout is not None:
@@ -98,6 +99,12 @@ def check_activity_options(options: Mapping[str, Any]) -> dict[str, Any]:
             f"cancellation must be one of {', '.join(map(repr, CANCELLATION_MODES))}, not {mode!r}"
         )
     out["cancellation"] = mode
+    hold = options.get("pause_on_failure")
+    if hold is not None:
+        if not isinstance(hold, bool):
+            raise ConfigurationError(f"pause_on_failure must be True or False, not {hold!r}")
+        if hold:
+            out["pause_on_failure"] = True
     return out
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from celery_durable.engine.activities.delivery import request_of
 from celery_durable.engine.admin.oplog import op_doc
 from celery_durable.engine.admin.pending_ops import check_field
 from celery_durable.engine.documents.model import DUE_EXEC, EXEC_ID
@@ -76,15 +77,21 @@ def park(engine: Any, doc: Doc) -> None:
         pass
 
 
-def _rearm(engine: Engine, execution_id: str) -> list[Op]:
-    """The unpause's re-arms: every parked document of the partition due again as it was."""
+def _rearm(engine: Engine, execution_id: str) -> tuple[list[Op], list[Doc]]:
+    """The unpause's re-arms: every parked document of the partition due again as it was; and the
+    held steps (a failure that paused it: engine/activities/holds.py), sent again at once."""
     ops: list[Op] = []
+    held: list[Doc] = []
+    now = engine.clock.now()
     for doc in engine.store.query_partition(execution_id).docs:
         parked = doc.get("parked")
         if doc.get("id") != EXEC_ID and isinstance(parked, list) and len(parked) == 2:
             body = strip_reserved(doc) | {"due_kind": parked[0], "due_at": parked[1], "parked": None}
+            if doc.get("held"):  # sent below; due again should that message be lost
+                body.update(held=None, due_at=now + engine.settings.activity_queue_timeout)
+                held.append(body)
             ops.append(Op.replace(body, str(doc["_etag"])))
-    return ops
+    return ops, held
 
 
 def _set(engine: Engine, execution_id: str, paused: bool, by: str, reason: str | None) -> bool:
@@ -105,13 +112,15 @@ def _set(engine: Engine, execution_id: str, paused: bool, by: str, reason: str |
             due = now + engine.settings.drive_timeout
             body.update(paused=None, paused_at=None, due_kind=DUE_EXEC.value, due_at=due)
         doc = op_doc(ex, action, by, reason, now)
-        rearm = [] if paused else _rearm(engine, execution_id)
+        rearm, held = ([], []) if paused else _rearm(engine, execution_id)
         try:
             engine.store.batch(execution_id, [*rearm, Op.replace(body, ex["_etag"]), Op.create(doc)])
         except ConflictError:
             continue  # a drive or a signal wrote meanwhile: look again
         finally:
             engine.cache.invalidate(execution_id)
+        for step in held:
+            engine.dispatcher.send_activity(request_of(execution_id, step, ex))
         engine.emit(f"workflow_{action}d", execution_id=execution_id, workflow=ex.get("workflow"))
         return True
     raise DurableError(f"could not {action} {execution_id!r}: too much contention")

@@ -126,10 +126,12 @@ class _Doc(TypedDict, total=False):
 
 class _Due(_Doc, total=False):
     #: a scan looks at the document once ``due_at`` passes (stores.base.Store.scan_due); ``parked``:
-    #: ``[due_kind, due_at]`` while its execution is paused (engine/admin/pause.py)
+    #: ``[due_kind, due_at]`` while its execution is paused (engine/admin/pause.py); ``held``: a
+    #: step whose failure paused it (engine/activities/holds.py)
     due_kind: str | None
     due_at: float | None
     parked: list[Any] | None
+    held: bool | None
 
 
 class ExecDoc(_Due, total=False):
@@ -149,10 +151,8 @@ class ExecDoc(_Due, total=False):
     #: when it times out (``options(timeout=)``, a parent's cap; lifted by a re-run): engine/starts/deadlines.py
     deadline_at: float | None
     timed_out: bool | None  # the deadline's cancel: it delivers a :class:`WorkflowTimedOutError`
-    #: a delayed start's first drive (``options(start_delay=)``: status ``scheduled`` until then)
-    start_at: float
-    #: a debounced start's quiet period (``options(debounce=)``: engine/starts/debounce.py)
-    debounce: float
+    start_at: float  # a delayed start's first drive (``options(start_delay=)``: ``scheduled`` until then)
+    debounce: float  # a debounced start's quiet period (``options(debounce=)``: engine/starts/debounce.py)
     paused: bool | None  # an operator paused it, when (engine/admin/pause.py)
     paused_at: float | None
     #: the limit it waits on (``queued`` since ``queued_at``), held while it runs (engine/limits/workflows.py)

@@ -81,6 +81,8 @@ class LocalWorker:
                 eng.activities.retrying(attempt, 0.0, exc)
                 self.dispatcher.send_activity(req)
                 return
+            if act.options.get("pause_on_failure") and eng.activities.hold(attempt, exc):
+                return  # paused, the step held (engine/activities/holds.py)
             eng.activities.complete(attempt, eng.activities.result_doc(attempt, error=exc))
             return
         eng.activities.complete(attempt, eng.activities.result_doc(attempt, value=value))
