@@ -64,7 +64,7 @@ def test_cancel_every_running_execution_of_a_workflow() -> None:
     assert env.engine.read_exec("q0")["status"] == "completed"  # not selected
     assert result["custom_status"]["finished"] is True  # type: ignore[index]
     ops = [d for d in env.engine.store.query_partition("w0").docs if d.get("type") == "operation"]
-    assert [(o["action"], o["by"]) for o in ops] == [("cancel", "ops")]
+    assert [(o["action"], o["by"]) for o in ops] == [("cancel", f"ops@batch:{result['id']}")]  # who, and which batch
 
 
 def test_refusals_are_counted_and_named_and_a_batch_never_acts_on_itself() -> None:

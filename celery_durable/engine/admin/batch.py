@@ -7,24 +7,26 @@ checked description of a batch (:func:`batch_spec`) and one page of it (:func:`a
 one page of the query (newest first, by the store's cursor), apply the action to each execution
 with the operator's name, and say what happened to each (done, refused: why).
 
-Each execution is acted on as ``durable <action> <id>`` would: a refusal (a retry of an execution
-that is not failed, a cancel of one that ended) is counted and named, never stops the batch. A
-page re-run after a crash acts again on what it listed: every action is safe to repeat (a second
-cancel or pause changes nothing; a second retry or resume is refused: it runs already).
+Each execution is acted on as ``durable <action> <id>`` would, recorded with the operator
+``<by>@batch:<batch id>``: a refusal (a retry of an execution that is not failed, a cancel of one
+that ended) is counted and named, never stops the batch. A page re-run after a crash (or a store
+outage, which fails the page for its retry) skips the executions whose record says this batch
+acted on them already, counting them done, so nothing is acted on twice.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from celery_durable.codecs import ValueCodec
 from celery_durable.engine.admin.operator import Admin
 from celery_durable.engine.admin.pause import pause, unpause
-from celery_durable.engine.admin.pending_ops import check_signal_name
+from celery_durable.engine.admin.pending_ops import MAX_BY, check_field, check_signal_name
 from celery_durable.engine.admin.terminate import terminate
 from celery_durable.engine.documents.schema import Status
-from celery_durable.errors import ConfigurationError, DurableError
+from celery_durable.errors import ConfigurationError, DurableError, StoreUnavailable
 
 if TYPE_CHECKING:
     from celery_durable.engine.core import Engine
@@ -56,6 +58,13 @@ def batch_spec(
     """``(query, options)`` of a batch, checked in the caller (ConfigurationError) before it starts."""
     if action not in ACTIONS:
         raise ConfigurationError(f"a batch action is one of {', '.join(ACTIONS)}, not {action!r}")
+    check_field(ConfigurationError, "by", by)  # what every execution would refuse, refused here
+    check_field(ConfigurationError, "reason", reason)
+    if action == "signal" and signal:
+        try:
+            check_signal_name(signal)
+        except DurableError as exc:
+            raise ConfigurationError(str(exc)) from None
     if status is not None and status not in {str(s) for s in Status}:
         raise ConfigurationError(f"unknown status {status!r}")
     if action == "reset" and (isinstance(step, bool) or not isinstance(step, int) or step < 1):
@@ -68,6 +77,8 @@ def batch_spec(
         raise ConfigurationError(f"page_size is 1-{MAX_PAGE}, not {page_size!r}")
     query = {"workflow": workflow, "status": status, "search": dict(search) if search else None, "since": since}
     options = {"by": by, "reason": reason, "step": step, "signal": signal, "value": value, "rate": rate}
+    if rate is not None:  # a page is acted on at once: at most a second's worth
+        page_size = min(page_size, max(1, math.floor(rate)))
     return query, options | {"page_size": page_size}
 
 
@@ -91,9 +102,12 @@ def apply_page(
         if summary.id == me or (summary.workflow == BATCH_WORKFLOW and query.get("workflow") != BATCH_WORKFLOW):
             continue  # a batch never acts on itself, nor on other batches unless asked to
         matched += 1
+        actor = f"{options['by']}@batch:{me}"[:MAX_BY]  # recorded on each target: "done by this batch"
         try:
-            changed = _act(engine, admin, action, summary.id, options, me)
-        except DurableError as exc:  # refused, unknown (purged meanwhile): counted, named
+            changed = _acted(engine, summary.id, actor) or _act(engine, admin, action, summary.id, options, actor)
+        except StoreUnavailable:
+            raise  # the page is retried (its activity's autoretry): acting again is safe (_acted)
+        except Exception as exc:  # noqa: BLE001 - refused, purged, malformed: counted, named, never the end
             changed, why = False, f"{type(exc).__name__}: {exc}"
         else:
             why = "" if changed else "nothing to do (already so)"
@@ -105,8 +119,15 @@ def apply_page(
     return {"cursor": page.cursor, "matched": matched, "done": done, "refused": refused, "errors": errors}
 
 
-def _act(engine: Engine, admin: Admin, action: str, eid: str, options: Mapping[str, Any], me: str) -> bool:
-    by, reason = str(options["by"]), options.get("reason")
+def _acted(engine: Engine, eid: str, actor: str) -> bool:
+    """Did this batch act on ``eid`` already (a page acted on again after a killed worker)? Each
+    action records its operator (``op:<n>``, ``by``) in the batch that acts: a retried page finds it
+    and acts no second time (a second retry of an execution that failed again would re-run it)."""
+    return any(d.get("type") == "operation" and d.get("by") == actor for d in engine.store.query_partition(eid).docs)
+
+
+def _act(engine: Engine, admin: Admin, action: str, eid: str, options: Mapping[str, Any], by: str) -> bool:
+    reason = options.get("reason")
     if action == "cancel":
         return engine.cancel(eid, by=by, reason=reason)
     if action == "terminate":
@@ -116,7 +137,7 @@ def _act(engine: Engine, admin: Admin, action: str, eid: str, options: Mapping[s
     if action == "unpause":
         return unpause(engine, eid, by, reason)
     if action == "signal":
-        return _signal(engine, eid, str(options["signal"]), options.get("value"), by, me)
+        return _signal(engine, eid, str(options["signal"]), options.get("value"), by)
     if action == "retry":
         admin.retry(eid, by=by, reason=reason)
     elif action == "resume":
@@ -126,7 +147,7 @@ def _act(engine: Engine, admin: Admin, action: str, eid: str, options: Mapping[s
     return True
 
 
-def _signal(engine: Engine, eid: str, name: str, value: Any, by: str, me: str) -> bool:
+def _signal(engine: Engine, eid: str, name: str, value: Any, by: str) -> bool:
     """Send the batch's signal once: its id is the batch's and the target's, so a page acted on
     again (a killed worker) finds it recorded and sends nothing twice. Its value is checked against
     the workflow's declared type first, as ``durable signal`` checks it (a send with an id is not)."""
@@ -136,4 +157,4 @@ def _signal(engine: Engine, eid: str, name: str, value: Any, by: str, me: str) -
     declared = definition.signals.get(name) if definition is not None else None
     if declared is not None:
         ValueCodec(declared).encode(value, f"signal {name!r}")
-    return engine.signals.signal(eid, name, value, signal_id=f"batch:{me}:{eid}", by=by)
+    return engine.signals.signal(eid, name, value, signal_id=f"{by}:{eid}", by=by)
