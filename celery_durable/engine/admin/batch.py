@@ -59,6 +59,8 @@ def batch_spec(
     if action not in ACTIONS:
         raise ConfigurationError(f"a batch action is one of {', '.join(ACTIONS)}, not {action!r}")
     check_field(ConfigurationError, "by", by)  # what every execution would refuse, refused here
+    if len(by) > MAX_BY - 48:  # "@batch:<its id>" is added to it on each execution
+        raise ConfigurationError(f"a batch's by is at most {MAX_BY - 48} characters, not {len(by)}")
     check_field(ConfigurationError, "reason", reason)
     if action == "signal" and signal:
         try:
@@ -102,7 +104,7 @@ def apply_page(
         if summary.id == me or (summary.workflow == BATCH_WORKFLOW and query.get("workflow") != BATCH_WORKFLOW):
             continue  # a batch never acts on itself, nor on other batches unless asked to
         matched += 1
-        actor = f"{options['by']}@batch:{me}"[:MAX_BY]  # recorded on each target: "done by this batch"
+        actor = f"{options['by']}@batch:{me}"  # recorded on each target: "done by this batch"
         try:
             changed = _acted(engine, summary.id, actor) or _act(engine, admin, action, summary.id, options, actor)
         except StoreUnavailable:
