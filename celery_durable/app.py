@@ -11,7 +11,7 @@ from typing import Any, Generic, Literal, ParamSpec, TypeVar, overload
 from celery import Celery, current_app
 
 from celery_durable import workflow as _wf
-from celery_durable.engine.admin.batch import BATCH_WORKFLOW, batch_spec
+from celery_durable.day_two import DayTwo
 from celery_durable.engine.admin.operator import (
     Admin,
     ExecutionDetail,
@@ -21,7 +21,6 @@ from celery_durable.engine.admin.operator import (
     StepRecord,
 )
 from celery_durable.engine.admin.oplog import actor
-from celery_durable.engine.admin.pause import pause, unpause
 from celery_durable.engine.admin.terminate import terminate
 from celery_durable.engine.core import Engine
 from celery_durable.engine.documents.checks import check_workflow_id
@@ -263,7 +262,7 @@ def _refuse_non_plain(fn: Callable[..., Any]) -> None:
         )
 
 
-class Durable:
+class Durable(DayTwo):
     """Durable workflows on a Celery app: ``durable = Durable(app)``.
 
     Settings come from ``app.conf`` keys prefixed ``durable_`` (see :mod:`celery_durable.settings`);
@@ -527,33 +526,6 @@ class Durable:
         (no compensations; its running children too); False if it had already ended. Recorded
         (``by``: who, default ``user@host``). ``cancel`` is the graceful way."""
         return terminate(self.engine, workflow_id, actor() if by is None else by, reason)
-
-    def pause(self, workflow_id: str, *, by: str | None = None, reason: str | None = None) -> bool:
-        """Pause an execution that has not ended: nothing of it is replayed (no new step, no new
-        activity) until :meth:`unpause`; what arrives meanwhile is recorded. False if it was paused
-        already. Recorded (``by``: who, default ``user@host``)."""
-        return pause(self.engine, workflow_id, actor() if by is None else by, reason)
-
-    def unpause(self, workflow_id: str, *, by: str | None = None, reason: str | None = None) -> bool:
-        """Unpause an execution and drive it now; False if it was not paused. Recorded."""
-        return unpause(self.engine, workflow_id, actor() if by is None else by, reason)
-
-    def batch(
-        self, action: str, *, since: datetime | timedelta | float | None = None, **spec: Any
-    ) -> WorkflowHandle[Any]:
-        """Start a batch: ``action`` (cancel, terminate, retry, resume, reset, pause, unpause, signal)
-        on every execution of ``workflow=``, ``status=``, ``search=`` started ``since`` (a datetime,
-        epoch seconds, or a timedelta: that long ago), as a durable workflow reporting its progress
-        as its custom status; ``rate=`` executions per second, ``page_size=``, ``reason=``, ``by=``,
-        ``step=`` (reset), ``signal=``/``value=`` (signal). Checked here (ConfigurationError)."""
-        if isinstance(since, timedelta):
-            since = self.engine.clock.now() - since.total_seconds()
-        after = since.timestamp() if isinstance(since, datetime) else since
-        query, options = batch_spec(action, since=after, by=spec.pop("by", None) or actor(), **spec)
-        definition = self.registry.workflow(BATCH_WORKFLOW)
-        assert definition is not None  # glue/batch.py declares it for every Durable
-        eid, _ = self.engine.start(definition, (action, query, options), {})
-        return WorkflowHandle(self.engine, eid, definition)
 
     def resume(self, workflow_id: str, *, by: str | None = None, reason: str | None = None) -> list[StepRecord]:
         """Drive a running execution now, or reopen a failed/cancelled one on its history (recorded)."""

@@ -94,6 +94,10 @@ class LimitsPort(Protocol):
     def hold_execution(self, ex: Mapping[str, Any]) -> None: ...
 
 
+class TimersPort(Protocol):
+    def fire_deadline(self, execution_id: str) -> Any: ...
+
+
 class LeasesPort(Protocol):
     def track(self, attempt: Attempt) -> None: ...
 
@@ -133,6 +137,9 @@ class EngineParts(Protocol):
 
     @property
     def limits(self) -> LimitsPort: ...
+
+    @property
+    def timers(self) -> TimersPort: ...
 
     def emit(self, event: str, **kwargs: Any) -> None: ...
 

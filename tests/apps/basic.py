@@ -435,3 +435,16 @@ def flaky_service(key: str) -> str:
 @durable.workflow(name="pauses_on_failure")
 def pauses_on_failure(key: str) -> str:
     return flaky_service(key) + "!"
+
+
+@durable_activity(name="basic.cv_add", autoretry_for=(ConnectionError,), default_retry_delay=0.2, max_retries=3)
+def cv_add(x: int, y: int) -> int:
+    """A canvas task that fails once per (x, y) with a ConnectionError (Celery retries it)."""
+    if mark(f"cv-{x}-{y}") == 1:
+        raise ConnectionError("first try fails")
+    return x + y
+
+
+@durable_activity(name="basic.cv_sum")
+def cv_sum(numbers: list[int]) -> int:
+    return sum(numbers)

@@ -24,8 +24,8 @@ from celery_durable.errors import ConflictError, DurableError, StoreError
 from celery_durable.stores.base import strip_reserved
 
 if TYPE_CHECKING:
-    from celery_durable.engine.core import Engine
     from celery_durable.engine.documents.model import Attempt
+    from celery_durable.engine.ports import EngineParts as Engine
 
 __all__ = ["HOLDER", "hold_failure"]
 

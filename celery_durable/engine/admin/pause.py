@@ -32,7 +32,7 @@ from celery_durable.errors import ConflictError, DurableError, OperationRefused
 from celery_durable.stores.base import Doc, Op, strip_reserved
 
 if TYPE_CHECKING:
-    from celery_durable.engine.core import Engine
+    from celery_durable.engine.ports import EngineParts as Engine
 
 __all__ = ["pause", "unpause", "park", "PAUSED_FIELDS"]
 
@@ -58,9 +58,7 @@ def unpause(engine: Engine, execution_id: str, by: str, reason: str | None = Non
     if isinstance(at, int | float) and at <= engine.clock.now() and not ex.get("timed_out"):
         # its deadline passed while paused: delivered first (a child's drive would not deliver it,
         # and take a new step); what this process cannot replay its clock's scan does
-        from celery_durable.engine.starts.deadlines import DEADLINE_CLOCK, fire_exec_clock  # imports this module
-
-        fire_exec_clock(engine, execution_id, DEADLINE_CLOCK)
+        engine.timers.fire_deadline(execution_id)
         if ex.get("parent"):
             return True
     engine.dispatcher.send_drive(execution_id)

@@ -34,7 +34,7 @@ from celery_durable.engine.admin.pause import park
 from celery_durable.engine.documents.records import ExecDoc, count_of, is_terminal, maybe_exec
 from celery_durable.engine.drive.upkeep import clear_due
 from celery_durable.engine.outcomes import ClockOutcome
-from celery_durable.engine.starts.deadlines import CLOCK_PREFIX, fire_exec_clock
+from celery_durable.engine.starts.deadlines import CLOCK_PREFIX, DEADLINE_CLOCK, fire_exec_clock
 
 __all__ = ["Timers"]
 
@@ -101,6 +101,10 @@ class Timers:
             return ClockOutcome.DONE
         self.engine.driver.drive(str(ex["pk"]))
         return ClockOutcome.FIRED
+
+    def fire_deadline(self, execution_id: str) -> ClockOutcome:
+        """Fire the execution's deadline clock now (an unpause past it: engine/admin/pause.py)."""
+        return fire_exec_clock(self.engine, execution_id, DEADLINE_CLOCK)
 
     def fire_due_clocks(self, limit: int = 500) -> int:
         """Beat's clock scan: fire everything due (including clocks whose fast path was lost).
