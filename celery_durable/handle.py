@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
@@ -11,6 +12,7 @@ from celery_durable.engine.admin.terminate import terminate
 from celery_durable.engine.documents.model import CANCELLED, COMPLETED
 from celery_durable.engine.documents.records import count_of
 from celery_durable.engine.documents.schema import TERMINAL, Status
+from celery_durable.engine.replay import events
 from celery_durable.engine.replay.queries import answer_query
 from celery_durable.errors import WorkflowCancelledError, WorkflowFailedError, WorkflowTimedOutError
 
@@ -118,6 +120,17 @@ class WorkflowHandle(Generic[R]):
         if status == CANCELLED:
             raise WorkflowCancelledError(f"workflow {self.id!r} was cancelled")
         raise WorkflowFailedError(self.id, str(err.get("type", "Error")), str(err.get("message", "")))
+
+    def stream(self, topic: str, offset: int = 0, timeout: float | None = None) -> Iterator[Any]:
+        """The values the workflow publishes on ``topic`` (``wf.publish``), from position
+        ``offset``, followed live until the execution ends (``timeout``: at most that long with
+        nothing new, then :class:`DurableTimeoutError`)."""
+        return events.follow(self._engine.store, self.id, topic, offset, timeout)
+
+    def get_event(self, key: str, timeout: float | None = None) -> Any:
+        """The latest value the workflow set for event ``key`` (``wf.set_event``), waiting up to
+        ``timeout`` s for its first; :class:`DurableTimeoutError` when it is not set."""
+        return events.latest(self._engine.store, self.id, key, timeout)
 
     def signal(self, name: str, value: Any) -> bool:
         """Send signal ``name``; validated against the declared type here and kept until a wait

@@ -15,7 +15,8 @@ from typing import Any, Literal, TypeVar, overload
 
 from celery_durable.codecs import ValueCodec
 from celery_durable.engine.documents import search
-from celery_durable.engine.replay import versioning
+from celery_durable.engine.documents.schema import StepKind
+from celery_durable.engine.replay import events, versioning
 from celery_durable.engine.replay.context import ContinueAsNew, DurableFuture, in_workflow, require_context
 from celery_durable.engine.signals import channels
 
@@ -42,6 +43,8 @@ __all__ = [
     "upsert_search",
     "patched",
     "deprecate_patch",
+    "publish",
+    "set_event",
 ]
 
 T = TypeVar("T")
@@ -58,6 +61,18 @@ def uuid4() -> _uuid.UUID:
     """A random UUID, recorded once."""
     ctx = require_context("durable.uuid4()")
     return _uuid.UUID(ctx.side_effect("uuid", lambda: str(_uuid.uuid4())))
+
+
+def publish(topic: str, value: Any) -> None:
+    """Append ``value`` (JSON) to the stream ``topic`` of this execution, read outside with
+    ``handle.stream(topic)`` (live); recorded once, as a step (engine/replay/events.py)."""
+    events.record(require_context("durable.publish()"), StepKind.PUBLISH, topic, value)
+
+
+def set_event(key: str, value: Any) -> None:
+    """Set the event ``key`` of this execution to ``value`` (JSON): ``handle.get_event(key)``
+    outside reads the latest set; recorded once, as a step (engine/replay/events.py)."""
+    events.record(require_context("durable.set_event()"), StepKind.EVENT, key, value)
 
 
 def random() -> _random.Random:

@@ -72,6 +72,8 @@ WORKFLOW_API = {
     "upsert_search",
     "patched",
     "deprecate_patch",
+    "publish",
+    "set_event",
 }
 
 

@@ -44,7 +44,16 @@ __all__ = [
 
 STATUSES = tuple(str(s) for s in Status)
 #: steps that produce their value while driving: recorded inline in their marker
-_INLINE = (StepKind.NOW, StepKind.UUID, StepKind.SEED, StepKind.DONE, StepKind.PATCH, "random")
+_INLINE = (
+    StepKind.NOW,
+    StepKind.UUID,
+    StepKind.SEED,
+    StepKind.DONE,
+    StepKind.PATCH,
+    StepKind.PUBLISH,
+    StepKind.EVENT,
+    "random",
+)
 
 
 @dataclass(frozen=True)

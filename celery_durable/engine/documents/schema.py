@@ -166,6 +166,10 @@ class StepKind(StrEnum):
     PATCH = "patch"
     #: ``wf.signal_external``: a signal value sent to another execution (name: the signal)
     SIGNAL_SEND = "signal_send"
+    #: ``wf.publish(topic, value)`` and ``wf.set_event(key, value)``: a value recorded for readers
+    #: outside (``handle.stream``, ``handle.get_event``: engine/replay/events.py); name: the topic, key
+    PUBLISH = "publish"
+    EVENT = "event"
 
 
 def _run(run: int) -> str:
