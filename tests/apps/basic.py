@@ -448,3 +448,17 @@ def cv_add(x: int, y: int) -> int:
 @durable_activity(name="basic.cv_sum")
 def cv_sum(numbers: list[int]) -> int:
     return sum(numbers)
+
+
+@durable.workflow(name="publishes")
+def publishes(n: int) -> int:
+    """Streams ``n`` squares (an activity each) and an event, waiting for ``go`` half way."""
+    wf.set_event("stage", "started")
+    total = 0
+    for i in range(n):
+        total += cv_sum([i, i])
+        wf.publish("progress", i)
+        if i == n // 2:
+            wf.wait_signal("go")
+    wf.set_event("stage", "finished")
+    return total
