@@ -57,6 +57,10 @@ ROWS = (
     ("operator calls refused (not applicable)", "ops_refused"),
     ("operator calls that got a store error", "ops_store_error"),
     (
+        "pauses / unpauses returned / batch pauses (sim_pause.py)",
+        ("pause_returned", "unpause_returned", "batch_pause_done"),
+    ),
+    (
         "limited executions queued / started / cancelled queued / slots freed late",
         ("wf_queued_written", "wf_limited_started", "wf_cancel_queued", "wf_slot_freed_late"),
     ),

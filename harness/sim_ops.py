@@ -98,6 +98,9 @@ class OperatorStore(Store):
     def scan_partitions(self, pk_prefix: str, limit: int = 1000) -> list[str]:
         return self.inner.scan_partitions(pk_prefix, limit)
 
+    def list_execs(self, flt: Any = None, limit: int = 100, cursor: str | None = None) -> Any:
+        return self._go(self.inner.list_execs, flt, limit, cursor)
+
 
 class _OperatorCall:
     """One operator call on ``eid`` (a client op of the scheduler: ``eid`` lets preemption pick it)."""
@@ -172,3 +175,6 @@ def plan_ops(sim: Sim, only: tuple[str, list[Any]] | None) -> None:
     from harness.sim_deadlines import plan_deadlined
 
     plan_deadlined(sim)  # starts with a deadline or a delay (sim_deadlines.py)
+    from harness.sim_pause import plan_paused
+
+    plan_paused(sim)  # pauses and unpauses of executions in flight (sim_pause.py)

@@ -18,6 +18,7 @@ from celery_durable.errors import StoreUnavailable
 from celery_durable.stores.base import Doc, DueRef, Op, PartitionRead, Store
 from harness.sim_faults import FaultSpec
 from harness.sim_limits import LimitWatch
+from harness.sim_pause_watch import PauseWatch
 from harness.sim_sticky import StickyFaults
 
 if TYPE_CHECKING:
@@ -68,6 +69,8 @@ INVARIANTS = {
     "skew); after healing no limit document has waiters while it has room; of the executions under one limit key, "
     "at most max_running are running at every store state, each holding a slot; after healing none is left "
     "queued while it could start, and every one has ended (sim_limits.py, sim_wf_limits.py)",
+    14: "no step marker of its current run is created, and no attempt of a step created while paused begins, while "
+    "an execution's exec as last written says paused; only an unpause clears it; none is left paused (sim_pause.py)",
 }
 
 #: Workload triggers of engine bugs (each description is the bug it found). All are fixed and on
@@ -303,6 +306,8 @@ class FaultyStore(Store):
         self._cut: set[tuple[str, str]] = set()
         #: every write of a limit document (invariant 13, sim_limits.py)
         self.limits = LimitWatch(sim)
+        #: every write of an exec or a step marker, in the store's order (invariant 14, sim_pause.py)
+        self.pauses = PauseWatch(sim)
 
     # --- the fault point ----------------------------------------------------------------
 
@@ -352,6 +357,7 @@ class FaultyStore(Store):
     def _written(self, doc: Doc, created: bool) -> None:
         pk, did = str(doc["pk"]), str(doc["id"])
         kind = doc.get("type")
+        self.pauses.written(doc, created)
         if kind in ("result", "signal"):
             fp = _outcome_fp(doc)
             old = self._outcomes.get((pk, did))
@@ -437,6 +443,7 @@ class FaultyStore(Store):
 
     def _deleted(self, pk: str, doc_id: str) -> None:
         self._live_results.pop((pk, doc_id), None)
+        self.pauses.deleted(pk, doc_id)
         if doc_id == EXEC_ID:  # purged (a forgotten child): a new execution may take its id
             self._execs.pop(pk, None)
             for key in [k for k in self._outcomes if k[0] == pk]:
@@ -478,11 +485,13 @@ class FaultyStore(Store):
     def batch(self, pk: str, ops: Sequence[Op]) -> list[str | None]:
         def observe(_: Any) -> None:
             self._rewrite(pk, ops)
+            self.pauses.begin()  # one write: its own exec counts for the writes after it
             for op in ops:
                 if op.kind == "delete":
                     self._deleted(pk, op.doc_id)
                 elif op.doc is not None:
                     self._written(op.doc, op.kind == "create")
+            self.pauses.end(pk)
 
         return self._call(pk, True, lambda: self.inner.batch(pk, ops), observe)  # type: ignore[no-any-return]
 
@@ -491,6 +500,10 @@ class FaultyStore(Store):
 
     def scan_partitions(self, pk_prefix: str, limit: int = 1000) -> list[str]:
         return self.inner.scan_partitions(pk_prefix, limit)
+
+    def list_execs(self, flt: Any = None, limit: int = 100, cursor: str | None = None) -> Any:
+        # a batch's page (sim_pause.py)
+        return self._call(None, False, lambda: self.inner.list_execs(flt, limit, cursor))
 
 
 @dataclass

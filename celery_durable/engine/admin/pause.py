@@ -21,6 +21,7 @@ Both are operator actions, recorded as ``op:<n>`` documents (who, when, why), li
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from celery_durable.engine.activities.delivery import request_of
@@ -65,14 +66,21 @@ def unpause(engine: Engine, execution_id: str, by: str, reason: str | None = Non
     return True
 
 
-def park(engine: Any, doc: Doc) -> None:
-    """A document of a paused execution fell due (a clock, a retry timer, a lost activity): its
-    due is kept in ``parked`` until the unpause re-arms it (a race lost: the next scan parks it)."""
+def park(engine: Any, doc: Doc, ex: Mapping[str, Any]) -> None:
+    """A document of the paused execution ``ex`` (as read) fell due (a clock, a retry timer, a lost
+    activity): its due is kept in ``parked`` until the unpause re-arms it. Written in one batch with
+    the exec as read (its etag), so a park never lands after the unpause (sim seed 246); one already
+    parked or no longer due is left as it is (a second scan must not park its nothing: seed 82)."""
+    if doc.get("parked") or not doc.get("due_kind"):
+        return
     body = strip_reserved(doc) | {"parked": [doc.get("due_kind"), doc.get("due_at")], "due_kind": None, "due_at": None}
     try:
-        engine.store.replace(body, if_match=str(doc["_etag"]))
+        engine.store.batch(
+            str(doc["pk"]),
+            [Op.replace(body, str(doc["_etag"])), Op.replace(strip_reserved(ex), str(ex["_etag"]))],
+        )
     except ConflictError:
-        pass
+        pass  # either changed (unpaused, driven, fired): the next scan looks again
 
 
 def _rearm(engine: Engine, execution_id: str) -> tuple[list[Op], list[Doc]]:

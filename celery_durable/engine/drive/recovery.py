@@ -156,7 +156,7 @@ class Recovery:
         if lease_live(marker, now):
             return
         if ex is not None and ex.get("paused"):  # re-sent once unpaused (engine/admin/pause.py)
-            park(eng, marker)
+            park(eng, marker, ex)
             return
         lost = count_of(marker, "lost") + (1 if marker.get("lease") else 0)
         if lost > eng.settings.max_lost_attempts:

@@ -161,7 +161,7 @@ def fire_exec_clock(eng: EngineParts, execution_id: str, clock_id: str) -> Clock
                 eng.store.delete(execution_id, clock_id)
                 return ClockOutcome.DONE
             if ex.get("paused") and not is_terminal(ex):  # fired once unpaused (engine/admin/pause.py)
-                park(eng, clock)
+                park(eng, clock, ex)
                 return ClockOutcome.DONE
             if clock_id == DEADLINE_CLOCK and ex.get("status") == Status.QUEUED and not ex.get("parent"):
                 return ClockOutcome.EARLY  # counted from its start: moved when it gets its slot
@@ -193,7 +193,11 @@ def _fire_deadline(eng: EngineParts, ex: Any, clock: Doc, now: float) -> ClockOu
     at = ex.get("deadline_at")
     if is_terminal(ex) or not isinstance(at, int | float):
         return _settle_only(eng, clock, now)  # ended, or its deadline was lifted (an operator's re-run)
-    if now < at or not _parent_first(eng, ex, float(at)):
+    if now < at:
+        return ClockOutcome.EARLY
+    if not _parent_first(eng, ex, float(at)):
+        if _parent_paused(eng, ex):  # its deadline (the parent's) comes with the parent's unpause:
+            _snooze(eng, clock, now)  # looked at a recovery interval later, not at every clock scan
         return ClockOutcome.EARLY
     pk = str(ex["pk"])
     if not ex.get("timed_out"):
@@ -204,6 +208,21 @@ def _fire_deadline(eng: EngineParts, ex: Any, clock: Doc, now: float) -> ClockOu
             return ClockOutcome.EARLY  # not recorded (contention): the next scan fires it again
     eng.store.replace(_settled(clock, now), if_match=clock["_etag"])
     return ClockOutcome.FIRED
+
+
+def _parent_paused(eng: EngineParts, ex: Any) -> bool:
+    link = ex.get("parent")
+    pk = link.get("pk") if isinstance(link, dict) else None
+    parent = maybe_exec(eng.store.read(pk, EXEC_ID)) if isinstance(pk, str) else None
+    return parent is not None and bool(parent.get("paused"))
+
+
+def _snooze(eng: EngineParts, clock: Doc, now: float) -> None:
+    later = now + eng.settings.recovery_interval
+    try:
+        eng.store.replace(strip_reserved(clock) | {"due_at": later}, if_match=clock["_etag"])
+    except ConflictError:
+        pass
 
 
 def _parent_first(eng: EngineParts, ex: Any, at: float) -> bool:
@@ -222,7 +241,6 @@ def _parent_first(eng: EngineParts, ex: Any, at: float) -> bool:
         return (
             parent is None
             or is_terminal(parent)
-            or bool(parent.get("paused"))  # its deadline waits for its unpause: the child's does not
             or bool(parent.get("timed_out"))
             or not isinstance(limit, int | float)
             or limit > at

@@ -97,7 +97,7 @@ class Timers:
         if self.engine.clock.now() < float(marker["fire_at"]):
             return ClockOutcome.EARLY
         if ex.get("paused"):  # runs once unpaused (engine/admin/pause.py)
-            park(self.engine, marker)
+            park(self.engine, marker, ex)
             return ClockOutcome.DONE
         self.engine.driver.drive(str(ex["pk"]))
         return ClockOutcome.FIRED
