@@ -28,7 +28,7 @@ from typing import Any
 
 from celery_durable.engine.registry import Registry, add_shared_workflow
 from celery_durable.engine.replay.context import require_context
-from celery_durable.errors import ActivityError, ConfigurationError, DurableError
+from celery_durable.errors import ActivityError, ChildWorkflowError, ConfigurationError
 
 __all__ = ["CANVAS_WORKFLOW", "run_canvas", "check_canvas"]
 
@@ -40,24 +40,30 @@ _NONE = {"celery_durable.canvas": "no previous result"}
 
 def check_canvas(sig: Any, registry: Registry) -> dict[str, Any]:
     """``sig`` (a Celery signature, or its JSON) as the canvas workflow's input, checked in the
-    caller: every task a registered durable activity, every node a task, chain, group or chord."""
+    caller: every node a task (a registered durable activity, its ``args`` a list and ``kwargs`` a
+    dict), a chain, a group or a chord with a body; callbacks likewise."""
     try:  # Celery's own JSON of it (a group's generator of members, nested signatures: plain JSON)
         node = json.loads(json.dumps(sig))
     except (TypeError, ValueError) as exc:
         raise ConfigurationError(f"the canvas is not JSON: {exc}") from None
-    if not isinstance(node, dict):
-        raise ConfigurationError(f"durable.run() takes a Celery signature (a task, chain, group or chord), not {sig!r}")
     _check(node, registry, "the canvas")
-    return node
+    return dict(node)
 
 
-def _check(node: Mapping[str, Any], registry: Registry, where: str) -> None:
+def _check(node: Any, registry: Registry, where: str) -> None:
+    if not isinstance(node, Mapping):
+        raise ConfigurationError(f"{where} holds {node!r:.80}, not a signature (a task, chain, group or chord)")
     kind = node.get("subtask_type")
     if kind in _COMPOSITE:
-        for child in _children(node):
+        members = (node.get("kwargs") or {}).get("header" if kind == "chord" else "tasks")
+        if isinstance(members, Mapping):  # a chord's header given as a group
+            members = (members.get("kwargs") or {}).get("tasks")
+        if not isinstance(members, list):
+            raise ConfigurationError(f"{where}: a {kind}'s members must be a list, not {members!r:.80}")
+        for child in members:
             _check(child, registry, f"a {kind}")
         if kind == "chord":
-            _check(node["kwargs"]["body"], registry, "a chord's body")
+            _check((node.get("kwargs") or {}).get("body"), registry, "a chord's body")
     elif kind is not None:
         raise ConfigurationError(f"{where} holds a {kind!r}: a canvas runs tasks, chains, groups and chords only")
     else:
@@ -66,9 +72,18 @@ def _check(node: Mapping[str, Any], registry: Registry, where: str) -> None:
             raise ConfigurationError(
                 f"{where} calls {name!r}, which is not a durable activity: declare it with @durable_activity"
             )
+        if not isinstance(node.get("args") or [], list) or not isinstance(node.get("kwargs") or {}, Mapping):
+            raise ConfigurationError(f"{where}: task {name!r} needs its args as a list and its kwargs as a dict")
     for key in ("link", "link_error"):
-        for cb in (node.get("options") or {}).get(key) or []:
+        for cb in _listed((node.get("options") or {}).get(key)):
             _check(cb, registry, f"a {key} callback")
+
+
+def _listed(value: Any) -> list[Any]:
+    """A callback option as Celery takes it: one signature or a list of them."""
+    if value is None:
+        return []
+    return [value] if isinstance(value, Mapping) else list(value)
 
 
 def _children(node: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -81,12 +96,27 @@ def _children(node: Mapping[str, Any]) -> list[Mapping[str, Any]]:
 
 def run_canvas(canvas: dict[str, Any], prev: Any = _NONE) -> Any:
     """The canvas workflow: ``canvas`` applied as Celery applies it; ``prev``: a previous result
-    (a group member run as a child execution is given its group's)."""
-    return _run(canvas, prev)
+    (a group member run as a child execution is given its group's). An empty chain gives None."""
+    result = _run(canvas, prev)
+    return None if result == _NONE else result
 
 
 def _run(node: Mapping[str, Any], prev: Any) -> Any:
+    """A node's result: its own (a task's, a chain's last, a group's list, a chord's body's), its
+    ``link`` callbacks run with it, its ``link_error`` errbacks run when it fails."""
     kind = node.get("subtask_type")
+    if kind not in _COMPOSITE:
+        return _settle(node, _start(node, prev))
+    try:
+        value = _composite(node, kind, prev)
+    except (ActivityError, ChildWorkflowError):
+        _errbacks(node)
+        raise
+    _callbacks(node, value)
+    return value
+
+
+def _composite(node: Mapping[str, Any], kind: str, prev: Any) -> Any:
     if kind == "chain":
         value = prev
         for child in _children(node):
@@ -94,9 +124,13 @@ def _run(node: Mapping[str, Any], prev: Any) -> Any:
         return value
     if kind == "group":
         return _group(_children(node), prev)
-    if kind == "chord":
-        return _run(node["kwargs"]["body"], _group(_children(node), prev))
-    return _settle(node, _start(node, prev))
+    body = node["kwargs"]["body"]
+    try:
+        header = _group(_children(node), prev)
+    except (ActivityError, ChildWorkflowError):
+        _errbacks(body)  # Celery calls the body's errbacks when the header fails (chord.link_error)
+        raise
+    return _run(body, header)
 
 
 def _start(node: Mapping[str, Any], prev: Any) -> Any:
@@ -111,16 +145,33 @@ def _start(node: Mapping[str, Any], prev: Any) -> Any:
 
 def _settle(node: Mapping[str, Any], future: Any) -> Any:
     """Wait for a task; its ``link`` callbacks after a success, its ``link_error`` after a failure."""
-    options = node.get("options") or {}
     try:
         value = future.result()
-    except (ActivityError, DurableError):
-        for errback in options.get("link_error") or []:
-            _run(dict(errback, immutable=True), _NONE)  # a compensation, with its own arguments
+    except (ActivityError, ChildWorkflowError):
+        _errbacks(node)
         raise
-    for callback in options.get("link") or []:
-        _run(callback, value)
+    _callbacks(node, value)
     return value
+
+
+def _callbacks(node: Mapping[str, Any], value: Any) -> None:
+    """``link``: run with the result; one that fails is its own failure, not the node's (in Celery
+    a callback is a task of its own)."""
+    for callback in _listed((node.get("options") or {}).get("link")):
+        try:
+            _run(callback, value)
+        except (ActivityError, ChildWorkflowError):
+            pass  # recorded in the history (its step's failure); the canvas goes on
+
+
+def _errbacks(node: Mapping[str, Any]) -> None:
+    """``link_error``: compensations, with their own arguments; one that fails does not replace
+    the failure being handled."""
+    for errback in _listed((node.get("options") or {}).get("link_error")):
+        try:
+            _run(dict(errback, immutable=True), _NONE)
+        except (ActivityError, ChildWorkflowError):
+            pass  # recorded in the history; the original failure goes on
 
 
 def _group(members: list[Mapping[str, Any]], prev: Any) -> list[Any]:
@@ -143,7 +194,7 @@ def _group(members: list[Mapping[str, Any]], prev: Any) -> list[Any]:
                 results.append(future.result())
             else:
                 results.append(_settle(member, future))
-        except (ActivityError, DurableError) as exc:
+        except (ActivityError, ChildWorkflowError) as exc:
             failure = failure or exc
             results.append(None)
     if failure is not None:

@@ -161,10 +161,12 @@ class WorkflowEnvironment:
             eng.activities.complete(attempt, eng.activities.result_doc(attempt, error=err))
             return
         self.worker.executed.append((req.execution_id, req.seq, req.name))
+        holds = bool(act.options.get("pause_on_failure"))  # a failure for good pauses it (engine/activities/holds.py)
         try:
             args, kwargs = act.codec.decode_args({"args": req.args, "kwargs": req.kwargs})
         except Exception as exc:  # final, as on a worker: only the function's own errors retry
-            eng.activities.complete(attempt, eng.activities.result_doc(attempt, error=exc))
+            if not (holds and eng.activities.hold(attempt, exc)):
+                eng.activities.complete(attempt, eng.activities.result_doc(attempt, error=exc))
             return
         actx = eng.activities.context(attempt, act.options)  # activity.heartbeat() and cancels
         try:
@@ -179,8 +181,8 @@ class WorkflowEnvironment:
             assert failure is not None
             # attempts so far minus one: Celery's request.retries (no lost deliveries in-process)
             delay = self._retry_of(req.name).next_delay(attempt.number - 1, failure)
-            if delay is None and act.options.get("pause_on_failure") and eng.activities.hold(attempt, failure):
-                return  # its execution paused, the step held for the unpause (engine/activities/holds.py)
+            if delay is None and holds and eng.activities.hold(attempt, failure):
+                return  # its execution paused, the step held for the unpause
             if delay is None:
                 eng.activities.complete(attempt, eng.activities.result_doc(attempt, error=failure))
             else:
@@ -190,7 +192,9 @@ class WorkflowEnvironment:
             return
         try:
             doc = eng.activities.result_doc(attempt, value=act.codec.encode_result(value))
-        except Exception as exc:
+        except Exception as exc:  # a result that cannot be stored: a failure for good, as on a worker
+            if holds and eng.activities.hold(attempt, exc):
+                return
             doc = eng.activities.result_doc(attempt, error=exc)
         eng.activities.complete(attempt, doc)
 

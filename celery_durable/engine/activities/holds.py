@@ -8,7 +8,8 @@ config, the remote service) and ``durable unpause`` runs the step again, with it
 it had never failed. Celery still reports the attempt failed (FAILURE in Flower, the worker's
 ERROR line). A crash between the pause and the marker's write leaves the marker leased: once the
 lease lapses the recovery scan parks it (the execution is paused), so the unpause re-sends it all
-the same. If the execution cannot be paused (it ended meanwhile), the failure is recorded as any.
+the same. If the execution cannot be paused (it ended meanwhile) or a cancel was requested (the
+failure is the cancel's to handle, compensations run), the failure is recorded as any.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from typing import TYPE_CHECKING
 
 from celery_durable.engine.activities.context import _NOTHING, heartbeat_record
 from celery_durable.engine.admin.pause import pause
-from celery_durable.engine.documents.model import DUE_ACTIVITY, error_info, marker_id
-from celery_durable.engine.documents.records import holder_of
+from celery_durable.engine.documents.model import DUE_ACTIVITY, EXEC_ID, error_info, marker_id
+from celery_durable.engine.documents.records import holder_of, maybe_exec
 from celery_durable.errors import ConflictError, DurableError, StoreError
 from celery_durable.stores.base import strip_reserved
 
@@ -40,6 +41,9 @@ def hold_failure(eng: Engine, attempt: Attempt, exc: BaseException) -> bool:
     be paused (ended, or the store failed): the caller records the failure as usual."""
     eid, seq, run = attempt.execution_id, attempt.seq, attempt.run
     reason = f"activity {attempt.name!r} (step {seq}) failed for good: {type(exc).__name__}"
+    ex = maybe_exec(eng.store.read(eid, EXEC_ID))
+    if ex is None or ex.get("cancel_requested"):  # a cancel asked for: the failure goes to it, not a pause
+        return False
     try:
         pause(eng, eid, HOLDER, reason[:500])
     except (DurableError, StoreError) as err:  # ended meanwhile, or no store: recorded as a failure
