@@ -228,6 +228,12 @@ class ActivityRunner:
                 return None, f"another attempt is running ({lease.get('holder')})"
             number = count_of(marker, "attempts") + 1
             record = marker.get("limit")
+            if slot is not None and (slot_number, slot_token) != (number, marker_token(marker)):
+                # the slot taken on an earlier pass was for another attempt: a duplicate delivery
+                # began that one meanwhile (its own end frees it, maybe already has: sim seed 523)
+                # or a reset replaced the marker; this attempt takes a slot of its own
+                self._give_back(execution_id, seq, run, slot, slot_number, slot_token, docs)
+                slot, slot_number, slot_token = None, 0, None
             if isinstance(record, dict) and slot is None:
                 # a slot before the lease: a step that waits is queued on the limit and this
                 # delivery dropped; it is sent again when a slot is granted to it
