@@ -125,7 +125,7 @@ class WorkflowHandle(Generic[R]):
         """The values the workflow publishes on ``topic`` (``wf.publish``), from position
         ``offset``, followed live until the execution ends (``timeout``: at most that long with
         nothing new, then :class:`DurableTimeoutError`)."""
-        return events.follow(self._engine.store, self.id, topic, offset, timeout)
+        return events.follow(self._engine.store, self.id, topic, events.check_reader(topic, offset), timeout)
 
     def get_event(self, key: str, timeout: float | None = None) -> Any:
         """The latest value the workflow set for event ``key`` (``wf.set_event``), waiting up to
