@@ -18,10 +18,17 @@ from celery_durable.errors import (
 from celery_durable.stores.base import Doc, doc_size
 from celery_durable.stores.cosmos.config import server_message
 
-__all__ = ["translate", "TRANSIENT", "NOT_APPLIED"]
+__all__ = ["translate", "sdk_race", "TRANSIENT", "NOT_APPLIED"]
 
 TRANSIENT = {408, 449, 500, 502, 503, 504}
 NOT_APPLIED = {449, 503}  # the service did not run the request: safe to retry any write
+
+
+def sdk_race(exc: BaseException) -> bool:
+    """The SDK's own thread race: its endpoint cache (``_location_cache``: an OrderedDict it swaps
+    while another thread's request iterates it, when it refreshes the account) raises this from
+    inside a request of ours; the request was not sent yet. Transient: asked again, it goes."""
+    return isinstance(exc, RuntimeError) and "mutated during iteration" in str(exc)
 
 
 def translate(exc: Exception, what: str, doc: Doc | None, scrub: Callable[[str], str], max_doc_bytes: int) -> Exception:
@@ -47,6 +54,6 @@ def translate(exc: Exception, what: str, doc: Doc | None, scrub: Callable[[str],
         if status in TRANSIENT or status >= 500:
             return StoreUnavailable(msg)
         return StoreError(msg)
-    if isinstance(exc, (AzureError, OSError)):
+    if isinstance(exc, (AzureError, OSError)) or sdk_race(exc):
         return StoreUnavailable(f"cosmos {what}: {type(exc).__name__}: {scrub(str(exc))[:300]}")
     return StoreError(f"cosmos {what}: unexpected {type(exc).__name__}: {scrub(str(exc))[:300]}")

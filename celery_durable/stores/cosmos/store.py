@@ -86,7 +86,7 @@ from celery_durable.errors import ConfigurationError, ConflictError, DocumentToo
 from celery_durable.stores.base import Doc, Op, PartitionRead, Store, doc_size, encode_doc
 from celery_durable.stores.cosmos.config import CallDeadline, DeadlineExceeded, Secret, end_sdk_threads, parse_url
 from celery_durable.stores.cosmos.due import CosmosDueScan
-from celery_durable.stores.cosmos.errors import NOT_APPLIED, TRANSIENT, translate
+from celery_durable.stores.cosmos.errors import NOT_APPLIED, TRANSIENT, sdk_race, translate
 from celery_durable.stores.cosmos.index import (
     DUE_REF,
     LET_GO,
@@ -293,6 +293,7 @@ class CosmosStore(CosmosSessions, CosmosReads, CosmosListing, CosmosSearch, Cosm
                     or (idempotent and status in TRANSIENT)
                     or (status is None and isinstance(exc, ServiceRequestError))
                     or (status is None and idempotent and isinstance(exc, ServiceResponseError))
+                    or (idempotent and sdk_race(exc))
                 )
                 if retry and attempt < self._retries:
                     time.sleep(min(2.0, 0.05 * 2**attempt, left / 2))
