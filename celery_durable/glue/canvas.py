@@ -22,7 +22,7 @@ the members (celery#3146, #4401).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import SimpleNamespace
 from typing import Any
 
@@ -107,13 +107,7 @@ def _run(node: Mapping[str, Any], prev: Any) -> Any:
     kind = node.get("subtask_type")
     if kind not in _COMPOSITE:
         return _settle(node, _start(node, prev))
-    try:
-        value = _composite(node, kind, prev)
-    except (ActivityError, ChildWorkflowError):
-        _errbacks(node)
-        raise
-    _callbacks(node, value)
-    return value
+    return _linked(node, lambda: _composite(node, kind, prev))
 
 
 def _composite(node: Mapping[str, Any], kind: str, prev: Any) -> Any:
@@ -145,8 +139,14 @@ def _start(node: Mapping[str, Any], prev: Any) -> Any:
 
 def _settle(node: Mapping[str, Any], future: Any) -> Any:
     """Wait for a task; its ``link`` callbacks after a success, its ``link_error`` after a failure."""
+    return _linked(node, future.result)
+
+
+def _linked(node: Mapping[str, Any], outcome: Callable[[], Any]) -> Any:
+    """``outcome()`` (a task's result, a composite's), with ``node``'s ``link`` callbacks run after
+    a success and its ``link_error`` errbacks after a failure, which then goes on."""
     try:
-        value = future.result()
+        value = outcome()
     except (ActivityError, ChildWorkflowError):
         _errbacks(node)
         raise

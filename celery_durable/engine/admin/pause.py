@@ -46,15 +46,14 @@ _ATTEMPTS = 50
 def pause(engine: Engine, execution_id: str, by: str, reason: str | None = None) -> bool:
     """Pause ``execution_id``; False when it was paused already. Raises OperationRefused when it
     has ended, UnknownWorkflowError when there is no such execution."""
-    return _set(engine, execution_id, True, by, reason)
+    return _set(engine, execution_id, True, by, reason) is not None
 
 
 def unpause(engine: Engine, execution_id: str, by: str, reason: str | None = None) -> bool:
     """Unpause ``execution_id`` and drive it now; False when it was not paused."""
-    done = _set(engine, execution_id, False, by, reason)
-    if not done:
+    ex = _set(engine, execution_id, False, by, reason)
+    if ex is None:
         return False
-    ex = engine.read_exec(execution_id)
     at = ex.get("deadline_at")
     if isinstance(at, int | float) and at <= engine.clock.now() and not ex.get("timed_out"):
         # its deadline passed while paused: delivered first (a child's drive would not deliver it,
@@ -100,7 +99,8 @@ def _rearm(engine: Engine, execution_id: str) -> tuple[list[Op], list[Doc]]:
     return ops, held
 
 
-def _set(engine: Engine, execution_id: str, paused: bool, by: str, reason: str | None) -> bool:
+def _set(engine: Engine, execution_id: str, paused: bool, by: str, reason: str | None) -> Doc | None:
+    """Set or clear the flag (recorded); the exec as written, None when it was so already."""
     check_field(OperationRefused, "by", by)
     check_field(OperationRefused, "reason", reason)
     action = "pause" if paused else "unpause"
@@ -109,7 +109,7 @@ def _set(engine: Engine, execution_id: str, paused: bool, by: str, reason: str |
         if is_terminal(ex):
             raise OperationRefused(f"{execution_id} is {ex.get('status')}: an ended execution cannot {action}")
         if bool(ex.get("paused")) == paused:
-            return False
+            return None
         now = engine.clock.now()
         body = strip_reserved(ex) | {"operations": count_of(ex, "operations") + 1, "updated_at": now}
         if paused:  # no recovery drive while paused: nothing would come of it
@@ -128,5 +128,5 @@ def _set(engine: Engine, execution_id: str, paused: bool, by: str, reason: str |
         for step in held:
             engine.dispatcher.send_activity(request_of(execution_id, step, ex))
         engine.emit(f"workflow_{action}d", execution_id=execution_id, workflow=ex.get("workflow"))
-        return True
+        return body
     raise DurableError(f"could not {action} {execution_id!r}: too much contention")

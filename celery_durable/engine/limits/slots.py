@@ -44,6 +44,7 @@ from celery_durable.engine.limits.table import (
     restart,
     room,
     step_key,
+    waits,
 )
 from celery_durable.engine.limits.workflows import (
     check_execution,
@@ -289,8 +290,8 @@ class Slots:
             log.warning("could not give back the slot of %s step %d: %s", execution_id, seq, exc)
 
     def _leave(self, lpk: str, step: str, attempt: tuple[int, str | None] | None) -> list[dict[str, Any]]:
-        """Free ``step``'s slot (only ``attempt``'s — its number and marker token — unless None);
-        the waiters granted the room, for the caller to send."""
+        """Free ``step``'s slot (only ``attempt``'s — its number and marker token — unless None:
+        then its place in the queue too); the waiters granted the room, for the caller to send."""
         eng = self.engine
         fresh = self._contended(lpk)
         for _ in range(ROUNDS):
@@ -300,12 +301,15 @@ class Slots:
                 return []
             holders: dict[str, Any] = doc.get("holders") or {}
             mine = holders.get(step)
-            if mine is None or (attempt is not None and not holds(mine, attempt)):
+            queued = attempt is None and mine is None and waits(doc, step)
+            if not queued and (mine is None or (attempt is not None and not holds(mine, attempt))):
                 if fresh:
                     return []  # not its slot (any more): another attempt of the step holds it
                 fresh = True
                 continue
-            del holders[step]
+            holders.pop(step, None)
+            if queued:
+                drop_waiter(doc, step)
             granted = grant(doc, now, eng.settings.lease_ttl)
             try:
                 self._write(lpk, doc, now)
@@ -366,7 +370,7 @@ class Slots:
         for _ in range(ROUNDS):
             now = eng.clock.now()
             doc = self._load(lpk, fresh) or _new_doc(lpk, record)
-            known = step in (doc.get("holders") or {}) or any(w.get("s") == step for w in doc.get("waiters") or [])
+            known = step in (doc.get("holders") or {}) or waits(doc, step)
             if known and not fresh:  # a cached copy may be older than its withdrawal
                 fresh = True
                 continue
@@ -413,23 +417,7 @@ class Slots:
         lpk = str(record.get("name"))
         try:
             lpk = limit_pk(record)
-            for _ in range(ROUNDS):
-                now = self.engine.clock.now()
-                doc = self._load(lpk, fresh=True)
-                if doc is None:
-                    return
-                holders: dict[str, Any] = doc.get("holders") or {}
-                if step not in holders and not any(w.get("s") == step for w in doc.get("waiters") or []):
-                    return
-                holders.pop(step, None)
-                drop_waiter(doc, step)
-                granted = grant(doc, now, self.engine.settings.lease_ttl)
-                try:
-                    self._write(lpk, doc, now)
-                except ConflictError:
-                    continue
-                self._send(lpk, granted)
-                return
+            self._send(lpk, self._leave(lpk, step, None))
         except Exception as exc:  # noqa: BLE001 - its slot lapses instead
             log.warning("limit %s: the slot of %s not given back: %s", lpk, step, exc)
 

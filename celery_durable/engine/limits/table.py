@@ -28,6 +28,7 @@ __all__ = [
     "step_key",
     "holds",
     "room",
+    "waits",
     "enqueue",
     "admit",
     "grant",
@@ -106,10 +107,15 @@ def room(doc: Mapping[str, Any], now: float, ignoring: str | None = None) -> int
     return max(0, free)
 
 
+def waits(doc: Mapping[str, Any], step: str) -> bool:
+    """Is ``step`` in the queue?"""
+    return any(w.get("s") == step for w in doc.get("waiters") or [])
+
+
 def enqueue(doc: dict[str, Any], waiter: dict[str, Any]) -> bool:
     """Queue ``waiter`` (once, by its step); False when the queue is full."""
     waiters: list[dict[str, Any]] = doc.setdefault("waiters", [])
-    if any(w.get("s") == waiter["s"] for w in waiters):
+    if waits(doc, waiter["s"]):
         return True
     if len(waiters) >= MAX_WAITERS:
         return False
