@@ -9,53 +9,17 @@ keeps its slot even after its execution ended, until it stops. Expected to fail 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from celery_durable import Limit
 from celery_durable.engine.documents.model import lease_live, marker_id
 from celery_durable.engine.limits.slots import LIMIT_DOC_ID
-from celery_durable.engine.limits.spec import limit_pk
-from celery_durable.engine.replay.context import require_context
-from celery_durable.stores.base import Doc
-from celery_durable.stores.memory import MemoryStore
-from tests.engine.inprocess import InProcess
-
-
-class Interleaving(MemoryStore):
-    """Runs ``hook`` (once) just before the first lease write on a marker while it is armed."""
-
-    hook: Callable[[], None] | None = None
-
-    def replace(self, doc: Doc, if_match: str | None) -> str:
-        hook = self.hook
-        if hook is not None and doc.get("type") == "step" and doc.get("lease"):
-            self.hook = None
-            hook()
-        return super().replace(doc, if_match)
+from tests.sim.limit_worlds import one_slot_two_steps
 
 
 def test_a_losing_duplicate_delivery_does_not_free_the_running_attempts_slot() -> None:
-    store = Interleaving()
-    w = InProcess(store=store)
-    act = w.registry.add_activity("charge", lambda n: n, {"limit": Limit("gb.one", max_running=1)})
-
-    def job(n: int) -> int:
-        ctx = require_context("job")
-        return int(ctx.call_activity(act.name, act.codec, (n,), {}, act.options).result())
-
-    d = w.workflow(job)
-    for eid in ("e1", "e2"):
-        w.engine.start(d, (1,), {}, workflow_id=eid)
-    while any(kind == "drive" for kind, _ in w.dispatcher.queue):
-        kind, item = w.dispatcher.queue.popleft()
-        if kind == "drive":
-            w.engine.drive(item)
-    w.dispatcher.queue.clear()  # e1's step holds the one slot, e2's waits
-    doc = store.read(limit_pk({"name": "gb.one", "key": ""}), LIMIT_DOC_ID)
-    assert doc is not None and list(doc["holders"]) == ["e1|0|1"] and len(doc["waiters"]) == 1
+    w, store, lpk = one_slot_two_steps("gb.one")
     begin = w.engine.activities.begin
     running: list[Any] = []
 
@@ -74,7 +38,7 @@ def test_a_losing_duplicate_delivery_does_not_free_the_running_attempts_slot() -
     assert lost is None, why
     marker = store.read("e1", marker_id(1, 0))
     assert marker is not None and lease_live(marker, w.clock.now())  # B's attempt still runs
-    doc = store.read(limit_pk({"name": "gb.one", "key": ""}), LIMIT_DOC_ID)
+    doc = store.read(lpk, LIMIT_DOC_ID)
     assert doc is not None
     if "e1|0|1" not in doc["holders"]:
         granted = [kind for kind, item in w.dispatcher.queue if kind == "activity" and item.execution_id == "e2"]

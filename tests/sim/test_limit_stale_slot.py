@@ -11,51 +11,13 @@ Pause was not involved (no execution of that seed's key was paused then)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from celery_durable import Limit
 from celery_durable.engine.documents.model import lease_live, marker_id
 from celery_durable.engine.limits.slots import LIMIT_DOC_ID
-from celery_durable.engine.limits.spec import limit_pk
-from celery_durable.engine.replay.context import require_context
-from celery_durable.stores.base import Doc
-from celery_durable.stores.memory import MemoryStore
-from tests.engine.inprocess import InProcess
-
-
-class Interleaving(MemoryStore):
-    """Runs ``hook`` (once) just before the first lease write on a marker while it is armed."""
-
-    hook: Callable[[], None] | None = None
-
-    def replace(self, doc: Doc, if_match: str | None) -> str:
-        hook = self.hook
-        if hook is not None and doc.get("type") == "step" and doc.get("lease"):
-            self.hook = None
-            hook()
-        return super().replace(doc, if_match)
+from tests.sim.limit_worlds import one_slot_two_steps
 
 
 def test_a_begin_looping_past_a_duplicates_ended_attempt_takes_a_slot_for_its_own() -> None:
-    store = Interleaving()
-    w = InProcess(store=store)
-    act = w.registry.add_activity("charge", lambda n: n, {"limit": Limit("ss.one", max_running=1)})
-
-    def job(n: int) -> int:
-        ctx = require_context("job")
-        return int(ctx.call_activity(act.name, act.codec, (n,), {}, act.options).result())
-
-    d = w.workflow(job)
-    for eid in ("e1", "e2"):
-        w.engine.start(d, (1,), {}, workflow_id=eid)
-    while any(kind == "drive" for kind, _ in w.dispatcher.queue):
-        kind, item = w.dispatcher.queue.popleft()
-        if kind == "drive":
-            w.engine.drive(item)
-    w.dispatcher.queue.clear()  # e1's step holds the one slot, e2's waits
-    lpk = limit_pk({"name": "ss.one", "key": ""})
-    doc = store.read(lpk, LIMIT_DOC_ID)
-    assert doc is not None and list(doc["holders"]) == ["e1|0|1"] and len(doc["waiters"]) == 1
+    w, store, lpk = one_slot_two_steps("ss.one")
     runner = w.engine.activities
 
     def meanwhile() -> None:
