@@ -486,3 +486,40 @@ def test_operator_actions_on_a_queued_execution_are_refused_and_it_keeps_its_pla
     w.engine.signal("x", "go", 1)
     w.run()
     assert [w.status(e) for e in ("x", "y", "z")] == ["completed", "running", "queued"]
+
+
+def test_a_queued_childs_capped_deadline_waits_quietly_while_its_parent_is_paused() -> None:
+    """A queued child whose deadline is its parent's (capped) waits for the parent's: while the
+    parent is paused that deadline waits for the unpause, so the child's clock is looked at a
+    recovery interval apart, as a running child's is (``_fire_deadline`` snoozes it).
+    Broken: ``_time_out_queued`` (engine/starts/deadlines.py) returned EARLY without snoozing, so
+    every clock scan (each second) read the clock, the child and its parent again, for as long as
+    the pause lasted (noticed at stop 39)."""
+    from celery_durable.engine.admin.pause import pause, unpause
+
+    w, pdef = _kids_world("wfb-paused-parent", catch=False)
+    w.engine.start(pdef, (2,), {}, workflow_id="p", timing=Timing(timeout=120))
+    w.run()
+    assert [w.status("p-c1"), w.status("p-c2")] == ["running", "queued"]
+    pause(w.engine, "p", "ops")
+    looks: list[str] = []
+    real = w.store.read
+
+    def counting(pk: str, doc_id: str) -> Any:
+        if (pk, doc_id) == ("p-c2", "clock:deadline"):
+            looks.append(pk)
+        return real(pk, doc_id)
+
+    w.store.read = counting  # type: ignore[method-assign]
+    for _ in range(300):  # five minutes of a beat firing clocks every second, the deadline at 120 s
+        w.clock.advance(1)  # type: ignore[attr-defined]
+        w.engine.timers.fire_due_clocks()
+        w.run()
+    w.store.read = real  # type: ignore[method-assign]
+    assert len(looks) <= 180 / w.engine.settings.recovery_interval + 2, len(looks)
+    assert w.status("p-c2") == "queued"
+    unpause(w.engine, "p", "ops")
+    _beat(w, 3 * w.engine.settings.recovery_interval)
+    assert w.status("p") == "timed_out"
+    # the running child's own deadline is the same instant: it ends timed out or cancelled
+    assert w.status("p-c1") in ("timed_out", "cancelled") and w.status("p-c2") == "cancelled"

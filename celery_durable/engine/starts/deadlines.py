@@ -302,7 +302,11 @@ def _time_out_queued(eng: EngineParts, ex: Any, clock: Doc, now: float) -> Clock
     """A queued child's deadline passed before it got a slot: it ends ``timed_out`` at once (none of
     its code ran), leaves its limit's queue, and its parent is told."""
     at = ex.get("deadline_at")
-    if not isinstance(at, int | float) or now < at or not _parent_first(eng, ex, float(at)):
+    if not isinstance(at, int | float) or now < at:
+        return ClockOutcome.EARLY
+    if not _parent_first(eng, ex, float(at)):
+        if _parent_paused(eng, ex):  # as _fire_deadline: it comes with the parent's unpause
+            _snooze(eng, clock, now)
         return ClockOutcome.EARLY
     if not end_unstarted(eng, ex, Status.TIMED_OUT, "WorkflowTimedOutError", "its deadline passed before it started"):
         return ClockOutcome.EARLY  # it changed meanwhile: the next scan looks again
