@@ -11,6 +11,7 @@ from celery_durable.engine.admin.oplog import actor
 from celery_durable.engine.admin.pause import pause, unpause
 from celery_durable.glue.canvas import CANVAS_WORKFLOW, check_canvas
 from celery_durable.handle import WorkflowHandle
+from celery_durable.schedules import Schedules
 
 if TYPE_CHECKING:
     from celery_durable.engine.core import Engine
@@ -23,10 +24,17 @@ class DayTwo:
     """Mixed into :class:`~celery_durable.Durable` (which gives ``engine`` and ``registry``)."""
 
     registry: Registry
+    _schedules: dict[str, dict[str, Any]]
 
     @property
     def engine(self) -> Engine:
         raise NotImplementedError  # Durable's
+
+    @property
+    def schedules(self) -> Schedules:
+        """Managed schedules: ``create/update/delete/pause/resume/trigger/backfill/get/list``
+        (celery_durable/schedules.py); the ones of :meth:`schedule` are listed, read-only."""
+        return Schedules(lambda: self.engine, self.registry, lambda: self._schedules)
 
     def pause(self, workflow_id: str, *, by: str | None = None, reason: str | None = None) -> bool:
         """Pause an execution that has not ended: nothing of it is replayed (no new step, no new

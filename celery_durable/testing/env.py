@@ -40,6 +40,7 @@ from celery_durable.errors import DurableError, NonRetryableError
 from celery_durable.glue.durable_activity import task_retry
 from celery_durable.handle import WorkflowHandle
 from celery_durable.retry import TaskRetry
+from celery_durable.schedules import Schedules
 from celery_durable.stores.base import Store
 from celery_durable.stores.memory import MemoryStore
 
@@ -132,6 +133,9 @@ class WorkflowEnvironment:
         from celery_durable.glue.hook_receivers import forward_event
 
         self.engine.subscribe(forward_event)
+        #: managed schedules on this environment's store (``durable.schedules``' methods); they fire
+        #: as ``advance`` moves the clock past their ticks
+        self.schedules = Schedules(lambda: self.engine, registry, lambda: getattr(self._durable, "_schedules", {}))
 
     # --- activities ----------------------------------------------------------------------
 
@@ -223,11 +227,29 @@ class WorkflowEnvironment:
             raise ValueError("time only moves forward")
         target = self.clock.t + seconds
         for at, workflow, payload, wid in self._schedule_ticks(self.clock.t, target):
+            self._managed_until(at)
             self.clock.t = max(self.clock.t, at)
             self._scan()  # what was due before the tick fires first
             self.engine.create_execution(workflow, payload, wid, None)
+        self._managed_until(target)
         self.clock.t = target
         self._scan()
+
+    def _managed_until(self, until: float) -> None:
+        """Step the clock through the due times of managed schedules up to ``until``, firing each
+        at its time as beat's clock scan would (engine/schedules/firing.py)."""
+        seen: tuple[str, float] | None = None
+        while refs := self.engine.store.scan_due("schedule", until, 1):
+            if (refs[0].id, refs[0].due_at) == seen:
+                break  # its firing did not move it (an error, logged): advance goes on
+            seen = (refs[0].id, refs[0].due_at)
+            # the timers due before it fire first, at their time: a tick sees the executions
+            # that ended before it ended, as on workers
+            while (clock := self.engine.timers.next_clock()) is not None and clock < refs[0].due_at:
+                self.clock.t = max(self.clock.t, clock)
+                self._scan()
+            self.clock.t = max(self.clock.t, refs[0].due_at)
+            self._scan()
 
     def _schedule_ticks(self, after: float, until: float) -> list[tuple[float, str, dict[str, Any], str]]:
         """``(time, workflow, payload, id)`` of the schedule ticks in ``(after, until]``, in time order."""

@@ -21,6 +21,7 @@ import pytest
 
 from celery_durable.engine.documents import checks, records
 from celery_durable.engine.documents.records import FIELDS, KINDS, record_type, undeclared
+from celery_durable.engine.documents.schedule_docs import ScheduleDoc
 from celery_durable.engine.documents.schema import DocType
 from celery_durable.stores.base import find_inner
 from celery_durable.stores.memory import MemoryStore
@@ -48,6 +49,7 @@ TYPES: dict[str, type] = {
     "dedup_owner": records.DedupOwnerDoc,
     "clock": records.ClockDoc,
     "limit": records.LimitDoc,
+    "schedule": ScheduleDoc,
 }
 
 

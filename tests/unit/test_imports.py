@@ -35,6 +35,7 @@ LAYERS = {
     "contrib": 5,
     "cli": 5,
     "app": 5,
+    "schedules": 5,  # durable.schedules: managed schedules' facade
     "day_two": 5,  # Durable's day-two operations (pause, batch, canvas)
     "ui": 5,  # the web UI: an app over the engine, imported (lazily) by the cli only
     "testing": 6,

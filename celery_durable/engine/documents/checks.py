@@ -53,8 +53,9 @@ __all__ = [
 #: the longest workflow id a caller may give (derived child ids may grow past it with nesting)
 MAX_WORKFLOW_ID_LENGTH = 200
 #: partitions the engine and the stores own: the outbox's lanes and id index, Cosmos' due index
-#: KEY_PK: the seal key (seals.py); "dk:": dedup keys' owners (engine/starts/dedup.py)
-RESERVED_ID_PREFIXES = (lane_pk(""), index_pk(""), lwm_pk(""), KEY_PK, "dk:")
+#: KEY_PK: the seal key (seals.py); "dk:": dedup keys' owners (engine/starts/dedup.py); "sch:": managed
+#: schedules (engine/schedules/firing.py)
+RESERVED_ID_PREFIXES = (lane_pk(""), index_pk(""), lwm_pk(""), KEY_PK, "dk:", "sch:")
 #: the tail of a derived child id (``schema.child_execution_id``: ``<parent>-c<seq>[.r<run>][~<n>]``).
 #: A caller's id may not end like this, so no one can take a default child id before its parent
 #: starts that child (the parent would fail with ``ChildIdTaken``).

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from typing import Any, TypedDict, cast
 
 from celery_durable.engine.documents.limit_docs import LimitDoc, StepLimitInfo
+from celery_durable.engine.documents.schedule_docs import ScheduleDoc
 from celery_durable.engine.documents.schema import EXEC_ID, TERMINAL, DocType
 
 __all__ = [
@@ -46,8 +47,6 @@ __all__ = [
     "EffectIndexDoc",
     "EffectIntentDoc",
     "ClockDoc",
-    "LimitDoc",
-    "StepLimitInfo",
     "FIELDS",
     "KINDS",
     "as_exec",
@@ -266,8 +265,7 @@ class MarkerDoc(_Due, total=False):
 
 
 class ClockDoc(_Due, total=False):
-    """``clock:deadline`` / ``clock:start``: an execution's deadline or delayed start, due for the
-    timer scan at ``at`` and settled (due fields cleared) once fired (engine/starts/deadlines.py)."""
+    """``clock:deadline``/``clock:start``: a deadline or delayed start, due at ``at`` (engine/starts/deadlines.py)."""
 
     kind: str
     at: float
@@ -504,6 +502,7 @@ FIELDS: dict[str, frozenset[str]] = {
         "dedup_owner": DedupOwnerDoc,
         "clock": ClockDoc,
         "limit": LimitDoc,
+        "schedule": ScheduleDoc,
     }.items()
 }
 
@@ -530,6 +529,7 @@ KINDS: dict[str, str] = {
     "dedup_key": "dedup_owner",
     DocType.CLOCK: "clock",
     DocType.LIMIT: "limit",
+    DocType.SCHEDULE: "schedule",
 }
 
 

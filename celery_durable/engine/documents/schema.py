@@ -104,6 +104,8 @@ class DocType(StrEnum):
     CLOCK = "clock"
     #: a limit's slots and queue for one key (``lim:…/slots``: engine/limits/)
     LIMIT = "limit"
+    #: a managed schedule, at its next tick (engine/schedules/)
+    SCHEDULE = "schedule"
 
 
 class Status(StrEnum):
@@ -145,6 +147,8 @@ class DueKind(StrEnum):
     CHILD = "child"
     #: a limit document while steps wait on it: a holder's expiry or the rate's next opening
     LIMIT = "limit"
+    #: a managed schedule at its next tick, or rechecking a tick it keeps (engine/schedules/)
+    SCHEDULE = "schedule"
 
 
 class StepKind(StrEnum):
