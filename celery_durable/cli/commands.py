@@ -514,10 +514,12 @@ from celery_durable.cli.pause_commands import pause as _pause  # noqa: E402 - `d
 from celery_durable.cli.pause_commands import unpause as _unpause  # noqa: E402 - `durable unpause ID`
 from celery_durable.cli.replay_commands import export as _export  # noqa: E402 - `durable export ID`
 from celery_durable.cli.replay_commands import replay_check as _replay_check  # noqa: E402 - `durable replay-check`
+from celery_durable.cli.schedule_commands import schedule as _schedule  # noqa: E402 - `durable schedule …`
 
 durable.add_command(_cosmos)
 durable.add_command(_outbox)
 durable.add_command(_limit)
+durable.add_command(_schedule)
 durable.add_command(_export)
 durable.add_command(_pause)
 durable.add_command(_batch)
