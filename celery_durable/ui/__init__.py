@@ -43,7 +43,7 @@ def serve(
     Guard(token)  # a token too short is refused before the store is opened
     access = Access.for_bind(host, allow_hosts, public_read)
     probe_store(durable.engine.store, "the UI")  # as the worker: a store it cannot use ends it here
-    app = create_app(durable.engine, token, access)
+    app = create_app(durable.engine, token, access, lambda: durable._schedules)
     print(f"celery-durable UI on http://{host}:{port}/", file=out)
     what = "actions" if access.public_read else "pages and actions"
     if given:

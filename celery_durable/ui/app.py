@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import shlex
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -40,6 +41,7 @@ from celery_durable.stores.base import MAX_PAGE_SIZE
 from celery_durable.stores.search import parse_pairs
 from celery_durable.ui.access import Access, Gate
 from celery_durable.ui.auth import COOKIE, Guard, safe_next
+from celery_durable.ui.schedules_page import Pages, SchedulesPage
 from celery_durable.ui.views import (
     chart,
     confirms,
@@ -430,11 +432,18 @@ async def _store_down(request: Request, exc: Exception) -> Response:
     return _answer(request, 503, f"the store is unavailable: {exc}")
 
 
-def create_app(engine: Engine, token: str, access: Access | None = None) -> Starlette:
+def create_app(
+    engine: Engine,
+    token: str,
+    access: Access | None = None,
+    code_schedules: Callable[[], Mapping[str, dict[str, Any]]] = dict,
+) -> Starlette:
     """The web UI over ``engine`` (its store, registry and dispatcher); actions need ``token``.
     ``access``: the Host names it answers and whether reads need the token (access.py; None: any
-    Host, reads open, as behind a proxy of the caller's that checks them)."""
+    Host, reads open, as behind a proxy of the caller's that checks them). ``code_schedules``:
+    the app's ``Durable.schedule`` entries, listed on the Schedules page."""
     ui = UI(engine, Guard(token))
+    schedules = SchedulesPage(engine, ui.guard, Pages(ui.page, _answer, _headers, _wants_json), code_schedules)
     routes = [
         Route("/", ui.index),
         Route("/healthz", ui.health),
@@ -444,6 +453,8 @@ def create_app(engine: Engine, token: str, access: Access | None = None) -> Star
         Route("/api/executions/{execution_id:path}", ui.execution_json),
         Route("/lanes", ui.lane),
         Route("/effects", ui.effects),
+        Route("/schedules", schedules.page),
+        Route("/schedules/actions/{action}", schedules.action, methods=["POST"]),
         Route("/login", ui.login, methods=["GET", "POST"]),
         Route("/logout", ui.logout, methods=["POST"]),
         Route("/actions/batch", ui.batch, methods=["POST"]),
