@@ -349,3 +349,24 @@ def test_no_execution_may_take_the_schedules_partition() -> None:
     env = _env()
     with pytest.raises(InvalidWorkflowId, match="reserved"):
         env.start(job, _workflow_id="sch:all")
+
+
+def test_starts_decided_before_a_pause_are_still_created() -> None:
+    """A firer killed between its decision and its starts, then an operator's pause: the decided
+    start is created all the same (it was decided before the pause), and no tick after it."""
+    env = _env()
+    env.schedules.create("kp", job, every=timedelta(hours=1))
+    real = env.engine.create_execution
+
+    def killed(*args: Any, **kwargs: Any) -> bool:
+        raise KeyboardInterrupt("the firer dies")
+
+    env.engine.create_execution = killed  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        env.advance(timedelta(hours=1))
+    env.engine.create_execution = real  # type: ignore[method-assign]
+    assert _runs(env, "kp") == {}
+    env.schedules.pause("kp")
+    env.advance(timedelta(hours=3))
+    assert list(_runs(env, "kp")) == [f"kp@{_at(1)}"]
+    assert env.schedules.get("kp").counts == {"started": 1}  # type: ignore[union-attr]

@@ -90,14 +90,13 @@ def note(doc: dict[str, Any], action: str, by: str, now: float, reason: str | No
 
 def next_due(eng: EngineParts, doc: dict[str, Any]) -> dict[str, Any]:
     """The due fields of ``doc``: its next tick plus jitter; sooner (a clock interval) while it
-    keeps a tick or has starts to create; nothing while paused or with nothing left."""
-    if doc.get("paused"):
-        return {"due_kind": None, "due_at": None}
+    keeps a tick or has starts to create; nothing with nothing left (paused: only starts to create)."""
     times = []
     tick = doc.get("next_tick")
-    if isinstance(tick, int | float):
+    if isinstance(tick, int | float) and not doc.get("paused"):
         times.append(float(tick) + jitter_of(doc["name"], float(tick), float(doc.get("jitter") or 0.0)))
-    if doc.get("buffered") is not None or doc.get("starting"):
+    # starts decided before a pause are still created (a trigger's too); a kept tick waits for the resume
+    if doc.get("starting") or (doc.get("buffered") is not None and not doc.get("paused")):
         times.append(eng.clock.now() + float(eng.settings.clock_interval))
     if not times:
         return {"due_kind": None, "due_at": None}
@@ -222,7 +221,7 @@ def _decide(
                 cancels.extend(e for e in running if e not in cancels)
 
     buffered = new.get("buffered")
-    if buffered is not None and not running:  # the running one ended: the kept tick starts now
+    if buffered is not None and not running and not new.get("paused"):  # the running one ended: it starts now
         new["buffered"] = None
         tick(float(buffered), tick_execution_id(name, float(buffered)), policy)
         changed = True
