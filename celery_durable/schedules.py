@@ -23,7 +23,7 @@ from celery_durable.engine.admin.oplog import actor
 from celery_durable.engine.documents.checks import check_workflow_id
 from celery_durable.engine.documents.model import EXEC_ID
 from celery_durable.engine.schedules import manage
-from celery_durable.engine.schedules.firing import SCHEDULES_PK, schedule_id, tick_execution_id
+from celery_durable.engine.schedules.firing import SCHEDULES_PK, manual_execution_id, schedule_id, tick_execution_id
 from celery_durable.engine.schedules.manage import ScheduleInfo
 from celery_durable.engine.schedules.spec import OVERLAPS, SKIP, Spec, check_zone
 from celery_durable.engine.starts.deadlines import check_seconds
@@ -143,8 +143,11 @@ class Schedules:
         ``crontab``) read in ``tz``; ``overlap`` (skip, buffer_one, allow_all, cancel_other) when
         the last one still runs; ticks later than ``catchup_window`` are not run; ``jitter``
         delays each tick by a fixed amount below it; ``pause_on_failure`` pauses it when one of its
-        executions fails. Checked here; a name in use raises ConfigurationError."""
-        check_workflow_id(name, "schedule name")  # its ticks' ids start with it
+        executions fails. Checked here; a name in use raises ConfigurationError. The keywords
+        above are the schedule's: a workflow argument of one of those names is given by position."""
+        check_workflow_id(name, "schedule name")
+        # its executions' ids are <name>@<time>: a trigger's, the longest, must be a valid id too
+        check_workflow_id(manual_execution_id(name, 0.0), "schedule name (with its ticks' @<time>)")
         self._managed(name)
         definition = self._definition(workflow)
         payload = definition.codec.encode_args(args, kwargs)
@@ -158,8 +161,9 @@ class Schedules:
         return manage.create(self._engine(), name, fields, by or actor())
 
     def update(self, name: str, *, by: str | None = None, **changes: Any) -> ScheduleInfo:
-        """Change a managed schedule: any keyword of :meth:`create`, and ``args``/``kwargs`` (a
-        tuple and a dict) for its input. A new timing counts from now. Checked here."""
+        """Change a managed schedule: any keyword of :meth:`create`, ``workflow``, and ``args``/
+        ``kwargs`` (a tuple and a dict; the one not given stays as stored) for its input. A new
+        timing counts from now. Checked here."""
         self._managed(name)
         current = manage.get(self._engine(), name)
         if current is None:
@@ -172,10 +176,12 @@ class Schedules:
         if "every" in changes or "cron" in changes:  # one replaces the other
             fields = {"every": None, "cron": None} | fields
         Spec.of({**doc, **fields}).check()
-        if {"workflow", "args", "kwargs"} & set(changes):
+        if {"workflow", "args", "kwargs"} & set(changes):  # the input not given stays as stored
             definition = self._definition(changes.get("workflow", doc.get("workflow")))
-            fields.update(workflow=definition.name)
-            fields["payload"] = definition.codec.encode_args(tuple(changes.get("args", ())), changes.get("kwargs", {}))
+            stored = doc.get("payload") or {}
+            args = tuple(changes["args"]) if "args" in changes else tuple(stored.get("args") or ())
+            kwargs = dict(changes["kwargs"]) if "kwargs" in changes else dict(stored.get("kwargs") or {})
+            fields.update(workflow=definition.name, payload=definition.codec.encode_args(args, kwargs))
         return manage.update(self._engine(), name, fields, by or actor())
 
     def delete(self, name: str) -> bool:

@@ -13,6 +13,7 @@ from celery.schedules import crontab
 
 from celery_durable import Durable
 from celery_durable import workflow as wf
+from celery_durable.engine.schedules.firing import schedule_id
 from celery_durable.engine.schedules.spec import jitter_of, parse_cron
 from celery_durable.errors import ConfigurationError, DurableError, InvalidWorkflowId, WorkflowCancelledError
 from celery_durable.schedules import cron_of
@@ -261,6 +262,9 @@ def test_update_changes_timing_and_input_from_now_on() -> None:
         env.schedules.update("up", workflow_id="other")
     with pytest.raises(ConfigurationError, match="unknown time zone"):
         env.schedules.update("up", tz="Mars/Olympus")
+    env.schedules.update("up", kwargs={})  # the args stay as stored
+    doc_payload = env.store.read("sch:all", schedule_id("up"))["payload"]  # type: ignore[index]
+    assert doc_payload == {"args": [0.0, True], "kwargs": {}}  # the codec binds keywords to positions
     env.schedules.update("up", cron="0 0 * * *")  # a cron replaces the interval
     assert env.schedules.get("up").spec == "cron 0 0 * * * (UTC)"  # type: ignore[union-attr]
 
@@ -316,6 +320,8 @@ def test_a_name_in_use_is_refused() -> None:
         env.schedules.create("code-declared", job, every=120)
     with pytest.raises(DurableError, match="schedule name"):
         env.schedules.create("", job, every=120)
+    with pytest.raises(DurableError, match="with its ticks"):  # its executions' ids would be too long
+        env.schedules.create("n" * 190, job, every=120)
 
 
 def test_schedules_declared_in_code_are_listed_read_only() -> None:
