@@ -37,6 +37,8 @@ __all__ = ["Schedules", "ScheduleInfo", "OVERLAPS", "DEFAULT_CATCHUP", "cron_of"
 
 #: how late a tick may still fire (beat down, a slow scan) when none is given
 DEFAULT_CATCHUP = timedelta(minutes=5)
+#: the shortest catch-up window taken (as Temporal's): a shorter one would miss ticks a scan fires late
+MIN_CATCHUP = 10.0
 
 
 def cron_of(value: object) -> str:
@@ -105,9 +107,13 @@ class Schedules:
             if given["overlap"] not in OVERLAPS:
                 raise ConfigurationError(f"overlap must be one of {', '.join(OVERLAPS)}, not {given['overlap']!r}")
             out["overlap"] = given["overlap"]
-        for key in ("catchup_window", "jitter"):
-            if key in given:
-                out[key] = check_seconds(key, given[key], zero_ok=True) or 0.0
+        if "jitter" in given:
+            out["jitter"] = check_seconds("jitter", given["jitter"], zero_ok=True) or 0.0
+        if "catchup_window" in given:
+            window = check_seconds("catchup_window", given["catchup_window"], zero_ok=False) or 0.0
+            if window < MIN_CATCHUP:  # a tick fired a scan interval late would be missed
+                raise ConfigurationError(f"catchup_window must be at least {MIN_CATCHUP:g} seconds, not {window:g}")
+            out["catchup_window"] = window
         if "pause_on_failure" in given:
             if not isinstance(given["pause_on_failure"], bool):
                 raise ConfigurationError("pause_on_failure must be True or False")

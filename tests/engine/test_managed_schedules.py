@@ -292,6 +292,7 @@ def test_delete_stops_the_ticks_and_keeps_the_executions() -> None:
         ({"every": timedelta(hours=1), "cron": "* * * * *"}, "one of every="),
         ({"every": timedelta(0)}, "every must be > 0"),
         ({"every": 60, "jitter": -1}, "jitter must be >= 0"),
+        ({"every": 60, "catchup_window": 5}, "at least 10 seconds"),
         ({"every": 60, "start_at": datetime(2026, 1, 1)}, "timezone-aware"),
         ({"every": 60, "pause_on_failure": "yes"}, "True or False"),
     ],
