@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from celery import signals as celery_signals
 
+from celery_durable.engine.schedules.firing import fire_due
 from celery_durable.glue.extension import EXTENSION_ATTR
 
 if TYPE_CHECKING:
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     from celery_durable.engine.drive.recovery import ScanReport as RecoveryReport
     from celery_durable.engine.outbox.model import ScanReport as OutboxReport
 
-__all__ = ["BeatScans", "install_beat_scans", "outbox_pass", "recovery_pass"]
+__all__ = ["BeatScans", "clock_pass", "install_beat_scans", "outbox_pass", "recovery_pass"]
 
 log = logging.getLogger("celery_durable.beat")
 
@@ -43,6 +44,13 @@ def recovery_pass(engine: Engine) -> RecoveryReport:
     if report.redriven or report.resent or report.failed or report.errors or report.chunks_collected:
         logging.getLogger("celery_durable.tasks").info("recovery: %s", report)  # its logger as a task
     return report
+
+
+def clock_pass(engine: Engine) -> int:
+    """One clock scan (beat's, in its process or as ``celery_durable.fire_due_clocks``): the due
+    timers, then the due managed schedules (engine/schedules/firing.py: one more query). Returns
+    what fired: timers, and executions started by schedules."""
+    return engine.timers.fire_due_clocks() + fire_due(engine)
 
 
 class _Scanned(Protocol):
@@ -80,7 +88,7 @@ class BeatScans:
         settings, engine = durable.settings, durable.engine
         return cls(
             [
-                Scan("timers", float(settings.clock_interval), engine.timers.fire_due_clocks),
+                Scan("timers", float(settings.clock_interval), lambda: clock_pass(engine)),
                 Scan("outbox", float(settings.outbox_scan_interval), lambda: outbox_pass(durable.outbox)),
                 Scan("recovery", float(settings.recovery_interval), lambda: recovery_pass(engine)),
             ],

@@ -18,7 +18,7 @@ from celery_durable.engine.documents.checks import check_workflow_id
 from celery_durable.engine.outbox.model import EffectRef, EffectSender
 from celery_durable.engine.outcomes import ClockOutcome, DriveOutcome
 from celery_durable.errors import StoreUnavailable
-from celery_durable.glue.beat_scans import recovery_pass
+from celery_durable.glue.beat_scans import clock_pass, recovery_pass
 from celery_durable.glue.durable_activity import DURABLE_HEADER
 from celery_durable.glue.eager_activities import eagerly, give_back, keep, keeps
 from celery_durable.glue.session_tokens import retry_stale, session_headers, use_session
@@ -180,7 +180,7 @@ def register_tasks(app: Celery, durable: DurableLike) -> None:
 
     @app.task(base=WireTask, name=FIRE_DUE_CLOCKS_TASK, ignore_result=True, shared=False)
     def fire_due_clocks() -> int:
-        return durable.engine.timers.fire_due_clocks()
+        return clock_pass(durable.engine)
 
     @app.task(base=WireTask, name=START_SCHEDULED_TASK, ignore_result=True, shared=False)
     def start_scheduled(schedule_name: str, workflow: str, payload: dict[str, Any], period: float) -> str:

@@ -36,6 +36,7 @@ from celery_durable.engine.drive.in_process import LocalWorker
 from celery_durable.engine.limits.slots import LIMIT_DOC_ID
 from celery_durable.engine.limits.table import rate_opens
 from celery_durable.engine.registry import Registry
+from celery_durable.engine.schedules.firing import fire_due
 from celery_durable.errors import DurableError, NonRetryableError
 from celery_durable.glue.durable_activity import task_retry
 from celery_durable.handle import WorkflowHandle
@@ -288,6 +289,7 @@ class WorkflowEnvironment:
         """What beat does when time passes: fire due timers, grant limits' slots (their recovery
         scan), re-send due effects (retries)."""
         self.engine.timers.fire_due_clocks()
+        fire_due(self.engine)  # managed schedules: beat's clock scan fires them after the timers
         self.engine.limits.scan()
         self._release_retries()
         self.worker.release_due()

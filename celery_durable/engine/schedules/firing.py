@@ -1,7 +1,8 @@
 """Firing a schedule: what its due ticks do, decided on its document and written etag-guarded.
 
 A schedule is one document (``sch:all``/``s:<digest>``), due (``due_kind="schedule"``) at its next
-tick plus that tick's jitter; beat's clock scan (``Timers.fire_due_clocks``) calls :func:`fire`.
+tick plus that tick's jitter; beat's clock scan (glue/beat_scans.py ``clock_pass``: the timers,
+then :func:`fire_due`) calls :func:`fire`.
 A firing reads the document, looks at the executions it started (``running``), decides each due
 tick by the overlap policy and the catch-up window, and writes the decision in one replace guarded
 by the etag it read, *before* starting anything: the starts it decided (``starting``: ids

@@ -34,7 +34,6 @@ from celery_durable.engine.admin.pause import park
 from celery_durable.engine.documents.records import ExecDoc, count_of, is_terminal, maybe_exec
 from celery_durable.engine.drive.upkeep import clear_due
 from celery_durable.engine.outcomes import ClockOutcome
-from celery_durable.engine.schedules.firing import fire_due
 from celery_durable.engine.starts.deadlines import CLOCK_PREFIX, DEADLINE_CLOCK, fire_exec_clock
 
 __all__ = ["Timers"]
@@ -111,9 +110,8 @@ class Timers:
         """Beat's clock scan: fire everything due (including clocks whose fast path was lost).
 
         One bad execution never stops the scan: a malformed document fails its own execution.
-        Due managed schedules fire here too (engine/schedules/firing.py): one more query a scan.
         """
-        fired = fire_due(self.engine, limit)
+        fired = 0
         for ref in self.engine.store.scan_due(DUE_CLOCK, self.engine.clock.now(), limit):
             try:
                 if ref.id.startswith(CLOCK_PREFIX):  # an execution's deadline or delayed start
