@@ -143,7 +143,6 @@ def fire(
             etag = eng.store.replace(new, if_match=doc["_etag"])
         except ConflictError:
             continue  # another firer or an operator wrote it: decide again on what it wrote
-        manual = None  # decided and recorded: a retry below must not decide them again
         for eid in cancels:
             try:
                 eng.cancel(eid, by=f"schedule {name}", reason="overlap policy cancel_other: a new tick is due")
