@@ -35,6 +35,9 @@ from celery_durable.errors import (
     StoreUnavailable,
     UnknownQueryError,
     UnknownWorkflowError,
+    UpdateFailedError,
+    UpdateRefusedError,
+    UpdateRejectedError,
     WorkflowCancelledError,
     WorkflowFailedError,
     WorkflowTimedOutError,
@@ -86,4 +89,7 @@ __all__ = [
     "QueryFailedError",
     "UnknownQueryError",
     "HistoryUnavailableError",
+    "UpdateRejectedError",
+    "UpdateFailedError",
+    "UpdateRefusedError",
 ]

@@ -54,6 +54,7 @@ from celery_durable.engine.outbox.runtime import EffectKeeper
 from celery_durable.engine.outcomes import ClockOutcome, DriveOutcome
 from celery_durable.engine.registry import Registry, WorkflowDef
 from celery_durable.engine.signals.inbox import Signals
+from celery_durable.engine.signals.updates import Updates
 from celery_durable.engine.starts.deadlines import Timing, cancel_scheduled, exec_fields
 from celery_durable.engine.starts.debounce import push_back
 from celery_durable.engine.starts.dedup import OnConflict, claim
@@ -119,6 +120,7 @@ class Engine:
         self.recovery = Recovery(self)
         self.timers = Timers(self)
         self.signals = Signals(self)
+        self.updates = Updates(self)  # workflow updates, the caller's side (engine/signals/updates.py)
         self.children = Children(self)
         #: the effect outbox, owned here so that ``wf.emit`` is admitted by the drive that recorded
         #: it, wherever the engine runs (workers, ``WorkflowEnvironment``)
@@ -143,7 +145,7 @@ class Engine:
 
     def _publish_end(self, event: str, **kwargs: Any) -> None:
         # emitted after the commit that ended the execution (driver: _after_commit, fail_corrupt)
-        if event in _ENDED:
+        if event in _ENDED or event == "update_settled":  # an update's caller waits too
             self.notifier.publish(str(kwargs["execution_id"]))
 
     def emit(self, event: str, **kwargs: Any) -> None:

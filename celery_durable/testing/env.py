@@ -323,6 +323,14 @@ class WorkflowEnvironment:
         self.run_until_idle()
         return ok
 
+    def update(self, handle: WorkflowHandle[Any] | str, name: str, *args: Any, update_id: str | None = None) -> Any:
+        """``handle.update(name, *args)``, run until idle: the handler's answer, or its error raised
+        (:class:`DurableTimeoutError` if the workflow did not reach a wait point to handle it)."""
+        eid = handle if isinstance(handle, str) else handle.id
+        n = self.engine.updates.send(eid, name, args, update_id=update_id)
+        self.run_until_idle()
+        return self.engine.updates.outcome(eid, n, timeout=0)
+
     def cancel(self, handle: WorkflowHandle[Any]) -> bool:
         ok = handle.cancel()
         self.run_until_idle()

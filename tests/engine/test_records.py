@@ -19,7 +19,7 @@ from typing import Any, get_args, get_origin, get_type_hints
 
 import pytest
 
-from celery_durable.engine.documents import checks, records
+from celery_durable.engine.documents import checks, records, update_docs
 from celery_durable.engine.documents.records import FIELDS, KINDS, record_type, undeclared
 from celery_durable.engine.documents.schema import DocType
 from celery_durable.stores.base import find_inner
@@ -48,6 +48,9 @@ TYPES: dict[str, type] = {
     "dedup_owner": records.DedupOwnerDoc,
     "clock": records.ClockDoc,
     "limit": records.LimitDoc,
+    "update_request": update_docs.UpdateRequestDoc,
+    "update_outcome": update_docs.UpdateOutcomeDoc,
+    "update_key": update_docs.UpdateKeyDoc,
 }
 
 

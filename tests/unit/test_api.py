@@ -46,6 +46,9 @@ PUBLIC = {
     "LaneFull",
     "QueryFailedError",
     "UnknownQueryError",
+    "UpdateFailedError",
+    "UpdateRefusedError",
+    "UpdateRejectedError",
     "HistoryUnavailableError",
 }
 
@@ -74,6 +77,8 @@ WORKFLOW_API = {
     "deprecate_patch",
     "publish",
     "set_event",
+    "set_update_handler",
+    "update",
 }
 
 
