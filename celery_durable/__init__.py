@@ -20,6 +20,7 @@ from celery_durable.errors import (
     DuplicateStart,
     DurableError,
     DurableTimeoutError,
+    ExecutionEndedError,
     ExternalSignalError,
     HistoryUnavailableError,
     IdempotencyConflict,
@@ -92,4 +93,5 @@ __all__ = [
     "UpdateRejectedError",
     "UpdateFailedError",
     "UpdateRefusedError",
+    "ExecutionEndedError",
 ]

@@ -43,6 +43,7 @@ __all__ = [
     "UpdateRejectedError",
     "UpdateFailedError",
     "UpdateRefusedError",
+    "ExecutionEndedError",
 ]
 
 
@@ -313,6 +314,16 @@ class UpdateRefusedError(DurableError):
         super().__init__(f"update {update!r} of workflow {workflow_id!r} refused: {reason}")
         self.workflow_id = workflow_id
         self.update = update
+        self.reason = reason
+
+
+class ExecutionEndedError(DurableError):
+    """A signal-with-start found its execution ended: nothing was started, the signal was not
+    recorded (ids are never reused; start another id)."""
+
+    def __init__(self, workflow_id: str, reason: str) -> None:
+        super().__init__(f"workflow {workflow_id!r}: {reason}")
+        self.workflow_id = workflow_id
         self.reason = reason
 
 

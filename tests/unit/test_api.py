@@ -49,6 +49,7 @@ PUBLIC = {
     "UpdateFailedError",
     "UpdateRefusedError",
     "UpdateRejectedError",
+    "ExecutionEndedError",
     "HistoryUnavailableError",
 }
 
