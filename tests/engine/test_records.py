@@ -51,6 +51,8 @@ TYPES: dict[str, type] = {
     "update_request": update_docs.UpdateRequestDoc,
     "update_outcome": update_docs.UpdateOutcomeDoc,
     "update_key": update_docs.UpdateKeyDoc,
+    "publication": update_docs.PublicationDoc,
+    "publication_mark": update_docs.PublicationMarkDoc,
 }
 
 

@@ -9,6 +9,9 @@ types, declared in :mod:`.records`' ``FIELDS``, and their ids.
   both, so a request can never be both rejected and accepted.
 * ``updk:<digest>`` — the key of a request sent with an ``update_id``: a resend finds it and
   waits for the first request's outcome instead of sending another.
+* ``apub:000004`` — the 4th value an activity published (``activity.publish``), created in one
+  batch with a bump of the exec (``published``); ``apubx:000004`` — its adoption into the
+  stream: the replay took it as a ``publish`` step (engine/replay/updates.py), create-only.
 """
 
 from __future__ import annotations
@@ -28,6 +31,12 @@ __all__ = [
     "UpdateKeyDoc",
     "ExecUpdateFields",
     "MarkerUpdateFields",
+    "PUBLICATION_PREFIX",
+    "PUBLICATION_MARK_PREFIX",
+    "publication_id",
+    "publication_mark_id",
+    "PublicationDoc",
+    "PublicationMarkDoc",
     "UPDATE_FIELDS",
     "UPDATE_KINDS",
 ]
@@ -35,6 +44,16 @@ __all__ = [
 UPDATE_REQUEST_PREFIX = "upd:"
 UPDATE_OUTCOME_PREFIX = "updr:"
 UPDATE_KEY_PREFIX = "updk:"
+PUBLICATION_PREFIX = "apub:"
+PUBLICATION_MARK_PREFIX = "apubx:"
+
+
+def publication_id(n: int) -> str:
+    return f"{PUBLICATION_PREFIX}{n:06d}"
+
+
+def publication_mark_id(n: int) -> str:
+    return f"{PUBLICATION_MARK_PREFIX}{n:06d}"
 
 
 def update_request_id(n: int) -> str:
@@ -89,16 +108,43 @@ class UpdateKeyDoc(_UpdateDoc, total=False):
     n: int
 
 
+class PublicationDoc(_UpdateDoc, total=False):
+    """``apub:000004``: a value published by an activity's attempt (step ``seq`` of ``run``)."""
+
+    n: int
+    topic: str
+    value: Any
+    run: int
+    seq: int
+    attempt: int
+    #: its place among the values this attempt published (1, 2, ...)
+    k: int
+    at: float
+
+
+class PublicationMarkDoc(_UpdateDoc, total=False):
+    """``apubx:000004``: value 4 was taken into the stream as step ``seq`` of ``run``."""
+
+    n: int
+    run: int
+    seq: int
+
+
 class ExecUpdateFields(TypedDict, total=False):
-    """The exec's count of update requests sent (the last ``n``)."""
+    """The exec's counts of update requests sent and of values activities published (the last ``n``)."""
 
     update_seq: int
+    published: int
 
 
 class MarkerUpdateFields(TypedDict, total=False):
     """An ``update`` step's marker: the request it applied (its name is the update's)."""
 
     request: int
+    #: a ``publish`` step taking an activity's value: its ``apub:<n>``, the step and attempt that published it
+    publication: int
+    from_step: int
+    attempt: int
 
 
 #: added to records.FIELDS / records.KINDS
@@ -106,5 +152,7 @@ UPDATE_FIELDS: dict[str, Any] = {
     "update_request": UpdateRequestDoc,
     "update_outcome": UpdateOutcomeDoc,
     "update_key": UpdateKeyDoc,
+    "publication": PublicationDoc,
+    "publication_mark": PublicationMarkDoc,
 }
 UPDATE_KINDS: dict[str, str] = {k: k for k in UPDATE_FIELDS}

@@ -25,9 +25,14 @@ from typing import Any
 
 from celery_durable.codecs import CallCodec, fresh
 from celery_durable.engine.documents.model import EXEC_ID, error_info, marker_id
-from celery_durable.engine.documents.records import count_of
+from celery_durable.engine.documents.records import count_of, run_of
 from celery_durable.engine.documents.schema import StepKind
-from celery_durable.engine.documents.update_docs import update_outcome_id, update_request_id
+from celery_durable.engine.documents.update_docs import (
+    publication_id,
+    publication_mark_id,
+    update_outcome_id,
+    update_request_id,
+)
 from celery_durable.engine.replay.context import ContinueAsNew, Fatal, Suspend, WorkflowContext
 from celery_durable.errors import NonDeterminismError, PayloadValidationError
 from celery_durable.stores.base import Doc
@@ -54,30 +59,18 @@ def register(ctx: WorkflowContext, name: str, fn: Callable[..., Any], validator:
     ctx.update_handlers[name] = UpdateHandler(fn, validator, CallCodec(fn))
 
 
-def pending_requests(ctx: WorkflowContext) -> list[Doc]:
-    """The update requests not decided yet, oldest first.
-
-    Decided requests are a prefix of the numbers: a request is created with the next number in
-    one batch with the exec, so a snapshot holding ``n`` holds every request before it, and a
-    frontier decides every one it holds. Looking down from the last number costs the pending
-    ones, not the history."""
-    found: list[Doc] = []
-    for n in range(count_of(ctx.history.get(EXEC_ID) or {}, "update_seq"), 0, -1):
-        if ctx.doc(update_outcome_id(n)) is not None:
-            break
-        request = ctx.history.get(update_request_id(n))
-        if request is not None:
-            found.append(request)
-    return found[::-1]
-
-
 def at_wait(ctx: WorkflowContext) -> None:
-    """A wait point: apply the updates recorded here, then, at the frontier, decide new requests."""
+    """A wait point: apply the updates (and take the activities' values) recorded here, then, at
+    the frontier, take new ones."""
     if ctx.answering is not None or ctx.unwinding:
         return
-    if not ctx.update_handlers and not count_of(ctx.history.get(EXEC_ID) or {}, "update_seq"):
+    ex = ctx.history.get(EXEC_ID) or {}
+    if not ctx.update_handlers and not count_of(ex, "update_seq") and not count_of(ex, "published"):
         return  # the common case, at every wait point: nothing to apply or decide
-    while (marker := ctx.doc(marker_id(ctx.seq + 1, ctx.run))) is not None and marker.get("kind") == StepKind.UPDATE:
+    while (marker := ctx.doc(marker_id(ctx.seq + 1, ctx.run))) is not None and _fed(marker):
+        if marker.get("kind") == StepKind.PUBLISH:
+            ctx._step(StepKind.PUBLISH, str(marker["name"]))  # an activity's value: nothing to run again
+            continue
         name = str(marker["name"])
         seq, _ = ctx._step(StepKind.UPDATE, name)
         handler = ctx.update_handlers.get(name)
@@ -95,8 +88,54 @@ def at_wait(ctx: WorkflowContext) -> None:
             pass
     if ctx.read_only or ctx.doc(marker_id(ctx.seq + 1, ctx.run)) is not None:
         return  # a query decides nothing; before the frontier, the history decides
+    for value in _undecided(ctx, "published", publication_id, publication_mark_id):
+        _adopt(ctx, value)
     for request in pending_requests(ctx):
         _decide(ctx, request)
+
+
+def _fed(marker: Doc) -> bool:
+    """A step taken at a wait point: an accepted update, or an activity's published value."""
+    kind = marker.get("kind")
+    return kind == StepKind.UPDATE or (kind == StepKind.PUBLISH and marker.get("publication") is not None)
+
+
+def _undecided(
+    ctx: WorkflowContext, counter: str, doc_id: Callable[[int], str], mark_id: Callable[[int], str]
+) -> list[Doc]:
+    """The documents numbered up to the exec's ``counter`` with no ``mark_id`` yet, oldest first.
+
+    Decided ones are a prefix of the numbers: each is created with the next number in one batch
+    with the exec, so a snapshot holding ``n`` holds every one before it, and a frontier decides
+    every one it holds. Looking down from the last number costs the pending ones, not the history."""
+    found: list[Doc] = []
+    for n in range(count_of(ctx.history.get(EXEC_ID) or {}, counter), 0, -1):
+        if ctx.doc(mark_id(n)) is not None:
+            break
+        doc = ctx.history.get(doc_id(n))
+        if doc is not None:
+            found.append(doc)
+    return found[::-1]
+
+
+def pending_requests(ctx: WorkflowContext) -> list[Doc]:
+    """The update requests not decided yet, oldest first."""
+    return _undecided(ctx, "update_seq", update_request_id, update_outcome_id)
+
+
+def _adopt(ctx: WorkflowContext, value: Doc) -> None:
+    """Take an activity's published value into the stream: a ``publish`` step (not a value of
+    another run: dropped, as a value published once its run ended is)."""
+    n = int(value["n"])
+    mark: Doc = {"pk": ctx.execution_id, "id": publication_mark_id(n), "type": "publication_mark", "n": n}
+    mark["run"] = ctx.run
+    if run_of(value) == ctx.run:
+        topic = str(value["topic"])
+        seq, _ = ctx._step(StepKind.PUBLISH, topic)
+        origin = {"from_step": value.get("seq"), "attempt": value.get("attempt")}
+        ctx._marker(seq, StepKind.PUBLISH, topic, value=fresh(value.get("value")), publication=n, **origin)
+        mark["seq"] = seq
+    ctx.new_docs[mark["id"]] = mark
 
 
 def _call(ctx: WorkflowContext, name: str, role: str, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
