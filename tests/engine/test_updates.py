@@ -20,6 +20,7 @@ from celery_durable import (
 from celery_durable import workflow as wf
 from celery_durable.engine.documents.update_docs import update_outcome_id
 from celery_durable.engine.replay.check import check_history
+from celery_durable.stores.base import Op
 from celery_durable.testing.env import WorkflowEnvironment
 
 durable = Durable(Celery("update-tests", set_as_current=False), store="memory://")
@@ -178,3 +179,38 @@ def test_a_replay_applies_each_update_at_the_point_it_was_applied() -> None:
     assert h.query("log") == expected  # a full read-only replay of the ended history rebuilds it
     docs = {d["id"]: d for d in env.store.query_partition(eid).docs}
     assert check_history(docs, durable.registry, durable.settings, env.clock.now()).ok
+
+
+def test_a_malformed_request_fails_its_execution_with_a_clear_error() -> None:
+    env = WorkflowEnvironment(durable)
+    h = env.start(cart, "fy", _workflow_id="cart-6")
+    ex = env.store.read("cart-6", "exec")
+    assert ex is not None
+    bumped = {k: v for k, v in ex.items() if not k.startswith("_")} | {"update_seq": 1}
+    bad = {"pk": "cart-6", "id": "upd:000001", "type": "update_request", "n": "one", "name": "add", "input": {}}
+    env.store.batch("cart-6", [Op.create(bad), Op.replace(bumped, if_match=ex["_etag"])])
+    env.engine.dispatcher.send_drive("cart-6")
+    env.run_until_idle()
+    assert h.status() == "failed"
+    error = env.engine.read_exec("cart-6")["error"]
+    assert error is not None and "upd:000001" in error["message"] and "'n'" in error["message"]
+
+
+def test_a_reset_before_updates_decides_their_requests_again() -> None:
+    """A reset forgets what the run recorded after its step, updates and rejections included: their
+    requests are pending again and the re-run decides them, so its state has them."""
+    env = WorkflowEnvironment(durable)
+    h = env.start(cart, "gi", _workflow_id="cart-7")
+    assert env.update(h, "add", "apple") == 1
+    with pytest.raises(UpdateRejectedError):
+        env.update(h, "add", "x", 0)
+    env.cancel(h)
+    assert h.status() == "cancelled" and h.query("items") == ["apple"]
+    h.reset(step=1)
+    env.run_until_idle()
+    assert h.status() == "running" and h.query("items") == ["apple"]  # decided again, once
+    assert steps_of(env, "cart-7").count(("update", "add")) == 1
+    with pytest.raises(UpdateRejectedError):
+        env.engine.updates.outcome("cart-7", 2, timeout=0)  # rejected again
+    env.signal(h, "checkout", True)
+    assert h.result()["items"] == ["apple"]

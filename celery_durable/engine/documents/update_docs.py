@@ -92,7 +92,8 @@ class UpdateOutcomeDoc(_UpdateDoc, total=False):
     n: int
     name: str
     run: int
-    #: accepted: the ``update`` step that applied it (absent: rejected)
+    #: accepted: the ``update`` step that applied it; rejected: the step it would have taken (none
+    #: took it): an operator's reset forgets the outcomes after its step (engine/admin/operator.py)
     seq: int
     accepted: bool
     ok: bool

@@ -171,8 +171,10 @@ def _decide(ctx: WorkflowContext, request: Doc) -> None:
         args, kwargs = handler.codec.decode_args(fresh(data))
         if handler.validator is not None:
             _call(ctx, name, "validator", handler.validator, *handler.codec.decode_args(fresh(data)))
-    except Exception as exc:  # rejected: recorded outside the history (no step)
-        ctx.new_docs[outcome["id"]] = outcome | {"accepted": False, "ok": False, "error": error_info(exc)}
+    except Exception as exc:  # rejected: recorded outside the history (no step taken: ``seq`` is the one
+        # it would have taken, so an operator's reset before it forgets it as it forgets accepted ones)
+        outcome.update(accepted=False, ok=False, error=error_info(exc), seq=ctx.seq + 1)
+        ctx.new_docs[outcome["id"]] = outcome
         return
     seq, _ = ctx._step(StepKind.UPDATE, name)
     ctx._marker(seq, StepKind.UPDATE, name, input=fresh(data), request=n)
