@@ -90,3 +90,33 @@ def test_publish_outside_an_attempt_is_refused_and_bad_values_fail_the_caller() 
     env = WorkflowEnvironment(durable)
     h = env.start(badflow, _workflow_id="apub-3")
     assert h.status() == "failed" and "JSON" in str(env.engine.read_exec("apub-3")["error"]["message"])
+
+
+@durable_activity(name="apub.tell")
+def tell(run: int) -> None:
+    activity.publish("runs", run)
+
+
+@durable.workflow(name="apub.rolling")
+def rolling(run: int) -> int:
+    tell(run)
+    if run < 2:
+        wf.continue_as_new(run + 1)
+    wf.wait_signal("stop")
+    return run
+
+
+def test_values_published_in_each_run_reach_that_runs_stream() -> None:
+    """Continue-as-new prunes the old runs' values and their marks (upkeep.prune_run); the new run's
+    are still taken into its stream."""
+    env = WorkflowEnvironment(durable)
+    h = env.start(rolling, 0, _workflow_id="apub-4")
+    live = []
+    with pytest.raises(DurableTimeoutError):  # it waits for "stop": its stream is run 2's
+        for value in h.stream("runs", timeout=0.05):
+            live.append(value)
+    assert live == [2]
+    ids = {d["id"] for d in env.store.query_partition("apub-4").docs}
+    assert {"apub:000003", "apubx:000003"} <= ids and not ids & {"apub:000001", "apubx:000002"}
+    env.signal(h, "stop", True)
+    assert h.result() == 2 and list(h.stream("runs")) == [2]

@@ -107,14 +107,15 @@ def _undecided(
 
     Decided ones are a prefix of the numbers: each is created with the next number in one batch
     with the exec, so a snapshot holding ``n`` holds every one before it, and a frontier decides
-    every one it holds. Looking down from the last number costs the pending ones, not the history."""
+    every one it holds (a reset forgets a suffix of them). So looking down from the last number
+    stops at the first one decided — or gone: pruned with its run, decided then — and costs the
+    pending ones, not the history."""
     found: list[Doc] = []
     for n in range(count_of(ctx.history.get(EXEC_ID) or {}, counter), 0, -1):
-        if ctx.doc(mark_id(n)) is not None:
-            break
         doc = ctx.history.get(doc_id(n))
-        if doc is not None:
-            found.append(doc)
+        if doc is None or ctx.doc(mark_id(n)) is not None:
+            break
+        found.append(doc)
     return found[::-1]
 
 
