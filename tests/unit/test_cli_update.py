@@ -48,6 +48,10 @@ def test_an_update_from_the_cli_prints_the_answer_or_why_not(env: WorkflowEnviro
     done = _answered(env, h.id, "bump", "--value", "5", "--json")
     assert done.exit_code == 0, done.output
     assert json.loads(done.output) == {"id": h.id, "action": "update", "name": "bump", "answer": 18}
+    shown = cli("show", h.id)  # the timeline shows the update step and the activity's values
+    assert shown.exit_code == 0 and "fill" in shown.output, shown.output
+    (row,) = [line for line in shown.output.splitlines() if " update " in line]
+    assert "bump" in row and "recorded" in row  # applied, not "pending"
     rejected = _answered(env, h.id, "bump", "--value", "-1")
     assert rejected.exit_code == 1 and "positive amount" in rejected.output
     bad = cli("update", h.id, "bump", "--value", "{nope")
