@@ -143,6 +143,9 @@ class WorkflowOptions(Generic[P, R]):
         kwargs: dict[str, Any] | None,
     ) -> tuple[WorkflowHandle[R], int]:
         """``update_with_start`` without the wait: the handle and the request's number."""
+        for what, given in (("update_args", update_args), ("args", args)):
+            if isinstance(given, str | bytes) or not isinstance(given, Sequence):
+                raise TypeError(f"{what} is a list or tuple of arguments, not {given!r:.60}")
         handle, start = self._with_start("update_with_start", engine)
         call = (tuple(args), dict(kwargs or {}))
         definition = self.workflow.definition
