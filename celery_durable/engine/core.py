@@ -207,8 +207,8 @@ class Engine:
             return existing is not None
 
         def create() -> bool:
-            docs = first[0] if first is not None else ()
-            if self.create_execution(workflow.name, payload, eid, parent, eager, timing, first=docs, **extra):
+            extra["first"] = first[0] if first is not None else ()  # by keyword, as eager and timing
+            if self.create_execution(workflow.name, payload, eid, parent, eager=eager, timing=timing, **extra):
                 return True
             joinable(self.store.read(eid, EXEC_ID))
             return False
