@@ -126,12 +126,13 @@ class WorkflowOptions(Generic[P, R]):
         args: Sequence[Any] = (),
         kwargs: dict[str, Any] | None = None,
         timeout: float | None = None,
+        update_id: str | None = None,
     ) -> tuple[WorkflowHandle[R], Any]:
         """Start the execution ``workflow_id(*args, **kwargs)`` with update request
         ``update(*update_args)`` in one store batch, or send the update to the running one; wait
         for it to be handled. Returns the handle and the handler's answer (or raises as
-        ``handle.update`` does)."""
-        handle, n = self.send_update_with_start(None, update, update_args, args, kwargs)
+        ``handle.update`` does). ``update_id``: a resent call finds the first request."""
+        handle, n = self.send_update_with_start(None, update, update_args, args, kwargs, update_id)
         return handle, handle._engine.updates.outcome(handle.id, n, timeout)
 
     def send_update_with_start(
@@ -141,6 +142,7 @@ class WorkflowOptions(Generic[P, R]):
         update_args: Sequence[Any],
         args: Sequence[Any],
         kwargs: dict[str, Any] | None,
+        update_id: str | None = None,
     ) -> tuple[WorkflowHandle[R], int]:
         """``update_with_start`` without the wait: the handle and the request's number."""
         for what, given in (("update_args", update_args), ("args", args)):
@@ -150,7 +152,7 @@ class WorkflowOptions(Generic[P, R]):
         call = (tuple(args), dict(kwargs or {}))
         definition = self.workflow.definition
         n, _ = with_start.update_with_start(
-            handle._engine, definition, handle.id, update, tuple(update_args), call, start
+            handle._engine, definition, handle.id, update, tuple(update_args), call, start, update_id
         )
         return handle, n
 

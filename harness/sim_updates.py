@@ -6,7 +6,9 @@ requests race continue-as-new), and the client sends them 2 to 5 update requests
 steps of its start: ``add(token, amount)``, one in three with a negative amount (its
 validator rejects it). The client's store calls are faulted like any other (a send whose write
 applied may raise: it is sent again with the same ``update_id``, so it is recorded once). Its
-choices use an rng of its own (``update:<seed>``).
+choices use an rng of its own (``update:<seed>``). The second execution, if any, is started by an
+update-with-start (its first request created with it, in one batch; resent with its
+``update_id`` after a raise).
 
 Invariant 15, checked after healing on the documents as stored:
 (a) no request is lost: every request a send returned is stored, with an outcome (accepted or
@@ -28,6 +30,7 @@ from celery_durable.engine.documents.model import EXEC_ID, TERMINAL
 from celery_durable.engine.documents.schema import StepKind
 from celery_durable.engine.documents.update_docs import UPDATE_OUTCOME_PREFIX, UPDATE_REQUEST_PREFIX
 from celery_durable.engine.replay.queries import answer_query
+from celery_durable.engine.starts import with_start
 from celery_durable.errors import UpdateRefusedError
 from harness.sim_store import SETTINGS, Planned, SimClock
 
@@ -74,18 +77,33 @@ def plan_updates(sim: Sim) -> None:
         p = Planned(f"s{sim.seed}-u{i}-w_update", "w_update", [rng.randint(2, 4), rng.choice([1, 2])])
         sim.plan.append(p)
         start = rng.randint(0, 60)
-        sim._op(start, _ClientStart(sim, p))
+        with_start = i == 1  # the second starts with its first request: update-with-start
+        sim._op(start, _ClientStart(sim, p, f"{p.eid}#s" if with_start else None))
         for j in range(rng.randint(2, 5)):
             amount = -1 if rng.random() < 1 / 3 else rng.randint(0, 9)
             sim._op(rng.randint(start, start + 80), _Send(sim, p, f"{p.eid}#{j}", amount))
 
 
 class _ClientStart:
-    def __init__(self, sim: Sim, p: Planned) -> None:
-        self.sim, self.p, self.eid = sim, p, p.eid
+    """The start, or an update-with-start with request ``token`` (amount 1), resent with its
+    ``update_id`` after a raise."""
+
+    def __init__(self, sim: Sim, p: Planned, token: str | None) -> None:
+        self.sim, self.p, self.eid, self.token = sim, p, p.eid, token
 
     def __call__(self) -> None:
-        self.sim._start(self.p)
+        sim, p = self.sim, self.p
+        if self.token is None:
+            sim._start(p)
+            return
+        definition = sim.registry.workflow(p.workflow)
+        call: tuple[tuple[Any, ...], dict[str, Any]] = (tuple(p.args), {})
+        n, _ = with_start.update_with_start(
+            sim.client.engine, definition, p.eid, "add", (self.token, 1), call, {}, update_id=self.token
+        )
+        p.started = True
+        sim.update_log.setdefault(p.eid, {})[self.token] = (1, n)
+        sim.count("update_with_start")
 
 
 def check_updates(sim: Sim) -> None:

@@ -348,9 +348,10 @@ class WorkflowEnvironment:
         *,
         args: Sequence[Any] = (),
         kwargs: dict[str, Any] | None = None,
+        update_id: str | None = None,
     ) -> tuple[WorkflowHandle[R], Any]:
         """``options.update_with_start(...)`` here, run until idle: the handle and the answer."""
-        handle, n = options.send_update_with_start(self.engine, update, update_args, args, kwargs)
+        handle, n = options.send_update_with_start(self.engine, update, update_args, args, kwargs, update_id)
         self.run_until_idle()
         return handle, self.engine.updates.outcome(handle.id, n, timeout=0)
 

@@ -80,6 +80,10 @@ def test_update_with_start_starts_and_answers_or_updates_the_running_one(store: 
     h, answer = env.update_with_start(opts, "bump", (2,), args=(40,))
     assert answer == 42 and store.read("tally-3", "exec")["update_seq"] == 1  # type: ignore[index]
     assert env.update_with_start(opts, "bump", (1,), args=(0,))[1] == 43  # it runs: updated
+    again = tally.options(workflow_id="tally-3b")
+    first = env.update_with_start(again, "bump", (1,), args=(0,), update_id="u-1")[1]
+    assert first == env.update_with_start(again, "bump", (1,), args=(0,), update_id="u-1")[1] == 1  # resent: found
+    assert store.read("tally-3b", "exec")["update_seq"] == 1  # type: ignore[index]
     with pytest.raises(TypeError, match="update_args is a list or tuple"):
         env.update_with_start(opts, "bump", "1")  # type: ignore[arg-type]
     env.signal(h, "stop", True)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from celery_durable.codecs import ValueCodec
 from celery_durable.engine.documents.checks import signal_value_id
 from celery_durable.engine.documents.model import EXEC_ID
+from celery_durable.engine.documents.update_docs import update_key_id
 from celery_durable.engine.signals.updates import check_update_name, encode_args, request_doc
 from celery_durable.errors import DurableError, ExecutionEndedError, PayloadValidationError
 
@@ -75,15 +76,21 @@ def update_with_start(
     args: tuple[Any, ...],
     call: tuple[tuple[Any, ...], dict[str, Any]],
     start: dict[str, Any],
+    update_id: str | None = None,
 ) -> tuple[int, bool]:
     """Start ``eid`` with update request ``name(*args)`` or send it; its number, and whether this
-    call created the execution. The caller waits for its outcome (``Updates.outcome``)."""
+    call created the execution. The caller waits for its outcome (``Updates.outcome``).
+    ``update_id``: its key (``updk:``) is created with the request, so a resend — after a call
+    that raised but applied — finds the request instead of sending a second one."""
     check_update_name(name)
     data = encode_args(name, args, {})
-    doc = request_doc(eid, 1, 0, name, data, engine.clock.now())
-    if _start(engine, workflow, eid, call, start, ([doc], {"update_seq": 1})):
+    docs = [request_doc(eid, 1, 0, name, data, engine.clock.now())]
+    if update_id is not None:
+        docs[0]["update_id"] = update_id = str(update_id)
+        docs.append({"pk": eid, "id": update_key_id(update_id), "type": "update_key", "n": 1, "update_id": update_id})
+    if _start(engine, workflow, eid, call, start, (docs, {"update_seq": 1})):
         engine.emit("update_received", execution_id=eid, name=name)
         return 1, True
     if engine.store.read(eid, EXEC_ID) is None:  # pragma: no cover - ids are never deleted but by a purge
         raise DurableError(f"execution {eid!r} vanished while it was started")
-    return engine.updates.send(eid, name, args), False
+    return engine.updates.send(eid, name, args, update_id=update_id), False
