@@ -28,6 +28,7 @@ from celery_durable.engine.activities.context import (
     is_cancelled,
     last_heartbeat_details,
 )
+from celery_durable.engine.activities.publish import publish
 from celery_durable.errors import HeartbeatTimeoutError
 
 #: the names of the module this path was (``celery_durable.glue.durable_activity`` now)
@@ -43,6 +44,7 @@ __all__ = [  # noqa: PLE0604 - the old names are found by __getattr__
     "info",
     "is_cancelled",
     "last_heartbeat_details",
+    "publish",
     # a star import binds the old module's names as it did
     *sorted(OLD_NAMES),
 ]

@@ -40,6 +40,10 @@ __all__ = [
     "QueryFailedError",
     "UnknownQueryError",
     "HistoryUnavailableError",
+    "UpdateRejectedError",
+    "UpdateFailedError",
+    "UpdateRefusedError",
+    "ExecutionEndedError",
 ]
 
 
@@ -272,6 +276,55 @@ class HistoryUnavailableError(QueryFailedError):
 
     def __init__(self, workflow_id: str, query: str, message: str) -> None:
         super().__init__(workflow_id, query, "HistoryUnavailableError", message)
+
+
+# --- updates ---------------------------------------------------------------------------------
+
+
+class UpdateRejectedError(DurableError):
+    """An update (``handle.update(name, ...)``) was rejected by the workflow: its validator
+    raised, its arguments did not fit the handler, or the workflow has no handler of that name.
+    Nothing of it entered the workflow's history."""
+
+    def __init__(self, workflow_id: str, update: str, type_name: str, message: str) -> None:
+        super().__init__(f"update {update!r} of workflow {workflow_id!r} was rejected: {type_name}: {message}")
+        self.workflow_id = workflow_id
+        self.update = update
+        self.type_name = type_name
+        self.message = message
+
+
+class UpdateFailedError(DurableError):
+    """An accepted update's handler raised (``type_name``, ``message``): it is part of the
+    workflow's history, and whatever the handler changed before raising stays changed."""
+
+    def __init__(self, workflow_id: str, update: str, type_name: str, message: str) -> None:
+        super().__init__(f"update {update!r} of workflow {workflow_id!r} failed: {type_name}: {message}")
+        self.workflow_id = workflow_id
+        self.update = update
+        self.type_name = type_name
+        self.message = message
+
+
+class UpdateRefusedError(DurableError):
+    """An update cannot be delivered: the execution had ended when it was sent, or ended (not by
+    continue-as-new) before it handled the request."""
+
+    def __init__(self, workflow_id: str, update: str, reason: str) -> None:
+        super().__init__(f"update {update!r} of workflow {workflow_id!r} refused: {reason}")
+        self.workflow_id = workflow_id
+        self.update = update
+        self.reason = reason
+
+
+class ExecutionEndedError(DurableError):
+    """A signal-with-start found its execution ended: nothing was started, the signal was not
+    recorded (ids are never reused; start another id)."""
+
+    def __init__(self, workflow_id: str, reason: str) -> None:
+        super().__init__(f"workflow {workflow_id!r}: {reason}")
+        self.workflow_id = workflow_id
+        self.reason = reason
 
 
 class OperationRefused(DurableError, ValueError):

@@ -137,6 +137,17 @@ class WorkflowHandle(Generic[R]):
         consumes it (each wait takes the next value). False when the execution has ended."""
         return self._engine.signal(self.id, name, value)
 
+    def update(self, name: str, *args: Any, timeout: float | None = None, update_id: str | None = None) -> Any:
+        """Send update ``name(*args)`` to the running workflow and return its handler's result
+        (JSON) once the workflow handled it (``wf.set_update_handler``). Raises
+        :class:`UpdateRejectedError` (its validator refused it, or no such handler: nothing was
+        recorded), :class:`UpdateFailedError` (the handler raised), :class:`UpdateRefusedError`
+        (the execution has ended, or ended before handling it), :class:`DurableTimeoutError`
+        after ``timeout`` s (the request stays and may still be handled). ``update_id``: a resend
+        with the same id waits for the first request instead of sending another."""
+        n = self._engine.updates.send(self.id, name, args, update_id=update_id)
+        return self._engine.updates.outcome(self.id, n, timeout)
+
     def reset(self, step: int, *, by: str | None = None, reason: str | None = None) -> list[StepRecord]:
         """Operator: re-run this failed or cancelled execution from step ``step`` (steps before it
         keep their outcomes); recorded as an action (``by``: who, default ``user@host``). Returns

@@ -3,15 +3,20 @@ dedup key, deadline, delay and the limit it waits on, checked before anything is
 
 from __future__ import annotations
 
-from typing import Any, Generic, ParamSpec, Protocol, TypeVar
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, TypeVar
 
 from celery_durable.engine.limits.spec import Limit, WorkflowQueueing, declare_limit
 from celery_durable.engine.registry import WorkflowDef
 from celery_durable.engine.replay.context import DurableFuture, require_context
+from celery_durable.engine.starts import with_start
 from celery_durable.engine.starts.deadlines import Timing
 from celery_durable.engine.starts.dedup import OnConflict, check_dedup, check_on_conflict
 from celery_durable.errors import ConfigurationError
 from celery_durable.handle import WorkflowHandle
+
+if TYPE_CHECKING:
+    from celery_durable.engine.core import Engine
 
 __all__ = ["WorkflowOptions", "dedup_of", "queueing_of"]
 
@@ -26,6 +31,8 @@ class Workflow(Protocol[P, R]):
     definition: WorkflowDef
 
     def start_child(self, *args: Any, **kwargs: Any) -> DurableFuture[R]: ...
+
+    def handle(self, workflow_id: str) -> WorkflowHandle[R]: ...
 
     def _start(
         self,
@@ -84,6 +91,70 @@ class WorkflowOptions(Generic[P, R]):
         return self.workflow._start(
             args, dict(kwargs), self.workflow_id, self.search, self.memo, self.dedup, self.timing, self.queueing
         )
+
+    def _with_start(self, what: str, engine: Engine | None) -> tuple[WorkflowHandle[R], dict[str, Any]]:
+        if self.workflow_id is None:
+            raise ConfigurationError(f"{what} needs options(workflow_id=...): the execution it starts or reaches")
+        if self.dedup is not None:
+            raise ConfigurationError(f"{what} takes no dedup_key: the workflow id is the key")
+        start = {"search": self.search, "memo": self.memo, "timing": self.timing, "queueing": self.queueing}
+        handle = self.workflow.handle(self.workflow_id)
+        if engine is not None:  # WorkflowEnvironment's
+            handle = WorkflowHandle(engine, self.workflow_id, self.workflow.definition)
+        return handle, start
+
+    def signal_with_start(self, signal: str, value: Any, *args: P.args, **kwargs: P.kwargs) -> WorkflowHandle[R]:
+        """Start the execution ``workflow_id(*args, **kwargs)`` with signal ``signal`` already
+        sent, in one store batch, or, if it runs, send it the signal (its arguments unused:
+        engine/starts/with_start.py). Raises :class:`ExecutionEndedError` when it has ended
+        (nothing started, nothing recorded)."""
+        return self.signal_with_start_on(None, signal, value, args, dict(kwargs))
+
+    def signal_with_start_on(
+        self, engine: Engine | None, signal: str, value: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> WorkflowHandle[R]:
+        handle, start = self._with_start("signal_with_start", engine)
+        definition = self.workflow.definition
+        with_start.signal_with_start(handle._engine, definition, handle.id, signal, value, (args, kwargs), start)
+        return handle
+
+    def update_with_start(
+        self,
+        update: str,
+        update_args: Sequence[Any] = (),
+        *,
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        timeout: float | None = None,
+        update_id: str | None = None,
+    ) -> tuple[WorkflowHandle[R], Any]:
+        """Start the execution ``workflow_id(*args, **kwargs)`` with update request
+        ``update(*update_args)`` in one store batch, or send the update to the running one; wait
+        for it to be handled. Returns the handle and the handler's answer (or raises as
+        ``handle.update`` does). ``update_id``: a resent call finds the first request."""
+        handle, n = self.send_update_with_start(None, update, update_args, args, kwargs, update_id)
+        return handle, handle._engine.updates.outcome(handle.id, n, timeout)
+
+    def send_update_with_start(
+        self,
+        engine: Engine | None,
+        update: str,
+        update_args: Sequence[Any],
+        args: Sequence[Any],
+        kwargs: dict[str, Any] | None,
+        update_id: str | None = None,
+    ) -> tuple[WorkflowHandle[R], int]:
+        """``update_with_start`` without the wait: the handle and the request's number."""
+        for what, given in (("update_args", update_args), ("args", args)):
+            if isinstance(given, str | bytes) or not isinstance(given, Sequence):
+                raise TypeError(f"{what} is a list or tuple of arguments, not {given!r:.60}")
+        handle, start = self._with_start("update_with_start", engine)
+        call = (tuple(args), dict(kwargs or {}))
+        definition = self.workflow.definition
+        n, _ = with_start.update_with_start(
+            handle._engine, definition, handle.id, update, tuple(update_args), call, start, update_id
+        )
+        return handle, n
 
     def start_child(self, *args: P.args, **kwargs: P.kwargs) -> DurableFuture[R]:
         if self.search or self.memo is not None or self.dedup is not None:

@@ -16,7 +16,7 @@ from typing import Any, Literal, TypeVar, overload
 from celery_durable.codecs import ValueCodec
 from celery_durable.engine.documents import search
 from celery_durable.engine.documents.schema import StepKind
-from celery_durable.engine.replay import events, versioning
+from celery_durable.engine.replay import events, updates, versioning
 from celery_durable.engine.replay.context import ContinueAsNew, DurableFuture, in_workflow, require_context
 from celery_durable.engine.signals import channels
 
@@ -45,6 +45,8 @@ __all__ = [
     "deprecate_patch",
     "publish",
     "set_event",
+    "set_update_handler",
+    "update",
 ]
 
 T = TypeVar("T")
@@ -219,6 +221,32 @@ def query(name: Any) -> Any:
 
     def register(fn: F) -> F:
         set_query_handler(name, fn)
+        return fn
+
+    return register
+
+
+def set_update_handler(name: str, handler: Callable[..., Any], *, validator: Callable[..., Any] | None = None) -> None:
+    """Register ``handler`` for ``handle.update(name, *args)``: a request into this running
+    workflow, answered with the handler's result once the workflow handled it.
+
+    Call it in the workflow body, before the workflow first waits (again on every replay, as
+    with query handlers). A request is decided where the workflow waits (a step's result):
+    ``validator(*args)`` runs first (arguments checked against the handler's type hints) and, by
+    raising, *rejects* it (:class:`UpdateRejectedError` for the caller; nothing is recorded in
+    the history); otherwise ``handler(*args)`` runs — it may change the workflow's local state —
+    and the update is recorded as a step, so a replay applies it again at the same point. Both
+    are synchronous: a durable call in them raises ``RuntimeError``. See engine/replay/updates.py."""
+    ctx = require_context("durable.set_update_handler()")
+    updates.register(ctx, name, handler, validator)
+
+
+def update(name: str, *, validator: Callable[..., Any] | None = None) -> Callable[[F], F]:
+    """Decorator form of :func:`set_update_handler` inside the workflow body:
+    ``@wf.update("add_item", validator=check)``."""
+
+    def register(fn: F) -> F:
+        set_update_handler(name, fn, validator=validator)
         return fn
 
     return register

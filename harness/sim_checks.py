@@ -13,6 +13,7 @@ from harness.sim_deadlines import TIMED_OUT, check_ended
 from harness.sim_limits import check_settled
 from harness.sim_pause import check_unpaused
 from harness.sim_store import EPOCH, Planned, Sim
+from harness.sim_updates import check_updates
 
 __all__ = ["Outcome", "check", "outcome_of"]
 
@@ -32,6 +33,7 @@ def check(self: Sim, reference: Callable[[str, list[Any]], Outcome]) -> None:
     """Invariants 1, 5 and 6 at the end of a run (2, 3, 4 and 7 are checked as writes happen)."""
     check_settled(self)  # invariant 13 (c): no limit waits with room (sim_limits.py)
     check_unpaused(self)  # invariant 14 (d): none left paused (sim_pause.py)
+    check_updates(self)  # invariant 15: updates applied once, rejected ones recorded nowhere (sim_updates.py)
     execs = self._execs()
     orphaned: dict[str, str] = {}  # stranded execution -> open bug whose signature it has
     for pk, ex in execs.items():

@@ -178,3 +178,6 @@ def plan_ops(sim: Sim, only: tuple[str, list[Any]] | None) -> None:
     from harness.sim_pause import plan_paused
 
     plan_paused(sim)  # pauses and unpauses of executions in flight (sim_pause.py)
+    from harness.sim_updates import plan_updates
+
+    plan_updates(sim)  # workflow updates, valid and rejected, racing continue-as-new (sim_updates.py)

@@ -71,6 +71,9 @@ INVARIANTS = {
     "queued while it could start, and every one has ended (sim_limits.py, sim_wf_limits.py)",
     14: "no step marker of its current run is created, and no attempt of a step created while paused begins, while "
     "an execution's exec as last written says paused; only an unpause clears it; none is left paused (sim_pause.py)",
+    15: "an update request a client sent is never lost: it ends accepted, rejected, or refused as its execution "
+    "ended; an accepted one is a step of its run, applied once (its answer is what the history's replay gives), "
+    "a rejected one is in no history, and only the invalid are rejected (sim_updates.py)",
 }
 
 #: Workload triggers of engine bugs (each description is the bug it found). All are fixed and on

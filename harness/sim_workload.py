@@ -230,6 +230,30 @@ def w_generations(g: int) -> int:
     return int(child("w_child", 1).result())
 
 
+def w_update(n: int, runs: int) -> int:
+    """Takes updates (harness/sim_updates.py): ``add(token, amount)`` appends the token (its
+    validator rejects a negative amount) and answers how many it holds; a query reads them. Its
+    result does not depend on them: a fault-free run without updates ends alike."""
+    seen: list[str] = []
+
+    def check(token: str, amount: int) -> None:
+        if amount < 0:
+            raise ValueError(f"negative amount {amount}")
+
+    def apply(token: str, amount: int) -> int:
+        seen.append(token)
+        return len(seen)
+
+    wf.set_update_handler("add", apply, validator=check)
+    wf.set_query_handler("seen", lambda: list(seen))
+    total = 0
+    for i in range(n):
+        total = act("add", total, i).result()  # wait points: updates apply here
+    if runs > 1:
+        wf.continue_as_new(n, runs - 1)
+    return total
+
+
 ACTIVITIES = (add, square, echo, flaky, doomed, reserve, release, charge, ping)
 WORKFLOWS = (
     w_seq,
@@ -244,6 +268,7 @@ WORKFLOWS = (
     w_fail,
     w_limited,
     w_rated,
+    w_update,
 )
 
 _registry: Registry | None = None

@@ -515,6 +515,7 @@ from celery_durable.cli.pause_commands import unpause as _unpause  # noqa: E402 
 from celery_durable.cli.replay_commands import export as _export  # noqa: E402 - `durable export ID`
 from celery_durable.cli.replay_commands import replay_check as _replay_check  # noqa: E402 - `durable replay-check`
 from celery_durable.cli.schedule_commands import schedule as _schedule  # noqa: E402 - `durable schedule …`
+from celery_durable.cli.update_commands import update as _update  # noqa: E402 - `durable update ID NAME`
 
 durable.add_command(_cosmos)
 durable.add_command(_outbox)
@@ -525,3 +526,4 @@ durable.add_command(_pause)
 durable.add_command(_batch)
 durable.add_command(_unpause)
 durable.add_command(_replay_check)
+durable.add_command(_update)

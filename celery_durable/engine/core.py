@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from celery_durable.engine.activities.attempts import ActivityRunner
@@ -54,6 +54,7 @@ from celery_durable.engine.outbox.runtime import EffectKeeper
 from celery_durable.engine.outcomes import ClockOutcome, DriveOutcome
 from celery_durable.engine.registry import Registry, WorkflowDef
 from celery_durable.engine.signals.inbox import Signals
+from celery_durable.engine.signals.updates import Updates
 from celery_durable.engine.starts.deadlines import Timing, cancel_scheduled, exec_fields
 from celery_durable.engine.starts.debounce import push_back
 from celery_durable.engine.starts.dedup import OnConflict, claim
@@ -119,6 +120,7 @@ class Engine:
         self.recovery = Recovery(self)
         self.timers = Timers(self)
         self.signals = Signals(self)
+        self.updates = Updates(self)  # workflow updates, the caller's side (engine/signals/updates.py)
         self.children = Children(self)
         #: the effect outbox, owned here so that ``wf.emit`` is admitted by the drive that recorded
         #: it, wherever the engine runs (workers, ``WorkflowEnvironment``)
@@ -143,7 +145,7 @@ class Engine:
 
     def _publish_end(self, event: str, **kwargs: Any) -> None:
         # emitted after the commit that ended the execution (driver: _after_commit, fail_corrupt)
-        if event in _ENDED:
+        if event in _ENDED or event == "update_settled":  # an update's caller waits too
             self.notifier.publish(str(kwargs["execution_id"]))
 
     def emit(self, event: str, **kwargs: Any) -> None:
@@ -167,8 +169,12 @@ class Engine:
         dedup: tuple[str, OnConflict] | None = None,
         timing: Timing | None = None,
         queueing: WorkflowQueueing | None = None,
+        first: tuple[list[Doc], dict[str, Any]] | None = None,
     ) -> tuple[str, bool]:
         """Create the execution (idempotent by id) and send its first drive.
+
+        ``first``: documents created in the batch that creates it and exec fields (a signal value
+        or an update request and its count: engine/starts/with_start.py).
 
         The id and the payload are validated here, in the caller, before anything is stored or
         sent (:class:`InvalidWorkflowId`, see :func:`check_workflow_id`); ``None`` draws a random id.
@@ -186,7 +192,8 @@ class Engine:
         if limit is not None:
             extra["limit"] = limit
         eager = self.settings.eager_start and parent is None and (timing is None or not timing.start_delay)
-        eager = eager and limit is None  # a limited one starts when it gets its slot
+        eager = eager and limit is None and first is None  # a limited one starts when it gets its slot
+        extra.update(first[1] if first is not None else {})
         if dedup is not None:  # one running execution per key (engine/starts/dedup.py)
             extra["dedup_key"] = dedup[0]
 
@@ -200,6 +207,7 @@ class Engine:
             return existing is not None
 
         def create() -> bool:
+            extra["first"] = first[0] if first is not None else ()  # by keyword, as eager and timing
             if self.create_execution(workflow.name, payload, eid, parent, eager=eager, timing=timing, **extra):
                 return True
             joinable(self.store.read(eid, EXEC_ID))
@@ -229,6 +237,7 @@ class Engine:
         eager: bool = False,
         timing: Timing | None = None,
         deadline_at: float | None = None,
+        first: Sequence[Doc] = (),
         **fields: Any,
     ) -> bool:
         """Create-only: False when ``eid`` exists. Sends the first drive when created. ``fields``
@@ -254,7 +263,7 @@ class Engine:
         )
         if isinstance(fields.get("limit"), dict) and "status" not in timed:
             doc.update(status=Status.QUEUED.value, queued_at=now)  # it starts when it gets a slot
-        known = create_exec(self.store, doc, clocks)
+        known = create_exec(self.store, doc, [*clocks, *first])  # first: engine/starts/with_start.py
         if known is None:
             return False
         self.emit("workflow_started", execution_id=eid, workflow=workflow)

@@ -22,6 +22,7 @@ import copy
 import math
 import time
 import warnings
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -346,6 +347,37 @@ class WorkflowEnvironment:
         ok = self.engine.signal(handle if isinstance(handle, str) else handle.id, name, value)
         self.run_until_idle()
         return ok
+
+    def update(self, handle: WorkflowHandle[Any] | str, name: str, *args: Any, update_id: str | None = None) -> Any:
+        """``handle.update(name, *args)``, run until idle: the handler's answer, or its error raised
+        (:class:`DurableTimeoutError` if the workflow did not reach a wait point to handle it)."""
+        eid = handle if isinstance(handle, str) else handle.id
+        n = self.engine.updates.send(eid, name, args, update_id=update_id)
+        self.run_until_idle()
+        return self.engine.updates.outcome(eid, n, timeout=0)
+
+    def signal_with_start(
+        self, options: WorkflowOptions[Any, R], signal: str, value: Any, *args: Any, **kwargs: Any
+    ) -> WorkflowHandle[R]:
+        """``options.signal_with_start(signal, value, *args, **kwargs)`` here, run until idle."""
+        handle = options.signal_with_start_on(self.engine, signal, value, args, kwargs)
+        self.run_until_idle()
+        return handle
+
+    def update_with_start(
+        self,
+        options: WorkflowOptions[Any, R],
+        update: str,
+        update_args: Sequence[Any] = (),
+        *,
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        update_id: str | None = None,
+    ) -> tuple[WorkflowHandle[R], Any]:
+        """``options.update_with_start(...)`` here, run until idle: the handle and the answer."""
+        handle, n = options.send_update_with_start(self.engine, update, update_args, args, kwargs, update_id)
+        self.run_until_idle()
+        return handle, self.engine.updates.outcome(handle.id, n, timeout=0)
 
     def cancel(self, handle: WorkflowHandle[Any]) -> bool:
         ok = handle.cancel()

@@ -462,3 +462,31 @@ def publishes(n: int) -> int:
             wf.wait_signal("go")
     wf.set_event("stage", "finished")
     return total
+
+
+@durable_activity(name="basic.upd_fill")
+def upd_fill(n: int) -> int:
+    """Publishes ``n`` values on its execution's stream (``activity.publish``)."""
+    for i in range(n):
+        activity.publish("fill", i)
+    return n
+
+
+@durable.workflow(name="basic.updatable")
+def updatable(start: int) -> int:
+    """A counter updated from outside (``bump``, positive amounts only) until ``stop``."""
+    total = [start]
+
+    def positive(by: int) -> None:
+        if by <= 0:
+            raise ValueError(f"bump by a positive amount, not {by}")
+
+    @wf.update("bump", validator=positive)
+    def bump(by: int) -> int:
+        total[0] += by
+        return total[0]
+
+    filled = upd_fill(3)  # updates apply while it waits here: read total after the call returns
+    total[0] += filled
+    wf.wait_signal("stop")
+    return total[0]

@@ -19,7 +19,7 @@ from typing import Any, get_args, get_origin, get_type_hints
 
 import pytest
 
-from celery_durable.engine.documents import checks, records
+from celery_durable.engine.documents import checks, records, update_docs
 from celery_durable.engine.documents.records import FIELDS, KINDS, record_type, undeclared
 from celery_durable.engine.documents.schedule_docs import ScheduleDoc
 from celery_durable.engine.documents.schema import DocType
@@ -50,6 +50,11 @@ TYPES: dict[str, type] = {
     "clock": records.ClockDoc,
     "limit": records.LimitDoc,
     "schedule": ScheduleDoc,
+    "update_request": update_docs.UpdateRequestDoc,
+    "update_outcome": update_docs.UpdateOutcomeDoc,
+    "update_key": update_docs.UpdateKeyDoc,
+    "publication": update_docs.PublicationDoc,
+    "publication_mark": update_docs.PublicationMarkDoc,
 }
 
 

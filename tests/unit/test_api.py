@@ -46,6 +46,10 @@ PUBLIC = {
     "LaneFull",
     "QueryFailedError",
     "UnknownQueryError",
+    "UpdateFailedError",
+    "UpdateRefusedError",
+    "UpdateRejectedError",
+    "ExecutionEndedError",
     "HistoryUnavailableError",
 }
 
@@ -74,6 +78,8 @@ WORKFLOW_API = {
     "deprecate_patch",
     "publish",
     "set_event",
+    "set_update_handler",
+    "update",
 }
 
 

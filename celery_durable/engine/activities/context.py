@@ -184,6 +184,9 @@ class ActivityContext:
         self._loop: Any = None
         #: the engine running the attempt (the library's own activities act on its store: batch.py)
         self.engine: Any = None
+        #: values this attempt published (``activity.publish``: engine/activities/publish.py)
+        self.published = 0
+        self.publishing = threading.Lock()
 
     # --- the attempt's side ----------------------------------------------------------------
 

@@ -413,12 +413,12 @@ class Admin:
 
     def _forget_after(self, ex: ExecDoc, docs: dict[str, Doc], seq: int, rewrite: _Rewrite, keep: set[int]) -> None:
         """Plan to delete what run ``ex.run`` recorded after step ``seq`` (but the steps ``keep``):
-        markers, outcomes, wait decisions and the settlements of signal values they made (so those
-        values are pending again); values themselves are not bound to steps and stay. Children of
+        markers, outcomes, wait decisions, settlements of signal values and update requests (so those
+        are pending again: engine/replay/updates.py); values themselves are not bound to steps and stay. Children of
         those steps are deleted when finished; a running one refuses the operation."""
         run = _int(ex.get("run"))
         settles = (DocType.SIGNAL_REJECTED, DocType.SIGNAL_IGNORED, "signal_consumed")
-        kinds = (DocType.STEP, DocType.RESULT, DocType.SIGNAL, *settles)
+        kinds = (DocType.STEP, DocType.RESULT, DocType.SIGNAL, *settles, "update_outcome", "publication_mark")
         for d in docs.values():
             if d["id"] == EXEC_ID or d.get("type") not in kinds or _int(d.get("run")) != run:
                 continue

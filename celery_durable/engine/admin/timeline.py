@@ -52,6 +52,7 @@ _INLINE = (
     StepKind.PATCH,
     StepKind.PUBLISH,
     StepKind.EVENT,
+    StepKind.UPDATE,  # applied by the drive that accepted it (its answer: updr:<n>)
     "random",
 )
 

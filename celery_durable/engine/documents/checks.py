@@ -267,10 +267,27 @@ def _signal_mark(doc: Doc) -> None:
     _field(doc, "run", int)
 
 
+def _update_doc(doc: Doc) -> None:
+    """``upd:``/``updr:`` and ``apub:``/``apubx:`` (engine/documents/update_docs.py): what the replay reads."""
+    _field(doc, "n", int, required=True)
+    _field(doc, "run", int)
+    head = str(doc.get("id")).partition(":")[0]
+    if head == "upd":
+        _field(doc, "name", str, required=True)
+        _field(doc, "input", dict, required=True)
+    elif head == "updr":
+        _field(doc, "accepted", bool)
+        _field(doc, "seq", int)
+    elif head == "apub":
+        _field(doc, "topic", str, required=True)
+
+
 def _checker(doc_id: str) -> Any:
     if doc_id == EXEC_ID:
         return _exec
     head = doc_id.partition(":")[0]
+    if head in ("upd", "updr", "apub", "apubx"):
+        return _update_doc
     if head == "clock":
         return _clock
     if head.startswith("sig") and (head == "sig" or head[3:].isdigit()):

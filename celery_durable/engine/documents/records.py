@@ -8,11 +8,8 @@ a field added later, so the accessors below say what an absent field means (``ru
 run 0, a count absent is 0, no lease is ``None``). Values are the stored JSON, unchanged: a
 status is the plain string ``"running"`` (``Status`` members compare equal to it).
 
-``FIELDS`` lists each type's fields; ``undeclared`` reports a document's fields its type does
-not declare, which a test runs over every document the simulations and the engine tests store,
-so this module stays true to what is written (``tests/engine/test_records.py``).
-
-The documents: ``docs/architecture.md`` §5, :mod:`.schema`, :mod:`celery_durable.engine.outbox.model`.
+``FIELDS`` lists each type's fields; ``undeclared`` reports the fields its type does not declare,
+checked over every document tests store (tests/engine/test_records.py); see architecture.md §5.
 """
 
 from __future__ import annotations
@@ -20,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, TypedDict, cast
 
+from celery_durable.engine.documents import update_docs as upd
 from celery_durable.engine.documents.limit_docs import LimitDoc, StepLimitInfo
 from celery_durable.engine.documents.schedule_docs import ScheduleDoc
 from celery_durable.engine.documents.schema import EXEC_ID, TERMINAL, DocType
@@ -133,7 +131,7 @@ class _Due(_Doc, total=False):
     held: bool | None
 
 
-class ExecDoc(_Due, total=False):
+class ExecDoc(_Due, upd.ExecUpdateFields, total=False):
     """``exec``: one execution (``model.new_exec_doc`` writes a new one)."""
 
     workflow: str
@@ -210,7 +208,7 @@ class HeartbeatInfo(TypedDict, total=False):
     attempt: int
 
 
-class MarkerDoc(_Due, total=False):
+class MarkerDoc(_Due, upd.MarkerUpdateFields, total=False):
     """``s:000007``: what step 7 is (``kind`` and ``name``, checked on replay) and its progress."""
 
     kind: str
@@ -503,6 +501,7 @@ FIELDS: dict[str, frozenset[str]] = {
         "clock": ClockDoc,
         "limit": LimitDoc,
         "schedule": ScheduleDoc,
+        **upd.UPDATE_FIELDS,
     }.items()
 }
 
@@ -530,6 +529,7 @@ KINDS: dict[str, str] = {
     DocType.CLOCK: "clock",
     DocType.LIMIT: "limit",
     DocType.SCHEDULE: "schedule",
+    **upd.UPDATE_KINDS,
 }
 
 

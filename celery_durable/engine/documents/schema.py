@@ -174,6 +174,9 @@ class StepKind(StrEnum):
     #: outside (``handle.stream``, ``handle.get_event``: engine/replay/events.py); name: the topic, key
     PUBLISH = "publish"
     EVENT = "event"
+    #: an accepted update applied here (name: the update; ``request``: its ``upd:<n>``): a replay
+    #: calls its handler again at the same point (engine/replay/updates.py)
+    UPDATE = "update"
 
 
 def _run(run: int) -> str:

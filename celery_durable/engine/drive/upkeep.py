@@ -19,6 +19,7 @@ from celery_durable.engine.documents.model import (
 )
 from celery_durable.engine.documents.records import count_of, is_terminal
 from celery_durable.engine.documents.schema import run_prefixes
+from celery_durable.engine.documents.update_docs import PUBLICATION_MARK_PREFIX, publication_id
 from celery_durable.engine.drive.partition_cache import bump_generation
 from celery_durable.engine.outbox.model import DUE_ADMIT
 from celery_durable.errors import (
@@ -81,6 +82,8 @@ def prune_run(engine: EngineParts, execution_id: str, old_run: int) -> None:
                 doomed.append(doc["id"])
             elif doc["id"].startswith(SIGNAL_MARK_PREFIX) and doc.get("run") == old_run:
                 doomed += [str(doc["value_id"]), doc["id"]]  # the value first
+            elif doc["id"].startswith(PUBLICATION_MARK_PREFIX) and doc.get("run") == old_run:
+                doomed += [publication_id(int(doc["n"])), doc["id"]]  # an activity's value, taken or dropped
         while doomed:
             chunk, rest = doomed[: eng.store.max_batch_ops - 1], doomed[eng.store.max_batch_ops - 1 :]
             ex = eng.store.read(execution_id, EXEC_ID)

@@ -43,6 +43,7 @@ from celery_durable.engine.outbox.model import DUE_ADMIT
 from celery_durable.engine.outbox.runtime import effects_of
 from celery_durable.engine.replay.cancels import TIMED_OUT_ERROR, cancel_error, cancelled
 from celery_durable.engine.replay.decoded import decoded
+from celery_durable.engine.replay.failures import FAILED_STEP, failed_step
 from celery_durable.engine.replay.futures import DurableFuture
 from celery_durable.errors import (
     ActivityError,
@@ -69,32 +70,10 @@ __all__ = [
     "in_workflow",
     "require_context",
     "child_execution_id",
+    "failed_step",
 ]
 
 T = TypeVar("T")
-
-#: attribute of a step's ActivityError/ChildWorkflowError: ``(its step, the steps taken when
-#: it was raised)`` (see :meth:`WorkflowContext.outcome`)
-FAILED_STEP = "durable_step"
-
-
-def failed_step(exc: BaseException) -> tuple[int, int] | None:
-    """``(step, taken)``: the step whose failure ended a workflow that raised ``exc`` and how many
-    steps were taken when it was raised; None if the workflow's own code failed.
-
-    The step's error itself escaped (re-raised, or the first failure of a gather), or ``exc`` was
-    raised while handling it (``raise Other() from err``, a compensation giving up): Python's
-    exception chain says which. A step failure caught and gone past is not in the chain."""
-    seen: set[int] = set()
-    cur: BaseException | None = exc
-    while cur is not None and id(cur) not in seen:
-        seen.add(id(cur))
-        step = getattr(cur, FAILED_STEP, None)
-        if isinstance(step, tuple) and len(step) == 2:
-            return int(step[0]), int(step[1])
-        cur = cur.__cause__ or cur.__context__
-    return None
-
 
 _current: contextvars.ContextVar[WorkflowContext | None] = contextvars.ContextVar("celery_durable_ctx", default=None)
 
@@ -170,10 +149,13 @@ class WorkflowContext:
     cancel_delivered: bool = False
     #: a query's replay: what it decides is discarded, nothing is written or sent (engine/replay/queries.py)
     read_only: bool = False
-    #: set while a query handler runs: durable calls are refused (a query only reads)
+    #: set while a query handler (or an update's validator or handler) runs: durable calls are refused
     answering: str | None = None
     #: query handlers registered by the workflow code (``wf.set_query_handler``) in this replay
     query_handlers: dict[str, Callable[..., Any]] = field(default_factory=dict)
+    #: update handlers (``wf.set_update_handler``) by name, applied at wait points (engine/replay/updates.py)
+    update_handlers: dict[str, Any] = field(default_factory=dict)
+    on_wait: Callable[[WorkflowContext], None] | None = None  # history.replay: updates.at_wait
     #: the JSON value of the last ``wf.set_status`` in this replay (``status_set``: it was called)
     custom_status: Any = None
     status_set: bool = False
@@ -224,7 +206,7 @@ class WorkflowContext:
     def refuse_in_query(self, what: str) -> None:
         """A query handler only reads: ``what`` (a durable call, a status change) is refused in one."""
         if self.answering is not None:
-            raise RuntimeError(f"query handler {self.answering!r} cannot make {what}: queries only read")
+            raise RuntimeError(f"{self.answering} cannot make {what}: queries only read, updates never wait")
         if self.unwinding and not self.read_only:  # past a suspension (finally, a swallowed Suspend): a
             raise Suspend()  # parked instance (engine/replay/sticky.py) never runs this, a full replay decides alike
 
@@ -282,6 +264,11 @@ class WorkflowContext:
             raise Suspend()
         self.park()  # a live instance waits here; resumed with a newer history, the caller looks again
 
+    def at_wait(self) -> None:
+        """A wait point: accepted updates are applied here, before the outcome is looked at."""
+        if self.on_wait is not None:
+            self.on_wait(self)
+
     def settled(self, seq: int) -> bool:
         """Whether step ``seq`` has an outcome in the history *as read by this replay*.
 
@@ -314,6 +301,7 @@ class WorkflowContext:
 
     def outcome(self, seq: int, name: str, codec: ValueCodec, kind: str = "activity") -> Any:
         """Return step ``seq``'s recorded value or raise its recorded error; suspend if none."""
+        self.at_wait()
         while (doc := self.doc(self._outcome_id(seq))) is None:
             self.suspend([seq])
         if doc.get("cancelled"):
@@ -595,6 +583,7 @@ class WorkflowContext:
     def gather(self, items: Iterable[Any]) -> list[Any]:
         """Start all, wait for all; then return results in order or raise the first failure."""
         futures = [self.start_signature(item) for item in items]
+        self.at_wait()
         while pending := [f.seq for f in futures if not self.settled(f.seq)]:
             self.suspend(pending)
         return [f.result() for f in futures]

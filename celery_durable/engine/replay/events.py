@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from celery_durable.engine.replay.context import WorkflowContext
     from celery_durable.stores.base import Store
 
-__all__ = ["record", "values", "follow", "latest", "check_reader"]
+__all__ = ["record", "values", "follow", "latest", "check_reader", "check_name"]
 
 _ANY = ValueCodec(Any)
 MAX_NAME = 256
@@ -35,7 +35,7 @@ MAX_NAME = 256
 POLL_MAX = 1.0
 
 
-def _check(what: str, name: object) -> str:
+def check_name(what: str, name: object) -> str:
     if not isinstance(name, str) or not name or len(name) > MAX_NAME:
         raise PayloadValidationError(f"a {what} is a string of 1-{MAX_NAME} characters, not {name!r:.60}")
     try:
@@ -47,7 +47,7 @@ def _check(what: str, name: object) -> str:
 
 def check_reader(topic: str, offset: object) -> int:
     """A reader's topic and offset (an int >= 0), checked when it is asked for, not at its first value."""
-    _check("topic", topic)
+    check_name("topic", topic)
     if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
         raise ValueError(f"a stream's offset is an int >= 0, not {offset!r:.60}")
     return offset
@@ -55,7 +55,7 @@ def check_reader(topic: str, offset: object) -> int:
 
 def record(ctx: WorkflowContext, kind: StepKind, name: str, value: Any) -> int:
     """Record ``value`` as step ``kind name`` (once: a replay finds it); its step number."""
-    _check("topic" if kind == StepKind.PUBLISH else "event key", name)
+    check_name("topic" if kind == StepKind.PUBLISH else "event key", name)
     seq, marker = ctx._step(kind, name)
     if marker is None:
         data = _ANY.encode(value, f"the value of {kind} {name!r}")
@@ -103,7 +103,7 @@ def follow(store: Store, execution_id: str, topic: str, offset: int, timeout: fl
 def latest(store: Store, execution_id: str, key: str, timeout: float | None) -> Any:
     """``handle.get_event``: the event's latest value, waiting for its first set up to ``timeout``
     s (``None``: no wait); DurableTimeoutError when it is still unset."""
-    _check("event key", key)
+    check_name("event key", key)
     delay, started = 0.01, time.monotonic()
     while True:
         found, ended, _ = values(store, execution_id, StepKind.EVENT, key)

@@ -24,6 +24,7 @@ from celery_durable.engine.outcomes import ReplayKind
 from celery_durable.engine.registry import Registry, WorkflowDef
 from celery_durable.engine.replay.context import ContinueAsNew, Fatal, LocalStep, Suspend, WorkflowContext, failed_step
 from celery_durable.engine.replay.sticky import Outcome, StickyCache, call
+from celery_durable.engine.replay.updates import at_wait
 from celery_durable.errors import CorruptDocument, PayloadValidationError, WorkflowCancelledError, WorkflowTimedOutError
 from celery_durable.settings import Settings
 from celery_durable.stores.base import Doc
@@ -119,6 +120,7 @@ def replay(
         signal_types=wf.signals,
         read_only=read_only,
         resets=rerun_count(ex),
+        on_wait=at_wait,  # updates are applied and decided at wait points (engine/replay/updates.py)
     )
     try:
         args, kwargs = wf.codec.decode_args(payload_of(ex, history))

@@ -87,7 +87,7 @@ def answer_query(
     call_args, call_kwargs = codec.decode_args(codec.encode_args(args, {}))
     ctx = result.context
     assert ctx is not None  # a read-only replay returns it
-    ctx.answering = name
+    ctx.answering = f"query handler {name!r}"
     try:
         with ctx:
             value = handler(*call_args, **call_kwargs)

@@ -62,6 +62,7 @@ def wait_any(
     if new and timeout_at is not None and not decided:
         marker.update(fire_at=timeout_at, due_kind=DUE_CLOCK, due_at=timeout_at)
         ctx.sends.append(ClockRequest(ctx.execution_id, seq, timeout_at, ctx.run))
+    ctx.at_wait()  # a wait point, whether decided or not: updates apply here as in ctx.outcome
     doc = ctx.doc(signal_outcome_id(marker, ctx.run))
     if doc is None or not doc.get("ok"):
         # no value yet (suspends), a cancel or the timeout (raises): as any signal wait

@@ -173,3 +173,5 @@ class Signals:
                 self.engine.emit("signal_rejected", execution_id=execution_id, name=doc["name"], reason=reason)
             elif doc.get("type") == "signal_ignored":
                 self._ignored(execution_id, str(doc["name"]), str(doc.get("reason", "superseded")))
+            elif doc.get("type") == "update_outcome":  # wakes the caller waiting for it (Engine._publish_end)
+                self.engine.emit("update_settled", execution_id=execution_id, name=doc["name"], n=doc["n"])
