@@ -177,6 +177,8 @@ class Schedules:
         unknown = set(changes) - manage.CHANGEABLE - {"args", "kwargs"}
         if unknown:
             raise ConfigurationError(f"update() cannot change {sorted(unknown)}")
+        if "payload" in changes:  # the stored, encoded input: given as args/kwargs, checked by the codec
+            raise ConfigurationError("update() takes the input as args= and kwargs=, not payload=")
         doc = self._engine().store.read(SCHEDULES_PK, schedule_id(name)) or {}
         fields = self._timing(changes)
         if "every" in changes or "cron" in changes:  # one replaces the other

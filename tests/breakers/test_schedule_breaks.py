@@ -1,0 +1,160 @@
+"""Attacks on managed schedules (``durable.schedules``: celery_durable/schedules.py,
+engine/schedules/, the clock pass, ``WorkflowEnvironment.schedules``).
+
+The promises (docs/guides/schedules.md, engine/schedules/ docstrings, the README): each tick
+starts one execution ``<name>@<tick>``; ``trigger`` starts one execution now by the overlap
+policy (a kept one starts when the running one ends); jitter delays a tick by a fixed amount
+and a tick is counted ``missed`` only when beat was down longer than the catch-up window; bad
+input is refused in the caller with a clear error and stores nothing; a value is never changed
+(or left unchanged) silently; nothing is lost.
+
+Tests under "breaks" failed on the code they were written against (4a81e22); those under "held"
+document attacks that did not break it. They run on ``WorkflowEnvironment`` (a fake clock).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_durable import Durable
+from celery_durable import workflow as wf
+from celery_durable.engine.schedules.firing import SCHEDULES_PK, fire_due, schedule_id
+from celery_durable.errors import ConfigurationError, StoreError
+from celery_durable.testing.env import WorkflowEnvironment
+
+pytestmark = pytest.mark.adversarial
+
+app = Celery("schedule-breaks", set_as_current=False, broker="memory://")
+durable = Durable(app, store="memory://")
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+HOUR = 3600.0
+
+
+@durable.workflow(name="sb.job")
+def job(seconds: float = 0.0) -> str:
+    if seconds:
+        wf.sleep(seconds)
+    return wf.execution_id()
+
+
+def _env() -> WorkflowEnvironment:
+    return WorkflowEnvironment(durable, start=T0)
+
+
+def _runs(env: WorkflowEnvironment, name: str) -> dict[str, str]:
+    found = env.list_executions(limit=500).executions
+    return {e.id: str(e.status) for e in found if e.id.startswith(name + "@")}
+
+
+def _doc(env: WorkflowEnvironment, name: str) -> dict[str, Any]:
+    doc = env.store.read(SCHEDULES_PK, schedule_id(name))
+    assert doc is not None
+    return doc
+
+
+# --- breaks ---------------------------------------------------------------------------------
+
+
+def test_update_refuses_a_raw_payload_instead_of_ignoring_it() -> None:
+    """Broken: ``payload`` is in the fields update() accepts, but the facade dropped it: the call
+    succeeded and the stored input stayed as it was (a change lost silently)."""
+    env = _env()
+    env.schedules.create("pl", job, every=60)
+    with pytest.raises(ConfigurationError, match="payload"):
+        env.schedules.update("pl", payload={"args": [5.0], "kwargs": {}})
+    assert _doc(env, "pl")["payload"] == {"args": [], "kwargs": {}}
+    env.schedules.update("pl", args=(5.0,))  # the way to change it
+    assert _doc(env, "pl")["payload"] == {"args": [5.0], "kwargs": {}}
+
+
+# --- held -----------------------------------------------------------------------------------
+
+
+class _Faulty:
+    """Makes the ``at``-th store call raise StoreError (``after``: once the write was applied, an
+    answer lost on the way back); counts the calls."""
+
+    METHODS = ("read", "replace", "create", "delete", "scan_due", "query_partition", "upsert")
+
+    def __init__(self, env: WorkflowEnvironment, at: int, after: bool) -> None:
+        self.store, self.at, self.after, self.calls = env.store, at, after, 0
+        for name in self.METHODS:
+            if hasattr(self.store, name):
+                setattr(self.store, name, self._wrap(getattr(self.store, name)))
+
+    def _wrap(self, real: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.calls += 1
+            if self.calls != self.at:
+                return real(*args, **kwargs)
+            if self.after:
+                real(*args, **kwargs)
+            raise StoreError(f"injected fault at store call {self.at}")
+
+        return call
+
+    def heal(self) -> None:
+        for name in self.METHODS:
+            self.store.__dict__.pop(name, None)
+
+
+def _faulted_firing(at: int, after: bool) -> tuple[WorkflowEnvironment, int]:
+    env = _env()
+    env.schedules.create("ft", job, every=60, overlap="allow_all")
+    env.clock.advance(3 * 60 + 1)  # three ticks due
+    faulty = _Faulty(env, at, after)
+    try:
+        fire_due(env.engine)
+    except StoreError:
+        pass  # the scan's own query failed: beat logs it and scans again
+    faulty.heal()
+    return env, faulty.calls
+
+
+@pytest.mark.parametrize("after", [False, True], ids=["before-the-write", "answer-lost"])
+def test_a_store_fault_at_any_call_of_a_firing_loses_and_doubles_nothing(after: bool) -> None:
+    """Held: a StoreError at each store call of a firing in turn (raised before the call, or after
+    a write was applied): the next clock scan starts each due tick once, counted once."""
+    _, calls = _faulted_firing(0, after)  # a clean firing: how many store calls it makes
+    assert calls > 5
+    for at in range(1, calls + 1):
+        env, _ = _faulted_firing(at, after)
+        env.advance(2)  # the next scans
+        # an execution created whose first drive was lost with the fault: recovery drives it
+        env.clock.advance(env.engine.settings.drive_timeout + 1)
+        env.engine.recovery.scan()
+        env.run_until_idle()
+        ticks = {f"ft@{(T0 + timedelta(minutes=m)).strftime('%Y%m%dT%H%M%S')}" for m in (1, 2, 3)}
+        assert _runs(env, "ft") == dict.fromkeys(ticks, "completed"), at
+        doc = _doc(env, "ft")
+        assert doc["counts"] == {"started": 3} and doc["starting"] == [], at
+
+
+def test_a_paused_or_finished_schedule_is_never_due() -> None:
+    """Held: an idle system sends no message: a paused schedule, and one past its ``end_at``, are
+    not due, and no firing rewrites them however long the clock runs."""
+    env = _env()
+    env.schedules.create("idle", job, every=60)
+    env.schedules.pause("idle")
+    env.schedules.create("over", job, every=60, end_at=T0 + timedelta(minutes=2))
+    env.advance(timedelta(minutes=5))
+    assert env.store.scan_due("schedule", float("inf"), 10) == []
+    etags = (_doc(env, "idle")["_etag"], _doc(env, "over")["_etag"])
+    env.advance(timedelta(hours=5))
+    assert (_doc(env, "idle")["_etag"], _doc(env, "over")["_etag"]) == etags
+
+
+def test_a_backfill_out_of_range_is_refused_and_records_nothing() -> None:
+    """Held: a backfill whose range no date can hold is a ConfigurationError or a clear refusal,
+    and no ``backfill`` action is recorded."""
+    env = _env()
+    env.schedules.create("bb", job, every=60)
+    with pytest.raises(ConfigurationError):
+        env.schedules.backfill("bb", T0, T0 - timedelta(hours=1))
+    with pytest.raises(ConfigurationError):
+        env.schedules.backfill("bb", float("nan"), 10.0)
+    assert [a["action"] for a in env.schedules.get("bb").actions] == ["create"]  # type: ignore[union-attr]
