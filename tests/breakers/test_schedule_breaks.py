@@ -59,6 +59,28 @@ def _doc(env: WorkflowEnvironment, name: str) -> dict[str, Any]:
 # --- breaks ---------------------------------------------------------------------------------
 
 
+def test_an_interval_under_a_second_is_refused() -> None:
+    """Broken: ``every=0.5`` was stored; its ticks' ids are to the second, so two ticks shared one
+    id: half of them started nothing but were counted ``started`` (20 counted, 11 executions)."""
+    env = _env()
+    with pytest.raises(ConfigurationError, match="at least 1 second"):
+        env.schedules.create("half", job, every=0.5, overlap="allow_all")
+    env.schedules.create("ok", job, every=60)
+    with pytest.raises(ConfigurationError, match="at least 1 second"):
+        env.schedules.update("ok", every=0.25)
+    assert env.schedules.get("half") is None and env.schedules.get("ok").spec == "every 0:01:00"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("expr", ["0 0 30 2 *", "0 0 31 4,6,9,11 *", "0 0 31 feb-apr/2 *"])
+def test_a_cron_expression_that_never_matches_a_date_is_refused(expr: str) -> None:
+    """Broken: a cron expression naming a day no month has (30 February) parsed, and a schedule
+    that can never fire was stored silently (next fire ``None``)."""
+    env = _env()
+    with pytest.raises(ConfigurationError, match="never"):
+        env.schedules.create("never", job, cron=expr)
+    assert env.schedules.get("never") is None
+
+
 def test_update_refuses_a_raw_payload_instead_of_ignoring_it() -> None:
     """Broken: ``payload`` is in the fields update() accepts, but the facade dropped it: the call
     succeeded and the stored input stayed as it was (a change lost silently)."""

@@ -106,6 +106,18 @@ def parse_cron(expr: str) -> tuple[frozenset[int], ...]:
     return tuple(_field(p, i) for i, p in enumerate(parts))
 
 
+#: the most days of each month (February: 29, in a leap year)
+_MONTH_DAYS = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
+
+
+def _check_matches(expr: str, fields: tuple[frozenset[int], ...]) -> None:
+    """Refuse an expression naming no date (30 February): stored, it would never fire. Any day of
+    a month falls on each day of the week within 28 years, inside the search horizon."""
+    _, _, days, months, _ = fields
+    if not any(day <= _MONTH_DAYS[month - 1] for month in months for day in days):
+        raise ConfigurationError(f"cron {expr!r} never matches: no month it names has the days it names")
+
+
 def check_zone(tz: object) -> ZoneInfo:
     """The IANA zone named ``tz`` (``"Europe/Paris"``); an unknown one raises ConfigurationError."""
     if not isinstance(tz, str) or not tz:
@@ -153,10 +165,12 @@ class Spec:
         if (self.every is None) == (self.cron is None):
             raise ConfigurationError("a schedule needs one of every= (a timedelta) and cron= (an expression)")
         if self.every is not None:
-            check_seconds("every", self.every, zero_ok=False)
+            every = check_seconds("every", self.every, zero_ok=False) or 0.0
+            if every < 1:  # a tick's execution id is to the second: two ticks a second would share one
+                raise ConfigurationError(f"every must be at least 1 second, not {every:g}")
         else:
             assert self.cron is not None
-            parse_cron(self.cron)
+            _check_matches(self.cron, parse_cron(self.cron))
         check_zone(self.tz)
         for name in ("start_at", "end_at"):
             value = getattr(self, name)
