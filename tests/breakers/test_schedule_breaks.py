@@ -59,6 +59,28 @@ def _doc(env: WorkflowEnvironment, name: str) -> dict[str, Any]:
 # --- breaks ---------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("overlap", ["buffer_one", "cancel_other"])
+def test_a_kept_trigger_in_the_second_of_a_running_tick_starts_its_own_execution(overlap: str) -> None:
+    """Broken: a trigger kept by ``buffer_one``/``cancel_other`` was stored as a bare time and
+    started, once the running one ended, under ``tick_execution_id`` of that time (to the
+    second). Triggered in the second of the running tick, that is the running tick's own id:
+    create-only, nothing started, though counted ``started`` (buffer_one); under
+    ``cancel_other`` the trigger cancelled the running tick and then ran nothing at all."""
+    env = _env()
+    env.schedules.create("k", job, 600.0, every=timedelta(hours=1), overlap=overlap)
+    env.advance(timedelta(hours=1, seconds=0.3))
+    tick = f"k@{(T0 + timedelta(hours=1)).strftime('%Y%m%dT%H%M%S')}"
+    assert _runs(env, "k") == {tick: "running"}
+    assert env.schedules.trigger("k") is None  # kept: the tick still runs
+    env.advance(timedelta(minutes=30))
+    runs = _runs(env, "k")
+    assert len(runs) == 2, runs  # the tick and the kept trigger, each its own execution
+    assert runs[tick] == ("completed" if overlap == "buffer_one" else "cancelled")
+    (kept,) = set(runs) - {tick}
+    assert kept.startswith("k@20260101T010000.") and runs[kept] == "completed"
+    assert env.schedules.get("k").counts == {"started": 2}  # type: ignore[union-attr]
+
+
 def test_an_interval_under_a_second_is_refused() -> None:
     """Broken: ``every=0.5`` was stored; its ticks' ids are to the second, so two ticks shared one
     id: half of them started nothing but were counted ``started`` (20 counted, 11 executions)."""

@@ -216,14 +216,16 @@ def _decide(
         else:  # buffer_one, cancel_other: kept until the running ones end
             if new.get("buffered") is not None:
                 counts["dropped"] = counts.get("dropped", 0) + 1
-            new["buffered"] = at
+            new["buffered"], new["buffered_id"] = at, eid
             if how == CANCEL_OTHER:
                 cancels.extend(e for e in running if e not in cancels)
 
     buffered = new.get("buffered")
     if buffered is not None and not running and not new.get("paused"):  # the running one ended: it starts now
-        new["buffered"] = None
-        tick(float(buffered), tick_execution_id(name, float(buffered)), policy)
+        # its own id: a kept trigger's is not the id of the tick of its second (the one it waited for)
+        kept = new.get("buffered_id") or tick_execution_id(name, float(buffered))
+        new["buffered"], new["buffered_id"] = None, None
+        tick(float(buffered), str(kept), policy)
         changed = True
     if not new.get("paused"):
         spec, jitter = Spec.of(new), float(new.get("jitter") or 0.0)
@@ -263,6 +265,7 @@ def new_schedule(name: str, fields: dict[str, Any], now: float) -> dict[str, Any
         "next_tick": spec.next_tick(now),
         "running": [],
         "buffered": None,
+        "buffered_id": None,
         "starting": [],
         "last": None,
         "counts": {},
