@@ -81,6 +81,19 @@ def test_a_kept_trigger_in_the_second_of_a_running_tick_starts_its_own_execution
     assert env.schedules.get("k").counts == {"started": 2}  # type: ignore[union-attr]
 
 
+def test_two_triggers_at_one_instant_start_two_executions() -> None:
+    """Broken: a trigger's id is its time to the microsecond; two triggers at one instant (a
+    coarse clock, the fake clock of WorkflowEnvironment) got one id, so under ``allow_all`` the
+    second returned the first's id as started and counted ``started`` twice for one execution."""
+    env = _env()
+    env.schedules.create("tt", job, 600.0, every=timedelta(hours=1), overlap="allow_all")
+    first, second = env.schedules.trigger("tt"), env.schedules.trigger("tt")
+    assert first is not None and second is not None and first != second
+    env.run_until_idle()
+    assert set(_runs(env, "tt")) == {first, second}
+    assert env.schedules.get("tt").counts == {"started": 2}  # type: ignore[union-attr]
+
+
 def test_an_interval_under_a_second_is_refused() -> None:
     """Broken: ``every=0.5`` was stored; its ticks' ids are to the second, so two ticks shared one
     id: half of them started nothing but were counted ``started`` (20 counted, 11 executions)."""

@@ -198,12 +198,23 @@ def _noting(action: str, by: str, now: float, reason: str | None = None) -> Call
 
 def trigger(eng: EngineParts, name: str, by: str) -> str | None:
     """Fire once now, by the overlap policy; the id started, or None (skipped, or kept)."""
-    _read(eng, name)
+    doc = _read(eng, name)
     now = eng.clock.now()
-    eid = manual_execution_id(name, now)
+    eid = _unused_trigger_id(eng, doc, now)
     _write(eng, name, _noting("trigger", by, now))
     started = fire(eng, name, [(now, eid)])
     return eid if eid in started else None
+
+
+def _unused_trigger_id(eng: EngineParts, doc: Doc, now: float) -> str:
+    """A trigger's id, to the microsecond of ``now``, moved on while that id is taken: two
+    triggers in one tick of a coarse (or a test's fake) clock are two executions, not one counted twice."""
+    taken = set(doc.get("running") or ()) | {str(s["id"]) for s in doc.get("starting") or ()}
+    taken.add(str(doc.get("buffered_id")))
+    name, at = str(doc["name"]), now
+    while (eid := manual_execution_id(name, at)) in taken or eng.store.read(eid, EXEC_ID) is not None:
+        at += 1e-6
+    return eid
 
 
 def backfill(eng: EngineParts, name: str, start: float, end: float, by: str, overlap: str | None = None) -> list[str]:
