@@ -50,6 +50,11 @@ def _runs(env: WorkflowEnvironment, name: str) -> dict[str, str]:
     return {e.id: str(e.status) for e in found if e.id.startswith(name + "@")}
 
 
+def _sorted(env: WorkflowEnvironment, ids: list[str]) -> list[Any]:
+    found = {e.id: e for e in env.list_executions(limit=500).executions}
+    return [found[i] for i in ids]
+
+
 def _doc(env: WorkflowEnvironment, name: str) -> dict[str, Any]:
     doc = env.store.read(SCHEDULES_PK, schedule_id(name))
     assert doc is not None
@@ -92,6 +97,22 @@ def test_two_triggers_at_one_instant_start_two_executions() -> None:
     env.run_until_idle()
     assert set(_runs(env, "tt")) == {first, second}
     assert env.schedules.get("tt").counts == {"started": 2}  # type: ignore[union-attr]
+
+
+def test_jitter_longer_than_the_interval_misses_no_tick_while_beat_is_up() -> None:
+    """Broken: a jitter longer than the time between two ticks made a tick wait behind the
+    previous tick's longer delay; the ticks then fired in bursts, counted ``missed`` (late past
+    the catch-up window though beat never stopped) and ``skipped`` (the burst's first still
+    running). The delay is now at most the time to the next tick (as Temporal caps it)."""
+    env = _env()
+    env.schedules.create("jj", job, every=60, jitter=timedelta(minutes=10))
+    env.advance(timedelta(hours=1))
+    runs = _runs(env, "jj")
+    ticks = [f"jj@{(T0 + timedelta(minutes=m)).strftime('%Y%m%dT%H%M%S')}" for m in range(1, 60)]
+    assert set(ticks) <= set(runs)  # 01:00's own delay may end after the hour
+    assert env.schedules.get("jj").counts == {"started": len(runs)}  # type: ignore[union-attr]
+    delays = [e.created_at - T0.timestamp() - 60 * m for m, e in enumerate(_sorted(env, ticks), 1)]
+    assert all(0 <= d < 60 for d in delays) and len(set(delays)) > 50  # jittered, each below the interval
 
 
 def test_an_interval_under_a_second_is_refused() -> None:

@@ -29,7 +29,7 @@ from celery_durable.engine.documents.model import EXEC_ID
 from celery_durable.engine.documents.records import is_terminal
 from celery_durable.engine.documents.schedule_docs import ScheduleDoc
 from celery_durable.engine.documents.schema import DocType, DueKind, Status
-from celery_durable.engine.schedules.spec import ALLOW_ALL, CANCEL_OTHER, SKIP, Spec, jitter_of, tick_stamp
+from celery_durable.engine.schedules.spec import ALLOW_ALL, CANCEL_OTHER, SKIP, Spec, tick_delay, tick_stamp
 from celery_durable.errors import ConflictError, DurableError
 from celery_durable.stores.base import Doc, strip_reserved
 
@@ -95,7 +95,7 @@ def next_due(eng: EngineParts, doc: dict[str, Any]) -> dict[str, Any]:
     times = []
     tick = doc.get("next_tick")
     if isinstance(tick, int | float) and not doc.get("paused"):
-        times.append(float(tick) + jitter_of(doc["name"], float(tick), float(doc.get("jitter") or 0.0)))
+        times.append(float(tick) + tick_delay(Spec.of(doc), doc["name"], float(tick), float(doc.get("jitter") or 0.0)))
     # starts decided before a pause are still created (a trigger's too); a kept tick waits for the resume
     if doc.get("starting") or (doc.get("buffered") is not None and not doc.get("paused")):
         times.append(eng.clock.now() + float(eng.settings.clock_interval))
@@ -232,7 +232,7 @@ def _decide(
         window = float(new.get("catchup_window") or 0.0)
         at, decided = new.get("next_tick"), 0
         while isinstance(at, int | float) and decided < MAX_TICKS:
-            due = float(at) + jitter_of(name, float(at), jitter)
+            due = float(at) + tick_delay(spec, name, float(at), jitter)
             if due > now:
                 break
             if now - due > window:  # beat was down longer than the catch-up window: not run

@@ -21,7 +21,7 @@ from celery_durable.engine.schedules.firing import (
     schedule_id,
     tick_execution_id,
 )
-from celery_durable.engine.schedules.spec import Spec, jitter_of
+from celery_durable.engine.schedules.spec import Spec, tick_delay
 from celery_durable.errors import ConfigurationError, ConflictError, DurableError
 from celery_durable.stores.base import Doc, strip_reserved
 
@@ -249,4 +249,4 @@ def due_of(doc: Doc) -> float | None:
     tick = doc.get("next_tick")
     if not isinstance(tick, int | float):
         return None
-    return float(tick) + jitter_of(str(doc["name"]), float(tick), float(doc.get("jitter") or 0.0))
+    return float(tick) + tick_delay(Spec.of(doc), str(doc["name"]), float(tick), float(doc.get("jitter") or 0.0))

@@ -34,6 +34,7 @@ __all__ = [
     "parse_cron",
     "check_zone",
     "jitter_of",
+    "tick_delay",
     "tick_stamp",
 ]
 
@@ -135,6 +136,15 @@ def jitter_of(name: str, tick: float, jitter: float) -> float:
         return 0.0
     digest = hashlib.sha256(f"{name}\x00{tick!r}".encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2**64 * jitter
+
+
+def tick_delay(spec: Spec, name: str, tick: float, jitter: float) -> float:
+    """The jitter of one tick, at most the time to the next tick (as Temporal caps it): a longer
+    delay made a tick wait behind the last one's, so ticks fired in bursts and counted missed."""
+    if jitter <= 0:
+        return 0.0
+    nxt = spec.next_tick(tick)
+    return jitter_of(name, tick, jitter if nxt is None else min(jitter, nxt - tick))
 
 
 def tick_stamp(tick: float) -> str:
