@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from celery_durable.engine.admin.oplog import actor
 from celery_durable.engine.documents.checks import check_workflow_id
 from celery_durable.engine.documents.model import EXEC_ID
+from celery_durable.engine.limits.spec import limit_of_start
 from celery_durable.engine.schedules import manage
 from celery_durable.engine.schedules.firing import SCHEDULES_PK, manual_execution_id, schedule_id, tick_execution_id
 from celery_durable.engine.schedules.manage import ScheduleInfo
@@ -163,6 +164,8 @@ class Schedules:
         )
         fields = {"every": None, "cron": None} | fields
         Spec.of(fields).check()
+        # its limit's key function, on this input: fails here, not at every tick
+        limit_of_start(definition.limit, lambda: (args, kwargs), 0.0)
         fields.update(workflow=definition.name, payload=payload)
         return manage.create(self._engine(), name, fields, by or actor())
 
@@ -189,6 +192,7 @@ class Schedules:
             stored = doc.get("payload") or {}
             args = tuple(changes["args"]) if "args" in changes else tuple(stored.get("args") or ())
             kwargs = dict(changes["kwargs"]) if "kwargs" in changes else dict(stored.get("kwargs") or {})
+            limit_of_start(definition.limit, lambda: (args, kwargs), 0.0)  # its key function, here
             fields.update(workflow=definition.name, payload=definition.codec.encode_args(args, kwargs))
         return manage.update(self._engine(), name, fields, by or actor())
 

@@ -34,6 +34,7 @@ from celery_durable.engine.dispatcher import ActivityRequest, InlineDispatcher
 from celery_durable.engine.documents.model import Settings
 from celery_durable.engine.drive.in_process import LocalWorker
 from celery_durable.engine.limits.slots import LIMIT_DOC_ID
+from celery_durable.engine.limits.spec import limit_of_stored
 from celery_durable.engine.limits.table import rate_opens
 from celery_durable.engine.registry import Registry
 from celery_durable.engine.schedules.firing import fire_due
@@ -231,7 +232,9 @@ class WorkflowEnvironment:
             self._managed_until(at)
             self.clock.t = max(self.clock.t, at)
             self._scan()  # what was due before the tick fires first
-            self.engine.create_execution(workflow, payload, wid, None)
+            # its workflow's limit, as beat's start_scheduled takes it
+            fields = limit_of_stored(self.engine.registry.workflow(workflow), payload, self.clock.now())
+            self.engine.create_execution(workflow, payload, wid, None, **fields)
         self._managed_until(target)
         self.clock.t = target
         self._scan()

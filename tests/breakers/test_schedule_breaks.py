@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_durable import Durable
+from celery_durable import Durable, Limit
 from celery_durable import workflow as wf
 from celery_durable.engine.schedules.firing import SCHEDULES_PK, fire_due, schedule_id
 from celery_durable.errors import ConfigurationError, StoreError
@@ -39,6 +39,32 @@ def job(seconds: float = 0.0) -> str:
     if seconds:
         wf.sleep(seconds)
     return wf.execution_id()
+
+
+limited_app = Durable(Celery("schedule-breaks-limits", set_as_current=False, broker="memory://"), store="memory://")
+
+
+@limited_app.workflow(name="sb.limited", limit=Limit("sb-one", max_running=1))
+def limited(seconds: float = 0.0) -> str:
+    wf.sleep(seconds)
+    return wf.execution_id()
+
+
+@limited_app.workflow(name="sb.keyed", limit=Limit("sb-keyed", max_running=1, key=lambda customer: customer.upper()))
+def keyed(customer: str | None) -> str:
+    return str(customer)
+
+
+code_app = Durable(Celery("schedule-breaks-code", set_as_current=False, broker="memory://"), store="memory://")
+
+
+@code_app.workflow(name="sb.limited", limit=Limit("sb-one", max_running=1))
+def limited_in_code(seconds: float = 0.0) -> str:
+    wf.sleep(seconds)
+    return wf.execution_id()
+
+
+code_app.schedule("lim", limited_in_code, timedelta(hours=1), 9000.0)
 
 
 def _env() -> WorkflowEnvironment:
@@ -147,6 +173,30 @@ def test_update_refuses_a_raw_payload_instead_of_ignoring_it() -> None:
     assert _doc(env, "pl")["payload"] == {"args": [], "kwargs": {}}
     env.schedules.update("pl", args=(5.0,))  # the way to change it
     assert _doc(env, "pl")["payload"] == {"args": [5.0], "kwargs": {}}
+
+
+@pytest.mark.parametrize("kind", ["managed", "code"])
+def test_a_scheduled_start_waits_on_its_workflows_limit(kind: str) -> None:
+    """Broken: a tick created its execution without the workflow's declared ``limit=`` (start()
+    computes it, the firing called create_execution bare): with ``max_running=1`` three ticks ran
+    at once. Managed schedules (the firing) and those declared in code (beat's start task, and
+    WorkflowEnvironment's ticks) alike: each now waits ``queued`` for a slot."""
+    env = WorkflowEnvironment(limited_app if kind == "managed" else code_app, start=T0)
+    if kind == "managed":
+        env.schedules.create("lim", limited, 9000.0, every=timedelta(hours=1), overlap="allow_all")
+    env.advance(timedelta(hours=3))
+    statuses = sorted(_runs(env, "lim").values())
+    assert statuses == ["queued", "queued", "running"], statuses
+
+
+def test_a_limit_key_that_fails_on_the_schedules_input_is_refused_at_create() -> None:
+    """Broken with the above: the key function of a workflow's limit would run only at a tick; an
+    input it cannot key raises at create, in the caller (its own error, as start() gives it), and
+    stores nothing."""
+    env = WorkflowEnvironment(limited_app, start=T0)
+    with pytest.raises(AttributeError, match="upper"):
+        env.schedules.create("badkey", keyed, None, every=timedelta(hours=1))
+    assert env.schedules.get("badkey") is None
 
 
 # --- held -----------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from celery_durable.engine.documents.model import EXEC_ID
 from celery_durable.engine.documents.records import is_terminal
 from celery_durable.engine.documents.schedule_docs import ScheduleDoc
 from celery_durable.engine.documents.schema import DocType, DueKind, Status
+from celery_durable.engine.limits.spec import limit_of_stored
 from celery_durable.engine.schedules.spec import ALLOW_ALL, CANCEL_OTHER, SKIP, Spec, tick_delay, tick_stamp
 from celery_durable.errors import ConflictError, DurableError
 from celery_durable.stores.base import Doc, strip_reserved
@@ -157,8 +158,12 @@ def fire(
 
 def _create_starting(eng: EngineParts, doc: Doc) -> None:
     """Create the decided starts (create-only), then move them to ``running``."""
+    definition = eng.registry.workflow(str(doc["workflow"]))
     for start in doc.get("starting") or []:
-        created = eng.create_execution(str(doc["workflow"]), dict(doc["payload"]), str(start["id"]), None)
+        payload = dict(doc["payload"])
+        # its workflow's limit, as start() takes it: a tick waits for a slot like any start
+        fields = limit_of_stored(definition, payload, eng.clock.now())
+        created = eng.create_execution(str(doc["workflow"]), payload, str(start["id"]), None, **fields)
         eng.emit("schedule_started", schedule=doc["name"], execution_id=start["id"], created=created)
     done = strip_reserved(doc) | {"starting": [], "updated_at": eng.clock.now()}
     done.update(next_due(eng, done))
