@@ -199,6 +199,27 @@ def test_a_limit_key_that_fails_on_the_schedules_input_is_refused_at_create() ->
     assert env.schedules.get("badkey") is None
 
 
+def test_the_cli_refuses_a_backfill_time_it_cannot_read_with_a_clear_error() -> None:
+    """Broken: ``durable schedule backfill NAME yesterday …`` died on ``datetime.fromisoformat``'s
+    ValueError (a traceback) instead of a usage error naming the value."""
+    from celery.bin.celery import celery as celery_cli
+    from click.testing import CliRunner
+
+    from celery_durable.stores.memory import MemoryStore
+    from tests.apps import basic
+
+    basic.durable.configure(store=MemoryStore())
+    try:
+        basic.durable.schedules.create("cli-bf", basic.ticker, "x", every=timedelta(hours=1))
+        args = ["schedule", "backfill", "cli-bf", "yesterday", "2026-01-02T00:00:00+00:00"]
+        out = CliRunner().invoke(celery_cli, ["-A", "tests.apps.basic", "durable", *args])
+        assert out.exit_code == 2 and isinstance(out.exception, SystemExit), out.exception
+        assert "'yesterday' is not an ISO time" in out.output
+        assert [a["action"] for a in basic.durable.schedules.get("cli-bf").actions] == ["create"]  # type: ignore[union-attr]
+    finally:
+        basic.durable.configure(store=None)
+
+
 # --- held -----------------------------------------------------------------------------------
 
 
