@@ -87,6 +87,10 @@ def _doc(env: WorkflowEnvironment, name: str) -> dict[str, Any]:
     return doc
 
 
+def _stamp(minutes: float) -> str:
+    return (T0 + timedelta(minutes=minutes)).strftime("%Y%m%dT%H%M%S")
+
+
 # --- breaks ---------------------------------------------------------------------------------
 
 
@@ -218,6 +222,39 @@ def test_the_cli_refuses_a_backfill_time_it_cannot_read_with_a_clear_error() -> 
         assert [a["action"] for a in basic.durable.schedules.get("cli-bf").actions] == ["create"]  # type: ignore[union-attr]
     finally:
         basic.durable.configure(store=None)
+
+
+def test_cancel_other_asks_again_when_the_firer_died_before_its_cancel() -> None:
+    """Broken: ``cancel_other`` wrote its decision (the tick kept) and then asked the cancel; a
+    firer killed between the two (or a cancel that failed) left the running one uncancelled, and
+    the kept tick waited for it to end on its own (here 5 hours) or for the next tick. Every
+    firing that finds a tick kept by ``cancel_other`` now asks the cancel of a running one not
+    yet asked."""
+    env = _env()
+    env.schedules.create("co", job, 5 * HOUR, every=timedelta(hours=1), overlap="cancel_other")
+    env.advance(timedelta(hours=1, seconds=1))
+    real = env.engine.cancel
+
+    def killed(*args: Any, **kwargs: Any) -> bool:
+        raise KeyboardInterrupt("the firer dies before its cancel")
+
+    env.engine.cancel = killed  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        env.advance(timedelta(hours=1))
+    env.engine.cancel = real  # type: ignore[method-assign]
+    env.advance(5)  # the next clock scans
+    assert _runs(env, "co") == {f"co@{_stamp(60)}": "cancelled", f"co@{_stamp(120)}": "running"}
+
+
+def test_cancel_other_with_two_ticks_due_at_once_cancels_the_first_it_started() -> None:
+    """Broken: beat down for two ticks of a ``cancel_other`` schedule: one firing decided to start
+    the first and, for the second, to cancel the first — before it was created (the cancel failed,
+    logged); the first then ran uncancelled and the second waited for it (here 5 hours)."""
+    env = _env()
+    env.schedules.create("c2", job, 5 * HOUR, every=timedelta(minutes=1), overlap="cancel_other")
+    env.clock.advance(121)  # 00:01 and 00:02 due
+    env.advance(5)
+    assert _runs(env, "c2") == {f"c2@{_stamp(1)}": "cancelled", f"c2@{_stamp(2)}": "running"}
 
 
 # --- held -----------------------------------------------------------------------------------

@@ -173,18 +173,21 @@ def _create_starting(eng: EngineParts, doc: Doc) -> None:
         pass  # re-read by the caller (or the next firing), which finds them created
 
 
-def _alive(eng: EngineParts, running: list[str]) -> tuple[list[str], list[tuple[str, Any]]]:
-    """The executions of ``running`` not ended, and the ended ones that failed (id, error)."""
-    alive, failed = [], []
+def _alive(eng: EngineParts, running: list[str]) -> tuple[list[str], list[tuple[str, Any]], set[str]]:
+    """The executions of ``running`` not ended, the ended ones that failed (id, error), and the
+    ones not ended that no cancel was asked of."""
+    alive, failed, uncancelled = [], [], set()
     for eid in running:
         ex = eng.store.read(eid, EXEC_ID)
         if ex is None:
             continue
         if not is_terminal(ex):
             alive.append(eid)
+            if not ex.get("cancel_requested"):
+                uncancelled.add(eid)
         elif ex.get("status") in _FAILED:
             failed.append((eid, ex.get("error")))
-    return alive, failed
+    return alive, failed, uncancelled
 
 
 def _decide(
@@ -194,7 +197,7 @@ def _decide(
     now = eng.clock.now()
     name = str(doc["name"])
     new: dict[str, Any] = strip_reserved(doc)
-    running, failed = _alive(eng, list(doc.get("running") or []))
+    running, failed, uncancelled = _alive(eng, list(doc.get("running") or []))
     changed = running != list(doc.get("running") or [])
     new["running"] = running
     counts = dict(doc.get("counts") or {})
@@ -250,6 +253,10 @@ def _decide(
     for at, eid in manual:  # a trigger or a backfill: by its policy, paused or not
         tick(at, eid, overlap or policy)
         changed = True
+    if policy == CANCEL_OTHER and new.get("buffered") is not None:
+        # a cancel decided earlier may be lost (its firer died after the decision, or it was asked
+        # before the execution was created): asked again of a running one no cancel reached
+        cancels.extend(e for e in running if e in uncancelled and e not in cancels)
     if not changed and new.get("due_at") == next_due(eng, new)["due_at"]:
         return None
     new["running"] = running[-MAX_RUNNING:]
