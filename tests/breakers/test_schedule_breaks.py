@@ -257,6 +257,33 @@ def test_cancel_other_with_two_ticks_due_at_once_cancels_the_first_it_started() 
     assert _runs(env, "c2") == {f"c2@{_stamp(1)}": "cancelled", f"c2@{_stamp(2)}": "running"}
 
 
+def test_the_environment_does_not_step_second_by_second_while_a_kept_tick_waits() -> None:
+    """Broken: while a tick is kept (``buffer_one``) and the running one goes on, the schedule is
+    due every clock interval (it polls for the end); ``WorkflowEnvironment.advance`` stepped the
+    fake clock through each of those seconds with a full scan: 12,600 firings for 3.5 hours
+    (a month: minutes of wall time). It now jumps to the next moment an execution can end (a
+    timer, a retry, a rate opening) or the next tick; the kept tick still starts at the end."""
+    env = _env()
+    env.schedules.create("bk", job, 2.5 * HOUR, every=timedelta(hours=1), overlap="buffer_one")
+    writes = 0
+    real = env.store.replace
+
+    def counted(doc: Any, *args: Any, **kwargs: Any) -> Any:
+        nonlocal writes
+        writes += doc.get("pk") == SCHEDULES_PK
+        return real(doc, *args, **kwargs)
+
+    env.store.replace = counted  # type: ignore[method-assign]
+    env.advance(timedelta(hours=6))
+    found = {e.id: e for e in env.list_executions(limit=50).executions if e.id.startswith("bk@")}
+    # 01:00 runs to 03:30; 03:00 (kept, 02:00 dropped) starts at its end (within a clock
+    # interval) and runs to 06:00, when 05:00 (kept, 04:00 dropped) starts
+    assert sorted(found) == [f"bk@{_stamp(60)}", f"bk@{_stamp(180)}", f"bk@{_stamp(300)}"]
+    for kept, end in ((180, 3.5), (300, 6.0)):
+        assert 0 <= found[f"bk@{_stamp(kept)}"].created_at - (T0.timestamp() + end * HOUR) <= 1.0
+    assert writes < 50, writes
+
+
 # --- held -----------------------------------------------------------------------------------
 
 
