@@ -284,6 +284,28 @@ def test_the_environment_does_not_step_second_by_second_while_a_kept_tick_waits(
     assert writes < 50, writes
 
 
+def test_who_and_why_of_a_schedule_action_are_checked_not_stored_as_given() -> None:
+    """Broken: ``by`` and ``reason`` were stored as given: a 5 MB reason (kept in the schedule's
+    latest actions, rewritten by every firing; past Cosmos' document size), a number as ``by``, a
+    list as a reason. They are checked as an execution's operator actions check them."""
+    env = _env()
+    env.schedules.create("wh", job, every=60)
+    with pytest.raises(ConfigurationError, match="at most 4096"):
+        env.schedules.pause("wh", reason="x" * 5_000_000)
+    with pytest.raises(ConfigurationError, match="by must be"):
+        env.schedules.pause("wh", by=123)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="reason must be"):
+        env.schedules.pause("wh", reason=["why"])  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="by must be"):
+        env.schedules.trigger("wh", by="  ")
+    info = env.schedules.get("wh")
+    assert info is not None and not info.paused and [a["action"] for a in info.actions] == ["create"]
+    assert _runs(env, "wh") == {}
+    with pytest.raises(ConfigurationError, match="by is 300"):
+        env.schedules.create("wh2", job, every=60, by="o" * 300)
+    assert env.schedules.get("wh2") is None
+
+
 # --- held -----------------------------------------------------------------------------------
 
 
