@@ -306,6 +306,25 @@ def test_who_and_why_of_a_schedule_action_are_checked_not_stored_as_given() -> N
     assert env.schedules.get("wh2") is None
 
 
+def test_a_backfilled_tick_that_ran_already_is_neither_counted_nor_blocking() -> None:
+    """Broken: a backfilled tick whose execution exists (it ran) was decided as a start: counted
+    ``started`` again (8 for 4 executions), made ``last``, and taken as running, so by ``skip``
+    the range's ticks that never ran were skipped behind it and never run. It is now left out
+    of the decision (still returned: its id exists)."""
+    env = _env()
+    env.clock.advance(6 * HOUR)
+    env.schedules.create("bd", job, 600.0, every=timedelta(hours=1))
+    ran = env.schedules.backfill("bd", T0, T0 + timedelta(hours=1))
+    env.run_until_idle()  # bd@00:00 ran (600 s of fake time pass only with the clock)
+    env.advance(700)
+    assert _runs(env, "bd") == {f"bd@{_stamp(0)}": "completed"}
+    again = env.schedules.backfill("bd", T0, T0 + timedelta(hours=3))  # by skip
+    assert again == [*ran, f"bd@{_stamp(60)}"]  # 00:00 ran already; 01:00 starts; 02:00 finds it running
+    env.run_until_idle()
+    assert _runs(env, "bd") == {f"bd@{_stamp(0)}": "completed", f"bd@{_stamp(60)}": "running"}
+    assert env.schedules.get("bd").counts == {"started": 2, "skipped": 1}  # type: ignore[union-attr]
+
+
 # --- held -----------------------------------------------------------------------------------
 
 

@@ -127,6 +127,10 @@ def fire(
     or a backfill, by ``overlap`` or the schedule's policy), write the decision, start what it
     decided. Returns the ids of the executions it decided to start (created now, or by a firer
     that raced it). Idempotent; two firers converge on one execution per tick."""
+    # a backfilled tick whose execution exists ran already: not decided again (nor counted, nor
+    # taken as running), returned all the same
+    ran = {eid for _, eid in manual or () if eng.store.read(eid, EXEC_ID) is not None}
+    fresh = [(at, eid) for at, eid in manual or () if eid not in ran]
     for _ in range(_ATTEMPTS):
         doc = eng.store.read(SCHEDULES_PK, schedule_id(name))
         if doc is None:
@@ -136,9 +140,9 @@ def fire(
         if doc.get("starting"):
             _create_starting(eng, doc)
             continue
-        decided = _decide(eng, doc, manual or [], overlap)
+        decided = _decide(eng, doc, fresh, overlap)
         if decided is None:
-            return []
+            return [eid for _, eid in manual or () if eid in ran]
         new, cancels = decided
         try:
             etag = eng.store.replace(new, if_match=doc["_etag"])
@@ -152,7 +156,7 @@ def fire(
         ids = [str(s["id"]) for s in new.get("starting") or []]
         if ids:
             _create_starting(eng, new | {"_etag": etag})
-        return ids
+        return [eid for _, eid in manual or () if eid in ran or eid in ids] if manual else ids
     raise DurableError(f"could not fire schedule {name!r}: too much contention")
 
 
