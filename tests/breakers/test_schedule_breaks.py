@@ -22,9 +22,11 @@ from celery import Celery
 
 from celery_durable import Durable, Limit
 from celery_durable import workflow as wf
+from celery_durable.engine.core import Engine
+from celery_durable.engine.dispatcher import InlineDispatcher
 from celery_durable.engine.schedules.firing import SCHEDULES_PK, fire_due, schedule_id
 from celery_durable.errors import ConfigurationError, StoreError
-from celery_durable.testing.env import WorkflowEnvironment
+from celery_durable.testing.env import FakeClock, WorkflowEnvironment
 
 pytestmark = pytest.mark.adversarial
 
@@ -412,3 +414,71 @@ def test_a_backfill_out_of_range_is_refused_and_records_nothing() -> None:
     with pytest.raises(ConfigurationError):
         env.schedules.backfill("bb", float("nan"), 10.0)
     assert [a["action"] for a in env.schedules.get("bb").actions] == ["create"]  # type: ignore[union-attr]
+
+
+def test_two_beats_with_skewed_clocks_start_each_tick_once() -> None:
+    """Held: two beats on one store, one's clock 40 s ahead of the other's, scanning in turn for
+    two hours of ticks every minute (skip and allow_all): each tick starts one execution."""
+    env = _env()
+    env.schedules.create("sk-all", job, every=60, overlap="allow_all")
+    env.schedules.create("sk-one", job, 90.0, every=60)
+    ahead = FakeClock(env.clock.t + 40)
+    other = Engine(env.store, InlineDispatcher(), settings=env.engine.settings, registry=durable.registry, clock=ahead)
+    for _ in range(2 * 60 * 4):  # every 15 s of the slow clock
+        env.clock.t += 15
+        ahead.t = env.clock.t + 40
+        fire_due(other)
+        env.advance(0)
+    ticks = {f"sk-all@{_stamp(m)}" for m in range(1, 121)}
+    assert ticks <= set(_runs(env, "sk-all")) and len(_runs(env, "sk-all")) in (120, 121)
+    assert env.schedules.get("sk-all").counts == {"started": len(_runs(env, "sk-all"))}  # type: ignore[union-attr]
+    counts = env.schedules.get("sk-one").counts  # type: ignore[union-attr]
+    assert counts["started"] == len(_runs(env, "sk-one")) and counts["started"] + counts["skipped"] in (120, 121)
+
+
+def test_an_operator_pause_racing_a_firing_wins_and_nothing_starts() -> None:
+    """Held: a pause written between a firing's read and its decision write: the firing's write
+    loses on the etag, it decides again on the paused schedule, and starts nothing."""
+    env = _env()
+    env.schedules.create("race", job, every=60)
+    env.clock.advance(61)
+    real = env.store.replace
+    paused: list[bool] = []
+
+    def racing(doc: Any, *args: Any, **kwargs: Any) -> Any:
+        if doc.get("pk") == SCHEDULES_PK and doc.get("starting") and not paused:
+            paused.append(env.schedules.pause("race", reason="racing"))
+        return real(doc, *args, **kwargs)
+
+    env.store.replace = racing  # type: ignore[method-assign]
+    assert fire_due(env.engine) == 0
+    assert paused == [True] and _runs(env, "race") == {}
+    assert _doc(env, "race")["starting"] == [] and _doc(env, "race")["counts"] == {}
+
+
+def test_a_delete_racing_a_firing_keeps_the_decided_start_and_raises_nothing() -> None:
+    """Held: the schedule deleted between a firing's decision and its starts: the decided tick is
+    created (it was decided), the firing's second write finds nothing and gives up quietly."""
+    env = _env()
+    env.schedules.create("gone", job, every=60)
+    env.clock.advance(61)
+    real = env.engine.create_execution
+
+    def deleting(*args: Any, **kwargs: Any) -> bool:
+        env.schedules.delete("gone")
+        return real(*args, **kwargs)
+
+    env.engine.create_execution = deleting  # type: ignore[method-assign]
+    assert fire_due(env.engine) == 1
+    env.engine.create_execution = real  # type: ignore[method-assign]
+    env.run_until_idle()
+    assert _runs(env, "gone") == {f"gone@{_stamp(1)}": "completed"} and env.schedules.get("gone") is None
+
+
+def test_a_cron_across_the_autumn_night_fires_a_repeated_time_once() -> None:
+    """Held: 01:30 happens twice in New York on 1 November 2026; it fires once, at its first
+    occurrence (05:30 UTC, EDT), and the day after at 06:30 UTC (EST)."""
+    env = WorkflowEnvironment(durable, start=datetime(2026, 10, 31, 12, tzinfo=UTC))
+    env.schedules.create("ny", job, cron="30 1 * * *", tz="America/New_York")
+    env.advance(timedelta(days=2))
+    assert sorted(_runs(env, "ny")) == ["ny@20261101T053000", "ny@20261102T063000"]
