@@ -55,16 +55,24 @@ def cron_of(value: object) -> str:
     raise ConfigurationError(f"cron must be a string like '0 9 * * mon-fri' or a celery crontab, not {value!r}")
 
 
+#: the times a schedule takes (epoch seconds): its ticks' ids and a cron search ahead stay dates
+_EARLIEST, _LATEST = datetime(1900, 1, 1, tzinfo=UTC).timestamp(), datetime(9000, 1, 1, tzinfo=UTC).timestamp()
+
+
 def _epoch(name: str, value: object) -> float | None:
     if value is None:
         return None
     if isinstance(value, datetime):
         if value.tzinfo is None:
             raise ConfigurationError(f"{name} must be a timezone-aware datetime (or epoch seconds)")
-        return value.timestamp()
-    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    raise ConfigurationError(f"{name} must be a datetime or epoch seconds, not {value!r}")
+        at = value.timestamp()
+    elif isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        at = float(value)
+    else:
+        raise ConfigurationError(f"{name} must be a datetime or epoch seconds, not {value!r}")
+    if not _EARLIEST <= at <= _LATEST:  # a tick there has no date: its id, a listing, a cron search fail
+        raise ConfigurationError(f"{name} must be a time between the years 1900 and 9000, not {value!r}")
+    return at
 
 
 def _who(by: object) -> str:

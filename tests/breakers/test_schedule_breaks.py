@@ -327,6 +327,23 @@ def test_a_backfilled_tick_that_ran_already_is_neither_counted_nor_blocking() ->
     assert env.schedules.get("bd").counts == {"started": 2, "skipped": 1}  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("at", [-1e15, 1e15, datetime(9999, 12, 31, 23, 59, tzinfo=UTC).timestamp()])
+def test_a_time_no_date_can_hold_is_refused_before_anything_is_stored(at: float) -> None:
+    """Broken: ``backfill`` over a range outside the years datetime holds raised a raw ValueError
+    (``year 31690708 is out of range``) after recording a ``backfill`` action; ``create`` with
+    such a ``start_at`` stored a schedule that never fires (``every``) or raised the raw
+    ValueError (``cron``). They are refused in the caller, as ConfigurationError, storing nothing."""
+    env = _env()
+    env.schedules.create("far", job, every=60)
+    with pytest.raises(ConfigurationError, match="between the years"):
+        env.schedules.backfill("far", at, at + 120)
+    assert [a["action"] for a in env.schedules.get("far").actions] == ["create"]  # type: ignore[union-attr]
+    for timing in ({"every": 60}, {"cron": "0 0 * * *"}):
+        with pytest.raises(ConfigurationError, match="between the years"):
+            env.schedules.create("later", job, start_at=at, **timing)  # type: ignore[arg-type]
+        assert env.schedules.get("later") is None
+
+
 # --- held -----------------------------------------------------------------------------------
 
 

@@ -226,11 +226,12 @@ def backfill(eng: EngineParts, name: str, start: float, end: float, by: str, ove
         raise ConfigurationError("backfill needs start < end")
     spec = Spec.of(doc)
     ticks = spec.ticks(start, end, MAX_BACKFILL)
+    manual = [(t, tick_execution_id(name, t)) for t in ticks]  # before the action is recorded
     now = eng.clock.now()
     _write(eng, name, _noting("backfill", by, now, f"{len(ticks)} ticks"))
     if not ticks:
         return []
-    return fire(eng, name, [(t, tick_execution_id(name, t)) for t in ticks], overlap)
+    return fire(eng, name, manual, overlap)
 
 
 def get(eng: EngineParts, name: str) -> ScheduleInfo | None:
