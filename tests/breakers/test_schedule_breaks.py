@@ -344,6 +344,27 @@ def test_a_time_no_date_can_hold_is_refused_before_anything_is_stored(at: float)
         assert env.schedules.get("later") is None
 
 
+@pytest.mark.parametrize("every", [300, 300.0, "schedule"], ids=["int", "float", "celery-schedule"])
+def test_a_schedule_declared_in_code_every_n_seconds_is_listed_and_ticks(every: Any) -> None:
+    """Broken: ``Durable.schedule(name, wf, 300)`` (beat's seconds) or a Celery ``schedule(...)``
+    was accepted, but ``durable.schedules.list()`` then raised for every schedule (``cron must
+    be a string…``): the CLI's ``schedule list`` and the UI's Schedules page were down for all
+    of them; WorkflowEnvironment.advance raised AttributeError on the number. Both are read as
+    the interval they mean (a timedelta); anything else (a solar schedule) is refused there."""
+    from celery.schedules import schedule as celery_schedule
+
+    d = Durable(Celery(f"schedule-breaks-every-{type(every).__name__}", set_as_current=False), store="memory://")
+    w = d.workflow(name="sb.every")(lambda: "ok")
+    d.schedule("n", w, celery_schedule(timedelta(seconds=300)) if every == "schedule" else every)
+    env = WorkflowEnvironment(d, start=T0)
+    (info,) = env.schedules.list()
+    assert info.kind == "code" and info.spec == "every 0:05:00"
+    env.advance(timedelta(minutes=10))
+    assert sorted(_runs(env, "n")) == [f"n@{_stamp(5)}", f"n@{_stamp(10)}"]
+    with pytest.raises(ConfigurationError, match="timedelta or a Celery crontab"):
+        d.schedule("bad", w, object())
+
+
 # --- held -----------------------------------------------------------------------------------
 
 
