@@ -261,13 +261,14 @@ class WorkflowEnvironment:
     def _next_firing(self, until: float) -> tuple[str, float] | None:
         """The next managed schedule to fire (its id, when) up to ``until``. One that only polls
         for its running executions to end (a kept tick, due every clock interval) is fired when
-        one can end here: at the next timer, retry or rate opening (or its next tick), instead of
-        every second of the fake clock."""
+        one can end here: at the next timer, retry, delayed effect or rate opening (or its next
+        tick), instead of every second of the fake clock."""
         store, best = self.engine.store, None
         for ref in store.scan_due("schedule", until, 100):
             at, doc = ref.due_at, store.read(ref.pk, ref.id)
             if doc is not None and self._only_polls(doc):
-                events = [when for when, _ in self.retries] + self._rate_openings() + [due_of(doc) or math.inf]
+                events = [when for when, _ in self.retries + self.worker.delayed] + self._rate_openings()
+                events.append(due_of(doc) or math.inf)
                 events.append(clock if (clock := self.engine.timers.next_clock()) is not None else math.inf)
                 at = max(at, min(events))
             if at <= until and (best is None or at < best[1]):
