@@ -383,6 +383,24 @@ def test_a_managed_schedule_shadowed_by_a_later_declaration_in_code_can_still_be
     assert env.schedules.delete("same") is True
 
 
+def test_a_limit_key_failing_at_a_tick_pauses_the_schedule_with_the_error() -> None:
+    """Broken with the limit fix: a workflow's limit key that fails on the stored input (the key
+    function changed in a deploy since create) raised at every clock scan, the decided start
+    stuck in ``starting``, the schedule blocked. The tick is not started, and the schedule
+    pauses with the error as its reason."""
+    env = WorkflowEnvironment(limited_app, start=T0)
+    env.schedules.create("kf", keyed, "acme", every=timedelta(hours=1))
+    doc = _doc(env, "kf")
+    env.store.replace({k: v for k, v in doc.items() if k != "_etag"} | {"payload": {"args": [None], "kwargs": {}}},
+                      if_match=doc["_etag"])  # fmt: skip
+    env.advance(timedelta(hours=3))
+    assert _runs(env, "kf") == {}
+    info = env.schedules.get("kf")
+    assert info is not None and info.paused and info.next_fire is None
+    assert info.paused_reason is not None and "limit key failed: AttributeError" in info.paused_reason
+    assert _doc(env, "kf")["starting"] == []
+
+
 # --- held -----------------------------------------------------------------------------------
 
 

@@ -162,14 +162,22 @@ def fire(
 
 def _create_starting(eng: EngineParts, doc: Doc) -> None:
     """Create the decided starts (create-only), then move them to ``running``."""
-    definition = eng.registry.workflow(str(doc["workflow"]))
+    definition, now = eng.registry.workflow(str(doc["workflow"])), eng.clock.now()
+    refused: list[str] = []
     for start in doc.get("starting") or []:
         payload = dict(doc["payload"])
-        # its workflow's limit, as start() takes it: a tick waits for a slot like any start
-        fields = limit_of_stored(definition, payload, eng.clock.now())
+        try:  # its workflow's limit, as start() takes it: a tick waits for a slot like any start
+            fields = limit_of_stored(definition, payload, now)
+        except Exception as exc:  # the key function fails on this input (changed since create)
+            log.exception("schedule %s cannot start %s: its workflow's limit key failed", doc["name"], start["id"])
+            refused.append(f"{start['id']} not started: its workflow's limit key failed: {type(exc).__name__}: {exc}")
+            continue
         created = eng.create_execution(str(doc["workflow"]), payload, str(start["id"]), None, **fields)
         eng.emit("schedule_started", schedule=doc["name"], execution_id=start["id"], created=created)
-    done = strip_reserved(doc) | {"starting": [], "updated_at": eng.clock.now()}
+    done = strip_reserved(doc) | {"starting": [], "updated_at": now}
+    if refused:  # not retried every scan: paused, with the error for the operator (update, resume)
+        done.update(paused=True, paused_reason=refused[-1][:500], paused_by="schedule", paused_at=now)
+        note(done, "pause", "schedule", now, refused[-1][:500])
     done.update(next_due(eng, done))
     try:
         eng.store.replace(done, if_match=doc["_etag"])
