@@ -556,3 +556,29 @@ def test_a_cron_across_the_autumn_night_fires_a_repeated_time_once() -> None:
     env.schedules.create("ny", job, cron="30 1 * * *", tz="America/New_York")
     env.advance(timedelta(days=2))
     assert sorted(_runs(env, "ny")) == ["ny@20261101T053000", "ny@20261102T063000"]
+
+
+def test_the_ui_escapes_a_hostile_name_and_reason_and_refuses_an_unknown_one(tmp_path: Any) -> None:
+    """Held: a schedule named like an HTML tag, paused with a script as reason, is shown escaped;
+    its buttons act on it; a 100,000-character name is a 404; a message code not in the list is
+    not echoed."""
+    from starlette.testclient import TestClient
+
+    from celery_durable.stores.sqlite.store import SqliteStore
+    from celery_durable.ui import create_app
+    from tests.ui import flows
+    from tests.ui.conftest import TOKEN, login
+
+    env = WorkflowEnvironment(flows.durable, store=SqliteStore(str(tmp_path / "ui.db")))
+    name = "<img src=x onerror=alert(1)>"
+    env.schedules.create(name, flows.echo, "hi", every=timedelta(hours=1))
+    env.schedules.pause(name, reason="<script>alert(2)</script>")
+    with TestClient(create_app(env.engine, TOKEN), follow_redirects=False) as client:
+        csrf = login(client)
+        page = client.get("/schedules").text
+        assert "<img src=x" not in page and "<script>alert(2)" not in page and "&lt;img src=x" in page
+        resumed = client.post("/schedules/actions/resume", data={"name": name, "csrf": csrf})
+        assert resumed.headers["location"] == "/schedules?msg=resumed"
+        assert client.post("/schedules/actions/pause", data={"name": "x" * 100_000, "csrf": csrf}).status_code == 404
+        assert "<script>" not in client.get("/schedules?msg=<script>").text
+    assert env.schedules.get(name).paused is False  # type: ignore[union-attr]
