@@ -24,8 +24,11 @@ from celery_durable import Durable, Limit
 from celery_durable import workflow as wf
 from celery_durable.engine.core import Engine
 from celery_durable.engine.dispatcher import InlineDispatcher
-from celery_durable.engine.schedules.firing import SCHEDULES_PK, fire_due, schedule_id
+from celery_durable.engine.documents.model import EXEC_ID, Settings
+from celery_durable.engine.schedules import manage
+from celery_durable.engine.schedules.firing import SCHEDULES_PK, fire_due, schedule_id, tick_execution_id
 from celery_durable.errors import ConfigurationError, StoreError
+from celery_durable.stores.memory import MemoryStore
 from celery_durable.testing.env import FakeClock, WorkflowEnvironment
 
 pytestmark = pytest.mark.adversarial
@@ -399,6 +402,28 @@ def test_a_limit_key_failing_at_a_tick_pauses_the_schedule_with_the_error() -> N
     assert info is not None and info.paused and info.next_fire is None
     assert info.paused_reason is not None and "limit key failed: AttributeError" in info.paused_reason
     assert _doc(env, "kf")["starting"] == []
+
+
+def test_a_long_outage_does_not_make_beat_miss_the_ticks_after_it_is_back() -> None:
+    """Broken: a firing looked at most 100 ticks, missed ones included; after a day down, a
+    schedule every second had 86,400 ticks to count missed at 100 a scan (one a second): beat,
+    back, spent 14 minutes counting and the ticks while it did were late past the catch-up
+    window, counted missed too. Missed ticks are now counted 10,000 a firing (no start, no write
+    per tick), so the outage is crossed in seconds and the ticks after it run."""
+    clock = FakeClock(T0.timestamp())
+    eng = Engine(MemoryStore(), InlineDispatcher(), registry=durable.registry, settings=Settings(), clock=clock)
+    manage.create(eng, "fast", {
+        "every": 1.0, "cron": None, "tz": "UTC", "start_at": None, "end_at": None, "overlap": "allow_all",
+        "catchup_window": 300.0, "jitter": 0.0, "pause_on_failure": False, "workflow": "sb.job",
+        "payload": {"args": [], "kwargs": {}},
+    }, "test")  # fmt: skip
+    clock.advance(86_400)  # beat down a day
+    back = clock.now()
+    for _ in range(60):  # a minute of clock scans, a second apart
+        clock.advance(1)
+        fire_due(eng)
+    after = [tick_execution_id("fast", back + s) for s in range(1, 60)]
+    assert all(eng.store.read(eid, EXEC_ID) is not None for eid in after)
 
 
 # --- held -----------------------------------------------------------------------------------

@@ -53,8 +53,10 @@ log = logging.getLogger("celery_durable.schedules")
 
 #: the one partition holding every schedule (a listing is one partition query)
 SCHEDULES_PK = "sch:all"
-#: the most ticks one firing decides (the rest stay due: the next scan goes on)
+#: the most ticks one firing starts or keeps (the rest stay due: the next scan goes on)
 MAX_TICKS = 100
+#: the most ticks one firing looks at, missed ones included
+MAX_MISSED = 10_000
 #: the most started executions a schedule keeps looking at (older ones: no longer tracked)
 MAX_RUNNING = 100
 #: the operator actions a schedule keeps
@@ -250,8 +252,10 @@ def _decide(
     if not new.get("paused"):
         spec, jitter = Spec.of(new), float(new.get("jitter") or 0.0)
         window = float(new.get("catchup_window") or 0.0)
-        at, decided = new.get("next_tick"), 0
-        while isinstance(at, int | float) and decided < MAX_TICKS:
+        at, decided, looked = new.get("next_tick"), 0, 0
+        # a missed tick costs no start and no write: many are counted a firing, so a long outage
+        # is crossed in a few scans, before the ticks after it are late too
+        while isinstance(at, int | float) and decided < MAX_TICKS and looked < MAX_MISSED:
             due = float(at) + tick_delay(spec, name, float(at), jitter)
             if due > now:
                 break
@@ -259,8 +263,9 @@ def _decide(
                 counts["missed"] = counts.get("missed", 0) + 1
             else:
                 tick(float(at), tick_execution_id(name, float(at)), policy)
-            at, decided = spec.next_tick(float(at)), decided + 1
-        if decided:
+                decided += 1
+            at, looked = spec.next_tick(float(at)), looked + 1
+        if looked:
             new["next_tick"], changed = at, True
     for at, eid in manual:  # a trigger or a backfill: by its policy, paused or not
         tick(at, eid, overlap or policy)

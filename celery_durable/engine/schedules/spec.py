@@ -51,6 +51,7 @@ _FIELD_NAMES = ("minute", "hour", "day of month", "month", "day of week")
 _PART = re.compile(r"\A(\*|[0-9a-z]+(?:-[0-9a-z]+)?)(?:/([0-9]+))?\Z")
 #: how far ahead a cron expression is searched for its next tick (Feb 29 on a Monday: 28 years)
 _HORIZON_DAYS = 366 * 30
+_DAY = 86_400
 
 
 def _value(text: str, field: int) -> int:
@@ -229,12 +230,21 @@ class Spec:
         zone = ZoneInfo(self.tz)
         local = datetime.fromtimestamp(after, tz=UTC).astimezone(zone).replace(tzinfo=None)
         day = local.replace(hour=0, minute=0, second=0, microsecond=0)
+        # the local times of after's day before it are skipped unread (each is a zone conversion:
+        # a minute cron read 1440 a call); near a DST change a local time may map later, so a
+        # margin of hours is read then
+        offsets = {datetime.fromtimestamp(after + d, tz=zone).utcoffset() for d in (-2 * _DAY, 0, 2 * _DAY)}
+        floor = local if len(offsets) == 1 else local - timedelta(hours=3)
         for _ in range(_HORIZON_DAYS):
             # isoweekday: Monday 1 .. Sunday 7; cron: Sunday 0
             if day.month in months and day.day in days and day.isoweekday() % 7 in weekdays:
                 for hour in sorted(hours):
+                    if day.replace(hour=hour, minute=59, second=59) < floor:
+                        continue
                     for minute in sorted(minutes):
-                        at = _instant(day.replace(hour=hour, minute=minute), zone)
+                        if (naive := day.replace(hour=hour, minute=minute)) < floor:
+                            continue
+                        at = _instant(naive, zone)
                         if at > after:
                             return at
             day += timedelta(days=1)
