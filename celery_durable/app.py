@@ -9,6 +9,8 @@ from datetime import datetime, timedelta
 from typing import Any, Generic, Literal, ParamSpec, TypeVar, overload
 
 from celery import Celery, current_app
+from celery.schedules import crontab
+from celery.schedules import schedule as celery_schedule
 
 from celery_durable import workflow as _wf
 from celery_durable.day_two import DayTwo
@@ -262,6 +264,19 @@ def _refuse_non_plain(fn: Callable[..., Any]) -> None:
         )
 
 
+def _interval_of(every: object) -> timedelta | crontab:
+    """``every`` of :meth:`Durable.schedule`: a ``timedelta`` or a ``crontab`` as given; beat's
+    seconds (a number) and a Celery ``schedule(run_every)`` as the ``timedelta`` they mean (the
+    listings and WorkflowEnvironment read those two kinds only); anything else refused."""
+    if isinstance(every, timedelta | crontab):
+        return every
+    if isinstance(every, int | float) and not isinstance(every, bool):
+        return timedelta(seconds=every)
+    if isinstance(every, celery_schedule) and isinstance(every.run_every, timedelta):
+        return every.run_every
+    raise ConfigurationError(f"every must be a timedelta or a Celery crontab, not {every!r}")
+
+
 class Durable(DayTwo):
     """Durable workflows on a Celery app: ``durable = Durable(app)``.
 
@@ -380,11 +395,13 @@ class Durable(DayTwo):
     ) -> None:
         """Start ``workflow(*args, **kwargs)`` on a schedule through beat.
 
-        ``every`` is a ``timedelta`` (ticks aligned to the epoch) or a Celery ``crontab``. Each
+        ``every`` is a ``timedelta`` (ticks aligned to the epoch; seconds, or a Celery
+        ``schedule(run_every)``, are read as one) or a Celery ``crontab``. Each
         tick gets the workflow id ``"{name}@{tick}"``, so two beats by mistake still start one
         execution per tick. The payload is validated now, not at the first tick.
         """
         check_workflow_id(name, "schedule name")  # its ticks' ids start with it: checked the same way
+        every = _interval_of(every)
         payload = workflow.definition.codec.encode_args(args, kwargs)
         period = every.total_seconds() if isinstance(every, timedelta) else 60.0
         if period <= 0:

@@ -20,8 +20,10 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from celery_durable.engine.admin.oplog import actor
+from celery_durable.engine.admin.pending_ops import check_field
 from celery_durable.engine.documents.checks import check_workflow_id
 from celery_durable.engine.documents.model import EXEC_ID
+from celery_durable.engine.limits.spec import limit_of_start
 from celery_durable.engine.schedules import manage
 from celery_durable.engine.schedules.firing import SCHEDULES_PK, manual_execution_id, schedule_id, tick_execution_id
 from celery_durable.engine.schedules.manage import ScheduleInfo
@@ -53,16 +55,38 @@ def cron_of(value: object) -> str:
     raise ConfigurationError(f"cron must be a string like '0 9 * * mon-fri' or a celery crontab, not {value!r}")
 
 
+#: the times a schedule takes (epoch seconds): its ticks' ids and a cron search ahead stay dates
+_EARLIEST, _LATEST = datetime(1900, 1, 1, tzinfo=UTC).timestamp(), datetime(9000, 1, 1, tzinfo=UTC).timestamp()
+
+
 def _epoch(name: str, value: object) -> float | None:
     if value is None:
         return None
     if isinstance(value, datetime):
         if value.tzinfo is None:
             raise ConfigurationError(f"{name} must be a timezone-aware datetime (or epoch seconds)")
-        return value.timestamp()
-    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    raise ConfigurationError(f"{name} must be a datetime or epoch seconds, not {value!r}")
+        at = value.timestamp()
+    elif isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        at = float(value)
+    else:
+        raise ConfigurationError(f"{name} must be a datetime or epoch seconds, not {value!r}")
+    if not _EARLIEST <= at <= _LATEST:  # a tick there has no date: its id, a listing, a cron search fail
+        raise ConfigurationError(f"{name} must be a time between the years 1900 and 9000, not {value!r}")
+    return at
+
+
+def _who(by: object) -> str:
+    """Who acts (``None``: this process's user@host), checked as an execution's operator actions
+    check it: a string within its length, refused (never truncated)."""
+    if by is None:
+        return actor()
+    check_field(ConfigurationError, "by", by)
+    return str(by)
+
+
+def _why(reason: object) -> str | None:
+    check_field(ConfigurationError, "reason", reason)
+    return None if reason is None else str(reason)
 
 
 class Schedules:
@@ -163,8 +187,10 @@ class Schedules:
         )
         fields = {"every": None, "cron": None} | fields
         Spec.of(fields).check()
+        # its limit's key function, on this input: fails here, not at every tick
+        limit_of_start(definition.limit, lambda: (args, kwargs), 0.0)
         fields.update(workflow=definition.name, payload=payload)
-        return manage.create(self._engine(), name, fields, by or actor())
+        return manage.create(self._engine(), name, fields, _who(by))
 
     def update(self, name: str, *, by: str | None = None, **changes: Any) -> ScheduleInfo:
         """Change a managed schedule: any keyword of :meth:`create`, ``workflow``, and ``args``/
@@ -177,6 +203,8 @@ class Schedules:
         unknown = set(changes) - manage.CHANGEABLE - {"args", "kwargs"}
         if unknown:
             raise ConfigurationError(f"update() cannot change {sorted(unknown)}")
+        if "payload" in changes:  # the stored, encoded input: given as args/kwargs, checked by the codec
+            raise ConfigurationError("update() takes the input as args= and kwargs=, not payload=")
         doc = self._engine().store.read(SCHEDULES_PK, schedule_id(name)) or {}
         fields = self._timing(changes)
         if "every" in changes or "cron" in changes:  # one replaces the other
@@ -187,8 +215,9 @@ class Schedules:
             stored = doc.get("payload") or {}
             args = tuple(changes["args"]) if "args" in changes else tuple(stored.get("args") or ())
             kwargs = dict(changes["kwargs"]) if "kwargs" in changes else dict(stored.get("kwargs") or {})
+            limit_of_start(definition.limit, lambda: (args, kwargs), 0.0)  # its key function, here
             fields.update(workflow=definition.name, payload=definition.codec.encode_args(args, kwargs))
-        return manage.update(self._engine(), name, fields, by or actor())
+        return manage.update(self._engine(), name, fields, _who(by))
 
     def delete(self, name: str) -> bool:
         """Delete a managed schedule (its executions go on); False if there was none."""
@@ -196,16 +225,16 @@ class Schedules:
 
     def pause(self, name: str, *, reason: str | None = None, by: str | None = None) -> bool:
         """Pause: no tick fires until :meth:`resume`. False if it was paused already. Recorded."""
-        return manage.pause(self._engine(), self._managed(name), by or actor(), reason)
+        return manage.pause(self._engine(), self._managed(name), _who(by), _why(reason))
 
     def resume(self, name: str, *, reason: str | None = None, by: str | None = None) -> bool:
         """Resume from the next tick after now; False if it was not paused. Recorded."""
-        return manage.resume(self._engine(), self._managed(name), by or actor(), reason)
+        return manage.resume(self._engine(), self._managed(name), _who(by), _why(reason))
 
     def trigger(self, name: str, *, by: str | None = None) -> str | None:
         """Start one execution now, by the overlap policy (paused or not); its id, or None when
         the policy skipped or kept it."""
-        return manage.trigger(self._engine(), self._managed(name), by or actor())
+        return manage.trigger(self._engine(), self._managed(name), _who(by))
 
     def backfill(
         self,
@@ -223,7 +252,7 @@ class Schedules:
             raise ConfigurationError(f"overlap must be one of {', '.join(OVERLAPS)}, not {overlap!r}")
         first, last = _epoch("start", start), _epoch("end", end)
         assert first is not None and last is not None
-        return manage.backfill(self._engine(), self._managed(name), first, last, by or actor(), overlap)
+        return manage.backfill(self._engine(), self._managed(name), first, last, _who(by), overlap)
 
     def get(self, name: str) -> ScheduleInfo | None:
         """One schedule (managed or declared in code), or None."""

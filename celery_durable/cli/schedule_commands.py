@@ -131,7 +131,10 @@ def schedule_trigger(ctx: click.Context, name: str, as_json: bool) -> None:
 
 
 def _when(value: str) -> datetime:
-    at = datetime.fromisoformat(value)
+    try:
+        at = datetime.fromisoformat(value)
+    except ValueError:  # a clear error, not a traceback
+        raise click.BadParameter(f"{value!r} is not an ISO time (2026-01-01T00:00:00+00:00)") from None
     if at.tzinfo is None:
         raise click.BadParameter(f"{value!r} needs a UTC offset (2026-01-01T00:00:00+00:00)")
     return at

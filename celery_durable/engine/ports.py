@@ -161,6 +161,7 @@ class EngineParts(Protocol):
         parent: dict[str, Any] | None,
         *,
         deadline_at: float | None = None,
+        **fields: Any,
     ) -> bool: ...
 
     def read_exec(self, execution_id: str) -> ExecDoc: ...

@@ -15,6 +15,7 @@ from celery import Celery
 
 from celery_durable.engine.dispatcher import ActivityRequest, ClockRequest
 from celery_durable.engine.documents.checks import check_workflow_id
+from celery_durable.engine.limits.spec import limit_of_stored
 from celery_durable.engine.outbox.model import EffectRef, EffectSender
 from celery_durable.engine.outcomes import ClockOutcome, DriveOutcome
 from celery_durable.errors import StoreUnavailable
@@ -187,7 +188,9 @@ def register_tasks(app: Celery, durable: DurableLike) -> None:
         engine = durable.engine
         # a message's arguments are not a caller's: the id gets the check start() gives one
         wid = check_workflow_id(tick_id(schedule_name, period, engine.clock.now()), "scheduled workflow id")
-        created = engine.create_execution(workflow, payload, wid, None)
+        # its workflow's limit, as start() takes it: a tick waits for a slot like any start
+        fields = limit_of_stored(engine.registry.workflow(workflow), payload, engine.clock.now())
+        created = engine.create_execution(workflow, payload, wid, None, **fields)
         return f"{wid} {'started' if created else 'already started'}"
 
     @app.task(base=WireTask, name=RECOVER_TASK, ignore_result=True, shared=False)

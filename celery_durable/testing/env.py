@@ -32,12 +32,16 @@ from celery_durable.engine.activities.delivery import Delivery
 from celery_durable.engine.admin.operator import Admin, ExecutionPage
 from celery_durable.engine.core import Engine
 from celery_durable.engine.dispatcher import ActivityRequest, InlineDispatcher
-from celery_durable.engine.documents.model import Settings
+from celery_durable.engine.documents.model import EXEC_ID, Settings
+from celery_durable.engine.documents.records import is_terminal
 from celery_durable.engine.drive.in_process import LocalWorker
 from celery_durable.engine.limits.slots import LIMIT_DOC_ID
+from celery_durable.engine.limits.spec import limit_of_stored
 from celery_durable.engine.limits.table import rate_opens
 from celery_durable.engine.registry import Registry
 from celery_durable.engine.schedules.firing import fire_due
+from celery_durable.engine.schedules.manage import due_of
+from celery_durable.engine.schedules.spec import CANCEL_OTHER
 from celery_durable.errors import DurableError, NonRetryableError
 from celery_durable.glue.durable_activity import task_retry
 from celery_durable.handle import WorkflowHandle
@@ -232,7 +236,9 @@ class WorkflowEnvironment:
             self._managed_until(at)
             self.clock.t = max(self.clock.t, at)
             self._scan()  # what was due before the tick fires first
-            self.engine.create_execution(workflow, payload, wid, None)
+            # its workflow's limit, as beat's start_scheduled takes it
+            fields = limit_of_stored(self.engine.registry.workflow(workflow), payload, self.clock.now())
+            self.engine.create_execution(workflow, payload, wid, None, **fields)
         self._managed_until(target)
         self.clock.t = target
         self._scan()
@@ -241,17 +247,43 @@ class WorkflowEnvironment:
         """Step the clock through the due times of managed schedules up to ``until``, firing each
         at its time as beat's clock scan would (engine/schedules/firing.py)."""
         seen: tuple[str, float] | None = None
-        while refs := self.engine.store.scan_due("schedule", until, 1):
-            if (refs[0].id, refs[0].due_at) == seen:
+        while (due := self._next_firing(until)) is not None:
+            if due == seen:
                 break  # its firing did not move it (an error, logged): advance goes on
-            seen = (refs[0].id, refs[0].due_at)
+            seen = due
             # the timers due before it fire first, at their time: a tick sees the executions
             # that ended before it ended, as on workers
-            while (clock := self.engine.timers.next_clock()) is not None and clock < refs[0].due_at:
+            while (clock := self.engine.timers.next_clock()) is not None and clock < due[1]:
                 self.clock.t = max(self.clock.t, clock)
                 self._scan()
-            self.clock.t = max(self.clock.t, refs[0].due_at)
+            self.clock.t = max(self.clock.t, due[1])
             self._scan()
+
+    def _next_firing(self, until: float) -> tuple[str, float] | None:
+        """The next managed schedule to fire (its id, when) up to ``until``. One that only polls
+        for its running executions to end (a kept tick, due every clock interval) is fired when
+        one can end here: at the next timer, retry, delayed effect or rate opening (or its next
+        tick), instead of every second of the fake clock."""
+        store, best = self.engine.store, None
+        for ref in store.scan_due("schedule", until, 100):
+            at, doc = ref.due_at, store.read(ref.pk, ref.id)
+            if doc is not None and self._only_polls(doc):
+                events = [when for when, _ in self.retries + self.worker.delayed] + self._rate_openings()
+                events.append(due_of(doc) or math.inf)
+                events.append(clock if (clock := self.engine.timers.next_clock()) is not None else math.inf)
+                at = max(at, min(events))
+            if at <= until and (best is None or at < best[1]):
+                best = (ref.id, at)
+        return best
+
+    def _only_polls(self, doc: dict[str, Any]) -> bool:
+        """Whether a firing of schedule ``doc`` now could only find its running executions still
+        running: a tick kept, nothing to create, every one it started running with no cancel
+        asked (a cancel asked, or one cancel_other would ask, ends it at the next scan)."""
+        if doc.get("buffered") is None or doc.get("starting") or doc.get("overlap") == CANCEL_OTHER:
+            return False
+        running = [self.engine.store.read(eid, EXEC_ID) for eid in doc.get("running") or ()]
+        return bool(running) and all(ex and not is_terminal(ex) and not ex.get("cancel_requested") for ex in running)
 
     def _schedule_ticks(self, after: float, until: float) -> list[tuple[float, str, dict[str, Any], str]]:
         """``(time, workflow, payload, id)`` of the schedule ticks in ``(after, until]``, in time order."""

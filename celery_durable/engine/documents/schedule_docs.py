@@ -37,6 +37,8 @@ class ScheduleDoc(TypedDict, total=False):
     running: list[str]
     #: a tick kept for when the running one ends (``buffer_one``, ``cancel_other``)
     buffered: float | None
+    #: the execution id the kept tick starts with (a trigger's is to the microsecond, not a tick's)
+    buffered_id: str | None
     #: starts decided and recorded but maybe not created yet: ``{"id", "tick"}`` (created, create-only, next)
     starting: list[dict[str, Any]]
     #: the last start: ``{"tick", "execution", "at"}``

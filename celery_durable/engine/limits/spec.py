@@ -25,6 +25,8 @@ __all__ = [
     "step_limit",
     "WorkflowQueueing",
     "workflow_limit",
+    "limit_of_start",
+    "limit_of_stored",
     "limit_pk",
     "limit_fields",
     "declare_limit",
@@ -192,6 +194,27 @@ def workflow_limit(
     if q.key is not None:
         record["key"] = _key_text(q.key, "limit_key", limit.name)
     return record
+
+
+def limit_of_start(
+    declared: Limit | None, decode: Callable[[], tuple[tuple[Any, ...], dict[str, Any]]], at: float
+) -> dict[str, Any]:
+    """The fields of an execution started from a stored input (a schedule's tick), as ``start()``
+    gives them: ``{"limit": record}`` when its workflow declares a limit (``decode``: its
+    arguments, for the key), else nothing. A scheduled start waits on its workflow's limit too."""
+    if declared is None:
+        return {}
+    args, kwargs = decode()
+    record = workflow_limit(declared, None, args, kwargs, "", at)
+    return {} if record is None else {"limit": record}
+
+
+def limit_of_stored(definition: Any, payload: Mapping[str, Any], at: float) -> dict[str, Any]:
+    """:func:`limit_of_start` for a workflow definition (``None``: not registered here) and its
+    encoded input (a schedule's ``payload``)."""
+    if definition is None:
+        return {}
+    return limit_of_start(definition.limit, lambda: definition.codec.decode_args(dict(payload)), at)
 
 
 def limit_pk(record: Mapping[str, Any]) -> str:

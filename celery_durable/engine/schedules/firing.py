@@ -29,7 +29,8 @@ from celery_durable.engine.documents.model import EXEC_ID
 from celery_durable.engine.documents.records import is_terminal
 from celery_durable.engine.documents.schedule_docs import ScheduleDoc
 from celery_durable.engine.documents.schema import DocType, DueKind, Status
-from celery_durable.engine.schedules.spec import ALLOW_ALL, CANCEL_OTHER, SKIP, Spec, jitter_of, tick_stamp
+from celery_durable.engine.limits.spec import limit_of_stored
+from celery_durable.engine.schedules.spec import ALLOW_ALL, CANCEL_OTHER, SKIP, Spec, tick_delay, tick_stamp
 from celery_durable.errors import ConflictError, DurableError
 from celery_durable.stores.base import Doc, strip_reserved
 
@@ -52,8 +53,10 @@ log = logging.getLogger("celery_durable.schedules")
 
 #: the one partition holding every schedule (a listing is one partition query)
 SCHEDULES_PK = "sch:all"
-#: the most ticks one firing decides (the rest stay due: the next scan goes on)
+#: the most ticks one firing starts or keeps (the rest stay due: the next scan goes on)
 MAX_TICKS = 100
+#: the most ticks one firing looks at, missed ones included
+MAX_MISSED = 10_000
 #: the most started executions a schedule keeps looking at (older ones: no longer tracked)
 MAX_RUNNING = 100
 #: the operator actions a schedule keeps
@@ -95,7 +98,7 @@ def next_due(eng: EngineParts, doc: dict[str, Any]) -> dict[str, Any]:
     times = []
     tick = doc.get("next_tick")
     if isinstance(tick, int | float) and not doc.get("paused"):
-        times.append(float(tick) + jitter_of(doc["name"], float(tick), float(doc.get("jitter") or 0.0)))
+        times.append(float(tick) + tick_delay(Spec.of(doc), doc["name"], float(tick), float(doc.get("jitter") or 0.0)))
     # starts decided before a pause are still created (a trigger's too); a kept tick waits for the resume
     if doc.get("starting") or (doc.get("buffered") is not None and not doc.get("paused")):
         times.append(eng.clock.now() + float(eng.settings.clock_interval))
@@ -126,6 +129,10 @@ def fire(
     or a backfill, by ``overlap`` or the schedule's policy), write the decision, start what it
     decided. Returns the ids of the executions it decided to start (created now, or by a firer
     that raced it). Idempotent; two firers converge on one execution per tick."""
+    # a backfilled tick whose execution exists ran already: not decided again (nor counted, nor
+    # taken as running), returned all the same
+    ran = {eid for _, eid in manual or () if eng.store.read(eid, EXEC_ID) is not None}
+    fresh = [(at, eid) for at, eid in manual or () if eid not in ran]
     for _ in range(_ATTEMPTS):
         doc = eng.store.read(SCHEDULES_PK, schedule_id(name))
         if doc is None:
@@ -135,9 +142,9 @@ def fire(
         if doc.get("starting"):
             _create_starting(eng, doc)
             continue
-        decided = _decide(eng, doc, manual or [], overlap)
+        decided = _decide(eng, doc, fresh, overlap)
         if decided is None:
-            return []
+            return [eid for _, eid in manual or () if eid in ran]
         new, cancels = decided
         try:
             etag = eng.store.replace(new, if_match=doc["_etag"])
@@ -151,16 +158,28 @@ def fire(
         ids = [str(s["id"]) for s in new.get("starting") or []]
         if ids:
             _create_starting(eng, new | {"_etag": etag})
-        return ids
+        return [eid for _, eid in manual or () if eid in ran or eid in ids] if manual else ids
     raise DurableError(f"could not fire schedule {name!r}: too much contention")
 
 
 def _create_starting(eng: EngineParts, doc: Doc) -> None:
     """Create the decided starts (create-only), then move them to ``running``."""
+    definition, now = eng.registry.workflow(str(doc["workflow"])), eng.clock.now()
+    refused: list[str] = []
     for start in doc.get("starting") or []:
-        created = eng.create_execution(str(doc["workflow"]), dict(doc["payload"]), str(start["id"]), None)
+        payload = dict(doc["payload"])
+        try:  # its workflow's limit, as start() takes it: a tick waits for a slot like any start
+            fields = limit_of_stored(definition, payload, now)
+        except Exception as exc:  # the key function fails on this input (changed since create)
+            log.exception("schedule %s cannot start %s: its workflow's limit key failed", doc["name"], start["id"])
+            refused.append(f"{start['id']} not started: its workflow's limit key failed: {type(exc).__name__}: {exc}")
+            continue
+        created = eng.create_execution(str(doc["workflow"]), payload, str(start["id"]), None, **fields)
         eng.emit("schedule_started", schedule=doc["name"], execution_id=start["id"], created=created)
-    done = strip_reserved(doc) | {"starting": [], "updated_at": eng.clock.now()}
+    done = strip_reserved(doc) | {"starting": [], "updated_at": now}
+    if refused:  # not retried every scan: paused, with the error for the operator (update, resume)
+        done.update(paused=True, paused_reason=refused[-1][:500], paused_by="schedule", paused_at=now)
+        note(done, "pause", "schedule", now, refused[-1][:500])
     done.update(next_due(eng, done))
     try:
         eng.store.replace(done, if_match=doc["_etag"])
@@ -168,18 +187,21 @@ def _create_starting(eng: EngineParts, doc: Doc) -> None:
         pass  # re-read by the caller (or the next firing), which finds them created
 
 
-def _alive(eng: EngineParts, running: list[str]) -> tuple[list[str], list[tuple[str, Any]]]:
-    """The executions of ``running`` not ended, and the ended ones that failed (id, error)."""
-    alive, failed = [], []
+def _alive(eng: EngineParts, running: list[str]) -> tuple[list[str], list[tuple[str, Any]], set[str]]:
+    """The executions of ``running`` not ended, the ended ones that failed (id, error), and the
+    ones not ended that no cancel was asked of."""
+    alive, failed, uncancelled = [], [], set()
     for eid in running:
         ex = eng.store.read(eid, EXEC_ID)
         if ex is None:
             continue
         if not is_terminal(ex):
             alive.append(eid)
+            if not ex.get("cancel_requested"):
+                uncancelled.add(eid)
         elif ex.get("status") in _FAILED:
             failed.append((eid, ex.get("error")))
-    return alive, failed
+    return alive, failed, uncancelled
 
 
 def _decide(
@@ -189,7 +211,7 @@ def _decide(
     now = eng.clock.now()
     name = str(doc["name"])
     new: dict[str, Any] = strip_reserved(doc)
-    running, failed = _alive(eng, list(doc.get("running") or []))
+    running, failed, uncancelled = _alive(eng, list(doc.get("running") or []))
     changed = running != list(doc.get("running") or [])
     new["running"] = running
     counts = dict(doc.get("counts") or {})
@@ -216,33 +238,42 @@ def _decide(
         else:  # buffer_one, cancel_other: kept until the running ones end
             if new.get("buffered") is not None:
                 counts["dropped"] = counts.get("dropped", 0) + 1
-            new["buffered"] = at
+            new["buffered"], new["buffered_id"] = at, eid
             if how == CANCEL_OTHER:
                 cancels.extend(e for e in running if e not in cancels)
 
     buffered = new.get("buffered")
     if buffered is not None and not running and not new.get("paused"):  # the running one ended: it starts now
-        new["buffered"] = None
-        tick(float(buffered), tick_execution_id(name, float(buffered)), policy)
+        # its own id: a kept trigger's is not the id of the tick of its second (the one it waited for)
+        kept = new.get("buffered_id") or tick_execution_id(name, float(buffered))
+        new["buffered"], new["buffered_id"] = None, None
+        tick(float(buffered), str(kept), policy)
         changed = True
     if not new.get("paused"):
         spec, jitter = Spec.of(new), float(new.get("jitter") or 0.0)
         window = float(new.get("catchup_window") or 0.0)
-        at, decided = new.get("next_tick"), 0
-        while isinstance(at, int | float) and decided < MAX_TICKS:
-            due = float(at) + jitter_of(name, float(at), jitter)
+        at, decided, looked = new.get("next_tick"), 0, 0
+        # a missed tick costs no start and no write: many are counted a firing, so a long outage
+        # is crossed in a few scans, before the ticks after it are late too
+        while isinstance(at, int | float) and decided < MAX_TICKS and looked < MAX_MISSED:
+            due = float(at) + tick_delay(spec, name, float(at), jitter)
             if due > now:
                 break
             if now - due > window:  # beat was down longer than the catch-up window: not run
                 counts["missed"] = counts.get("missed", 0) + 1
             else:
                 tick(float(at), tick_execution_id(name, float(at)), policy)
-            at, decided = spec.next_tick(float(at)), decided + 1
-        if decided:
+                decided += 1
+            at, looked = spec.next_tick(float(at)), looked + 1
+        if looked:
             new["next_tick"], changed = at, True
     for at, eid in manual:  # a trigger or a backfill: by its policy, paused or not
         tick(at, eid, overlap or policy)
         changed = True
+    if policy == CANCEL_OTHER and new.get("buffered") is not None:
+        # a cancel decided earlier may be lost (its firer died after the decision, or it was asked
+        # before the execution was created): asked again of a running one no cancel reached
+        cancels.extend(e for e in running if e in uncancelled and e not in cancels)
     if not changed and new.get("due_at") == next_due(eng, new)["due_at"]:
         return None
     new["running"] = running[-MAX_RUNNING:]
@@ -263,6 +294,7 @@ def new_schedule(name: str, fields: dict[str, Any], now: float) -> dict[str, Any
         "next_tick": spec.next_tick(now),
         "running": [],
         "buffered": None,
+        "buffered_id": None,
         "starting": [],
         "last": None,
         "counts": {},

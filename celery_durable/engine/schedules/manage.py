@@ -21,7 +21,7 @@ from celery_durable.engine.schedules.firing import (
     schedule_id,
     tick_execution_id,
 )
-from celery_durable.engine.schedules.spec import Spec, jitter_of
+from celery_durable.engine.schedules.spec import Spec, tick_delay
 from celery_durable.errors import ConfigurationError, ConflictError, DurableError
 from celery_durable.stores.base import Doc, strip_reserved
 
@@ -198,12 +198,23 @@ def _noting(action: str, by: str, now: float, reason: str | None = None) -> Call
 
 def trigger(eng: EngineParts, name: str, by: str) -> str | None:
     """Fire once now, by the overlap policy; the id started, or None (skipped, or kept)."""
-    _read(eng, name)
+    doc = _read(eng, name)
     now = eng.clock.now()
-    eid = manual_execution_id(name, now)
+    eid = _unused_trigger_id(eng, doc, now)
     _write(eng, name, _noting("trigger", by, now))
     started = fire(eng, name, [(now, eid)])
     return eid if eid in started else None
+
+
+def _unused_trigger_id(eng: EngineParts, doc: Doc, now: float) -> str:
+    """A trigger's id, to the microsecond of ``now``, moved on while that id is taken: two
+    triggers in one tick of a coarse (or a test's fake) clock are two executions, not one counted twice."""
+    taken = set(doc.get("running") or ()) | {str(s["id"]) for s in doc.get("starting") or ()}
+    taken.add(str(doc.get("buffered_id")))
+    name, at = str(doc["name"]), now
+    while (eid := manual_execution_id(name, at)) in taken or eng.store.read(eid, EXEC_ID) is not None:
+        at += 1e-6
+    return eid
 
 
 def backfill(eng: EngineParts, name: str, start: float, end: float, by: str, overlap: str | None = None) -> list[str]:
@@ -215,11 +226,12 @@ def backfill(eng: EngineParts, name: str, start: float, end: float, by: str, ove
         raise ConfigurationError("backfill needs start < end")
     spec = Spec.of(doc)
     ticks = spec.ticks(start, end, MAX_BACKFILL)
+    manual = [(t, tick_execution_id(name, t)) for t in ticks]  # before the action is recorded
     now = eng.clock.now()
     _write(eng, name, _noting("backfill", by, now, f"{len(ticks)} ticks"))
     if not ticks:
         return []
-    return fire(eng, name, [(t, tick_execution_id(name, t)) for t in ticks], overlap)
+    return fire(eng, name, manual, overlap)
 
 
 def get(eng: EngineParts, name: str) -> ScheduleInfo | None:
@@ -238,4 +250,4 @@ def due_of(doc: Doc) -> float | None:
     tick = doc.get("next_tick")
     if not isinstance(tick, int | float):
         return None
-    return float(tick) + jitter_of(str(doc["name"]), float(tick), float(doc.get("jitter") or 0.0))
+    return float(tick) + tick_delay(Spec.of(doc), str(doc["name"]), float(tick), float(doc.get("jitter") or 0.0))

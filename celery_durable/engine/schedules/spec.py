@@ -34,6 +34,7 @@ __all__ = [
     "parse_cron",
     "check_zone",
     "jitter_of",
+    "tick_delay",
     "tick_stamp",
 ]
 
@@ -50,6 +51,7 @@ _FIELD_NAMES = ("minute", "hour", "day of month", "month", "day of week")
 _PART = re.compile(r"\A(\*|[0-9a-z]+(?:-[0-9a-z]+)?)(?:/([0-9]+))?\Z")
 #: how far ahead a cron expression is searched for its next tick (Feb 29 on a Monday: 28 years)
 _HORIZON_DAYS = 366 * 30
+_DAY = 86_400
 
 
 def _value(text: str, field: int) -> int:
@@ -106,6 +108,18 @@ def parse_cron(expr: str) -> tuple[frozenset[int], ...]:
     return tuple(_field(p, i) for i, p in enumerate(parts))
 
 
+#: the most days of each month (February: 29, in a leap year)
+_MONTH_DAYS = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
+
+
+def _check_matches(expr: str, fields: tuple[frozenset[int], ...]) -> None:
+    """Refuse an expression naming no date (30 February): stored, it would never fire. Any day of
+    a month falls on each day of the week within 28 years, inside the search horizon."""
+    _, _, days, months, _ = fields
+    if not any(day <= _MONTH_DAYS[month - 1] for month in months for day in days):
+        raise ConfigurationError(f"cron {expr!r} never matches: no month it names has the days it names")
+
+
 def check_zone(tz: object) -> ZoneInfo:
     """The IANA zone named ``tz`` (``"Europe/Paris"``); an unknown one raises ConfigurationError."""
     if not isinstance(tz, str) or not tz:
@@ -123,6 +137,15 @@ def jitter_of(name: str, tick: float, jitter: float) -> float:
         return 0.0
     digest = hashlib.sha256(f"{name}\x00{tick!r}".encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2**64 * jitter
+
+
+def tick_delay(spec: Spec, name: str, tick: float, jitter: float) -> float:
+    """The jitter of one tick, at most the time to the next tick (as Temporal caps it): a longer
+    delay made a tick wait behind the last one's, so ticks fired in bursts and counted missed."""
+    if jitter <= 0:
+        return 0.0
+    nxt = spec.next_tick(tick)
+    return jitter_of(name, tick, jitter if nxt is None else min(jitter, nxt - tick))
 
 
 def tick_stamp(tick: float) -> str:
@@ -153,10 +176,12 @@ class Spec:
         if (self.every is None) == (self.cron is None):
             raise ConfigurationError("a schedule needs one of every= (a timedelta) and cron= (an expression)")
         if self.every is not None:
-            check_seconds("every", self.every, zero_ok=False)
+            every = check_seconds("every", self.every, zero_ok=False) or 0.0
+            if every < 1:  # a tick's execution id is to the second: two ticks a second would share one
+                raise ConfigurationError(f"every must be at least 1 second, not {every:g}")
         else:
             assert self.cron is not None
-            parse_cron(self.cron)
+            _check_matches(self.cron, parse_cron(self.cron))
         check_zone(self.tz)
         for name in ("start_at", "end_at"):
             value = getattr(self, name)
@@ -205,12 +230,21 @@ class Spec:
         zone = ZoneInfo(self.tz)
         local = datetime.fromtimestamp(after, tz=UTC).astimezone(zone).replace(tzinfo=None)
         day = local.replace(hour=0, minute=0, second=0, microsecond=0)
+        # the local times of after's day before it are skipped unread (each is a zone conversion:
+        # a minute cron read 1440 a call); near a DST change a local time may map later, so a
+        # margin of hours is read then
+        offsets = {datetime.fromtimestamp(after + d, tz=zone).utcoffset() for d in (-2 * _DAY, 0, 2 * _DAY)}
+        floor = local if len(offsets) == 1 else local - timedelta(hours=3)
         for _ in range(_HORIZON_DAYS):
             # isoweekday: Monday 1 .. Sunday 7; cron: Sunday 0
             if day.month in months and day.day in days and day.isoweekday() % 7 in weekdays:
                 for hour in sorted(hours):
+                    if day.replace(hour=hour, minute=59, second=59) < floor:
+                        continue
                     for minute in sorted(minutes):
-                        at = _instant(day.replace(hour=hour, minute=minute), zone)
+                        if (naive := day.replace(hour=hour, minute=minute)) < floor:
+                            continue
+                        at = _instant(naive, zone)
                         if at > after:
                             return at
             day += timedelta(days=1)
