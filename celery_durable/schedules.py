@@ -14,6 +14,7 @@ anything is stored (:class:`ConfigurationError`, or the payload codec's error).
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
     from celery_durable.engine.registry import Registry, WorkflowDef
 
 __all__ = ["Schedules", "ScheduleInfo", "OVERLAPS", "DEFAULT_CATCHUP", "cron_of"]
+
+log = logging.getLogger("celery_durable.schedules")
 
 #: how late a tick may still fire (beat down, a slow scan) when none is given
 DEFAULT_CATCHUP = timedelta(minutes=5)
@@ -144,8 +147,10 @@ class Schedules:
             out["pause_on_failure"] = given["pause_on_failure"]
         return out
 
-    def _managed(self, name: str) -> str:
-        if name in self._code_entries():
+    def _managed(self, name: str, creating: bool = False) -> str:
+        # a managed schedule stays reachable when a later deploy declares its name in code too
+        # (both tick into the same ids, one execution a tick): the operator can still delete it
+        if name in self._code_entries() and (creating or manage.get(self._engine(), name) is None):
             raise ConfigurationError(f"schedule {name!r} is declared in code (Durable.schedule): change it there")
         return name
 
@@ -178,7 +183,7 @@ class Schedules:
         check_workflow_id(name, "schedule name")
         # its executions' ids are <name>@<time>: a trigger's, the longest, must be a valid id too
         check_workflow_id(manual_execution_id(name, 0.0), "schedule name (with its ticks' @<time>)")
-        self._managed(name)
+        self._managed(name, creating=True)
         definition = self._definition(workflow)
         payload = definition.codec.encode_args(args, kwargs)
         fields = self._timing(
@@ -255,13 +260,18 @@ class Schedules:
         return manage.backfill(self._engine(), self._managed(name), first, last, _who(by), overlap)
 
     def get(self, name: str) -> ScheduleInfo | None:
-        """One schedule (managed or declared in code), or None."""
+        """One schedule (managed, or else declared in code), or None."""
+        managed = manage.get(self._engine(), name)
         code = self._code_entries().get(name)
-        return self._code_info(name, code) if code is not None else manage.get(self._engine(), name)
+        return self._code_info(name, code) if managed is None and code is not None else managed
 
     def list(self) -> list[ScheduleInfo]:
         """Every schedule: the managed ones and those declared in code (``kind="code"``), by name."""
-        found = manage.listing(self._engine()) + [self._code_info(n, e) for n, e in self._code_entries().items()]
+        managed = manage.listing(self._engine())
+        code = self._code_entries()
+        for both in sorted({i.name for i in managed} & set(code)):
+            log.warning("schedule %r is managed and declared in code: they tick into the same ids", both)
+        found = managed + [self._code_info(n, e) for n, e in code.items()]
         return sorted(found, key=lambda i: i.name)
 
     def _code_info(self, name: str, entry: dict[str, Any]) -> ScheduleInfo:

@@ -368,22 +368,23 @@ def test_a_schedule_declared_in_code_every_n_seconds_is_listed_and_ticks(every: 
         d.schedule("bad", w, object())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="design: a schedule declared in code (a deploy) later than a managed one of the same name "
-    "shadows it: every action refuses it as 'declared in code', and both tick under the same ids",
-)
 def test_a_managed_schedule_shadowed_by_a_later_declaration_in_code_can_still_be_deleted() -> None:
-    """Broken, not fixed: create() refuses a name declared in code, but a declaration added later
-    (a deploy) of a managed schedule's name leaves the managed one unreachable: delete, pause and
-    update raise "declared in code", the listing shows the name twice, and both keep ticking into
-    the same execution ids (one of two workflows silently wins each tick)."""
+    """create() refuses a name declared in code, but a declaration added later (a deploy) of a
+    managed schedule's name left the managed one unreachable: delete, pause and update raised
+    "declared in code". Now the managed one is what actions and get() reach while it exists (the
+    listing shows both and logs a warning: they tick into the same ids, one execution a tick)."""
     d = Durable(Celery("schedule-breaks-shadow", set_as_current=False), store="memory://")
     w = d.workflow(name="sb.shadow")(lambda: "ok")
     env = WorkflowEnvironment(d, start=T0)
     env.schedules.create("same", w, every=timedelta(hours=1))
     d.schedule("same", w, timedelta(hours=6))  # the deploy after
+    assert env.schedules.get("same").kind == "managed"  # type: ignore[union-attr]
+    assert env.schedules.pause("same") is True
+    assert sorted(i.kind for i in env.schedules.list() if i.name == "same") == ["code", "managed"]
     assert env.schedules.delete("same") is True
+    assert env.schedules.get("same").kind == "code"  # type: ignore[union-attr]
+    with pytest.raises(ConfigurationError, match="declared in code"):
+        env.schedules.delete("same")
 
 
 def test_a_limit_key_failing_at_a_tick_pauses_the_schedule_with_the_error() -> None:
