@@ -377,3 +377,33 @@ def test_starts_decided_before_a_pause_are_still_created() -> None:
     env.advance(timedelta(hours=3))
     assert list(_runs(env, "kp")) == [f"kp@{_at(1)}"]
     assert env.schedules.get("kp").counts == {"started": 1}  # type: ignore[union-attr]
+
+
+def test_a_kept_tick_waiting_on_a_long_run_is_looked_at_a_recovery_interval_apart() -> None:
+    """A kept tick waits for the running execution's end, which does not notify the schedule: its
+    document was due (and rewritten) every clock interval, 3,600 writes an hour of a long run. It
+    is now looked at after a tenth of the time it has waited, a recovery interval apart at most,
+    and still starts within that of the end."""
+    env = _env()
+    env.schedules.create("slow", job, 5 * HOUR + 1800, every=timedelta(hours=4), overlap="buffer_one")
+    sid = schedule_id("slow")
+    writes: list[float] = []
+    real = env.store.replace
+
+    def counting(doc: Any, if_match: Any = None) -> Any:
+        if doc.get("id") == sid:
+            writes.append(env.clock.now())
+        return real(doc, if_match=if_match)
+
+    env.advance(timedelta(hours=8))  # 04:00 runs until 09:30; 08:00 is kept from 08:00
+    env.store.replace = counting  # type: ignore[method-assign]
+    for _ in range(3600):  # an hour of beat's clock scan, once a second
+        env.clock.advance(1)
+        env._scan()
+    env.store.replace = real  # type: ignore[method-assign]
+    assert len(writes) <= 3600 / env.engine.settings.recovery_interval + 40, len(writes)
+    for _ in range(1800 + 30):  # the run ends at 09:30
+        env.clock.advance(1)
+        env._scan()
+    status, started = _runs(env, "slow")[f"slow@{_at(8)}"]
+    assert status == "running" and 9.5 <= started <= 9.5 + env.engine.settings.recovery_interval / HOUR + 1e-3

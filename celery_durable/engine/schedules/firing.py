@@ -14,8 +14,8 @@ created already is not created twice). No message is sent by a schedule that has
 
 The end of an execution does not notify its schedule: a tick kept for later (``buffer_one``,
 ``cancel_other``) and a failure to pause on are seen by the next firing, which for a kept tick is
-at most ``durable_clock_interval`` later (the document stays due at that interval while it keeps
-one) and for a failure is the next tick.
+after a tenth of the time it has waited (a clock interval at first, a recovery interval at most:
+:func:`next_due`) and for a failure is the next tick.
 """
 
 from __future__ import annotations
@@ -93,15 +93,22 @@ def note(doc: dict[str, Any], action: str, by: str, now: float, reason: str | No
 
 
 def next_due(eng: EngineParts, doc: dict[str, Any]) -> dict[str, Any]:
-    """The due fields of ``doc``: its next tick plus jitter; sooner (a clock interval) while it
-    keeps a tick or has starts to create; nothing with nothing left (paused: only starts to create)."""
+    """The due fields of ``doc``: its next tick plus jitter; sooner while it keeps a tick or has
+    starts to create; nothing with nothing left (paused: only starts to create)."""
     times = []
     tick = doc.get("next_tick")
     if isinstance(tick, int | float) and not doc.get("paused"):
         times.append(float(tick) + tick_delay(Spec.of(doc), doc["name"], float(tick), float(doc.get("jitter") or 0.0)))
     # starts decided before a pause are still created (a trigger's too); a kept tick waits for the resume
-    if doc.get("starting") or (doc.get("buffered") is not None and not doc.get("paused")):
-        times.append(eng.clock.now() + float(eng.settings.clock_interval))
+    now, every = eng.clock.now(), float(eng.settings.clock_interval)
+    if doc.get("starting"):
+        times.append(now + every)
+    elif doc.get("buffered") is not None and not doc.get("paused"):
+        # a kept tick waits for the running execution's end, which does not notify the schedule:
+        # looked at again after a tenth of the time it has waited (a clock interval at first, a
+        # recovery interval at most), so a long run costs a write per recovery interval, not per second
+        waited = max(0.0, now - float(doc["buffered"]))
+        times.append(now + min(max(every, waited / 10), max(every, float(eng.settings.recovery_interval))))
     if not times:
         return {"due_kind": None, "due_at": None}
     return {"due_kind": DueKind.SCHEDULE.value, "due_at": min(times)}
