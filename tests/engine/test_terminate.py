@@ -37,6 +37,20 @@ def unbook(what: str) -> str:
     return what
 
 
+@durable_activity(name="tt.slow", autoretry_for=(RuntimeError,), default_retry_delay=60, max_retries=3)
+def slow(what: str) -> str:
+    """Fails its first attempt for ``what``: its retry waits a minute (the step in flight, unleased)."""
+    ran.append("slow " + what)
+    if ran.count("slow " + what) == 1:
+        raise RuntimeError("first attempt")
+    return what
+
+
+@durable.workflow(name="tt.slowly")
+def slowly(what: str) -> str:
+    return slow(what)
+
+
 @durable.workflow(name="tt.trip", signals={"go": bool})
 def trip(what: str) -> str:
     with wf.Saga() as saga:
@@ -119,6 +133,40 @@ def test_a_terminated_execution_can_be_resumed_on_its_history(env: WorkflowEnvir
     env.run_until_idle()
     env.signal(h, "go", True)
     assert env.result(h) == "train again" and ran == ["book train", "book train again"]
+
+
+@pytest.mark.parametrize("reopen", ["resume", "retry", "reset"])
+def test_a_step_in_flight_when_terminated_runs_again_once_reopened(env: WorkflowEnvironment, reopen: str) -> None:
+    """Terminated while its activity waits for its retry: the retry is refused (the execution
+    ended) and the recovery scan settles the step's marker (no result, nothing due). A resume or
+    a retry reopens the execution keeping that step, which has no outcome: it is re-armed (sent
+    again, due), not left for an attempt that will never come (found by the simulation's batch
+    terminate, then an operator's retry or reset: harness/sim_batch.py, seeds 23 and 122)."""
+    h = env.start(slowly, "x")
+    assert ran == ["slow x"] and h.status() == "running"
+    assert h.terminate(by="ops") is True
+    env.advance(timedelta(minutes=10))  # the retry message came (refused: ended), the step is due
+    env.engine.recovery.scan()  # beat's scan settles the ended execution's marker
+    marker = env.store.read(h.id, "s:000001") or {}
+    assert marker.get("due_kind") is None and not marker.get("lease") and env.store.read(h.id, "r:000001") is None
+    step = {"step": 2} if reopen == "reset" else {}  # reset to after step 1: it keeps step 1
+    getattr(Admin(env.engine), reopen)(h.id, by="ops", reason="fixed", **step)
+    env.run_until_idle()
+    env.advance(timedelta(minutes=2))
+    assert env.result(h, max_time=timedelta(hours=1)) == "x" and ran == ["slow x", "slow x"]
+
+
+def test_a_retry_of_a_terminated_parent_reopens_the_children_its_cascade_ended(env: WorkflowEnvironment) -> None:
+    """As a resume does: re-driven as it is, with its children's terminated outcomes kept, it failed
+    again at once (ChildWorkflowError) — found by the simulation's batch terminate, then a batch
+    retry of the failed (harness/sim_batch.py, seed 38)."""
+    h = env.start(parent, 2)
+    assert h.terminate(by="ops") is True
+    env.run_until_idle()
+    Admin(env.engine).retry(h.id, by="ops", reason="fixed")
+    env.run_until_idle()
+    assert [env.handle(f"{h.id}-k{i}").status() for i in range(2)] == ["running"] * 2
+    assert env.result(h) == [0, 1]
 
 
 def test_the_cli_terminates_with_yes_and_json(env: WorkflowEnvironment, tmp_path: Any) -> None:
