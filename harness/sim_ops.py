@@ -178,3 +178,6 @@ def plan_ops(sim: Sim, only: tuple[str, list[Any]] | None) -> None:
     from harness.sim_pause import plan_paused
 
     plan_paused(sim)  # pauses and unpauses of executions in flight (sim_pause.py)
+    from harness.sim_batch import plan_batches
+
+    plan_batches(sim)  # batch operations, run by the batch workflow (sim_batch.py)

@@ -40,6 +40,7 @@ __all__ = [
     "Planned",
     "SimResult",
     "Violation",
+    "parse_known_bugs",
     "replay_command",
     "Sim",
 ]
@@ -71,6 +72,8 @@ INVARIANTS = {
     "queued while it could start, and every one has ended (sim_limits.py, sim_wf_limits.py)",
     14: "no step marker of its current run is created, and no attempt of a step created while paused begins, while "
     "an execution's exec as last written says paused; only an unpause clears it; none is left paused (sim_pause.py)",
+    15: "a batch acts at most once on an execution, only on what its query selects, on every one its query selected "
+    "until it acted or ended; it finishes, its counts agree with its records (sim_batch.py)",
 }
 
 #: Workload triggers of engine bugs (each description is the bug it found). All are fixed and on
@@ -551,6 +554,17 @@ class SimResult:
 def replay_command(seed: int, faults: Faults, known_bugs: Sequence[str] = ()) -> str:
     cmd = f"python -m tests.sim.run --seed {seed} --faults {faults.spec()}"
     return cmd + f" --known-bugs {','.join(known_bugs) or 'none'}"
+
+
+def parse_known_bugs(spec: str) -> list[str]:
+    """``all`` (every trigger in :data:`KNOWN_BUGS`), ``none`` or a comma list of their names."""
+    if spec == "all":
+        return list(KNOWN_BUGS)
+    bugs = [] if spec in ("", "none") else spec.split(",")
+    unknown = [b for b in bugs if b not in KNOWN_BUGS]
+    if unknown:
+        raise ValueError(f"unknown known-bug triggers {unknown}; known: {', '.join(KNOWN_BUGS)}")
+    return bugs
 
 
 class Sim(Protocol):
