@@ -156,14 +156,19 @@ def test_a_step_in_flight_when_terminated_runs_again_once_reopened(env: Workflow
     assert env.result(h, max_time=timedelta(hours=1)) == "x" and ran == ["slow x", "slow x"]
 
 
-def test_a_retry_of_a_terminated_parent_reopens_the_children_its_cascade_ended(env: WorkflowEnvironment) -> None:
-    """As a resume does: re-driven as it is, with its children's terminated outcomes kept, it failed
-    again at once (ChildWorkflowError) — found by the simulation's batch terminate, then a batch
-    retry of the failed (harness/sim_batch.py, seed 38)."""
+@pytest.mark.parametrize("reopen", ["retry", "reset"])
+def test_a_terminated_parent_reopened_reopens_the_children_its_cascade_ended(
+    env: WorkflowEnvironment, reopen: str
+) -> None:
+    """As a resume does: a retry (re-driven as it is) or a reset to after the child steps kept the
+    children's terminated outcomes and failed again at once (ChildWorkflowError) — found by the
+    simulation's batch terminate, then a batch retry of the failed or an operator's reset
+    (harness/sim_batch.py, seeds 38 and 581)."""
     h = env.start(parent, 2)
     assert h.terminate(by="ops") is True
     env.run_until_idle()
-    Admin(env.engine).retry(h.id, by="ops", reason="fixed")
+    step = {"step": 3} if reopen == "reset" else {}  # after both child steps: it keeps them
+    getattr(Admin(env.engine), reopen)(h.id, by="ops", reason="fixed", **step)
     env.run_until_idle()
     assert [env.handle(f"{h.id}-k{i}").status() for i in range(2)] == ["running"] * 2
     assert env.result(h) == [0, 1]
