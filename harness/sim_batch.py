@@ -68,6 +68,9 @@ BY = "sim-batch"
 TERMINATED_OUTCOME = ("failed", TERMINATED)
 #: workflows a cancel or a terminate never selects (w_signal must complete; w_child is a child)
 NOT_ENDED = ("w_signal", "w_child")
+#: and a retry or a resume: w_seq runs the keyed starts (sim_dedup.py), and a reopened execution
+#: does not take its key back, it runs beside a newer holder (docs/guides/dedup.md: not invariant 10)
+NOT_REOPENED = (*NOT_ENDED, "w_seq")
 
 
 def batching(seed: int) -> bool:
@@ -91,6 +94,9 @@ class Batch:
     #: per execution: the records of this batch created (operation documents ``by`` it)
     records: Counter[str] = field(default_factory=Counter)
     ops: list[Doc] = field(default_factory=list)
+    #: executions whose status changed while it ran, not by it (listed in one status, found in another)
+    moved: set[str] = field(default_factory=set)
+    tried: bool = False  # its start was tried (its query is fixed from then on)
     late: int = 0  # records written after the batch ended
 
     @property
@@ -105,6 +111,7 @@ class BatchWatch:
         self.sim = sim
         self.batches: dict[str, Batch] = {}
         self.execs: dict[str, tuple[str, str]] = {}  # pk -> (workflow, status) as last written
+        self.parents: dict[str, str] = {}  # child pk -> its parent's (a reset may delete the child)
 
     def unit(self, pk: str, unit: list[tuple[Doc, bool]]) -> None:
         new = next((d for d, _ in unit if d.get("id") == EXEC_ID), None)
@@ -115,11 +122,16 @@ class BatchWatch:
                 b.records[pk] += len(mine)
                 b.ops += [d | {"pk": pk} for d in mine]
                 b.late += 0 if b.open else len(mine)
+            moved = new is not None and str(new.get("status")) != self.execs.get(pk, ("", ""))[1]
+            if b.open and moved and not mine:
+                b.moved.add(pk)  # its status changed while the batch ran (not by the batch)
             if b.open and pk in b.eligible and not mine and new is not None and new.get("status") != b.status:
                 b.eligible.discard(pk)  # it left the query's status before the batch acted on it
         if new is None:
             return
         self.execs[pk] = (str(new.get("workflow")), str(new.get("status")))
+        if isinstance(new.get("parent"), dict):
+            self.parents[pk] = str(new["parent"].get("pk"))
         own = self.batches.get(pk)  # the batch's own execution: its creation, its end
         if own is not None and not own.created:
             own.created = own.open = True
@@ -141,10 +153,14 @@ def plan_batches(sim: Sim) -> None:
         if action == "signal":
             workflow, status = "w_signal", "running"
         elif action == "retry":
-            workflow, status = ("w_fail" if "w_fail" in kinds else rng.choice(kinds)), "failed"
+            workflow, status = (
+                ("w_fail" if "w_fail" in kinds else rng.choice([k for k in kinds if k not in NOT_REOPENED])),
+                "failed",
+            )
+        elif action == "resume":
+            workflow, status = rng.choice([k for k in kinds if k not in NOT_REOPENED]), "cancelled"
         else:
-            workflow = rng.choice([k for k in kinds if k not in NOT_ENDED])
-            status = "cancelled" if action == "resume" else "running"
+            workflow, status = rng.choice([k for k in kinds if k not in NOT_ENDED]), "running"
         b = Batch(f"s{sim.seed}-b{i}-{action}", action, workflow, status, f"batch{i}")
         watch.batches[b.eid] = b
         late = action in ("retry", "resume")  # after something failed or was cancelled
@@ -159,9 +175,9 @@ class _Start:
 
     def __call__(self) -> None:
         sim, b, rng = self.sim, self.b, self.rng
-        skip = (*NOT_ENDED, BATCH_WORKFLOW)
+        skip = (*(NOT_REOPENED if b.action in ("retry", "resume") else NOT_ENDED), BATCH_WORKFLOW)
         now = Counter(w for w, s in sim.batch_watch.execs.values() if s == b.status and w not in skip)
-        if b.action != "signal" and now:  # the workflow with the most executions in the query's status
+        if b.action != "signal" and now and not b.tried:  # the workflow with the most in the query's status
             b.workflow = max(sorted(now), key=lambda w: (now[w], rng.random()))
         if self.tries > 1 and not any(w == b.workflow and s == b.status for w, s in sim.batch_watch.execs.values()):
             sim._op(sim.step + rng.randint(5, 30), _Start(sim, b, rng, self.tries - 1))
@@ -179,6 +195,7 @@ class _Start:
             page_size=rng.randint(1, 3),
         )
         definition = sim.registry.workflow(BATCH_WORKFLOW)
+        b.tried = True  # a start that raises may have applied: tried again (sim._client_op) as it is
         sim.client.engine.start(definition, (b.action, query, options), {}, workflow_id=b.eid)
         sim.count(f"batch_{b.action}_started")
 
@@ -198,13 +215,13 @@ def check_batches(sim: Sim) -> None:
             p = plan.get(pk)
             if p is not None and b.action == "cancel":
                 p.cancel_sent = True
-        cascaded = {pk for pk in b.records if b.action == "terminate" and _parent(sim, pk) in b.records}
+        cascaded = {pk for pk in b.records if b.action == "terminate" and watch.parents.get(pk) in b.records}
         for op in b.ops:
             workflow = watch.execs.get(op["pk"], ("?", "?"))[0]
             if op["pk"] in cascaded:
                 continue  # a terminate ends the running children too (engine/admin/terminate.py)
-            found = (workflow, op.get("action"), op.get("status"))
-            if op["pk"] == b.eid or found != (b.workflow, b.action, b.status):
+            status = b.status if op["pk"] in b.moved else op.get("status")  # listed, then it changed
+            if op["pk"] == b.eid or (workflow, op.get("action"), status) != (b.workflow, b.action, b.status):
                 what = f"{op['pk']} ({workflow}): {op.get('action')} of a {op.get('status')} execution"
                 sim.violate(15, f"{b.eid} ({b.action} {b.workflow} {b.status}) acted outside its query: {what}")
         refused = dict(_totals(sim, b).get("errors") or [])
@@ -227,11 +244,6 @@ def terminated(sim: Sim) -> set[str]:
     watch: BatchWatch | None = getattr(sim, "batch_watch", None)
     batches = watch.batches.values() if watch is not None else ()
     return {pk for b in batches if b.action == "terminate" for pk in b.records}
-
-
-def _parent(sim: Sim, pk: str) -> str | None:
-    link = (sim.inner.read(pk, EXEC_ID) or {}).get("parent")
-    return str(link.get("pk")) if isinstance(link, dict) else None
 
 
 def _not_refused(why: str | None) -> bool:
