@@ -14,19 +14,23 @@ Each batch is one of:
   runs as one);
 - ``signal``: the value ``batch<i>`` on ``tick`` to every running ``w_signal``;
 - ``retry`` of the failed executions of one workflow (``w_fail`` when planned), ``resume`` of the
-  cancelled ones;
+  cancelled ones (never ``w_seq``: the keyed starts' workflow; reopened, a superseded holder runs
+  beside the key's newer one, as docs/guides/dedup.md says);
 
 page by page (1-3 executions a page), sometimes with a rate (the batch then sleeps between
-pages). Its choices use an rng of its own (``batch:<seed>``). The start is put off while the query
-selects nothing (a retry before anything failed).
+pages). When it starts, a batch other than a signal takes the workflow with the most executions
+in its query's status; the start is put off while the query selects nothing (a retry before
+anything failed). Its choices use an rng of its own (``batch:<seed>``).
 
 Invariant 15 (its watch sees every write unit of the store, in order: sim_pause_watch.py):
 (a) no execution carries two records of one batch (``<by>@batch:<id>``), and a batch's signal
 value is in the execution's history (consumed or pending) once if recorded, never if not;
-(b) every record is on an execution of the query's workflow (never the batch itself), of the
-batch's action, and found the execution in the query's status;
+(b) every record is on an execution of the query's workflow (never the batch itself; a child its
+terminate ended is the cascade's), of the batch's action, and found the execution in the query's
+status (unless someone else changed that status while the batch ran: listed, then changed);
 (c) every execution in the query's status when the batch was created that stayed in it until the
-batch acted on it, or until the batch ended, carries a record (nothing eligible is skipped);
+batch acted on it, or until the batch ended, carries a record or is named among the batch's
+refusals by its action (a resume while a step still runs): nothing eligible is skipped;
 (d) the batch ends (invariant 5 too), completed, its totals with ``matched == done + refused`` and
 ``done`` at most the executions it recorded; equal when no page ran twice;
 and every other invariant holds with it (1: an execution the batch cancelled or terminated may end
