@@ -17,6 +17,7 @@ from click.testing import CliRunner
 from celery_durable import Durable, durable_activity
 from celery_durable import workflow as wf
 from celery_durable.engine.admin.operator import Admin
+from celery_durable.engine.drive.recovery import ScanReport
 from celery_durable.errors import ChildWorkflowError, WorkflowFailedError
 from celery_durable.testing.env import WorkflowEnvironment
 
@@ -154,6 +155,31 @@ def test_a_step_in_flight_when_terminated_runs_again_once_reopened(env: Workflow
     env.run_until_idle()
     env.advance(timedelta(minutes=2))
     assert env.result(h, max_time=timedelta(hours=1)) == "x" and ran == ["slow x", "slow x"]
+
+
+def test_a_recovery_scan_that_read_the_ended_execution_settles_nothing_once_it_is_reopened(
+    env: WorkflowEnvironment, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scan read the partition while the execution was terminated (its step in flight: due,
+    not leased), a retry reopened it (the step kept as it is: due already), then the scan settled
+    the step's marker on what it had read: nothing due, the step never sent again, the execution
+    running forever (the simulation, seed 2465). The settle of an ended execution's marker is
+    guarded by the exec as read: a reopening since fails it."""
+    h = env.start(slowly, "x")
+    assert h.terminate(by="ops") is True
+    env.retries.clear()  # the step's retry message is lost: only the recovery scan can send it again
+    stale = {d["id"]: d for d in env.store.query_partition(h.id).docs}
+    Admin(env.engine).retry(h.id, by="ops", reason="fixed")
+    env.run_until_idle()
+    assert (env.store.read(h.id, "s:000001") or {}).get("due_kind") == "activity"  # kept: due already
+    load = env.engine.cache.load
+    with monkeypatch.context() as m:  # the scan goes on with the partition it read before the retry
+        m.setattr(env.engine.cache, "load", lambda pk, *a, **k: stale if pk == h.id else load(pk, *a, **k))
+        env.engine.recovery._activity_due(h.id, "s:000001", env.clock.now(), ScanReport())
+    assert (env.store.read(h.id, "s:000001") or {}).get("due_kind") == "activity"
+    env.advance(timedelta(minutes=10))
+    env.engine.recovery.scan()  # the step is due: sent again
+    assert env.result(h, max_time=timedelta(hours=1)) == "x"
 
 
 @pytest.mark.parametrize("reopen", ["retry", "reset"])
