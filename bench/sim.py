@@ -61,6 +61,18 @@ ROWS = (
         ("pause_returned", "unpause_returned", "batch_pause_done"),
     ),
     (
+        "batches started: cancel / terminate / signal / retry / resume (sim_batch.py)",
+        tuple(f"batch_{a}_started" for a in ("cancel", "terminate", "signal", "retry", "resume")),
+    ),
+    (
+        "executions the batches acted on, in the same order",
+        tuple(f"batch_{a}_acted" for a in ("cancel", "terminate", "signal", "retry", "resume")),
+    ),
+    (
+        "batches with a page run twice / executions a batch's action refused",
+        ("batch_page_twice", "batch_refused OperationRefused"),
+    ),
+    (
         "limited executions queued / started / cancelled queued / slots freed late",
         ("wf_queued_written", "wf_limited_started", "wf_cancel_queued", "wf_slot_freed_late"),
     ),

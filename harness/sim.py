@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import replace
 from typing import Any
 
@@ -66,6 +67,7 @@ from harness.sim_store import (
     SimResult,
     Violation,
     WorkerCrash,
+    parse_known_bugs,
     replay_command,
 )
 from harness.sim_workload import LONG_TIMEOUT, SIGNAL_TIMEOUT, ActivityLedger, build_registry, set_ledger
@@ -463,7 +465,8 @@ class Sim:
         self.count("bodies")
         try:
             try:
-                value = act.codec.encode_result(act.fn(*args, **kwargs))
+                with fl.ctx or nullcontext():  # current(), as in the glue: the library's batch pages use it
+                    value = act.codec.encode_result(act.fn(*args, **kwargs))
             except Exception as exc:
                 if attempt.number < MAX_ATTEMPTS and not isinstance(exc, NonRetryableError):
                     countdown = self.rng.uniform(0.0, 5.0)
@@ -585,14 +588,3 @@ def check_seed(seed: int, faults: Faults = Faults(), known_bugs: Sequence[str] =
             f"seed {seed}: {result.violations[0]}\n{lines}\nreplay: {replay_command(seed, faults, known_bugs)}"
         )
     return result
-
-
-def parse_known_bugs(spec: str) -> list[str]:
-    """``all`` (every trigger in :data:`KNOWN_BUGS`), ``none`` or a comma list of their names."""
-    if spec == "all":
-        return list(KNOWN_BUGS)
-    bugs = [] if spec in ("", "none") else spec.split(",")
-    unknown = [b for b in bugs if b not in KNOWN_BUGS]
-    if unknown:
-        raise ValueError(f"unknown known-bug triggers {unknown}; known: {', '.join(KNOWN_BUGS)}")
-    return bugs

@@ -9,6 +9,7 @@ from typing import Any
 from celery_durable.engine.documents.checks import pending_signal_values
 from celery_durable.engine.documents.model import TERMINAL
 from celery_durable.stores.base import Doc
+from harness.sim_batch import TERMINATED_OUTCOME, check_batches, terminated
 from harness.sim_deadlines import TIMED_OUT, check_ended
 from harness.sim_limits import check_settled
 from harness.sim_pause import check_unpaused
@@ -34,6 +35,8 @@ def check(self: Sim, reference: Callable[[str, list[Any]], Outcome]) -> None:
     check_settled(self)  # invariant 13 (c): no limit waits with room (sim_limits.py)
     check_unpaused(self)  # invariant 14 (d): none left paused (sim_pause.py)
     check_updates(self)  # invariant 15: updates applied once, rejected ones recorded nowhere (sim_updates.py)
+    check_batches(self)  # invariant 16: batches act once on what they select (sim_batch.py)
+    ended = terminated(self)  # by a batch
     execs = self._execs()
     orphaned: dict[str, str] = {}  # stranded execution -> open bug whose signature it has
     for pk, ex in execs.items():
@@ -58,6 +61,7 @@ def check(self: Sim, reference: Callable[[str, list[Any]], Outcome]) -> None:
             continue
         expected = reference(p.workflow, p.args)
         allowed = [expected] + ([("cancelled",)] if p.cancel_sent else [])
+        allowed += [TERMINATED_OUTCOME] if p.eid in ended else []
         if p.timing is not None:  # a deadline, a delayed start (sim_deadlines.py)
             allowed += [TIMED_OUT] if p.timing.timeout is not None else []
             check_ended(self, p, found)

@@ -181,3 +181,6 @@ def plan_ops(sim: Sim, only: tuple[str, list[Any]] | None) -> None:
     from harness.sim_updates import plan_updates
 
     plan_updates(sim)  # workflow updates, valid and rejected, racing continue-as-new (sim_updates.py)
+    from harness.sim_batch import plan_batches
+
+    plan_batches(sim)  # batch operations, run by the batch workflow (sim_batch.py)

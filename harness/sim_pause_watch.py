@@ -4,6 +4,7 @@ and what *while paused* means, is in harness/sim_pause.py."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from celery_durable.engine.documents.model import EXEC_ID, TERMINAL
@@ -29,6 +30,8 @@ class PauseWatch:
         self.born: dict[tuple[str, str], int] = {}  # marker -> the write that created it
         self.attempts: dict[tuple[str, str], int] = {}
         self._unit: list[tuple[Doc, bool]] | None = None
+        #: other watchers of every write unit, in the store's order (sim_batch.py)
+        self.also: list[Callable[[str, list[tuple[Doc, bool]]], None]] = []
 
     def begin(self) -> None:
         """A batch begins: its documents are one write."""
@@ -53,6 +56,8 @@ class PauseWatch:
 
     def _apply(self, pk: str, unit: list[tuple[Doc, bool]]) -> None:
         self.writes += 1
+        for watch in self.also:
+            watch(pk, unit)
         n = self.writes
         prev = self.execs.get(pk) or {}
         paused = bool(prev.get("paused"))

@@ -40,6 +40,7 @@ __all__ = [
     "Planned",
     "SimResult",
     "Violation",
+    "parse_known_bugs",
     "replay_command",
     "Sim",
 ]
@@ -74,6 +75,8 @@ INVARIANTS = {
     15: "an update request a client sent is never lost: it ends accepted, rejected, or refused as its execution "
     "ended; an accepted one is a step of its run, applied once (its answer is what the history's replay gives), "
     "a rejected one is in no history, and only the invalid are rejected (sim_updates.py)",
+    16: "a batch acts at most once on an execution, only on what its query selects, on every one its query selected "
+    "until it acted or ended; it finishes, its counts agree with its records (sim_batch.py)",
 }
 
 #: Workload triggers of engine bugs (each description is the bug it found). All are fixed and on
@@ -554,6 +557,17 @@ class SimResult:
 def replay_command(seed: int, faults: Faults, known_bugs: Sequence[str] = ()) -> str:
     cmd = f"python -m tests.sim.run --seed {seed} --faults {faults.spec()}"
     return cmd + f" --known-bugs {','.join(known_bugs) or 'none'}"
+
+
+def parse_known_bugs(spec: str) -> list[str]:
+    """``all`` (every trigger in :data:`KNOWN_BUGS`), ``none`` or a comma list of their names."""
+    if spec == "all":
+        return list(KNOWN_BUGS)
+    bugs = [] if spec in ("", "none") else spec.split(",")
+    unknown = [b for b in bugs if b not in KNOWN_BUGS]
+    if unknown:
+        raise ValueError(f"unknown known-bug triggers {unknown}; known: {', '.join(KNOWN_BUGS)}")
+    return bugs
 
 
 class Sim(Protocol):

@@ -39,10 +39,15 @@ class CreateOverwrites(MemoryStore):
         return super().batch(pk, [Op.upsert(op.doc) if op.kind == "create" and op.doc else op for op in ops])
 
 
-def first_caught(run: Callable[[int], SimResult], seeds: int = SEEDS) -> tuple[int, SimResult] | None:
+def first_caught(
+    run: Callable[[int], SimResult], seeds: int = SEEDS, invariant: int | None = None
+) -> tuple[int, SimResult] | None:
+    """The first seed whose run with the planted bug breaks an invariant (``invariant``, if given)
+    and whose run without it holds every one."""
     for seed in range(seeds):
         broken = run(seed)
-        if broken.violations and run_seed(seed, Faults(), ()).ok:
+        caught = [v for v in broken.violations if invariant is None or v.invariant == invariant]
+        if caught and run_seed(seed, Faults(), ()).ok:
             return seed, broken
     return None
 
@@ -231,7 +236,8 @@ def test_heartbeat_details_written_without_the_lease_are_caught(monkeypatch: pyt
     # Rare: the race needs a starter slow (not dead) between its claim and its create while
     # another start takes the key. Measured (2026-12-05, after limits added store calls that
     # shift every seed's random stream): seed 688 is the only one in 0-2000 to catch it (before:
-    # one seed in 400). A targeted scenario would be steadier; until then, 1,000 seeds.
-    found = first_caught(broken, seeds=1000)
-    assert found is not None, "no violation in 1000 seeds"
-    assert any(v.invariant == 12 for v in found[1].violations), found[1].violations
+    # one seed in 400). A targeted scenario would be steadier; until then, 1,000 seeds. The
+    # clobbered marker can also show first as a slot freed under a live attempt (invariant 13:
+    # seed 103 once updates joined the workload): the search is for invariant 12's own catch.
+    found = first_caught(broken, seeds=1000, invariant=12)
+    assert found is not None, "no violation of invariant 12 in 1000 seeds"

@@ -22,9 +22,9 @@ from celery_durable.engine.admin.child_ops import check_reopen, register
 from celery_durable.engine.admin.oplog import actor, cascade, note, purge_record, recorded, unknown
 from celery_durable.engine.admin.pending_ops import check_field, check_inputs, check_purge, commit, settle
 from celery_durable.engine.admin.purge import PURGING, finish_purge, purge_partition
+from celery_durable.engine.admin.reopen import reopened
 from celery_durable.engine.admin.reruns import bump_reruns, children_of, rerun_count
 from celery_durable.engine.admin.reset import cancel_point, delivered_cancel, plan_reset, reset_by
-from celery_durable.engine.admin.terminate import keep_cancel, reopen_terminated
 from celery_durable.engine.admin.timeline import (
     STATUSES,
     ExecutionDetail,
@@ -207,7 +207,8 @@ class Admin:
         own; one still running refuses the retry (:class:`OperationRefused` names it: cancel it,
         or wait, and retry again). An effect emitted by a forgotten step and not admitted yet is
         admitted first. The execution is running again. With no failed step (the workflow code
-        itself failed) it is re-driven as it is, e.g. after a fix. Recorded (engine/admin/oplog.py).
+        itself failed, or it was terminated: its terminated children reopen) it is re-driven as it
+        is, e.g. after a fix; a kept step left with nothing due is sent again. Recorded (oplog.py).
         """
         check_inputs(OperationRefused, execution_id)
         return self._operate(execution_id, recorded(self.engine, self._plan_retry, "retry", by, reason))
@@ -408,8 +409,8 @@ class Admin:
             self._rerun(ex, docs, failed[-1], rewrite)
             # a re-run that returns earlier than the forgotten steps is not non-deterministic
             rewrite.fields["steps"] = max([seq, *keep])
-        keep_cancel(ex, rewrite)  # failed in what its cancel ran: re-run, it still ends cancelled
-        return rewrite
+        # a cancel still stands (failed in what it ran: re-run, it ends cancelled), a terminate's
+        return reopened(self, ex, docs, rewrite)  # cascade is undone, stranded steps re-armed
 
     def _forget_after(self, ex: ExecDoc, docs: dict[str, Doc], seq: int, rewrite: _Rewrite, keep: set[int]) -> None:
         """Plan to delete what run ``ex.run`` recorded after step ``seq`` (but the steps ``keep``):
@@ -450,10 +451,8 @@ class Admin:
     def _plan_resume(self, ex: ExecDoc, docs: dict[str, Doc]) -> _Rewrite:
         status = ex.get("status")
         rewrite = _Rewrite()
-        if status == Status.FAILED:  # reopened on its history: a cancel still stands; a terminate's
-            keep_cancel(ex, rewrite)  # cascade is undone (its children reopen with their steps)
-            reopen_terminated(self, ex, docs, rewrite)
-            return rewrite
+        if status == Status.FAILED:  # reopened on its history: a cancel still stands, a terminate's
+            return reopened(self, ex, docs, rewrite)  # cascade is undone, stranded steps re-armed
         if status not in (Status.CANCELLED, Status.TIMED_OUT):  # a timeout is a cancel: resumed alike
             raise OperationRefused(f"{ex['pk']} is {status}; resume applies to running, failed, cancelled or timed out")
         run = _int(ex.get("run"))

@@ -15,6 +15,8 @@ from typing import Any, Protocol
 
 from celery_durable.engine.admin.cancel_withdrawal import cascaded, rearm_waiting_children
 from celery_durable.engine.admin.oplog import actor, archived, next_op
+from celery_durable.engine.admin.reopen import stranded
+from celery_durable.engine.admin.terminate import reopen_terminated
 from celery_durable.engine.admin.timeline import _int
 from celery_durable.engine.documents.records import ExecDoc
 from celery_durable.engine.documents.schema import EXEC_ID, DocType, Status, marker_id, operation_id, result_id
@@ -130,8 +132,11 @@ def plan_reset(
                 admin._rearm(ex, marker, rewrite, fresh=True)
     if delivered:
         rearm_waiting_children(admin, ex, docs, rewrite)
-    n = next_op(ex, docs)
+    reopen_terminated(admin, ex, docs, rewrite)  # kept child steps a terminate's cascade ended
     now = admin.engine.clock.now()
+    for marker in stranded(now, ex, docs, rewrite):  # kept steps the scans settled while it had ended
+        admin._rearm(ex, marker, rewrite)
+    n = next_op(ex, docs)
     op = {
         "pk": pk,
         "id": operation_id(n),

@@ -7,7 +7,8 @@ etag-guarded batch makes it ``failed`` with ``WorkflowTerminated`` (who and why 
 and records the operator action, like any other (``op:<n>``). No compensation runs; an activity
 still running finishes and its outcome is recorded late, changing nothing. Its running children
 are terminated too, and its parent is told, as of any child that ended. It stays an ordinary
-failed execution: ``resume`` reopens it on its recorded history, ``purge`` deletes it.
+failed execution: ``resume`` (or ``retry``) reopens it on its recorded history, ``purge`` deletes
+it (engine/admin/reopen.py).
 """
 
 from __future__ import annotations
@@ -109,14 +110,16 @@ def keep_cancel(ex: Mapping[str, Any], rewrite: Any) -> None:
 
 
 def reopen_terminated(admin: Any, ex: Mapping[str, Any], docs: dict[str, Doc], rewrite: Any) -> None:
-    """``resume`` of a terminated execution: the outcomes its terminate cascade gave its child
-    steps (children terminated because it was) are forgotten and those steps re-armed, which
-    reopens each child (``Admin._rearm``), as a resume of a cancelled parent resumes the
-    children its cancel ended. Otherwise the reopened run would fail again at once."""
+    """``resume``, ``retry`` or ``reset`` of a terminated execution: the outcomes its terminate
+    cascade gave the child steps it keeps (children terminated because it was) are forgotten and
+    those steps re-armed, which reopens each child (``Admin._rearm``), as a resume of a cancelled
+    parent resumes the children its cancel ended. Otherwise the reopened run would fail again at
+    once. Outcomes ``rewrite`` deletes already (a reset's forgotten steps) are left to it."""
     error = ex.get("error")
     if not isinstance(error, dict) or error.get("type") != TERMINATED:
         return
     run, why = run_of(ex), _cascade_reason(str(ex["pk"]))
+    gone = {d["id"] for d in rewrite.deletes}
     for d in list(docs.values()):
         raw = d.get("error")
         child_error: dict[str, Any] = raw if isinstance(raw, dict) else {}
@@ -129,6 +132,6 @@ def reopen_terminated(admin: Any, ex: Mapping[str, Any], docs: dict[str, Doc], r
         ):
             continue
         marker = docs.get(marker_id(int(d["seq"]), run))
-        if marker is not None:
+        if marker is not None and d["id"] not in gone:
             rewrite.deletes.append(d)
             admin._rearm(ex, marker, rewrite)

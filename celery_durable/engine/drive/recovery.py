@@ -37,6 +37,7 @@ from celery_durable.engine.documents.model import (
     settled,
 )
 from celery_durable.engine.documents.records import count_of, is_terminal
+from celery_durable.engine.drive.upkeep import clear_due_of_ended
 from celery_durable.errors import ConflictError, CorruptDocument
 from celery_durable.stores.base import DueRef, find_inner, strip_reserved
 from celery_durable.stores.offload.chunk_gc import collect_chunks
@@ -146,6 +147,10 @@ class Recovery:
         done = result_id(seq, run) in docs or ex is None or is_terminal(ex) or run_of(ex) != run
         if not done and marker.get("kind") != "activity":
             raise MalformedDocument(pk, marker_id(seq, run), f"a {marker.get('kind')} step is due as an activity")
+        if done and ex is not None and is_terminal(ex) and run_of(ex) == run and result_id(seq, run) not in docs:
+            # on the exec as read: an execution reopened since keeps its step due (reopen.py)
+            report.cleared += clear_due_of_ended(eng, marker, ex)
+            return
         if done:
             try:
                 eng.store.replace(settled(marker), marker["_etag"])

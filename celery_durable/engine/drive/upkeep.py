@@ -6,7 +6,8 @@ Used by timers, children, the driver and the operator's actions alike.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from celery_durable.engine.documents.checks import (
     SIGNAL_MARK_PREFIX,
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     from celery_durable.engine.ports import EngineParts
 
 
-__all__ = ["clear_due", "prune_run", "wake"]
+__all__ = ["clear_due_of_ended", "clear_due", "prune_run", "wake"]
 
 log = logging.getLogger("celery_durable.links")
 
@@ -62,6 +63,23 @@ def clear_due(engine: EngineParts, marker: Doc) -> None:
             engine.store.replace(settled(marker), marker["_etag"])
         except ConflictError:
             pass
+
+
+def clear_due_of_ended(engine: EngineParts, marker: Doc, ex: Mapping[str, Any]) -> bool:
+    """Take the marker of an ended execution's step off the due index in one batch with the exec
+    as read (its etag, the exec written back unchanged): a reopening since (retry, resume, reset)
+    fails it, and the step stays due for the reopened run (engine/admin/reopen.py). False: not
+    cleared (not due, or the partition moved on)."""
+    if not marker.get("due_kind"):
+        return False
+    try:
+        engine.store.batch(
+            str(marker["pk"]),
+            [Op.replace(settled(marker), marker["_etag"]), Op.replace(strip_reserved(ex), ex["_etag"])],
+        )
+    except ConflictError:
+        return False
+    return True
 
 
 def prune_run(engine: EngineParts, execution_id: str, old_run: int) -> None:

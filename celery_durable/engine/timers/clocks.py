@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from celery_durable.engine.ports import EngineParts
 from celery_durable.engine.admin.pause import park
 from celery_durable.engine.documents.records import ExecDoc, count_of, is_terminal, maybe_exec
-from celery_durable.engine.drive.upkeep import clear_due
+from celery_durable.engine.drive.upkeep import clear_due, clear_due_of_ended
 from celery_durable.engine.outcomes import ClockOutcome
 from celery_durable.engine.starts.deadlines import CLOCK_PREFIX, DEADLINE_CLOCK, fire_exec_clock
 
@@ -69,6 +69,9 @@ class Timers:
         if kind not in ("sleep", "signal") or marker.get("fire_at") is None:
             return ClockOutcome.MISSING
         done = result_id(seq, run) in docs or (kind == "signal" and signal_outcome_id(marker, run) in docs)
+        if is_terminal(ex) and not done and run_of(ex) == run:
+            clear_due_of_ended(self.engine, marker, ex)  # unless reopened since (engine/admin/reopen.py)
+            return ClockOutcome.DONE
         if is_terminal(ex) or done or run_of(ex) != run:
             clear_due(self.engine, marker)
             return ClockOutcome.DONE
