@@ -34,8 +34,8 @@ from celery_durable.engine.documents.update_docs import (
     update_request_id,
 )
 from celery_durable.engine.replay.context import ContinueAsNew, Fatal, Suspend, WorkflowContext
-from celery_durable.errors import NonDeterminismError, PayloadValidationError
-from celery_durable.stores.base import Doc
+from celery_durable.errors import DocumentTooLarge, NonDeterminismError, PayloadTooLarge, PayloadValidationError
+from celery_durable.stores.base import Doc, encode_doc
 
 __all__ = ["UpdateHandler", "register", "at_wait", "pending_requests"]
 
@@ -59,9 +59,9 @@ def register(ctx: WorkflowContext, name: str, fn: Callable[..., Any], validator:
     ctx.update_handlers[name] = UpdateHandler(fn, validator, CallCodec(fn))
 
 
-def at_wait(ctx: WorkflowContext) -> None:
+def at_wait(ctx: WorkflowContext, max_payload: int | None = None) -> None:
     """A wait point: apply the updates (and take the activities' values) recorded here, then, at
-    the frontier, take new ones."""
+    the frontier, take new ones. ``max_payload``: the store's limit, which an outcome must fit."""
     if ctx.answering is not None or ctx.unwinding:
         return
     ex = ctx.history.get(EXEC_ID) or {}
@@ -91,7 +91,7 @@ def at_wait(ctx: WorkflowContext) -> None:
     for value in _undecided(ctx, "published", publication_id, publication_mark_id):
         _adopt(ctx, value)
     for request in pending_requests(ctx):
-        _decide(ctx, request)
+        _decide(ctx, request, max_payload)
 
 
 def _fed(marker: Doc) -> bool:
@@ -150,7 +150,19 @@ def _call(ctx: WorkflowContext, name: str, role: str, fn: Callable[..., Any], ar
         ctx.answering = None
 
 
-def _decide(ctx: WorkflowContext, request: Doc) -> None:
+def _fitted(outcome: Doc, limit: int | None) -> Doc:
+    """``outcome``, or, when it does not fit the store (a handler's value, an error's message),
+    its failure with :class:`PayloadTooLarge`: stored anyway, it would fail the execution."""
+    if limit is not None:
+        try:
+            encode_doc(outcome, limit)
+        except DocumentTooLarge as exc:
+            outcome.pop("value", None)
+            outcome.update(ok=False, error=error_info(PayloadTooLarge(str(outcome["id"]), exc.size, limit)))
+    return outcome
+
+
+def _decide(ctx: WorkflowContext, request: Doc, limit: int | None = None) -> None:
     n, name = int(request["n"]), str(request["name"])
     outcome: Doc = {
         "pk": ctx.execution_id,
@@ -175,7 +187,7 @@ def _decide(ctx: WorkflowContext, request: Doc) -> None:
     except Exception as exc:  # rejected: recorded outside the history (no step taken: ``seq`` is the one
         # it would have taken, so an operator's reset before it forgets it as it forgets accepted ones)
         outcome.update(accepted=False, ok=False, error=error_info(exc), seq=ctx.seq + 1)
-        ctx.new_docs[outcome["id"]] = outcome
+        ctx.new_docs[outcome["id"]] = _fitted(outcome, limit)
         return
     seq, _ = ctx._step(StepKind.UPDATE, name)
     ctx._marker(seq, StepKind.UPDATE, name, input=fresh(data), request=n)
@@ -185,4 +197,4 @@ def _decide(ctx: WorkflowContext, request: Doc) -> None:
         outcome.update(ok=True, value=handler.codec.result.encode(value, f"result of update {name!r}", "result"))
     except Exception as exc:  # accepted, applied, failed: the caller gets the error
         outcome.update(ok=False, error=error_info(exc))
-    ctx.new_docs[outcome["id"]] = outcome
+    ctx.new_docs[outcome["id"]] = _fitted(outcome, limit)

@@ -1,0 +1,132 @@
+"""Attacks on workflow updates, signal-/update-with-start and ``activity.publish`` (issue 27 §4:
+engine/replay/updates.py, engine/signals/updates.py, engine/starts/with_start.py,
+engine/activities/publish.py).
+
+Each test asserts one promise: an update is recorded only when accepted and answered after the
+workflow handled it; bad input fails with a clear error in the caller and stores nothing; a
+document too large never ends an execution it does not belong to. Tests under "Found by the
+breaker (fixed)" failed on the code before their fix (the docstring says what was observed); the
+others are attacks that held. The payload limit (``durable_max_payload``) is set to a few KB so
+that "too large" costs nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_durable import (
+    Durable,
+    UpdateFailedError,
+    UpdateRejectedError,
+    activity,
+    durable_activity,
+)
+from celery_durable import workflow as wf
+from celery_durable.testing.env import WorkflowEnvironment
+
+pytestmark = pytest.mark.adversarial
+
+LIMIT = 4000
+_app = Celery("update-breaks", set_as_current=False)
+_app.conf.durable_max_payload = LIMIT
+durable = Durable(_app, store="memory://")
+
+
+def check_grow(n: int) -> None:
+    if n < 0:
+        raise ValueError("x" * (2 * LIMIT))  # an error message too long to record
+
+
+@durable.workflow(name="brk.upd.box")
+def box() -> list[Any]:
+    seen: list[Any] = []
+
+    @wf.update("grow", validator=check_grow)
+    def grow(n: int) -> str:
+        seen.append(n)
+        return "x" * n
+
+    @wf.update("echo")
+    def echo(text: str) -> int:
+        seen.append(len(text))
+        return len(text)
+
+    def explode() -> None:
+        raise RuntimeError("y" * (2 * LIMIT))
+
+    wf.set_update_handler("explode", explode)
+    wf.wait_signal("stop")
+    return seen
+
+
+SIZES: list[int] = []
+
+
+@durable_activity(name="brk.upd.pub")
+def pub() -> int:
+    for size in SIZES:
+        activity.publish("t", "z" * size)
+    return len(SIZES)
+
+
+@durable.workflow(name="brk.upd.pubflow")
+def pubflow() -> Any:
+    try:
+        done: Any = pub()
+    except Exception as exc:  # noqa: BLE001 - the activity's failure is the answer here
+        done = type(exc).__name__
+    wf.wait_signal("stop")
+    return done
+
+
+def _env() -> WorkflowEnvironment:
+    return WorkflowEnvironment(durable)
+
+
+# --- Found by the breaker (fixed) --------------------------------------------------------------
+
+
+def test_an_update_answer_over_the_payload_limit_fails_the_update_not_the_execution() -> None:
+    """Broken: a handler returning a value larger than ``durable_max_payload`` made its outcome
+    ``updr:<n>`` too large for the drive's commit, and the whole execution failed
+    (``PayloadTooLarge: document 'updr:000002'``), the caller getting ``UpdateRefusedError``. So
+    did a validator's or a handler's error with a huge message. Now the update fails (or is
+    rejected) with ``PayloadTooLarge`` in the caller, and the workflow goes on."""
+    env = _env()
+    h = env.start(box, _workflow_id="box-1")
+    assert env.update(h, "grow", 10) == "x" * 10
+    with pytest.raises(UpdateFailedError, match="PayloadTooLarge"):
+        env.update(h, "grow", 2 * LIMIT)
+    assert h.status() == "running"
+    with pytest.raises(UpdateRejectedError, match="PayloadTooLarge"):
+        env.update(h, "grow", -1)  # the validator's error, too long to record
+    with pytest.raises(UpdateFailedError, match="PayloadTooLarge"):
+        env.update(h, "explode")
+    assert h.status() == "running" and env.update(h, "echo", "ok") == 2
+    env.signal(h, "stop", True)
+    assert h.result() == [10, 2 * LIMIT, 2]  # the failed update was applied: its step replays
+
+
+def test_held_an_update_id_reused_gets_the_first_requests_answer_once() -> None:
+    """Resending with the same ``update_id`` (even other arguments) finds the first request: one
+    step, the first answer (Temporal's rule: the id names the request)."""
+    env = _env()
+    h = env.start(box, _workflow_id="box-6")
+    assert env.update(h, "echo", "abc", update_id="u") == 3
+    assert env.update(h, "echo", "abcdef", update_id="u") == 3
+    env.signal(h, "stop", True)
+    assert h.result() == [3]
+
+
+def test_held_bad_arguments_fail_in_the_caller_and_store_nothing() -> None:
+    env = _env()
+    h = env.start(box, _workflow_id="box-7")
+    before = {d["id"]: d.get("_etag") for d in env.store.query_partition("box-7").docs}
+    with pytest.raises(Exception, match="nan"):
+        h.update("echo", float("nan"))
+    with pytest.raises(ValueError, match="1-256 characters"):
+        h.update("e" * 300)
+    assert {d["id"]: d.get("_etag") for d in env.store.query_partition("box-7").docs} == before
