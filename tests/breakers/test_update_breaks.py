@@ -19,12 +19,14 @@ from celery import Celery
 
 from celery_durable import (
     Durable,
+    PayloadTooLarge,
     UpdateFailedError,
     UpdateRejectedError,
     activity,
     durable_activity,
 )
 from celery_durable import workflow as wf
+from celery_durable.engine.documents.update_docs import update_request_id
 from celery_durable.testing.env import WorkflowEnvironment
 
 pytestmark = pytest.mark.adversarial
@@ -108,6 +110,43 @@ def test_an_update_answer_over_the_payload_limit_fails_the_update_not_the_execut
     assert h.status() == "running" and env.update(h, "echo", "ok") == 2
     env.signal(h, "stop", True)
     assert h.result() == [10, 2 * LIMIT, 2]  # the failed update was applied: its step replays
+
+
+def test_update_arguments_too_large_for_their_step_are_refused_in_the_caller() -> None:
+    """Broken: arguments whose request ``upd:<n>`` just fits the limit were stored, and the
+    ``update`` step that copies them (with a few more fields) did not fit: the execution failed
+    (``document 's:000002' is 4002 bytes``). Now the caller gets ``PayloadTooLarge`` and nothing
+    is stored, by ``update`` and ``update_with_start`` alike."""
+    env = _env()
+    h = env.start(box, _workflow_id="box-2")
+    for size in range(LIMIT - 400, LIMIT, 8):
+        try:
+            assert env.update(h, "echo", "y" * size) == size
+        except PayloadTooLarge:
+            pass
+        assert h.status() == "running", env.engine.read_exec("box-2").get("error")
+    before = {d["id"] for d in env.store.query_partition("box-2").docs}
+    with pytest.raises(PayloadTooLarge):
+        env.update(h, "echo", "y" * (LIMIT - 150))
+    assert {d["id"] for d in env.store.query_partition("box-2").docs} == before
+    opts = box.options(workflow_id="box-3")
+    with pytest.raises(PayloadTooLarge):
+        env.update_with_start(opts, "echo", ["y" * (LIMIT - 150)])
+    assert env.store.read("box-3", "exec") is None and env.store.read("box-3", update_request_id(1)) is None
+
+
+def test_a_published_value_too_large_for_its_step_is_refused_in_the_activity() -> None:
+    """Broken: a value whose ``apub:<n>`` just fits the limit was accepted, and the ``publish``
+    step that takes it into the stream (with more fields) did not fit: the execution failed
+    (``document 's:000002' is 4002 bytes``). Now ``activity.publish`` raises ``PayloadTooLarge``
+    in the activity (which fails: its workflow sees the failure, as for a result too large)."""
+    for size in range(LIMIT - 400, LIMIT, 8):
+        SIZES[:] = [size]
+        env = _env()
+        h = env.start(pubflow, _workflow_id="pub-1")
+        assert h.status() == "running", (size, env.engine.read_exec("pub-1").get("error"))
+        env.signal(h, "stop", True)
+        assert h.result() in (1, "ActivityError")
 
 
 def test_held_an_update_id_reused_gets_the_first_requests_answer_once() -> None:

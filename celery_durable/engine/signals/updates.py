@@ -20,7 +20,13 @@ from celery_durable.codecs import ValueCodec
 from celery_durable.engine.documents.checks import check_exec
 from celery_durable.engine.documents.model import DUE_EXEC, EXEC_ID, run_of
 from celery_durable.engine.documents.records import count_of, is_terminal
-from celery_durable.engine.documents.update_docs import update_key_id, update_outcome_id, update_request_id
+from celery_durable.engine.documents.schema import StepKind
+from celery_durable.engine.documents.update_docs import (
+    check_step_fits,
+    update_key_id,
+    update_outcome_id,
+    update_request_id,
+)
 from celery_durable.errors import (
     ConflictError,
     DurableError,
@@ -42,7 +48,7 @@ if TYPE_CHECKING:
         notifier: Notifier
 
 
-__all__ = ["Updates", "request_doc", "check_update_name"]
+__all__ = ["Updates", "request_doc", "check_update_name", "check_request_fits"]
 
 _ANY = ValueCodec(Any)
 MAX_NAME = 256
@@ -52,6 +58,12 @@ def check_update_name(name: object) -> str:
     if not isinstance(name, str) or not name or len(name) > MAX_NAME:
         raise ValueError(f"an update name is a string of 1-{MAX_NAME} characters, not {name!r:.60}")
     return name
+
+
+def check_request_fits(engine: EngineParts, execution_id: str, name: str, data: dict[str, Any]) -> None:
+    """:class:`PayloadTooLarge` in the caller when the ``update`` step applying these arguments
+    would not fit the store (the request itself may: the step would fail the execution)."""
+    check_step_fits(engine.store, execution_id, StepKind.UPDATE, name, {"input": data}, ("request",))
 
 
 def request_doc(execution_id: str, n: int, run: int, name: str, data: dict[str, Any], now: float) -> Doc:
@@ -101,6 +113,7 @@ class Updates:
         check_update_name(name)
         data = encode_args(name, args, kwargs or {})
         eng = self.engine
+        check_request_fits(eng, execution_id, name, data)
         key = None if update_id is None else update_key_id(update_id)
         for _ in range(100):
             docs = eng.cache.load(execution_id)

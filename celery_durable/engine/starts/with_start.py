@@ -18,7 +18,12 @@ from celery_durable.codecs import ValueCodec
 from celery_durable.engine.documents.checks import signal_value_id
 from celery_durable.engine.documents.model import EXEC_ID
 from celery_durable.engine.documents.update_docs import update_key_id
-from celery_durable.engine.signals.updates import check_update_name, encode_args, request_doc
+from celery_durable.engine.signals.updates import (
+    check_request_fits,
+    check_update_name,
+    encode_args,
+    request_doc,
+)
 from celery_durable.errors import DurableError, ExecutionEndedError, PayloadValidationError
 
 if TYPE_CHECKING:
@@ -84,6 +89,7 @@ def update_with_start(
     that raised but applied — finds the request instead of sending a second one."""
     check_update_name(name)
     data = encode_args(name, args, {})
+    check_request_fits(engine, eid, name, data)
     docs = [request_doc(eid, 1, 0, name, data, engine.clock.now())]
     if update_id is not None:
         docs[0]["update_id"] = update_id = str(update_id)
