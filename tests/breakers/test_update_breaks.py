@@ -149,6 +149,23 @@ def test_a_published_value_too_large_for_its_step_is_refused_in_the_activity() -
         assert h.result() in (1, "ActivityError")
 
 
+def test_an_update_id_that_is_not_a_string_gets_a_clear_error() -> None:
+    """Broken: ``handle.update(..., update_id=7)`` raised ``AttributeError: 'int' object has no
+    attribute 'encode'`` from the key's digest (``update_with_start`` took the same id as
+    ``"7"``). Now both refuse it with a ``TypeError`` that says what an update id is, before
+    anything is stored."""
+    env = _env()
+    h = env.start(box, _workflow_id="box-4")
+    with pytest.raises(TypeError, match="update_id"):
+        h.update("echo", "a", update_id=7)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="update_id"):
+        env.update_with_start(box.options(workflow_id="box-5"), "echo", ["a"], update_id=7)  # type: ignore[arg-type]
+    assert env.store.read("box-4", update_request_id(1)) is None and env.store.read("box-5", "exec") is None
+
+
+# --- Attacks that held -------------------------------------------------------------------------
+
+
 def test_held_an_update_id_reused_gets_the_first_requests_answer_once() -> None:
     """Resending with the same ``update_id`` (even other arguments) finds the first request: one
     step, the first answer (Temporal's rule: the id names the request)."""

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
         notifier: Notifier
 
 
-__all__ = ["Updates", "request_doc", "check_update_name", "check_request_fits"]
+__all__ = ["Updates", "request_doc", "check_update_name", "check_update_id", "check_request_fits"]
 
 _ANY = ValueCodec(Any)
 MAX_NAME = 256
@@ -58,6 +58,13 @@ def check_update_name(name: object) -> str:
     if not isinstance(name, str) or not name or len(name) > MAX_NAME:
         raise ValueError(f"an update name is a string of 1-{MAX_NAME} characters, not {name!r:.60}")
     return name
+
+
+def check_update_id(update_id: object) -> str | None:
+    """An ``update_id`` is a string (or None): a clear error here, not one from its digest."""
+    if update_id is not None and not isinstance(update_id, str):
+        raise TypeError(f"update_id is a string naming the request, not {type(update_id).__name__} {update_id!r:.60}")
+    return update_id
 
 
 def check_request_fits(engine: EngineParts, execution_id: str, name: str, data: dict[str, Any]) -> None:
@@ -111,6 +118,7 @@ class Updates:
         :class:`UnknownWorkflowError` for a missing id, :class:`UpdateRefusedError` for an ended
         execution; ``update_id`` makes a resend find the first request (and return its number)."""
         check_update_name(name)
+        check_update_id(update_id)
         data = encode_args(name, args, kwargs or {})
         eng = self.engine
         check_request_fits(eng, execution_id, name, data)

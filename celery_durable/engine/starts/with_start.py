@@ -20,6 +20,7 @@ from celery_durable.engine.documents.model import EXEC_ID
 from celery_durable.engine.documents.update_docs import update_key_id
 from celery_durable.engine.signals.updates import (
     check_request_fits,
+    check_update_id,
     check_update_name,
     encode_args,
     request_doc,
@@ -88,11 +89,12 @@ def update_with_start(
     ``update_id``: its key (``updk:``) is created with the request, so a resend — after a call
     that raised but applied — finds the request instead of sending a second one."""
     check_update_name(name)
+    check_update_id(update_id)
     data = encode_args(name, args, {})
     check_request_fits(engine, eid, name, data)
     docs = [request_doc(eid, 1, 0, name, data, engine.clock.now())]
     if update_id is not None:
-        docs[0]["update_id"] = update_id = str(update_id)
+        docs[0]["update_id"] = update_id
         docs.append({"pk": eid, "id": update_key_id(update_id), "type": "update_key", "n": 1, "update_id": update_id})
     if _start(engine, workflow, eid, call, start, (docs, {"update_seq": 1})):
         engine.emit("update_received", execution_id=eid, name=name)
