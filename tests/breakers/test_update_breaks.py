@@ -84,6 +84,20 @@ def pubflow() -> Any:
     return done
 
 
+@durable.workflow(name="brk.upd.waiter")
+def waiter(tag: str) -> int:
+    return len(wf.wait_signal("go"))
+
+
+@durable.workflow(name="brk.upd.sender")
+def sender(target: str, size: int) -> str:
+    try:
+        wf.signal_external(target, "go", "q" * size)
+    except Exception as exc:  # noqa: BLE001 - how the send failed is the answer
+        return type(exc).__name__ + ": " + str(exc)
+    return "sent"
+
+
 def _env() -> WorkflowEnvironment:
     return WorkflowEnvironment(durable)
 
@@ -163,6 +177,28 @@ def test_an_update_id_that_is_not_a_string_gets_a_clear_error() -> None:
     assert env.store.read("box-4", update_request_id(1)) is None and env.store.read("box-5", "exec") is None
 
 
+def test_a_signal_value_too_large_for_its_wait_decision_is_refused_in_the_sender() -> None:
+    """Broken: a value whose ``sgv:<n>`` just fits the limit was recorded (by
+    ``signal_with_start`` or ``signal``), and the wait's decision ``w:<seq>`` that copies it (with
+    its step, times and value id) did not fit: the execution failed (``document 'w:000001' is
+    4002 bytes``). Now the sender gets ``PayloadTooLarge`` and nothing is stored."""
+    for size in range(LIMIT - 400, LIMIT, 8):
+        env = _env()
+        try:
+            env.signal_with_start(waiter.options(workflow_id="sws-1"), "go", "q" * size, "t")
+        except PayloadTooLarge:
+            assert env.store.read("sws-1", "exec") is None
+        else:
+            assert env.engine.read_exec("sws-1")["status"] == "completed", size
+        h = env.start(waiter, "t", _workflow_id="sig-1")
+        try:
+            env.signal(h, "go", "q" * size)
+        except PayloadTooLarge:
+            assert h.status() == "running" and not env.engine.read_exec("sig-1").get("signal_seq")
+        else:
+            assert h.status() == "completed", size
+
+
 # --- Attacks that held -------------------------------------------------------------------------
 
 
@@ -186,3 +222,16 @@ def test_held_bad_arguments_fail_in_the_caller_and_store_nothing() -> None:
     with pytest.raises(ValueError, match="1-256 characters"):
         h.update("e" * 300)
     assert {d["id"]: d.get("_etag") for d in env.store.query_partition("box-7").docs} == before
+
+
+def test_held_a_signal_external_too_large_fails_its_sender_never_the_receiver() -> None:
+    """The sending step's own marker holds the value and more than the receiver's wait decision:
+    a value too large fails the sender's commit (its own step, as any step's arguments), never
+    the receiver."""
+    for size in range(LIMIT - 300, LIMIT - 200, 4):
+        env = _env()
+        target = env.start(waiter, "t", _workflow_id="ext-target")
+        h = env.start(sender, "ext-target", size, _workflow_id="ext-sender")
+        env.run_until_idle()
+        assert target.status() in ("running", "completed") and h.status() in ("completed", "failed")
+        assert (target.status() == "completed") == (h.status() == "completed"), size

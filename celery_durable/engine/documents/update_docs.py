@@ -44,6 +44,9 @@ __all__ = [
     "UPDATE_FIELDS",
     "UPDATE_KINDS",
     "check_step_fits",
+    "check_fits",
+    "WIDE",
+    "WIDE_TIME",
 ]
 
 UPDATE_REQUEST_PREFIX = "upd:"
@@ -73,8 +76,17 @@ def update_key_id(update_id: str) -> str:
     return UPDATE_KEY_PREFIX + hashlib.sha256(update_id.encode()).hexdigest()[:32]
 
 
-#: a step's numbers at their widest (run, seq, time): the probe of :func:`check_step_fits`
-_WIDE, _WIDE_TIME = 10**9, 1e10 / 3
+#: a step's numbers at their widest (run, seq, time): the probes of :func:`check_fits`
+WIDE, WIDE_TIME = 10**9, 1e10 / 3
+
+
+def check_fits(store: Store, probe: dict[str, Any], what: str) -> None:
+    """Raise :class:`PayloadTooLarge` (about ``what``) when ``probe``, the widest document a value
+    becomes when the workflow takes it, would not fit ``store``."""
+    try:
+        encode_doc(probe, int(getattr(store, "max_payload", store.max_doc_bytes)))
+    except DocumentTooLarge as exc:
+        raise PayloadTooLarge(what, exc.size, exc.limit) from None
 
 
 def check_step_fits(
@@ -84,12 +96,9 @@ def check_step_fits(
     request or a published value becomes (its marker: ``fields``, the ``numbers`` at their widest
     and the step's own) would not fit the store: recorded anyway, that step would fail the
     execution's commit, and with it the execution."""
-    probe = {"pk": pk, "id": marker_id(_WIDE, _WIDE), "type": "step", "run": _WIDE, "seq": _WIDE, "kind": kind}
-    probe.update(name=name, created_at=_WIDE_TIME, **fields, **dict.fromkeys(numbers, _WIDE))
-    try:
-        encode_doc(probe, int(getattr(store, "max_payload", store.max_doc_bytes)))
-    except DocumentTooLarge as exc:
-        raise PayloadTooLarge(f"the {kind} step of {name!r}", exc.size, exc.limit) from None
+    probe = {"pk": pk, "id": marker_id(WIDE, WIDE), "type": "step", "run": WIDE, "seq": WIDE, "kind": kind}
+    probe.update(name=name, created_at=WIDE_TIME, **fields, **dict.fromkeys(numbers, WIDE))
+    check_fits(store, probe, f"the {kind} step of {name!r}")
 
 
 class _UpdateDoc(TypedDict, total=False):

@@ -18,6 +18,7 @@ from celery_durable.codecs import ValueCodec
 from celery_durable.engine.documents.checks import signal_value_id
 from celery_durable.engine.documents.model import EXEC_ID
 from celery_durable.engine.documents.update_docs import update_key_id
+from celery_durable.engine.signals.inbox import check_signal_fits
 from celery_durable.engine.signals.updates import (
     check_request_fits,
     check_update_id,
@@ -63,6 +64,7 @@ def signal_with_start(
             f"workflow {workflow.name!r} declares no signal {name!r} (declared: {', '.join(names)})"
         )
     data = ValueCodec(workflow.signals.get(name, Any)).encode(value, f"signal {name!r}")
+    check_signal_fits(engine.store, eid, name, data)
     doc = {"pk": eid, "id": signal_value_id(1), "type": "signal_value", "name": name, "n": 1, "run": 0}
     doc.update(value=data, sent_at=engine.clock.now())
     if _start(engine, workflow, eid, call, start, ([doc], {"signal_seq": 1})):
