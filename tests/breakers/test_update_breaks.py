@@ -199,6 +199,22 @@ def test_a_signal_value_too_large_for_its_wait_decision_is_refused_in_the_sender
             assert h.status() == "completed", size
 
 
+def test_an_update_timeout_that_is_no_duration_is_refused_before_the_request_is_stored() -> None:
+    """Broken: ``handle.update(..., timeout=-1)`` stored the request, then raised
+    ``DurableTimeoutError`` at once (the update was applied later, the caller told it was not
+    handled); ``timeout=nan`` stored it and never returned (``now >= nan`` is never true). Now
+    a timeout that is not a number >= 0 raises ``ValueError`` before anything is stored, from
+    ``update`` and ``update_with_start`` alike."""
+    env = _env()
+    h = env.start(box, _workflow_id="box-8")
+    for bad in (-1.0, float("nan"), "5"):
+        with pytest.raises(ValueError, match="timeout"):
+            h.update("echo", "a", timeout=bad)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="timeout"):
+            box.options(workflow_id="box-9").update_with_start("echo", ["a"], timeout=bad)  # type: ignore[arg-type]
+    assert env.store.read("box-8", update_request_id(1)) is None
+
+
 # --- Attacks that held -------------------------------------------------------------------------
 
 

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
         notifier: Notifier
 
 
-__all__ = ["Updates", "request_doc", "check_update_name", "check_update_id", "check_request_fits"]
+__all__ = ["Updates", "request_doc", "check_update_name", "check_update_id", "check_timeout", "check_request_fits"]
 
 _ANY = ValueCodec(Any)
 MAX_NAME = 256
@@ -58,6 +58,16 @@ def check_update_name(name: object) -> str:
     if not isinstance(name, str) or not name or len(name) > MAX_NAME:
         raise ValueError(f"an update name is a string of 1-{MAX_NAME} characters, not {name!r:.60}")
     return name
+
+
+def check_timeout(timeout: object) -> float | None:
+    """How long a caller waits for an outcome: None or a number >= 0, checked before the request
+    is sent (a negative one would send it and give up at once; NaN would never give up)."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0:
+        raise ValueError(f"an update's timeout is None or a number of seconds >= 0, not {timeout!r:.60}")
+    return float(timeout)
 
 
 def check_update_id(update_id: object) -> str | None:
@@ -175,6 +185,7 @@ class Updates:
     def outcome(self, execution_id: str, n: int, timeout: float | None = None) -> Any:
         """Wait for request ``n``'s outcome: the handler's value (JSON) or its error raised."""
         eng = self.engine
+        timeout = check_timeout(timeout)
         started = time.monotonic()
         deadline = None if timeout is None else started + timeout
         waiter = eng.notifier.subscribe(execution_id, READY_TIMEOUT if timeout is None else min(READY_TIMEOUT, timeout))
