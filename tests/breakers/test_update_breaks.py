@@ -215,6 +215,30 @@ def test_an_update_timeout_that_is_no_duration_is_refused_before_the_request_is_
     assert env.store.read("box-8", update_request_id(1)) is None
 
 
+def test_the_cli_refuses_a_bad_update_name_with_a_clear_error() -> None:
+    """Broken: ``durable update ID ""`` (or a name over 256 characters) ended the CLI with a
+    ``ValueError`` traceback instead of an error message: only ``DurableError`` was caught."""
+    from celery.bin.celery import celery as celery_cli
+    from click.testing import CliRunner
+
+    from celery_durable.stores.memory import MemoryStore
+    from tests.apps import basic
+
+    store = MemoryStore()
+    basic.durable.configure(store=store)
+    try:
+        h = WorkflowEnvironment(basic.durable, store=store).start(basic.updatable, 1)
+        for name in ("", "n" * 300):
+            got = CliRunner().invoke(celery_cli, ["-A", "tests.apps.basic", "durable", "update", h.id, name])
+            assert got.exit_code == 1 and "1-256 characters" in got.output, (got.output, got.exception)
+        got = CliRunner().invoke(
+            celery_cli, ["-A", "tests.apps.basic", "durable", "update", h.id, "bump", "--timeout", "-1"]
+        )
+        assert got.exit_code == 1 and "timeout" in got.output and store.read(h.id, update_request_id(1)) is None
+    finally:
+        basic.durable.configure(store=None)
+
+
 # --- Attacks that held -------------------------------------------------------------------------
 
 
