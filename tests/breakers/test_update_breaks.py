@@ -203,8 +203,9 @@ def test_an_update_timeout_that_is_no_duration_is_refused_before_the_request_is_
     """Broken: ``handle.update(..., timeout=-1)`` stored the request, then raised
     ``DurableTimeoutError`` at once (the update was applied later, the caller told it was not
     handled); ``timeout=nan`` stored it and never returned (``now >= nan`` is never true). Now
-    a timeout that is not a number >= 0 raises ``ValueError`` before anything is stored, from
-    ``update`` and ``update_with_start`` alike."""
+    a timeout that is not a duration >= 0 raises ``ConfigurationError`` (a ``ValueError``, as
+    for a start's timeout: ``deadlines.check_seconds``) before anything is stored, from ``update``
+    and ``update_with_start`` alike."""
     env = _env()
     h = env.start(box, _workflow_id="box-8")
     for bad in (-1.0, float("nan"), "5"):

@@ -27,6 +27,7 @@ from celery_durable.engine.documents.update_docs import (
     update_outcome_id,
     update_request_id,
 )
+from celery_durable.engine.starts.deadlines import check_seconds
 from celery_durable.errors import (
     ConflictError,
     DurableError,
@@ -61,13 +62,9 @@ def check_update_name(name: object) -> str:
 
 
 def check_timeout(timeout: object) -> float | None:
-    """How long a caller waits for an outcome: None or a number >= 0, checked before the request
-    is sent (a negative one would send it and give up at once; NaN would never give up)."""
-    if timeout is None:
-        return None
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0:
-        raise ValueError(f"an update's timeout is None or a number of seconds >= 0, not {timeout!r:.60}")
-    return float(timeout)
+    """How long a caller waits for an outcome (seconds or a ``timedelta``; None: no end), checked
+    before the request is sent: a negative one would send it and give up at once, NaN never."""
+    return check_seconds("an update's timeout", timeout, zero_ok=True)
 
 
 def check_update_id(update_id: object) -> str | None:
