@@ -19,6 +19,7 @@ from celery import Celery
 
 from celery_durable import (
     Durable,
+    ExecutionEndedError,
     PayloadTooLarge,
     UpdateFailedError,
     UpdateRejectedError,
@@ -238,6 +239,21 @@ def test_the_cli_refuses_a_bad_update_name_with_a_clear_error() -> None:
         assert got.exit_code == 1 and "timeout" in got.output and store.read(h.id, update_request_id(1)) is None
     finally:
         basic.durable.configure(store=None)
+
+
+def test_signal_with_start_past_the_deadline_says_why_it_was_not_recorded() -> None:
+    """Broken: ``signal_with_start`` to an execution past its deadline (its timeout not delivered
+    yet: ``signal`` ignores the value) raised ``ExecutionEndedError`` saying "the execution has
+    ended (running)". Now the error says it is past its deadline."""
+    env = _env()
+    opts = waiter.options(workflow_id="late-1", timeout=10)
+    h = env.start(opts, "t")
+    env.clock.advance(20)  # past the deadline, not driven since
+    with pytest.raises(ExecutionEndedError, match="past its deadline") as caught:
+        opts.signal_with_start_on(env.engine, "go", "v", ("t",), {})
+    assert "(running)" not in str(caught.value)
+    env.advance(1)  # its deadline's clock fires
+    assert h.status() == "timed_out"
 
 
 # --- Attacks that held -------------------------------------------------------------------------

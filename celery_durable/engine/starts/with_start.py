@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from celery_durable.codecs import ValueCodec
 from celery_durable.engine.documents.checks import signal_value_id
 from celery_durable.engine.documents.model import EXEC_ID
+from celery_durable.engine.documents.records import is_terminal
 from celery_durable.engine.documents.update_docs import update_key_id
 from celery_durable.engine.signals.inbox import check_signal_fits
 from celery_durable.engine.signals.updates import (
@@ -72,8 +73,10 @@ def signal_with_start(
         return True
     if engine.signals.signal(eid, name, value):  # it exists (ours): signalled as any signal
         return False
-    status = engine.read_exec(eid).get("status")
-    raise ExecutionEndedError(eid, f"signal {name!r} not recorded: the execution has ended ({status})")
+    ex = engine.read_exec(eid)
+    # not ended: past its deadline, its timeout not delivered yet (the signal is ignored then)
+    why = f"has ended ({ex.get('status')})" if is_terminal(ex) else "is past its deadline (it times out)"
+    raise ExecutionEndedError(eid, f"signal {name!r} not recorded: the execution {why}")
 
 
 def update_with_start(
