@@ -99,6 +99,34 @@ def sender(target: str, size: int) -> str:
     return "sent"
 
 
+async def refuse_all(item: str) -> None:
+    raise ValueError("never valid")
+
+
+class AsyncCheck:
+    """An async validator ``inspect.iscoroutinefunction`` does not see as one."""
+
+    async def __call__(self, item: str) -> None:
+        raise ValueError("never valid")
+
+
+@durable.workflow(name="brk.upd.asyncval")
+def asyncval(how: str) -> list[str]:
+    items: list[str] = []
+    if how == "validator":
+        wf.set_update_handler("add", lambda item: items.append(item), validator=refuse_all)
+    elif how == "callable":
+        wf.set_update_handler("add", lambda item: items.append(item), validator=AsyncCheck())
+    else:
+
+        async def add(item: str) -> None:
+            items.append(item)
+
+        wf.set_update_handler("add", add)
+    wf.wait_signal("stop")
+    return items
+
+
 def _env() -> WorkflowEnvironment:
     return WorkflowEnvironment(durable)
 
@@ -254,6 +282,25 @@ def test_signal_with_start_past_the_deadline_says_why_it_was_not_recorded() -> N
     assert "(running)" not in str(caught.value)
     env.advance(1)  # its deadline's clock fires
     assert h.status() == "timed_out"
+
+
+def test_an_async_validator_or_handler_is_refused_not_skipped() -> None:
+    """Broken: an ``async def`` validator was called, returned a coroutine (never awaited) and so
+    never raised: every update was accepted, the validator bypassed (``refuse_all`` rejects
+    everything, yet ``add`` answered). An ``async def`` handler never ran but its update was
+    recorded as accepted. Handlers and validators are synchronous (day-two.md): registering a
+    coroutine function raises ``TypeError`` in the workflow."""
+    env = _env()
+    for how in ("validator", "handler"):
+        h = env.start(asyncval, how, _workflow_id=f"async-{how}")
+        assert h.status() == "failed", how
+        error = env.engine.read_exec(f"async-{how}")["error"]
+        assert error["type"] == "TypeError" and "async" in error["message"], error
+    h = env.start(asyncval, "callable", _workflow_id="async-callable")  # seen when it is called
+    with pytest.raises(UpdateRejectedError, match="returned an awaitable"):
+        env.update(h, "add", "a")
+    env.signal(h, "stop", True)
+    assert h.result() == []
 
 
 # --- Attacks that held -------------------------------------------------------------------------

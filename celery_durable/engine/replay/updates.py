@@ -19,6 +19,7 @@ A query's replay (read-only) applies the recorded updates but decides no new req
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -55,6 +56,9 @@ def register(ctx: WorkflowContext, name: str, fn: Callable[..., Any], validator:
         raise TypeError(f"update handler {name!r} is not callable: {fn!r}")
     if validator is not None and not callable(validator):
         raise TypeError(f"the validator of update {name!r} is not callable: {validator!r}")
+    for role, f in (("handler", fn), ("validator", validator)):
+        if f is not None and inspect.iscoroutinefunction(f):  # called, it would return a coroutine that never runs
+            raise TypeError(f"the {role} of update {name!r} is async: update handlers and validators are synchronous")
     ctx.refuse_in_query(f"wf.set_update_handler({name!r})")
     ctx.update_handlers[name] = UpdateHandler(fn, validator, CallCodec(fn))
 
@@ -143,7 +147,12 @@ def _call(ctx: WorkflowContext, name: str, role: str, fn: Callable[..., Any], ar
     """Run an update's validator or handler with durable calls refused."""
     ctx.answering = f"the {role} of update {name!r}"
     try:
-        return fn(*args, **kwargs)
+        got = fn(*args, **kwargs)
+        if inspect.isawaitable(got):  # an async callable not seen as one: its body would never run
+            if inspect.iscoroutine(got):
+                got.close()
+            raise TypeError(f"the {role} of update {name!r} returned an awaitable: it must be synchronous")
+        return got
     except (Suspend, Fatal, ContinueAsNew) as exc:  # never the workflow's control flow: the update's failure
         raise RuntimeError(f"the {role} of update {name!r} cannot wait or end the workflow") from exc
     finally:
