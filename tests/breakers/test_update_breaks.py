@@ -12,6 +12,7 @@ that "too large" costs nothing.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -33,9 +34,9 @@ from celery_durable.testing.env import WorkflowEnvironment
 pytestmark = pytest.mark.adversarial
 
 LIMIT = 4000
-_app = Celery("update-breaks", set_as_current=False)
-_app.conf.durable_max_payload = LIMIT
-durable = Durable(_app, store="memory://")
+app = Celery("update-breaks", set_as_current=False)  # ``celery -A tests.breakers.test_update_breaks``
+app.conf.durable_max_payload = LIMIT
+durable = Durable(app, store="memory://")
 
 
 def check_grow(n: int) -> None:
@@ -56,6 +57,8 @@ def box() -> list[Any]:
     def echo(text: str) -> int:
         seen.append(len(text))
         return len(text)
+
+    wf.set_update_handler("stamp", lambda: {"created_at": 5, "until": 7, "n": [{"at": 1}]})
 
     def explode() -> None:
         raise RuntimeError("y" * (2 * LIMIT))
@@ -301,6 +304,37 @@ def test_an_async_validator_or_handler_is_refused_not_skipped() -> None:
         env.update(h, "add", "a")
     env.signal(h, "stop", True)
     assert h.result() == []
+
+
+def test_the_cli_prints_an_update_answer_as_the_handler_returned_it() -> None:
+    """Broken: ``durable update --json`` passed the handler's answer through the timestamp
+    rewriting of ``--json`` output, so ``{"created_at": 5, "until": 7}`` printed as ISO dates
+    (the answer was not among json_out's user values): a value changed silently."""
+    import threading
+
+    from celery.bin.celery import celery as celery_cli
+    from click.testing import CliRunner, Result
+
+    from celery_durable.stores.memory import MemoryStore
+
+    store = MemoryStore()
+    durable.configure(store=store)
+    try:
+        env = WorkflowEnvironment(durable, store=store)
+        h = env.start(box, _workflow_id="box-cli")
+        got: list[Result] = []
+        argv = ["-A", __name__, "durable", "update", h.id, "stamp", "--json"]
+        caller = threading.Thread(target=lambda: got.append(CliRunner().invoke(celery_cli, argv)))
+        caller.start()
+        while caller.is_alive():
+            if store.read(h.id, update_request_id(1)) is not None:
+                env.engine.dispatcher.send_drive(h.id)
+                env.run_until_idle()
+            caller.join(timeout=0.01)
+        assert got[0].exit_code == 0, got[0].output
+        assert json.loads(got[0].output)["answer"] == {"created_at": 5, "until": 7, "n": [{"at": 1}]}
+    finally:
+        durable.configure(store=None)
 
 
 # --- Attacks that held -------------------------------------------------------------------------
