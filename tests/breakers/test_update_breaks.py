@@ -13,6 +13,7 @@ that "too large" costs nothing.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -28,7 +29,10 @@ from celery_durable import (
     durable_activity,
 )
 from celery_durable import workflow as wf
+from celery_durable.engine.documents.model import EXEC_ID
 from celery_durable.engine.documents.update_docs import update_request_id
+from celery_durable.stores.base import Op, strip_reserved
+from celery_durable.stores.memory import MemoryStore
 from celery_durable.testing.env import WorkflowEnvironment
 
 pytestmark = pytest.mark.adversarial
@@ -128,6 +132,34 @@ def asyncval(how: str) -> list[str]:
         wf.set_update_handler("add", add)
     wf.wait_signal("stop")
     return items
+
+
+@durable.workflow(name="brk.upd.tally")
+def tally() -> list[int]:
+    items: list[int] = []
+    wf.set_update_handler("add", lambda x: items.append(x) or len(items))
+    wf.set_query_handler("items", lambda: list(items))
+    done = pub()  # its values are taken in at this wait point too
+    wf.wait_signal("stop")
+    return [*items, done]
+
+
+class CutShort(MemoryStore):
+    """A store of 10 operations a batch (so a drive deciding many updates overflows: the driver
+    creates the first documents alone, then commits the rest in its conditional batch), whose
+    armed batch meets a concurrent write of the exec first: it conflicts, after the overflow."""
+
+    max_batch_ops = 10
+    armed: str | None = None
+
+    def batch(self, pk: str, ops: Sequence[Op]) -> list[str | None]:
+        if self.armed and any(op.doc is not None and op.doc.get("type") == self.armed for op in ops):
+            self.armed = None
+            ex = self.read(pk, EXEC_ID)
+            assert ex is not None
+            bumped = strip_reserved(ex) | {"wakeups": int(ex.get("wakeups") or 0) + 1}
+            super().batch(pk, [Op.replace(bumped, if_match=ex["_etag"])])  # a signal, another request
+        return super().batch(pk, ops)
 
 
 def _env() -> WorkflowEnvironment:
@@ -335,6 +367,36 @@ def test_the_cli_prints_an_update_answer_as_the_handler_returned_it() -> None:
         assert json.loads(got[0].output)["answer"] == {"created_at": 5, "until": 7, "n": [{"at": 1}]}
     finally:
         durable.configure(store=None)
+
+
+def test_updates_and_values_taken_in_a_commit_cut_short_are_applied_once() -> None:
+    """Broken: a drive deciding more requests than a batch holds creates the overflow first
+    (driver._apply); when its batch then conflicted (a concurrent request or signal), the retry
+    found request 4's ``update`` marker (in the overflow) but not its outcome (in the batch):
+    the marker was applied again, and the request, looking undecided, was decided again as a
+    new step. ``add(3)`` was applied twice (``[0, 1, 2, 3, 3, 4, ...]``, answers 1, 2, 3, 5...).
+    So was an activity's published value whose ``publish`` step got in without its ``apubx``
+    mark: it entered the stream twice. Now the re-applied step records the missing outcome or
+    mark, so it is decided once."""
+    store = CutShort()
+    env = WorkflowEnvironment(durable, store=store)
+    SIZES[:] = []
+    h = env.start(tally, _workflow_id="cut-1")
+    requests = [env.engine.updates.send("cut-1", "add", (i,)) for i in range(8)]
+    store.armed = "update_outcome"
+    env.run_until_idle()
+    assert [env.engine.updates.outcome("cut-1", n, timeout=0) for n in requests] == list(range(1, 9))
+    assert h.query("items") == list(range(8))
+    env.signal(h, "stop", True)
+    assert h.result() == [*range(8), 0]
+
+    store = CutShort()
+    env = WorkflowEnvironment(durable, store=store)
+    SIZES[:] = [1] * 8
+    store.armed = "publication_mark"
+    h = env.start(tally, _workflow_id="cut-2")
+    env.signal(h, "stop", True)
+    assert h.result() == [8] and list(h.stream("t")) == ["z"] * 8
 
 
 # --- Attacks that held -------------------------------------------------------------------------

@@ -72,30 +72,66 @@ def at_wait(ctx: WorkflowContext, max_payload: int | None = None) -> None:
     if not ctx.update_handlers and not count_of(ex, "update_seq") and not count_of(ex, "published"):
         return  # the common case, at every wait point: nothing to apply or decide
     while (marker := ctx.doc(marker_id(ctx.seq + 1, ctx.run))) is not None and _fed(marker):
-        if marker.get("kind") == StepKind.PUBLISH:
-            ctx._step(StepKind.PUBLISH, str(marker["name"]))  # an activity's value: nothing to run again
-            continue
-        name = str(marker["name"])
-        seq, _ = ctx._step(StepKind.UPDATE, name)
-        handler = ctx.update_handlers.get(name)
-        if handler is None:
-            raise Fatal(
-                NonDeterminismError(
-                    f"workflow {ctx.workflow!r} ({ctx.execution_id}) step {seq}: the history applies update "
-                    f"{name!r} here but the code has no handler for it registered by this point"
-                )
-            )
-        try:
-            args, kwargs = handler.codec.decode_args(fresh(marker.get("input") or {}))
-            _call(ctx, name, "handler", handler.fn, args, kwargs)
-        except Exception:  # noqa: S110 - the recorded answer stands, as its error did when it was decided
-            pass
+        _apply_again(ctx, marker, max_payload)
     if ctx.read_only or ctx.doc(marker_id(ctx.seq + 1, ctx.run)) is not None:
         return  # a query decides nothing; before the frontier, the history decides
     for value in _undecided(ctx, "published", publication_id, publication_mark_id):
         _adopt(ctx, value)
     for request in pending_requests(ctx):
         _decide(ctx, request, max_payload)
+
+
+def _apply_again(ctx: WorkflowContext, marker: Doc, limit: int | None) -> None:
+    """Take the recorded step ``marker`` again: an activity's value (nothing to run), or an
+    update, whose handler runs again. Its decision (``apubx:``, ``updr:``) is recorded with it,
+    but a commit too large for one batch creates its first documents alone (driver._apply): cut
+    short there, the step was recorded without it. Recorded now, from this very application, or
+    the value or request would look undecided and be taken a second time."""
+    cut = not ctx.read_only
+    if marker.get("kind") == StepKind.PUBLISH:
+        seq, _ = ctx._step(StepKind.PUBLISH, str(marker["name"]))
+        p = int(marker["publication"])
+        if cut and ctx.doc(publication_mark_id(p)) is None:
+            mark = {"pk": ctx.execution_id, "id": publication_mark_id(p), "type": "publication_mark", "n": p}
+            ctx.new_docs[publication_mark_id(p)] = mark | {"run": ctx.run, "seq": seq}
+        return
+    name = str(marker["name"])
+    seq, _ = ctx._step(StepKind.UPDATE, name)
+    handler = ctx.update_handlers.get(name)
+    if handler is None:
+        raise Fatal(
+            NonDeterminismError(
+                f"workflow {ctx.workflow!r} ({ctx.execution_id}) step {seq}: the history applies update "
+                f"{name!r} here but the code has no handler for it registered by this point"
+            )
+        )
+    n = marker.get("request")
+    outcome: Doc | None = None
+    if cut and isinstance(n, int) and ctx.doc(update_outcome_id(n)) is None:
+        outcome = _outcome(ctx, n, name) | {"accepted": True, "seq": seq}
+    try:
+        args, kwargs = handler.codec.decode_args(fresh(marker.get("input") or {}))
+        value = _call(ctx, name, "handler", handler.fn, args, kwargs)
+        if outcome is not None:
+            outcome.update(ok=True, value=handler.codec.result.encode(value, f"result of update {name!r}", "result"))
+    except Exception as exc:  # the recorded answer stands, as its error did when it was decided
+        if outcome is not None:
+            outcome.update(ok=False, error=error_info(exc))
+    if outcome is not None:
+        ctx.new_docs[outcome["id"]] = _fitted(outcome, limit)
+
+
+def _outcome(ctx: WorkflowContext, n: int, name: str) -> Doc:
+    """Request ``n``'s outcome document, to be completed by its decision."""
+    return {
+        "pk": ctx.execution_id,
+        "id": update_outcome_id(n),
+        "type": "update_outcome",
+        "n": n,
+        "name": name,
+        "run": ctx.run,
+        "at": ctx.now,
+    }
 
 
 def _fed(marker: Doc) -> bool:
@@ -173,15 +209,7 @@ def _fitted(outcome: Doc, limit: int | None) -> Doc:
 
 def _decide(ctx: WorkflowContext, request: Doc, limit: int | None = None) -> None:
     n, name = int(request["n"]), str(request["name"])
-    outcome: Doc = {
-        "pk": ctx.execution_id,
-        "id": update_outcome_id(n),
-        "type": "update_outcome",
-        "n": n,
-        "name": name,
-        "run": ctx.run,
-        "at": ctx.now,
-    }
+    outcome = _outcome(ctx, n, name)
     handler = ctx.update_handlers.get(name)
     try:
         if handler is None:
