@@ -162,6 +162,13 @@ class CutShort(MemoryStore):
         return super().batch(pk, ops)
 
 
+@durable.workflow(name="brk.upd.twice")
+def twice() -> list[Any]:
+    got = [wf.wait_signal("go"), wf.wait_signal("go")]
+    wf.wait_signal("stop")
+    return got
+
+
 def _env() -> WorkflowEnvironment:
     return WorkflowEnvironment(durable)
 
@@ -397,6 +404,26 @@ def test_updates_and_values_taken_in_a_commit_cut_short_are_applied_once() -> No
     h = env.start(tally, _workflow_id="cut-2")
     env.signal(h, "stop", True)
     assert h.result() == [8] and list(h.stream("t")) == ["z"] * 8
+
+
+def test_a_signal_consumed_in_a_commit_cut_short_is_not_lost() -> None:
+    """Broken (signal_with_start's "never a signal lost"): a drive consuming a value records its
+    mark (``sgc:<n>``) before the wait's decision (``w:<seq>``); when its commit overflowed
+    a batch right between them (the overflow is created first: driver._apply) and the batch then
+    conflicted, the retry found the value settled but the wait undecided: it skipped the value
+    and waited for the next one. Value "A" was lost, the workflow waited forever for a second
+    "go". Now a wait finds the value its cut-short commit consumed."""
+    for limit in (2, 3, 4):
+        store = CutShort()
+        store.max_batch_ops = limit
+        env = WorkflowEnvironment(durable, store=store)
+        h = twice.options(workflow_id="cut-sig").signal_with_start_on(env.engine, "go", "A", (), {})
+        store.armed = "signal"  # the first drive consumes "A": its commit is cut short
+        env.run_until_idle()
+        env.signal(h, "go", "B")
+        env.signal(h, "stop", True)
+        assert h.status() == "completed", limit
+        assert h.result() == ["A", "B"]
 
 
 # --- Attacks that held -------------------------------------------------------------------------
