@@ -20,7 +20,9 @@ import pytest
 from celery import Celery
 
 from celery_durable import (
+    ConfigurationError,
     Durable,
+    DurableTimeoutError,
     ExecutionEndedError,
     PayloadTooLarge,
     UpdateFailedError,
@@ -462,3 +464,32 @@ def test_held_a_signal_external_too_large_fails_its_sender_never_the_receiver() 
         env.run_until_idle()
         assert target.status() in ("running", "completed") and h.status() in ("completed", "failed")
         assert (target.status() == "completed") == (h.status() == "completed"), size
+
+
+def test_held_with_start_on_another_workflows_id_is_refused_and_stores_nothing() -> None:
+    env = _env()
+    env.start(waiter, "t", _workflow_id="other-1")
+    before = {d["id"]: d.get("_etag") for d in env.store.query_partition("other-1").docs}
+    with pytest.raises(ConfigurationError, match="runs workflow 'brk.upd.waiter'"):
+        env.update_with_start(box.options(workflow_id="other-1"), "echo", ["a"])
+    with pytest.raises(ConfigurationError, match="runs workflow 'brk.upd.waiter'"):
+        env.signal_with_start(box.options(workflow_id="other-1"), "go", "v")
+    assert {d["id"]: d.get("_etag") for d in env.store.query_partition("other-1").docs} == before
+
+
+def test_held_an_update_to_a_paused_execution_waits_and_is_applied_once_after() -> None:
+    from celery_durable.engine.admin.pause import pause, unpause
+
+    env = _env()
+    h = env.start(box, _workflow_id="box-paused")
+    assert pause(env.engine, "box-paused", "test")
+    n = env.engine.updates.send("box-paused", "echo", ("abc",))
+    env.run_until_idle()
+    env.advance(120)
+    with pytest.raises(DurableTimeoutError):
+        env.engine.updates.outcome("box-paused", n, timeout=0)
+    assert unpause(env.engine, "box-paused", "test")
+    env.run_until_idle()
+    assert env.engine.updates.outcome("box-paused", n, timeout=0) == 3
+    env.signal(h, "stop", True)
+    assert h.result() == [3]
