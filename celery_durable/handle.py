@@ -14,6 +14,7 @@ from celery_durable.engine.documents.records import count_of
 from celery_durable.engine.documents.schema import TERMINAL, Status
 from celery_durable.engine.replay import events
 from celery_durable.engine.replay.queries import answer_query
+from celery_durable.engine.signals.updates import check_timeout
 from celery_durable.errors import WorkflowCancelledError, WorkflowFailedError, WorkflowTimedOutError
 
 if TYPE_CHECKING:
@@ -145,6 +146,7 @@ class WorkflowHandle(Generic[R]):
         (the execution has ended, or ended before handling it), :class:`DurableTimeoutError`
         after ``timeout`` s (the request stays and may still be handled). ``update_id``: a resend
         with the same id waits for the first request instead of sending another."""
+        check_timeout(timeout)  # before the request is sent
         n = self._engine.updates.send(self.id, name, args, update_id=update_id)
         return self._engine.updates.outcome(self.id, n, timeout)
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, TypeVar
 from celery_durable.engine.limits.spec import Limit, WorkflowQueueing, declare_limit
 from celery_durable.engine.registry import WorkflowDef
 from celery_durable.engine.replay.context import DurableFuture, require_context
+from celery_durable.engine.signals.updates import check_timeout
 from celery_durable.engine.starts import with_start
 from celery_durable.engine.starts.deadlines import Timing
 from celery_durable.engine.starts.dedup import OnConflict, check_dedup, check_on_conflict
@@ -132,6 +133,7 @@ class WorkflowOptions(Generic[P, R]):
         ``update(*update_args)`` in one store batch, or send the update to the running one; wait
         for it to be handled. Returns the handle and the handler's answer (or raises as
         ``handle.update`` does). ``update_id``: a resent call finds the first request."""
+        check_timeout(timeout)  # before the request is sent
         handle, n = self.send_update_with_start(None, update, update_args, args, kwargs, update_id)
         return handle, handle._engine.updates.outcome(handle.id, n, timeout)
 

@@ -17,7 +17,7 @@ __all__ = ["echo", "jsonable", "needs_yes"]
 #: fields holding the user's values (inputs, results, statuses, attributes, what a step recorded):
 #: printed exactly as stored, whatever their keys are called
 USER_VALUES = frozenset(
-    {"payload", "result", "value", "input", "custom_status", "search", "memo", "args", "kwargs", "forgotten"}
+    {"payload", "result", "value", "input", "custom_status", "search", "memo", "args", "kwargs", "forgotten", "answer"}
 )
 
 

@@ -34,7 +34,7 @@ def update(
     d = durable_of(ctx)
     try:
         answer = d.update(execution_id, name, *args, timeout=timeout)
-    except DurableError as exc:
+    except (DurableError, ValueError, TypeError) as exc:  # a bad name or timeout too: nothing was sent
         raise click.ClickException(str(exc)) from None
     if as_json:
         json_out.echo({"id": execution_id, "action": "update", "name": name, "answer": answer})

@@ -20,7 +20,8 @@ from celery_durable.codecs import ValueCodec
 from celery_durable.engine.activities.context import ActivityContext, current
 from celery_durable.engine.documents.model import DUE_EXEC, EXEC_ID
 from celery_durable.engine.documents.records import count_of, is_terminal, run_of
-from celery_durable.engine.documents.update_docs import publication_id
+from celery_durable.engine.documents.schema import StepKind
+from celery_durable.engine.documents.update_docs import check_step_fits, publication_id
 from celery_durable.engine.replay.events import check_name
 from celery_durable.errors import ConflictError, DurableError
 from celery_durable.stores.base import Op, strip_reserved
@@ -48,6 +49,9 @@ def publish_from(ctx: ActivityContext, topic: str, value: Any) -> bool:
     eng, info = ctx.engine, ctx.info
     if eng is None:
         raise DurableError("activity.publish() needs the engine running the attempt")
+    # the value fits its ``publish`` step (else, stored, that step would fail the execution)
+    numbers = ("publication", "from_step", "attempt")
+    check_step_fits(eng.store, info.execution_id, StepKind.PUBLISH, topic, {"value": data}, numbers)
     with ctx.publishing:
         ctx.published += 1
         k = ctx.published

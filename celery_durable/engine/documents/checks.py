@@ -45,6 +45,7 @@ __all__ = [
     "signal_value_id",
     "signal_mark_id",
     "pending_signal_values",
+    "consumed_by",
     "MAX_WORKFLOW_ID_LENGTH",
     "RESERVED_ID_PREFIXES",
     "check_workflow_id",
@@ -136,6 +137,18 @@ def pending_signal_values(docs: Mapping[str, Doc], name: str) -> list[Doc]:
         and SIGNAL_MARK_PREFIX + d["id"][len(SIGNAL_VALUE_PREFIX) :] not in docs
     ]
     return sorted(values, key=lambda d: int(d["n"]))
+
+
+def consumed_by(docs: Mapping[str, Doc], run: int, seq: int, names: list[str]) -> Doc | None:
+    """The value of ``names`` that signal wait ``seq`` of ``run`` consumed, by its mark: a wait
+    with no decision yet may have one, when a commit too large for one batch created its first
+    documents (the mark) alone and its batch (the decision) failed (driver._apply)."""
+    for doc in docs.values():
+        if doc.get("type") == "signal_consumed" and doc.get("seq") == seq and doc.get("run", 0) == run:
+            value = docs.get(str(doc.get("value_id")))
+            if value is not None and value.get("name") in names:
+                return value
+    return None
 
 
 class MalformedDocument(CorruptDocument):

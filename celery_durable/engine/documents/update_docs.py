@@ -19,6 +19,10 @@ from __future__ import annotations
 import hashlib
 from typing import Any, TypedDict
 
+from celery_durable.engine.documents.schema import marker_id
+from celery_durable.errors import DocumentTooLarge, PayloadTooLarge
+from celery_durable.stores.base import Store, encode_doc
+
 __all__ = [
     "UPDATE_REQUEST_PREFIX",
     "UPDATE_OUTCOME_PREFIX",
@@ -39,6 +43,10 @@ __all__ = [
     "PublicationMarkDoc",
     "UPDATE_FIELDS",
     "UPDATE_KINDS",
+    "check_step_fits",
+    "check_fits",
+    "WIDE",
+    "WIDE_TIME",
 ]
 
 UPDATE_REQUEST_PREFIX = "upd:"
@@ -66,6 +74,31 @@ def update_outcome_id(n: int) -> str:
 
 def update_key_id(update_id: str) -> str:
     return UPDATE_KEY_PREFIX + hashlib.sha256(update_id.encode()).hexdigest()[:32]
+
+
+#: a step's numbers at their widest (run, seq, time): the probes of :func:`check_fits`
+WIDE, WIDE_TIME = 10**9, 1e10 / 3
+
+
+def check_fits(store: Store, probe: dict[str, Any], what: str) -> None:
+    """Raise :class:`PayloadTooLarge` (about ``what``) when ``probe``, the widest document a value
+    becomes when the workflow takes it, would not fit ``store``."""
+    try:
+        encode_doc(probe, int(getattr(store, "max_payload", store.max_doc_bytes)))
+    except DocumentTooLarge as exc:
+        raise PayloadTooLarge(what, exc.size, exc.limit) from None
+
+
+def check_step_fits(
+    store: Store, pk: str, kind: str, name: str, fields: dict[str, Any], numbers: tuple[str, ...] = ()
+) -> None:
+    """Raise :class:`PayloadTooLarge` in the caller, before anything is stored, when the step a
+    request or a published value becomes (its marker: ``fields``, the ``numbers`` at their widest
+    and the step's own) would not fit the store: recorded anyway, that step would fail the
+    execution's commit, and with it the execution."""
+    probe = {"pk": pk, "id": marker_id(WIDE, WIDE), "type": "step", "run": WIDE, "seq": WIDE, "kind": kind}
+    probe.update(name=name, created_at=WIDE_TIME, **fields, **dict.fromkeys(numbers, WIDE))
+    check_fits(store, probe, f"the {kind} step of {name!r}")
 
 
 class _UpdateDoc(TypedDict, total=False):

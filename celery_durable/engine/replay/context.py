@@ -28,7 +28,7 @@ from celery_durable.engine.dispatcher import (
     ClockRequest,
     Send,
 )
-from celery_durable.engine.documents.checks import check_workflow_id, pending_signal_values, signal_mark_id
+from celery_durable.engine.documents.checks import check_workflow_id, consumed_by, pending_signal_values, signal_mark_id
 from celery_durable.engine.documents.model import DUE_ACTIVITY, DUE_CHILD, DUE_CLOCK, marker_id, result_id
 from celery_durable.engine.documents.records import count_of
 from celery_durable.engine.documents.schema import (
@@ -476,8 +476,8 @@ class WorkflowContext:
             (v for n in names for v in pending_signal_values(self.history, n) if self.doc(self._settle_id(v)) is None),
             key=lambda v: int(v["n"]),
         )
-        chosen: Doc | None = None
-        for value in pending:
+        chosen = consumed_by(self.history, self.run, seq, names)  # a commit cut short recorded its mark only
+        for value in pending if chosen is None else ():
             if horizon is not None and int(value["n"]) > horizon:
                 break
             try:

@@ -11,6 +11,7 @@ the history it was given is unchanged by the call (``tests/engine/test_replay_pu
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -120,7 +121,8 @@ def replay(
         signal_types=wf.signals,
         read_only=read_only,
         resets=rerun_count(ex),
-        on_wait=at_wait,  # updates are applied and decided at wait points (engine/replay/updates.py)
+        # updates are applied and decided at wait points (engine/replay/updates.py); their outcomes fit the store
+        on_wait=functools.partial(at_wait, max_payload=settings.max_payload),
     )
     try:
         args, kwargs = wf.codec.decode_args(payload_of(ex, history))

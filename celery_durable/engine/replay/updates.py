@@ -19,6 +19,7 @@ A query's replay (read-only) applies the recorded updates but decides no new req
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -34,8 +35,8 @@ from celery_durable.engine.documents.update_docs import (
     update_request_id,
 )
 from celery_durable.engine.replay.context import ContinueAsNew, Fatal, Suspend, WorkflowContext
-from celery_durable.errors import NonDeterminismError, PayloadValidationError
-from celery_durable.stores.base import Doc
+from celery_durable.errors import DocumentTooLarge, NonDeterminismError, PayloadTooLarge, PayloadValidationError
+from celery_durable.stores.base import Doc, encode_doc
 
 __all__ = ["UpdateHandler", "register", "at_wait", "pending_requests"]
 
@@ -55,43 +56,82 @@ def register(ctx: WorkflowContext, name: str, fn: Callable[..., Any], validator:
         raise TypeError(f"update handler {name!r} is not callable: {fn!r}")
     if validator is not None and not callable(validator):
         raise TypeError(f"the validator of update {name!r} is not callable: {validator!r}")
+    for role, f in (("handler", fn), ("validator", validator)):
+        if f is not None and inspect.iscoroutinefunction(f):  # called, it would return a coroutine that never runs
+            raise TypeError(f"the {role} of update {name!r} is async: update handlers and validators are synchronous")
     ctx.refuse_in_query(f"wf.set_update_handler({name!r})")
     ctx.update_handlers[name] = UpdateHandler(fn, validator, CallCodec(fn))
 
 
-def at_wait(ctx: WorkflowContext) -> None:
+def at_wait(ctx: WorkflowContext, max_payload: int | None = None) -> None:
     """A wait point: apply the updates (and take the activities' values) recorded here, then, at
-    the frontier, take new ones."""
+    the frontier, take new ones. ``max_payload``: the store's limit, which an outcome must fit."""
     if ctx.answering is not None or ctx.unwinding:
         return
     ex = ctx.history.get(EXEC_ID) or {}
     if not ctx.update_handlers and not count_of(ex, "update_seq") and not count_of(ex, "published"):
         return  # the common case, at every wait point: nothing to apply or decide
     while (marker := ctx.doc(marker_id(ctx.seq + 1, ctx.run))) is not None and _fed(marker):
-        if marker.get("kind") == StepKind.PUBLISH:
-            ctx._step(StepKind.PUBLISH, str(marker["name"]))  # an activity's value: nothing to run again
-            continue
-        name = str(marker["name"])
-        seq, _ = ctx._step(StepKind.UPDATE, name)
-        handler = ctx.update_handlers.get(name)
-        if handler is None:
-            raise Fatal(
-                NonDeterminismError(
-                    f"workflow {ctx.workflow!r} ({ctx.execution_id}) step {seq}: the history applies update "
-                    f"{name!r} here but the code has no handler for it registered by this point"
-                )
-            )
-        try:
-            args, kwargs = handler.codec.decode_args(fresh(marker.get("input") or {}))
-            _call(ctx, name, "handler", handler.fn, args, kwargs)
-        except Exception:  # noqa: S110 - the recorded answer stands, as its error did when it was decided
-            pass
+        _apply_again(ctx, marker, max_payload)
     if ctx.read_only or ctx.doc(marker_id(ctx.seq + 1, ctx.run)) is not None:
         return  # a query decides nothing; before the frontier, the history decides
     for value in _undecided(ctx, "published", publication_id, publication_mark_id):
         _adopt(ctx, value)
     for request in pending_requests(ctx):
-        _decide(ctx, request)
+        _decide(ctx, request, max_payload)
+
+
+def _apply_again(ctx: WorkflowContext, marker: Doc, limit: int | None) -> None:
+    """Take the recorded step ``marker`` again: an activity's value (nothing to run), or an
+    update, whose handler runs again. Its decision (``apubx:``, ``updr:``) is recorded with it,
+    but a commit too large for one batch creates its first documents alone (driver._apply): cut
+    short there, the step was recorded without it. Recorded now, from this very application, or
+    the value or request would look undecided and be taken a second time."""
+    cut = not ctx.read_only
+    if marker.get("kind") == StepKind.PUBLISH:
+        seq, _ = ctx._step(StepKind.PUBLISH, str(marker["name"]))
+        p = int(marker["publication"])
+        if cut and ctx.doc(publication_mark_id(p)) is None:
+            mark = {"pk": ctx.execution_id, "id": publication_mark_id(p), "type": "publication_mark", "n": p}
+            ctx.new_docs[publication_mark_id(p)] = mark | {"run": ctx.run, "seq": seq}
+        return
+    name = str(marker["name"])
+    seq, _ = ctx._step(StepKind.UPDATE, name)
+    handler = ctx.update_handlers.get(name)
+    if handler is None:
+        raise Fatal(
+            NonDeterminismError(
+                f"workflow {ctx.workflow!r} ({ctx.execution_id}) step {seq}: the history applies update "
+                f"{name!r} here but the code has no handler for it registered by this point"
+            )
+        )
+    n = marker.get("request")
+    outcome: Doc | None = None
+    if cut and isinstance(n, int) and ctx.doc(update_outcome_id(n)) is None:
+        outcome = _outcome(ctx, n, name) | {"accepted": True, "seq": seq}
+    try:
+        args, kwargs = handler.codec.decode_args(fresh(marker.get("input") or {}))
+        value = _call(ctx, name, "handler", handler.fn, args, kwargs)
+        if outcome is not None:
+            outcome.update(ok=True, value=handler.codec.result.encode(value, f"result of update {name!r}", "result"))
+    except Exception as exc:  # the recorded answer stands, as its error did when it was decided
+        if outcome is not None:
+            outcome.update(ok=False, error=error_info(exc))
+    if outcome is not None:
+        ctx.new_docs[outcome["id"]] = _fitted(outcome, limit)
+
+
+def _outcome(ctx: WorkflowContext, n: int, name: str) -> Doc:
+    """Request ``n``'s outcome document, to be completed by its decision."""
+    return {
+        "pk": ctx.execution_id,
+        "id": update_outcome_id(n),
+        "type": "update_outcome",
+        "n": n,
+        "name": name,
+        "run": ctx.run,
+        "at": ctx.now,
+    }
 
 
 def _fed(marker: Doc) -> bool:
@@ -143,24 +183,33 @@ def _call(ctx: WorkflowContext, name: str, role: str, fn: Callable[..., Any], ar
     """Run an update's validator or handler with durable calls refused."""
     ctx.answering = f"the {role} of update {name!r}"
     try:
-        return fn(*args, **kwargs)
+        got = fn(*args, **kwargs)
+        if inspect.isawaitable(got):  # an async callable not seen as one: its body would never run
+            if inspect.iscoroutine(got):
+                got.close()
+            raise TypeError(f"the {role} of update {name!r} returned an awaitable: it must be synchronous")
+        return got
     except (Suspend, Fatal, ContinueAsNew) as exc:  # never the workflow's control flow: the update's failure
         raise RuntimeError(f"the {role} of update {name!r} cannot wait or end the workflow") from exc
     finally:
         ctx.answering = None
 
 
-def _decide(ctx: WorkflowContext, request: Doc) -> None:
+def _fitted(outcome: Doc, limit: int | None) -> Doc:
+    """``outcome``, or, when it does not fit the store (a handler's value, an error's message),
+    its failure with :class:`PayloadTooLarge`: stored anyway, it would fail the execution."""
+    if limit is not None:
+        try:
+            encode_doc(outcome, limit)
+        except DocumentTooLarge as exc:
+            outcome.pop("value", None)
+            outcome.update(ok=False, error=error_info(PayloadTooLarge(str(outcome["id"]), exc.size, limit)))
+    return outcome
+
+
+def _decide(ctx: WorkflowContext, request: Doc, limit: int | None = None) -> None:
     n, name = int(request["n"]), str(request["name"])
-    outcome: Doc = {
-        "pk": ctx.execution_id,
-        "id": update_outcome_id(n),
-        "type": "update_outcome",
-        "n": n,
-        "name": name,
-        "run": ctx.run,
-        "at": ctx.now,
-    }
+    outcome = _outcome(ctx, n, name)
     handler = ctx.update_handlers.get(name)
     try:
         if handler is None:
@@ -175,7 +224,7 @@ def _decide(ctx: WorkflowContext, request: Doc) -> None:
     except Exception as exc:  # rejected: recorded outside the history (no step taken: ``seq`` is the one
         # it would have taken, so an operator's reset before it forgets it as it forgets accepted ones)
         outcome.update(accepted=False, ok=False, error=error_info(exc), seq=ctx.seq + 1)
-        ctx.new_docs[outcome["id"]] = outcome
+        ctx.new_docs[outcome["id"]] = _fitted(outcome, limit)
         return
     seq, _ = ctx._step(StepKind.UPDATE, name)
     ctx._marker(seq, StepKind.UPDATE, name, input=fresh(data), request=n)
@@ -185,4 +234,4 @@ def _decide(ctx: WorkflowContext, request: Doc) -> None:
         outcome.update(ok=True, value=handler.codec.result.encode(value, f"result of update {name!r}", "result"))
     except Exception as exc:  # accepted, applied, failed: the caller gets the error
         outcome.update(ok=False, error=error_info(exc))
-    ctx.new_docs[outcome["id"]] = outcome
+    ctx.new_docs[outcome["id"]] = _fitted(outcome, limit)

@@ -24,7 +24,8 @@ from celery_durable.engine.documents.model import (
     run_of,
 )
 from celery_durable.engine.documents.records import count_of, is_terminal
-from celery_durable.engine.documents.schema import NOT_STARTED, DocType, signal_key_id
+from celery_durable.engine.documents.schema import NOT_STARTED, DocType, signal_key_id, wait_decision_id
+from celery_durable.engine.documents.update_docs import WIDE, WIDE_TIME, check_fits
 from celery_durable.engine.signals.external import send_signal
 from celery_durable.errors import (
     ConflictError,
@@ -32,14 +33,14 @@ from celery_durable.errors import (
     PayloadValidationError,
     UnknownWorkflowError,
 )
-from celery_durable.stores.base import Doc, Op, strip_reserved
+from celery_durable.stores.base import Doc, Op, Store, strip_reserved
 
 if TYPE_CHECKING:
     from celery_durable.engine.ports import EngineParts
     from celery_durable.engine.registry import WorkflowDef
 
 
-__all__ = ["Signals", "declared_signals"]
+__all__ = ["Signals", "declared_signals", "check_signal_fits"]
 
 log = logging.getLogger("celery_durable.links")
 
@@ -55,6 +56,15 @@ def declared_signals(ex: Mapping[str, Any], wf: WorkflowDef | None) -> list[str]
         names = ex.get("signals")
         return list(names) if names else None
     return wf.signal_names if wf is not None else None
+
+
+def check_signal_fits(store: Store, execution_id: str, name: str, data: Any) -> None:
+    """:class:`PayloadTooLarge` in the sender when the decision of the wait that consumes this
+    value (``w:<seq>``: the value with its step, times and id) would not fit the store: recorded
+    anyway, that decision would fail the execution's commit, and with it the execution."""
+    probe = {"pk": execution_id, "id": wait_decision_id(WIDE, WIDE), "type": "signal", "run": WIDE, "seq": WIDE}
+    probe.update(name=name, ok=True, value=data, value_id=signal_value_id(WIDE), sent_at=WIDE_TIME)
+    check_fits(store, probe | {"received_at": WIDE_TIME}, f"the wait decision consuming signal {name!r}")
 
 
 class Signals:
@@ -115,6 +125,7 @@ class Signals:
             declared = wf.signals.get(name, Any) if wf is not None and name in wf.signals else None
             codec = ValueCodec(Any if declared is None or signal_id is not None else declared)
             data = codec.encode(value, f"signal {name!r}")
+            check_signal_fits(eng.store, execution_id, name, data)
             if is_terminal(ex):
                 return self._ignored(execution_id, name, str(ex["status"]))
             # a top-level one not started yet (scheduled, queued on a limit): its deadline moves with its start

@@ -20,7 +20,14 @@ from celery_durable.codecs import ValueCodec
 from celery_durable.engine.documents.checks import check_exec
 from celery_durable.engine.documents.model import DUE_EXEC, EXEC_ID, run_of
 from celery_durable.engine.documents.records import count_of, is_terminal
-from celery_durable.engine.documents.update_docs import update_key_id, update_outcome_id, update_request_id
+from celery_durable.engine.documents.schema import StepKind
+from celery_durable.engine.documents.update_docs import (
+    check_step_fits,
+    update_key_id,
+    update_outcome_id,
+    update_request_id,
+)
+from celery_durable.engine.starts.deadlines import check_seconds
 from celery_durable.errors import (
     ConflictError,
     DurableError,
@@ -42,7 +49,7 @@ if TYPE_CHECKING:
         notifier: Notifier
 
 
-__all__ = ["Updates", "request_doc", "check_update_name"]
+__all__ = ["Updates", "request_doc", "check_update_name", "check_update_id", "check_timeout", "check_request_fits"]
 
 _ANY = ValueCodec(Any)
 MAX_NAME = 256
@@ -52,6 +59,25 @@ def check_update_name(name: object) -> str:
     if not isinstance(name, str) or not name or len(name) > MAX_NAME:
         raise ValueError(f"an update name is a string of 1-{MAX_NAME} characters, not {name!r:.60}")
     return name
+
+
+def check_timeout(timeout: object) -> float | None:
+    """How long a caller waits for an outcome (seconds or a ``timedelta``; None: no end), checked
+    before the request is sent: a negative one would send it and give up at once, NaN never."""
+    return check_seconds("an update's timeout", timeout, zero_ok=True)
+
+
+def check_update_id(update_id: object) -> str | None:
+    """An ``update_id`` is a string (or None): a clear error here, not one from its digest."""
+    if update_id is not None and not isinstance(update_id, str):
+        raise TypeError(f"update_id is a string naming the request, not {type(update_id).__name__} {update_id!r:.60}")
+    return update_id
+
+
+def check_request_fits(engine: EngineParts, execution_id: str, name: str, data: dict[str, Any]) -> None:
+    """:class:`PayloadTooLarge` in the caller when the ``update`` step applying these arguments
+    would not fit the store (the request itself may: the step would fail the execution)."""
+    check_step_fits(engine.store, execution_id, StepKind.UPDATE, name, {"input": data}, ("request",))
 
 
 def request_doc(execution_id: str, n: int, run: int, name: str, data: dict[str, Any], now: float) -> Doc:
@@ -99,8 +125,10 @@ class Updates:
         :class:`UnknownWorkflowError` for a missing id, :class:`UpdateRefusedError` for an ended
         execution; ``update_id`` makes a resend find the first request (and return its number)."""
         check_update_name(name)
+        check_update_id(update_id)
         data = encode_args(name, args, kwargs or {})
         eng = self.engine
+        check_request_fits(eng, execution_id, name, data)
         key = None if update_id is None else update_key_id(update_id)
         for _ in range(100):
             docs = eng.cache.load(execution_id)
@@ -154,6 +182,7 @@ class Updates:
     def outcome(self, execution_id: str, n: int, timeout: float | None = None) -> Any:
         """Wait for request ``n``'s outcome: the handler's value (JSON) or its error raised."""
         eng = self.engine
+        timeout = check_timeout(timeout)
         started = time.monotonic()
         deadline = None if timeout is None else started + timeout
         waiter = eng.notifier.subscribe(execution_id, READY_TIMEOUT if timeout is None else min(READY_TIMEOUT, timeout))

@@ -17,8 +17,16 @@ from typing import TYPE_CHECKING, Any
 from celery_durable.codecs import ValueCodec
 from celery_durable.engine.documents.checks import signal_value_id
 from celery_durable.engine.documents.model import EXEC_ID
+from celery_durable.engine.documents.records import is_terminal
 from celery_durable.engine.documents.update_docs import update_key_id
-from celery_durable.engine.signals.updates import check_update_name, encode_args, request_doc
+from celery_durable.engine.signals.inbox import check_signal_fits
+from celery_durable.engine.signals.updates import (
+    check_request_fits,
+    check_update_id,
+    check_update_name,
+    encode_args,
+    request_doc,
+)
 from celery_durable.errors import DurableError, ExecutionEndedError, PayloadValidationError
 
 if TYPE_CHECKING:
@@ -57,6 +65,7 @@ def signal_with_start(
             f"workflow {workflow.name!r} declares no signal {name!r} (declared: {', '.join(names)})"
         )
     data = ValueCodec(workflow.signals.get(name, Any)).encode(value, f"signal {name!r}")
+    check_signal_fits(engine.store, eid, name, data)
     doc = {"pk": eid, "id": signal_value_id(1), "type": "signal_value", "name": name, "n": 1, "run": 0}
     doc.update(value=data, sent_at=engine.clock.now())
     if _start(engine, workflow, eid, call, start, ([doc], {"signal_seq": 1})):
@@ -64,8 +73,10 @@ def signal_with_start(
         return True
     if engine.signals.signal(eid, name, value):  # it exists (ours): signalled as any signal
         return False
-    status = engine.read_exec(eid).get("status")
-    raise ExecutionEndedError(eid, f"signal {name!r} not recorded: the execution has ended ({status})")
+    ex = engine.read_exec(eid)
+    # not ended: past its deadline, its timeout not delivered yet (the signal is ignored then)
+    why = f"has ended ({ex.get('status')})" if is_terminal(ex) else "is past its deadline (it times out)"
+    raise ExecutionEndedError(eid, f"signal {name!r} not recorded: the execution {why}")
 
 
 def update_with_start(
@@ -83,10 +94,12 @@ def update_with_start(
     ``update_id``: its key (``updk:``) is created with the request, so a resend — after a call
     that raised but applied — finds the request instead of sending a second one."""
     check_update_name(name)
+    check_update_id(update_id)
     data = encode_args(name, args, {})
+    check_request_fits(engine, eid, name, data)
     docs = [request_doc(eid, 1, 0, name, data, engine.clock.now())]
     if update_id is not None:
-        docs[0]["update_id"] = update_id = str(update_id)
+        docs[0]["update_id"] = update_id
         docs.append({"pk": eid, "id": update_key_id(update_id), "type": "update_key", "n": 1, "update_id": update_id})
     if _start(engine, workflow, eid, call, start, (docs, {"update_seq": 1})):
         engine.emit("update_received", execution_id=eid, name=name)
