@@ -493,9 +493,19 @@ class Durable(DayTwo):
         """Send a signal from anywhere (kept for the next wait); False when the execution has ended."""
         return self.engine.signal(workflow_id, name, value)
 
-    def update(self, workflow_id: str, name: str, *args: Any, timeout: float | None = None) -> Any:
+    def update(
+        self,
+        workflow_id: str,
+        name: str,
+        *args: Any,
+        timeout: float | None = None,
+        update_id: str | None = None,
+        result_type: Any = None,
+    ) -> Any:
         """Update a running workflow and return its handler's answer (``WorkflowHandle.update``)."""
-        return self.handle(workflow_id).update(name, *args, timeout=timeout)
+        return self.handle(workflow_id).update(
+            name, *args, timeout=timeout, update_id=update_id, result_type=result_type
+        )
 
     # --- operators: the read model and its operations (celery_durable.engine.admin.operator) --------
 

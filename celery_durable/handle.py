@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
+from celery_durable.codecs import ValueCodec
 from celery_durable.engine.admin.operator import Admin
 from celery_durable.engine.admin.oplog import actor
 from celery_durable.engine.admin.terminate import terminate
@@ -138,9 +139,17 @@ class WorkflowHandle(Generic[R]):
         consumes it (each wait takes the next value). False when the execution has ended."""
         return self._engine.signal(self.id, name, value)
 
-    def update(self, name: str, *args: Any, timeout: float | None = None, update_id: str | None = None) -> Any:
+    def update(
+        self,
+        name: str,
+        *args: Any,
+        timeout: float | None = None,
+        update_id: str | None = None,
+        result_type: Any = None,
+    ) -> Any:
         """Send update ``name(*args)`` to the running workflow and return its handler's result
-        (JSON) once the workflow handled it (``wf.set_update_handler``). Raises
+        once the workflow handled it (``wf.set_update_handler``): its JSON form, or decoded as
+        ``result_type`` (the handler's return type: a model, a datetime, ...) when given. Raises
         :class:`UpdateRejectedError` (its validator refused it, or no such handler: nothing was
         recorded), :class:`UpdateFailedError` (the handler raised), :class:`UpdateRefusedError`
         (the execution has ended, or ended before handling it), :class:`DurableTimeoutError`
@@ -148,7 +157,7 @@ class WorkflowHandle(Generic[R]):
         with the same id waits for the first request instead of sending another."""
         check_timeout(timeout)  # before the request is sent
         n = self._engine.updates.send(self.id, name, args, update_id=update_id)
-        return self._engine.updates.outcome(self.id, n, timeout)
+        return answer_as(self._engine.updates.outcome(self.id, n, timeout), result_type)
 
     def reset(self, step: int, *, by: str | None = None, reason: str | None = None) -> list[StepRecord]:
         """Operator: re-run this failed or cancelled execution from step ``step`` (steps before it
@@ -164,6 +173,13 @@ class WorkflowHandle(Generic[R]):
         """Request cancellation; False if the execution had already ended. Recorded as an
         operator action (``by``: who, default ``user@host``)."""
         return self._engine.cancel(self.id, by=actor() if by is None else by, reason=reason)
+
+
+def answer_as(answer: Any, result_type: Any) -> Any:
+    """An update's answer (JSON) decoded as ``result_type``, or as it is when None."""
+    if result_type is None:
+        return answer
+    return ValueCodec(result_type).decode(answer, "update answer")
 
 
 def _number(value: Any) -> float | None:

@@ -44,7 +44,7 @@ from celery_durable.engine.schedules.manage import due_of
 from celery_durable.engine.schedules.spec import CANCEL_OTHER
 from celery_durable.errors import DurableError, NonRetryableError
 from celery_durable.glue.durable_activity import task_retry
-from celery_durable.handle import WorkflowHandle
+from celery_durable.handle import WorkflowHandle, answer_as
 from celery_durable.retry import TaskRetry
 from celery_durable.schedules import Schedules
 from celery_durable.stores.base import Store
@@ -380,13 +380,21 @@ class WorkflowEnvironment:
         self.run_until_idle()
         return ok
 
-    def update(self, handle: WorkflowHandle[Any] | str, name: str, *args: Any, update_id: str | None = None) -> Any:
-        """``handle.update(name, *args)``, run until idle: the handler's answer, or its error raised
-        (:class:`DurableTimeoutError` if the workflow did not reach a wait point to handle it)."""
+    def update(
+        self,
+        handle: WorkflowHandle[Any] | str,
+        name: str,
+        *args: Any,
+        update_id: str | None = None,
+        result_type: Any = None,
+    ) -> Any:
+        """``handle.update(name, *args)``, run until idle: the handler's answer (decoded as
+        ``result_type`` when given), or its error raised (:class:`DurableTimeoutError` if the
+        workflow did not reach a wait point to handle it)."""
         eid = handle if isinstance(handle, str) else handle.id
         n = self.engine.updates.send(eid, name, args, update_id=update_id)
         self.run_until_idle()
-        return self.engine.updates.outcome(eid, n, timeout=0)
+        return answer_as(self.engine.updates.outcome(eid, n, timeout=0), result_type)
 
     def signal_with_start(
         self, options: WorkflowOptions[Any, R], signal: str, value: Any, *args: Any, **kwargs: Any

@@ -4,10 +4,12 @@ when accepted, answered to the caller after the workflow handled it; replays reb
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from celery import Celery
+from pydantic import BaseModel
 
 from celery_durable import (
     Durable,
@@ -214,3 +216,32 @@ def test_a_reset_before_updates_decides_their_requests_again() -> None:
         env.engine.updates.outcome("cart-7", 2, timeout=0)  # rejected again
     env.signal(h, "checkout", True)
     assert h.result()["items"] == ["apple"]
+
+
+class Receipt(BaseModel):
+    at: datetime
+    items: int
+
+
+def test_an_answer_is_decoded_as_the_callers_result_type() -> None:
+    """The answer travels as JSON (a datetime as its ISO text, a model as a dict): ``result_type``
+    gives the caller the value the handler returned, not its JSON form silently."""
+    t = datetime(2026, 12, 5, 9, 30, tzinfo=UTC)
+
+    @durable.workflow(name="upd.receipts")
+    def receipts() -> None:
+        count = 0
+
+        @wf.update("buy")
+        def buy() -> Receipt:
+            nonlocal count
+            count += 1
+            return Receipt(at=t, items=count)
+
+        wf.wait_signal("done")
+
+    env = WorkflowEnvironment(durable)
+    h = env.start(receipts)
+    raw = env.update(h, "buy")
+    assert raw == {"at": "2026-12-05T09:30:00Z", "items": 1}
+    assert env.update(h, "buy", result_type=Receipt) == Receipt(at=t, items=2)
