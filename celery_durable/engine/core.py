@@ -8,7 +8,6 @@ in-memory store.
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -63,7 +62,6 @@ from celery_durable.errors import (
     ConfigurationError,
     ConflictError,
     DurableError,
-    DurableTimeoutError,
     LaneFull,
     OperationRefused,
     StoreError,
@@ -72,7 +70,7 @@ from celery_durable.errors import (
 from celery_durable.observability import Counters, tracing_configured
 from celery_durable.stores.base import Doc, Store, strip_reserved
 from celery_durable.stores.offload.store import offloaded
-from celery_durable.stores.push.base import READY_TIMEOUT, NoPush, Notifier
+from celery_durable.stores.push.base import NoPush, Notifier, wait_for
 
 __all__ = ["Engine"]
 
@@ -304,36 +302,24 @@ class Engine:
         return as_exec(doc)
 
     def wait(self, execution_id: str, timeout: float | None = None, max_poll: float | None = None) -> ExecDoc:
-        """Block until the execution ends; return its exec document.
+        """Block until the execution ends; return its exec document. Woken by the notifier and
+        never by it alone (``wait_for``: subscribed before the first read, the store read again
+        each time; polled every 5% of the time waited, up to ``max_poll``, without a live push)."""
+        last: list[ExecDoc] = []
 
-        Subscribed to the notifier *before* the first read, so an end committed after any read
-        wakes the next wait (no lost wake-up); a notification is only a hint: the store is read
-        again each time. With a live push the store is re-read every ``result_push_recheck`` s
-        at least; without one (or once it failed) it is polled every 5% of the time waited so
-        far (1 ms to ``max_poll``, default ``result_poll_max``): a short workflow is seen
-        finished within a few ms, a long one costs ~20 reads/s at most.
-        """
-        poll_max = self.settings.result_poll_max if max_poll is None else max_poll
-        started = time.monotonic()
-        deadline = None if timeout is None else started + timeout
-        # a listener that is starting is waited for no longer than the caller's own timeout
-        ready = READY_TIMEOUT if timeout is None else min(READY_TIMEOUT, timeout)
-        waiter = self.notifier.subscribe(execution_id, ready)
-        try:
-            while True:
-                doc = self.read_exec(execution_id)
-                if is_terminal(doc):
-                    return doc
-                now = time.monotonic()
-                if deadline is not None and now >= deadline:
-                    raise DurableTimeoutError(f"execution {execution_id!r} still {doc.get('status')} after {timeout}s")
-                if waiter.live:
-                    delay = self.settings.result_push_recheck
-                else:
-                    delay = min(poll_max, max(0.001, 0.05 * (now - started)))
-                waiter.wait(delay if deadline is None else max(0.0, min(delay, deadline - now)))
-        finally:
-            waiter.close()
+        def ended() -> ExecDoc | None:
+            last[:] = [self.read_exec(execution_id)]
+            return last[0] if is_terminal(last[0]) else None
+
+        return wait_for(
+            self.notifier,
+            execution_id,
+            ended,
+            timeout,
+            self.settings.result_push_recheck,
+            self.settings.result_poll_max if max_poll is None else max_poll,
+            lambda: f"execution {execution_id!r} still {last[0].get('status')} after {timeout}s",
+        )
 
     def cancel(
         self, execution_id: str, by: str | None = None, reason: str | None = None, from_parent: bool = False

@@ -13,7 +13,6 @@ ended without deciding it gives :class:`UpdateRefusedError`.
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 from celery_durable.codecs import ValueCodec
@@ -31,14 +30,13 @@ from celery_durable.engine.starts.deadlines import check_seconds
 from celery_durable.errors import (
     ConflictError,
     DurableError,
-    DurableTimeoutError,
     UnknownWorkflowError,
     UpdateFailedError,
     UpdateRefusedError,
     UpdateRejectedError,
 )
 from celery_durable.stores.base import Doc, Op, strip_reserved
-from celery_durable.stores.push.base import READY_TIMEOUT
+from celery_durable.stores.push.base import wait_for
 
 if TYPE_CHECKING:
     from celery_durable.engine.documents.records import ExecDoc
@@ -183,21 +181,15 @@ class Updates:
         """Wait for request ``n``'s outcome: the handler's value (JSON) or its error raised."""
         eng = self.engine
         timeout = check_timeout(timeout)
-        started = time.monotonic()
-        deadline = None if timeout is None else started + timeout
-        waiter = eng.notifier.subscribe(execution_id, READY_TIMEOUT if timeout is None else min(READY_TIMEOUT, timeout))
-        try:
-            while (doc := self.decided(execution_id, n)) is None:
-                now = time.monotonic()
-                if deadline is not None and now >= deadline:
-                    raise DurableTimeoutError(f"update {n} of {execution_id!r} not handled after {timeout}s")
-                if waiter.live:
-                    delay = eng.settings.result_push_recheck
-                else:
-                    delay = min(eng.settings.result_poll_max, max(0.001, 0.05 * (now - started)))
-                waiter.wait(delay if deadline is None else max(0.0, min(delay, deadline - now)))
-        finally:
-            waiter.close()
+        doc = wait_for(
+            eng.notifier,
+            execution_id,
+            lambda: self.decided(execution_id, n),
+            timeout,
+            eng.settings.result_push_recheck,
+            eng.settings.result_poll_max,
+            lambda: f"update {n} of {execution_id!r} not handled after {timeout}s",
+        )
         return answer(execution_id, doc)
 
 

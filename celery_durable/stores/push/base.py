@@ -33,11 +33,12 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, TypeVar
 
+from celery_durable.errors import DurableTimeoutError
 from celery_durable.settings import PUSH_MODES, REDIS_SCHEMES
 
-__all__ = ["Notifier", "Waiter", "NoPush", "Hub", "payload_of", "PUSH_MODES", "REDIS_SCHEMES"]
+__all__ = ["Notifier", "Waiter", "NoPush", "Hub", "payload_of", "wait_for", "PUSH_MODES", "REDIS_SCHEMES"]
 
 log = logging.getLogger("celery_durable.push")
 
@@ -264,3 +265,39 @@ class Hub:
             self.state = "idle"
             self._changed.notify_all()
             self._wake_all()  # re-read now, then poll
+
+
+T = TypeVar("T")
+
+
+def wait_for(
+    notifier: Notifier,
+    execution_id: str,
+    ready: Callable[[], T | None],
+    timeout: float | None,
+    push_recheck: float,
+    poll_max: float,
+    late: Callable[[], str],
+) -> T:
+    """Wait until ``ready()`` (a store read) returns a value, woken by ``execution_id``'s
+    notifications; raise ``DurableTimeoutError(late())`` after ``timeout`` s.
+
+    Subscribed *before* the first read, so a change committed after any read wakes the next wait
+    (no lost wake-up); a notification is only a hint: the store is read again each time. With a
+    live push it is re-read every ``push_recheck`` s at least; without one (or once it failed)
+    every 5% of the time waited so far (1 ms to ``poll_max``): a short wait ends within a few ms,
+    a long one costs ~20 reads/s at most."""
+    started = time.monotonic()
+    deadline = None if timeout is None else started + timeout
+    # a listener that is starting is waited for no longer than the caller's own timeout
+    waiter = notifier.subscribe(execution_id, READY_TIMEOUT if timeout is None else min(READY_TIMEOUT, timeout))
+    try:
+        while (value := ready()) is None:
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                raise DurableTimeoutError(late())
+            delay = push_recheck if waiter.live else min(poll_max, max(0.001, 0.05 * (now - started)))
+            waiter.wait(delay if deadline is None else max(0.0, min(delay, deadline - now)))
+        return value
+    finally:
+        waiter.close()
