@@ -219,3 +219,25 @@ def test_the_cli_terminates_with_yes_and_json(env: WorkflowEnvironment, tmp_path
         assert h.status() == "failed"
     finally:
         durable.configure(store="memory://")
+
+
+@pytest.mark.parametrize("reopen", ["retry", "resume"])
+def test_a_terminated_parent_reopened_before_its_children_told_it_reopens_them_too(
+    env: WorkflowEnvironment, reopen: str
+) -> None:
+    """The cascade's children end terminated at once, but tell their parent later (a message, and
+    the scan's safety net). A retry or resume of the parent in between found no outcome of theirs
+    to forget, so left them ended; their late report then failed the reopened parent
+    (ChildWorkflowError) — found by the simulation (seed 344: a batch terminate, then a retry)."""
+    h = env.start(parent, 2)
+    real = env.engine.children.notify_parent
+    env.engine.children.notify_parent = lambda eid: None  # type: ignore[method-assign]
+    assert h.terminate(by="ops") is True  # the children's reports lost: left to the scan
+    env.engine.children.notify_parent = real  # type: ignore[method-assign]
+    assert [env.handle(f"{h.id}-k{i}").status() for i in range(2)] == ["failed"] * 2
+    assert env.handle(h.id).poll().status == "failed"
+    getattr(Admin(env.engine), reopen)(h.id, by="ops", reason="fixed")
+    env.run_until_idle()
+    env.advance(timedelta(seconds=3 * env.engine.settings.drive_timeout))  # the scan's safety net
+    assert [env.handle(f"{h.id}-k{i}").status() for i in range(2)] == ["running"] * 2
+    assert env.result(h) == [0, 1]

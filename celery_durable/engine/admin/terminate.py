@@ -22,7 +22,7 @@ from celery_durable.engine.admin.pause import PAUSED_FIELDS
 from celery_durable.engine.admin.pending_ops import check_field
 from celery_durable.engine.documents.model import DUE_EXEC, EXEC_ID, FAILED, run_of
 from celery_durable.engine.documents.records import count_of, is_terminal, maybe_exec
-from celery_durable.engine.documents.schema import CANCELLED_BY_PARENT, DocType, StepKind, marker_id
+from celery_durable.engine.documents.schema import CANCELLED_BY_PARENT, DocType, StepKind, marker_id, result_id
 from celery_durable.errors import ConflictError, DurableError, OperationRefused, UnknownWorkflowError
 from celery_durable.stores.base import Doc, Op, strip_reserved
 
@@ -135,3 +135,22 @@ def reopen_terminated(admin: Any, ex: Mapping[str, Any], docs: dict[str, Doc], r
         if marker is not None and d["id"] not in gone:
             rewrite.deletes.append(d)
             admin._rearm(ex, marker, rewrite)
+    # children the cascade ended that have not told it yet (their report lost, left to the scan):
+    # no outcome to forget, but reopened all the same — their late report of the life before is
+    # then refused (the step counts one rerun more), not recorded as the reopened run's
+    for m in list(docs.values()):
+        seq = int(m.get("seq") or 0)
+        if not (
+            m.get("type") == DocType.STEP
+            and m.get("kind") == StepKind.CHILD
+            and m.get("run", 0) == run
+            and m.get("child_id")
+            and result_id(seq, run) not in docs
+            and m["id"] not in gone | {d["id"] for d in rewrite.replaces}  # a reset's, or re-armed already
+        ):
+            continue
+        child = maybe_exec(admin.engine.store.read(str(m["child_id"]), EXEC_ID))
+        raw = None if child is None else child.get("error")
+        if child is not None and child.get("status") == FAILED and isinstance(raw, dict):
+            if raw.get("type") == TERMINATED and why in str(raw.get("message")):
+                admin._rearm(ex, m, rewrite)
