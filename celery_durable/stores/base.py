@@ -63,6 +63,7 @@ __all__ = [
     "doc_size",
     "sent_size",
     "find_inner",
+    "payload_limit",
 ]
 
 Doc = dict[str, Any]
@@ -491,6 +492,13 @@ def find_inner(store: object, predicate: Callable[[Any], bool]) -> Any | None:
             return found
         found = getattr(found, "inner", None)
     return None
+
+
+def payload_limit(store: Store) -> int:
+    """The largest document ``store`` takes: the ``max_payload`` of the offloading store under its
+    wrappers (a traced or counting wrapper has none of its own), else the item limit."""
+    offloading = find_inner(store, lambda s: isinstance(getattr(s, "max_payload", None), int))
+    return int(offloading.max_payload) if offloading is not None else int(store.max_doc_bytes)
 
 
 def _unwrapped(store: object) -> bool:

@@ -124,3 +124,21 @@ def test_a_workflow_input_over_the_max_payload_is_refused_by_start() -> None:
     a = App(max_payload=2 * MB)
     with pytest.raises(PayloadTooLarge):
         a.env.start(a.big_in_big_out, "i" * (3 * MB))
+
+
+@pytest.mark.parametrize("limit", [None, 4 * MB])
+def test_the_payload_limit_is_the_offloading_stores_under_a_traced_store(limit: int | None) -> None:
+    """With a tracer provider set, the engine's store is a TracedStore over the offloading store;
+    the size checks made in the sender (a signal's wait decision, an update's step, an outbox
+    effect) read ``max_payload`` off the outer store, found none and fell back to the 2 MB item
+    limit: a 3 MB signal was refused only when tracing was on (seen as test_a_3mb_signal_value_
+    is_delivered failing after tests/unit/test_tracing.py had set a provider)."""
+    from celery_durable.stores.base import payload_limit
+    from celery_durable.stores.traced import TracedStore
+
+    a = App() if limit is None else App(max_payload=limit)
+    a.env.engine.store = traced = TracedStore(a.env.engine.store)
+    assert payload_limit(traced) == (limit or a.durable.settings.max_payload)
+    handle = a.env.start(a.waits)
+    assert a.env.signal(handle, "data", "s" * (3 * MB))
+    assert a.env.result(handle) == 3 * MB

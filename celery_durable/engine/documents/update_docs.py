@@ -21,7 +21,7 @@ from typing import Any, TypedDict
 
 from celery_durable.engine.documents.schema import marker_id
 from celery_durable.errors import DocumentTooLarge, PayloadTooLarge
-from celery_durable.stores.base import Store, encode_doc
+from celery_durable.stores.base import Store, encode_doc, payload_limit
 
 __all__ = [
     "UPDATE_REQUEST_PREFIX",
@@ -84,7 +84,7 @@ def check_fits(store: Store, probe: dict[str, Any], what: str) -> None:
     """Raise :class:`PayloadTooLarge` (about ``what``) when ``probe``, the widest document a value
     becomes when the workflow takes it, would not fit ``store``."""
     try:
-        encode_doc(probe, int(getattr(store, "max_payload", store.max_doc_bytes)))
+        encode_doc(probe, payload_limit(store))
     except DocumentTooLarge as exc:
         raise PayloadTooLarge(what, exc.size, exc.limit) from None
 

@@ -47,7 +47,7 @@ from celery_durable.errors import (
     PayloadTooLarge,
     StoreError,
 )
-from celery_durable.stores.base import Doc, Op, encode_doc
+from celery_durable.stores.base import Doc, Op, encode_doc, payload_limit
 
 __all__ = ["Admission", "MAX_ROUNDS"]
 
@@ -238,7 +238,7 @@ class Admission:
         keep the id: the corrected retry would be a conflict). An offloading store takes rows up
         to its ``max_payload`` (stores/offload/store.py)."""
         probe = new_row(effect, source, "0" * 32) | {"seq": 2**53, "token": "0" * 32}
-        limit = int(getattr(self.store, "max_payload", self.store.max_doc_bytes))
+        limit = payload_limit(self.store)
         try:
             encode_doc(probe | {"lease": {"owner": "x" * 64, "expires": 0.0}}, limit)
         except DocumentTooLarge as exc:
