@@ -18,13 +18,14 @@ from typing import Any
 
 from celery_durable.codecs import ValueCodec
 from celery_durable.engine.activities.context import ActivityContext, current
-from celery_durable.engine.documents.model import DUE_EXEC, EXEC_ID
+from celery_durable.engine.documents.model import EXEC_ID
 from celery_durable.engine.documents.records import count_of, is_terminal, run_of
 from celery_durable.engine.documents.schema import StepKind
 from celery_durable.engine.documents.update_docs import check_step_fits, publication_id
+from celery_durable.engine.drive.upkeep import bumped
 from celery_durable.engine.replay.events import check_name
 from celery_durable.errors import ConflictError, DurableError
-from celery_durable.stores.base import Op, strip_reserved
+from celery_durable.stores.base import Op
 
 __all__ = ["publish", "publish_from"]
 
@@ -63,11 +64,9 @@ def publish_from(ctx: ActivityContext, topic: str, value: Any) -> bool:
         n = count_of(ex, "published") + 1
         doc = {"pk": info.execution_id, "id": publication_id(n), "type": "publication", "n": n, "topic": topic}
         doc.update(value=data, run=info.run, seq=info.step, attempt=info.attempt, k=k, at=now)
-        bumped = strip_reserved(ex) | {"published": n, "wakeups": count_of(ex, "wakeups") + 1}
-        if not ex.get("due_kind"):  # a lost drive message is recovered
-            bumped.update(due_kind=DUE_EXEC, due_at=now + eng.settings.drive_timeout)
+        woken = bumped(ex, now, eng.settings.drive_timeout, published=n)
         try:
-            eng.store.batch(info.execution_id, [Op.create(doc), Op.replace(bumped, if_match=ex["_etag"])])
+            eng.store.batch(info.execution_id, [Op.create(doc), Op.replace(woken, if_match=ex["_etag"])])
         except ConflictError:
             continue  # the execution moved on (a drive, a signal, another value): look again
         eng.dispatcher.send_drive(info.execution_id)

@@ -32,9 +32,19 @@ if TYPE_CHECKING:
     from celery_durable.engine.ports import EngineParts
 
 
-__all__ = ["clear_due_of_ended", "clear_due", "prune_run", "wake"]
+__all__ = ["bumped", "clear_due_of_ended", "clear_due", "prune_run", "wake"]
 
 log = logging.getLogger("celery_durable.links")
+
+
+def bumped(ex: Mapping[str, Any], now: float, drive_timeout: float, **fields: Any) -> Doc:
+    """The exec rewritten so that a drive follows: ``wakeups`` bumped (a drive running on an older
+    copy re-reads), ``fields`` set (what was recorded with it), and due if it was not (a lost drive
+    message is recovered)."""
+    doc = strip_reserved(ex) | {"wakeups": count_of(ex, "wakeups") + 1} | fields
+    if not ex.get("due_kind"):
+        doc.update(due_kind=DUE_EXEC, due_at=now + drive_timeout)
+    return doc
 
 
 def wake(engine: EngineParts, execution_id: str) -> None:
@@ -45,11 +55,8 @@ def wake(engine: EngineParts, execution_id: str) -> None:
         ex = check_exec(execution_id, eng.store.read(execution_id, EXEC_ID))
         if ex is None or is_terminal(ex):
             return
-        bumped = strip_reserved(ex) | {"wakeups": count_of(ex, "wakeups") + 1}
-        if not ex.get("due_kind"):
-            bumped.update(due_kind=DUE_EXEC, due_at=eng.clock.now() + eng.settings.drive_timeout)
         try:
-            eng.store.replace(bumped, if_match=ex["_etag"])
+            eng.store.replace(bumped(ex, eng.clock.now(), eng.settings.drive_timeout), if_match=ex["_etag"])
             break
         except ConflictError:
             continue

@@ -19,13 +19,13 @@ from celery_durable.engine.documents.checks import (
     signal_value_id,
 )
 from celery_durable.engine.documents.model import (
-    DUE_EXEC,
     EXEC_ID,
     run_of,
 )
 from celery_durable.engine.documents.records import count_of, is_terminal
 from celery_durable.engine.documents.schema import NOT_STARTED, DocType, signal_key_id, wait_decision_id
 from celery_durable.engine.documents.update_docs import WIDE, WIDE_TIME, check_fits
+from celery_durable.engine.drive.upkeep import bumped as bumped_exec
 from celery_durable.engine.signals.external import send_signal
 from celery_durable.errors import (
     ConflictError,
@@ -33,7 +33,7 @@ from celery_durable.errors import (
     PayloadValidationError,
     UnknownWorkflowError,
 )
-from celery_durable.stores.base import Doc, Op, Store, strip_reserved
+from celery_durable.stores.base import Doc, Op, Store
 
 if TYPE_CHECKING:
     from celery_durable.engine.ports import EngineParts
@@ -147,9 +147,7 @@ class Signals:
                 "value": data,
                 "sent_at": now,
             }
-            bumped = strip_reserved(ex) | {"signal_seq": n, "wakeups": count_of(ex, "wakeups") + 1}
-            if not ex.get("due_kind"):  # a lost drive message is recovered
-                bumped.update(due_kind=DUE_EXEC, due_at=now + eng.settings.drive_timeout)
+            bumped = bumped_exec(ex, now, eng.settings.drive_timeout, signal_seq=n)
             record = [] if by is None else [signal_op(ex, docs, bumped, by, name, now)]
             ops = [Op.create(doc), *record, Op.replace(bumped, if_match=ex["_etag"])]
             if key is not None:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from celery_durable.codecs import ValueCodec
 from celery_durable.engine.documents.checks import check_exec
-from celery_durable.engine.documents.model import DUE_EXEC, EXEC_ID, run_of
+from celery_durable.engine.documents.model import EXEC_ID, run_of
 from celery_durable.engine.documents.records import count_of, is_terminal
 from celery_durable.engine.documents.schema import StepKind
 from celery_durable.engine.documents.update_docs import (
@@ -26,6 +26,7 @@ from celery_durable.engine.documents.update_docs import (
     update_outcome_id,
     update_request_id,
 )
+from celery_durable.engine.drive.upkeep import bumped
 from celery_durable.engine.starts.deadlines import check_seconds
 from celery_durable.errors import (
     ConflictError,
@@ -35,7 +36,7 @@ from celery_durable.errors import (
     UpdateRefusedError,
     UpdateRejectedError,
 )
-from celery_durable.stores.base import Doc, Op, strip_reserved
+from celery_durable.stores.base import Doc, Op
 from celery_durable.stores.push.base import wait_for
 
 if TYPE_CHECKING:
@@ -105,10 +106,7 @@ class Updates:
 
     def bumped(self, ex: ExecDoc, n: int, now: float) -> Doc:
         """The exec as a request recording ``n`` rewrites it (a drive is due if none was)."""
-        bumped = strip_reserved(ex) | {"update_seq": n, "wakeups": count_of(ex, "wakeups") + 1}
-        if not ex.get("due_kind"):  # a lost drive message is recovered
-            bumped.update(due_kind=DUE_EXEC, due_at=now + self.engine.settings.drive_timeout)
-        return bumped
+        return bumped(ex, now, self.engine.settings.drive_timeout, update_seq=n)
 
     def send(
         self,
