@@ -119,16 +119,17 @@ def reopen_terminated(admin: Any, ex: Mapping[str, Any], docs: dict[str, Doc], r
     if not isinstance(error, dict) or error.get("type") != TERMINATED:
         return
     run, why = run_of(ex), _cascade_reason(str(ex["pk"]))
+
+    def by_cascade(error: Any) -> bool:  # a child's error: terminated because this one was
+        return isinstance(error, dict) and error.get("type") == TERMINATED and why in str(error.get("message"))
+
     gone = {d["id"] for d in rewrite.deletes}
     for d in list(docs.values()):
-        raw = d.get("error")
-        child_error: dict[str, Any] = raw if isinstance(raw, dict) else {}
         if not (
             d.get("type") == DocType.RESULT
             and d.get("run", 0) == run
             and d.get("child_id")
-            and child_error.get("type") == TERMINATED
-            and why in str(child_error.get("message"))
+            and by_cascade(d.get("error"))
         ):
             continue
         marker = docs.get(marker_id(int(d["seq"]), run))
@@ -138,19 +139,17 @@ def reopen_terminated(admin: Any, ex: Mapping[str, Any], docs: dict[str, Doc], r
     # children the cascade ended that have not told it yet (their report lost, left to the scan):
     # no outcome to forget, but reopened all the same — their late report of the life before is
     # then refused (the step counts one rerun more), not recorded as the reopened run's
+    touched = gone | {d["id"] for d in rewrite.replaces}  # a reset's, or re-armed above
     for m in list(docs.values()):
-        seq = int(m.get("seq") or 0)
         if not (
             m.get("type") == DocType.STEP
             and m.get("kind") == StepKind.CHILD
             and m.get("run", 0) == run
             and m.get("child_id")
-            and result_id(seq, run) not in docs
-            and m["id"] not in gone | {d["id"] for d in rewrite.replaces}  # a reset's, or re-armed already
+            and result_id(int(m.get("seq") or 0), run) not in docs
+            and m["id"] not in touched
         ):
             continue
         child = maybe_exec(admin.engine.store.read(str(m["child_id"]), EXEC_ID))
-        raw = None if child is None else child.get("error")
-        if child is not None and child.get("status") == FAILED and isinstance(raw, dict):
-            if raw.get("type") == TERMINATED and why in str(raw.get("message")):
-                admin._rearm(ex, m, rewrite)
+        if child is not None and child.get("status") == FAILED and by_cascade(child.get("error")):
+            admin._rearm(ex, m, rewrite)
