@@ -39,8 +39,7 @@ from celery_durable.engine.limits.slots import LIMIT_DOC_ID
 from celery_durable.engine.limits.spec import limit_of_stored
 from celery_durable.engine.limits.table import rate_opens
 from celery_durable.engine.registry import Registry
-from celery_durable.engine.schedules.firing import fire_due
-from celery_durable.engine.schedules.manage import due_of
+from celery_durable.engine.schedules.firing import due_of, fire_due
 from celery_durable.engine.schedules.spec import CANCEL_OTHER
 from celery_durable.errors import DurableError, NonRetryableError
 from celery_durable.glue.durable_activity import task_retry

@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any
 
 from celery_durable.engine.documents.model import EXEC_ID
 from celery_durable.engine.documents.records import is_terminal
-from celery_durable.engine.documents.schedule_docs import ScheduleDoc
 from celery_durable.engine.documents.schema import DocType, DueKind, Status
 from celery_durable.engine.limits.spec import limit_of_stored
 from celery_durable.engine.schedules.spec import ALLOW_ALL, CANCEL_OTHER, SKIP, Spec, tick_delay, tick_stamp
@@ -45,7 +44,7 @@ __all__ = [
     "fire",
     "fire_due",
     "next_due",
-    "read_schedule",
+    "due_of",
     "note",
 ]
 
@@ -80,11 +79,6 @@ def manual_execution_id(name: str, now: float) -> str:
     return f"{name}@{datetime.fromtimestamp(now, tz=UTC).strftime('%Y%m%dT%H%M%S.%f')}"
 
 
-def read_schedule(eng: EngineParts, name: str) -> ScheduleDoc | None:
-    doc = eng.store.read(SCHEDULES_PK, schedule_id(name))
-    return None if doc is None else ScheduleDoc(**doc)  # type: ignore[typeddict-item]
-
-
 def note(doc: dict[str, Any], action: str, by: str, now: float, reason: str | None = None) -> None:
     """Record an action on the schedule's document (the latest :data:`MAX_ACTIONS` are kept)."""
     actions = list(doc.get("actions") or [])
@@ -92,13 +86,21 @@ def note(doc: dict[str, Any], action: str, by: str, now: float, reason: str | No
     doc["actions"] = actions[-MAX_ACTIONS:]
 
 
+def due_of(doc: Doc) -> float | None:
+    """When the schedule's next tick fires (the tick plus its jitter), paused or not; None: no tick left."""
+    tick = doc.get("next_tick")
+    if not isinstance(tick, int | float):
+        return None
+    return float(tick) + tick_delay(Spec.of(doc), str(doc["name"]), float(tick), float(doc.get("jitter") or 0.0))
+
+
 def next_due(eng: EngineParts, doc: dict[str, Any]) -> dict[str, Any]:
     """The due fields of ``doc``: its next tick plus jitter; sooner while it keeps a tick or has
     starts to create; nothing with nothing left (paused: only starts to create)."""
     times = []
-    tick = doc.get("next_tick")
-    if isinstance(tick, int | float) and not doc.get("paused"):
-        times.append(float(tick) + tick_delay(Spec.of(doc), doc["name"], float(tick), float(doc.get("jitter") or 0.0)))
+    due = due_of(doc)
+    if due is not None and not doc.get("paused"):
+        times.append(due)
     # starts decided before a pause are still created (a trigger's too); a kept tick waits for the resume
     now, every = eng.clock.now(), float(eng.settings.clock_interval)
     if doc.get("starting"):

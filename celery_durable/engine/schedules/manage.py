@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from celery_durable.engine.documents.model import EXEC_ID
 from celery_durable.engine.schedules.firing import (
     SCHEDULES_PK,
+    due_of,
     fire,
     manual_execution_id,
     new_schedule,
@@ -21,7 +22,7 @@ from celery_durable.engine.schedules.firing import (
     schedule_id,
     tick_execution_id,
 )
-from celery_durable.engine.schedules.spec import Spec, tick_delay
+from celery_durable.engine.schedules.spec import Spec
 from celery_durable.errors import ConfigurationError, ConflictError, DurableError
 from celery_durable.stores.base import Doc, strip_reserved
 
@@ -243,11 +244,3 @@ def listing(eng: EngineParts) -> list[ScheduleInfo]:
     """Every managed schedule (one partition query), by name."""
     docs = eng.store.query_partition(SCHEDULES_PK).docs
     return sorted((info(eng, d) for d in docs if d.get("type") == "schedule"), key=lambda i: i.name)
-
-
-def due_of(doc: Doc) -> float | None:
-    """When the schedule next fires (its next tick plus jitter), for a display."""
-    tick = doc.get("next_tick")
-    if not isinstance(tick, int | float):
-        return None
-    return float(tick) + tick_delay(Spec.of(doc), str(doc["name"]), float(tick), float(doc.get("jitter") or 0.0))
