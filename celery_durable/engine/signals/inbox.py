@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from celery_durable.engine.registry import WorkflowDef
 
 
-__all__ = ["Signals", "declared_signals", "check_signal_fits"]
+__all__ = ["Signals", "declared_signals", "check_signal_name", "encode_signal", "check_signal_fits"]
 
 log = logging.getLogger("celery_durable.links")
 
@@ -56,6 +56,21 @@ def declared_signals(ex: Mapping[str, Any], wf: WorkflowDef | None) -> list[str]
         names = ex.get("signals")
         return list(names) if names else None
     return wf.signal_names if wf is not None else None
+
+
+def check_signal_name(workflow: str, names: list[str] | None, name: str) -> None:
+    """:class:`PayloadValidationError` in the sender for a name the workflow does not declare."""
+    if names is not None and name not in names:
+        raise PayloadValidationError(
+            f"workflow {workflow!r} declares no signal {name!r} (declared: {', '.join(names)})"
+        )
+
+
+def encode_signal(wf: WorkflowDef | None, name: str, value: Any, typed: bool = True) -> Any:
+    """A signal value's JSON, validated against the type ``wf`` declares for ``name`` (if any and
+    ``typed``; otherwise as any JSON, typed where it is consumed)."""
+    declared = wf.signals.get(name, Any) if typed and wf is not None and name in wf.signals else Any
+    return ValueCodec(declared).encode(value, f"signal {name!r}")
 
 
 def check_signal_fits(store: Store, execution_id: str, name: str, data: Any) -> None:
@@ -115,16 +130,11 @@ class Signals:
                 raise UnknownWorkflowError(f"no execution with id {execution_id!r}")
             wf = eng.registry.workflow(str(ex["workflow"]))
             names = declared_signals(ex, wf)
-            if names is not None and name not in names:
-                raise PayloadValidationError(
-                    f"workflow {ex['workflow']!r} declares no signal {name!r} (declared: {', '.join(names)})"
-                )
+            check_signal_name(str(ex["workflow"]), names, name)
             key = signal_key_id(signal_id) if signal_id is not None else None
             if key is not None and key in docs:
                 return True  # this very send was recorded before (a retried send)
-            declared = wf.signals.get(name, Any) if wf is not None and name in wf.signals else None
-            codec = ValueCodec(Any if declared is None or signal_id is not None else declared)
-            data = codec.encode(value, f"signal {name!r}")
+            data = encode_signal(wf, name, value, typed=signal_id is None)
             check_signal_fits(eng.store, execution_id, name, data)
             if is_terminal(ex):
                 return self._ignored(execution_id, name, str(ex["status"]))

@@ -14,12 +14,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from celery_durable.codecs import ValueCodec
 from celery_durable.engine.documents.checks import signal_value_id
 from celery_durable.engine.documents.model import EXEC_ID
 from celery_durable.engine.documents.records import is_terminal
 from celery_durable.engine.documents.update_docs import update_key_id
-from celery_durable.engine.signals.inbox import check_signal_fits
+from celery_durable.engine.signals.inbox import check_signal_fits, check_signal_name, encode_signal
 from celery_durable.engine.signals.updates import (
     check_request_fits,
     check_update_id,
@@ -27,7 +26,7 @@ from celery_durable.engine.signals.updates import (
     encode_args,
     request_doc,
 )
-from celery_durable.errors import DurableError, ExecutionEndedError, PayloadValidationError
+from celery_durable.errors import DurableError, ExecutionEndedError
 
 if TYPE_CHECKING:
     from celery_durable.engine.core import Engine
@@ -59,12 +58,8 @@ def signal_with_start(
     start: dict[str, Any],
 ) -> bool:
     """Start ``eid`` with signal ``name`` or signal it; True when this call created it."""
-    names = workflow.signal_names
-    if names is not None and name not in names:
-        raise PayloadValidationError(
-            f"workflow {workflow.name!r} declares no signal {name!r} (declared: {', '.join(names)})"
-        )
-    data = ValueCodec(workflow.signals.get(name, Any)).encode(value, f"signal {name!r}")
+    check_signal_name(workflow.name, workflow.signal_names, name)
+    data = encode_signal(workflow, name, value)
     check_signal_fits(engine.store, eid, name, data)
     doc = {"pk": eid, "id": signal_value_id(1), "type": "signal_value", "name": name, "n": 1, "run": 0}
     doc.update(value=data, sent_at=engine.clock.now())
