@@ -6,7 +6,6 @@ starts after it: never acted on). A seed counts only if it passes unbroken."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -15,19 +14,12 @@ from celery_durable.engine.admin import batch as batch_mod
 from celery_durable.engine.admin.operator import Admin, ExecutionPage
 from harness.sim import KNOWN_BUGS, Faults, SimResult, check_seed, run_seed
 from harness.sim_batch import batching
+from tests.sim.catching import first_caught
 from tests.sim.test_sim import OPEN_BUGS
 
 ENABLED = tuple(b for b in KNOWN_BUGS if b not in OPEN_BUGS)
 #: the batching seeds searched
 SEEDS = [s for s in range(150) if batching(s)]
-
-
-def first_caught(run: Callable[[int], SimResult]) -> tuple[int, SimResult] | None:
-    for seed in SEEDS:
-        broken = run(seed)
-        if any(v.invariant == 16 for v in broken.violations) and run_seed(seed, Faults(), ENABLED).ok:
-            return seed, broken
-    return None
 
 
 def test_batching_seeds_hold_every_invariant_and_act() -> None:
@@ -52,7 +44,7 @@ def test_a_page_acting_again_on_what_it_did_is_caught(monkeypatch: pytest.Monkey
             m.setattr(batch_mod, "_acted", lambda *_: False)
             return run_seed(seed, Faults(), ENABLED)
 
-    found = first_caught(broken)
+    found = first_caught(broken, SEEDS, 16, ENABLED)
     assert found is not None, f"no violation of invariant 16 in seeds {SEEDS}"
     assert any("times" in v.message for v in found[1].violations), found[1].violations
 
@@ -70,7 +62,7 @@ def test_a_signal_batch_sending_twice_is_caught(monkeypatch: pytest.MonkeyPatch)
             m.setattr(batch_mod, "_signal", twice)
             return run_seed(seed, Faults(), ENABLED)
 
-    found = first_caught(broken)
+    found = first_caught(broken, SEEDS, 16, ENABLED)
     assert found is not None, f"no violation of invariant 16 in seeds {SEEDS}"
 
 
@@ -88,6 +80,6 @@ def test_a_page_skipping_an_execution_is_caught(monkeypatch: pytest.MonkeyPatch)
             m.setattr(batch_mod, "Admin", _Dropping)
             return run_seed(seed, Faults(), ENABLED)
 
-    found = first_caught(broken)
+    found = first_caught(broken, SEEDS, 16, ENABLED)
     assert found is not None, f"no violation of invariant 16 in seeds {SEEDS}"
     assert any("skipped" in v.message for v in found[1].violations), found[1].violations

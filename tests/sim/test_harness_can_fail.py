@@ -18,6 +18,7 @@ from celery_durable.engine.replay.sticky import StickyCache
 from celery_durable.stores.base import Doc, Op, strip_reserved
 from celery_durable.stores.memory import MemoryStore
 from harness.sim import KNOWN_BUGS, Faults, SimResult, run_seed
+from tests.sim.catching import first_caught as caught_on
 
 SEEDS = 200
 
@@ -42,14 +43,8 @@ class CreateOverwrites(MemoryStore):
 def first_caught(
     run: Callable[[int], SimResult], seeds: int = SEEDS, invariant: int | None = None
 ) -> tuple[int, SimResult] | None:
-    """The first seed whose run with the planted bug breaks an invariant (``invariant``, if given)
-    and whose run without it holds every one."""
-    for seed in range(seeds):
-        broken = run(seed)
-        caught = [v for v in broken.violations if invariant is None or v.invariant == invariant]
-        if caught and run_seed(seed, Faults(), ()).ok:
-            return seed, broken
-    return None
+    """The first of seeds ``0..seeds-1`` that catches ``run``'s planted bug (tests/sim/catching.py)."""
+    return caught_on(run, range(seeds), invariant)
 
 
 def patched_run(monkeypatch: pytest.MonkeyPatch, *setattr_args: Any) -> Callable[[int], SimResult]:

@@ -8,7 +8,6 @@ drive's commit, 14 c; seed 5: a step created while paused, 14 a), the second by 
 from __future__ import annotations
 
 import types
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -18,19 +17,12 @@ from celery_durable.engine.admin import pause as pause_mod
 from celery_durable.engine.drive import driver
 from harness.sim import KNOWN_BUGS, Faults, SimResult, check_seed, run_seed
 from harness.sim_pause import pausing
+from tests.sim.catching import first_caught
 from tests.sim.test_sim import OPEN_BUGS
 
 ENABLED = tuple(b for b in KNOWN_BUGS if b not in OPEN_BUGS)
 #: the pausing seeds searched
 SEEDS = [s for s in range(60) if pausing(s)]
-
-
-def first_caught(run: Callable[[int], SimResult], invariant: int) -> tuple[int, SimResult] | None:
-    for seed in SEEDS:
-        broken = run(seed)
-        if any(v.invariant == invariant for v in broken.violations) and run_seed(seed, Faults(), ENABLED).ok:
-            return seed, broken
-    return None
 
 
 def test_pausing_seeds_hold_every_invariant() -> None:
@@ -60,7 +52,7 @@ def test_a_driver_ignoring_the_pause_is_caught(monkeypatch: pytest.MonkeyPatch) 
             m.setattr(driver, "reborn", unpaused)
             return run_seed(seed, Faults(), ENABLED)
 
-    found = first_caught(broken, 14)
+    found = first_caught(broken, SEEDS, 14, ENABLED)
     assert found is not None, f"no violation of invariant 14 in seeds {SEEDS}"
 
 
@@ -78,5 +70,5 @@ def test_an_unpause_that_neither_drives_nor_sets_the_due_is_caught(monkeypatch: 
             m.setattr(pause_mod, "DUE_EXEC", types.SimpleNamespace(value=None))  # due_kind None: never scanned
             return run_seed(seed, Faults(), ENABLED)
 
-    found = first_caught(broken, 5)
+    found = first_caught(broken, SEEDS, 5, ENABLED)
     assert found is not None, f"no violation of invariant 5 in seeds {SEEDS}"

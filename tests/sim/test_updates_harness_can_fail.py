@@ -7,7 +7,6 @@ the second by seed 4 (run 0 answered [2, 4])."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -15,18 +14,11 @@ import pytest
 from celery_durable.engine.replay import updates
 from harness.sim import KNOWN_BUGS, Faults, SimResult, check_seed, run_seed
 from harness.sim_updates import updating
+from tests.sim.catching import first_caught
 from tests.sim.test_sim import OPEN_BUGS
 
 ENABLED = tuple(b for b in KNOWN_BUGS if b not in OPEN_BUGS)
 SEEDS = [s for s in range(30) if updating(s)]
-
-
-def first_caught(run: Callable[[int], SimResult]) -> tuple[int, SimResult] | None:
-    for seed in SEEDS:
-        broken = run(seed)
-        if any(v.invariant == 15 for v in broken.violations) and run_seed(seed, Faults(), ENABLED).ok:
-            return seed, broken
-    return None
 
 
 def test_updating_seeds_hold_every_invariant() -> None:
@@ -54,7 +46,7 @@ def test_a_validator_never_run_is_caught(monkeypatch: pytest.MonkeyPatch) -> Non
             m.setattr(updates, "register", without_validator)
             return run_seed(seed, Faults.parse("all"), ENABLED)
 
-    caught = first_caught(broken)
+    caught = first_caught(broken, SEEDS, 15, ENABLED)
     assert caught is not None
     assert any("accepted=True" in v.message for v in caught[1].violations if v.invariant == 15)
 
@@ -72,6 +64,6 @@ def test_a_handler_applied_twice_is_caught(monkeypatch: pytest.MonkeyPatch) -> N
             m.setattr(updates, "_call", twice)
             return run_seed(seed, Faults.parse("all"), ENABLED)
 
-    caught = first_caught(broken)
+    caught = first_caught(broken, SEEDS, 15, ENABLED)
     assert caught is not None
     assert any("answered" in v.message or "rebuilds" in v.message for v in caught[1].violations)
