@@ -45,6 +45,10 @@ class ActivityRequest:
     #: the lease holder of its first attempt, taken by the commit that scheduled it because the
     #: dispatcher keeps it to run next in this process (``Dispatcher.keeps``); never on a message
     holder: str | None = None
+    #: a slot of its limit was just handed to it by an attempt that ended in this process
+    #: (engine/limits/slots.py): the delivery that freed the slot may run it next (no lease is
+    #: taken for it: a process killed first leaves the grant to the limit's recovery scan)
+    handoff: bool = False
 
     @property
     def key(self) -> str:

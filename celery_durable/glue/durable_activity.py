@@ -32,7 +32,7 @@ from celery_durable.engine.limits.spec import Limit, declare_limit
 from celery_durable.engine.registry import GLOBAL_ACTIVITIES, ActivityDef
 from celery_durable.engine.replay.context import DurableFuture, current_context, require_context
 from celery_durable.errors import ActivityError, ConfigurationError, NonRetryableError, StoreUnavailable
-from celery_durable.glue.eager_activities import claimed_holder, eagerly
+from celery_durable.glue.eager_activities import claimed_holder, eagerly, handed_off
 from celery_durable.glue.extension import durable_of
 from celery_durable.glue.session_tokens import retry_stale, use_session
 from celery_durable.glue.wire import serializer
@@ -236,7 +236,10 @@ def _run_attempt(task: Task, meta: dict[str, Any], args: tuple[Any, ...], kwargs
             return None
         delivery = Delivery.of(meta.get("t"), task.name, args, kwargs)  # which marker it is for
         claimed = claimed_holder(getattr(task.request, "id", None))  # a kept activity: its commit took the lease
-        attempt, why = runner.begin(execution_id, seq, run, str(supersedes) if supersedes else None, delivery, claimed)
+        handoff = handed_off(getattr(task.request, "id", None))  # a slot freed here was granted to it
+        attempt, why = runner.begin(
+            execution_id, seq, run, str(supersedes) if supersedes else None, delivery, claimed, handoff
+        )
     except StoreUnavailable as exc:
         if meta.get("sealed") is None:
             raise  # the step stays due: the recovery scan re-sends it

@@ -26,6 +26,14 @@ so an activity is kept only when
 - the worker is not shutting down (known in the worker's own process only: a prefork pool
   child runs the rest of its budget).
 
+The same delivery also runs, when nothing of its own workflow is kept, the step a limit's slot
+was just handed to by an attempt that ended here (``ActivityRequest.handoff``,
+engine/limits/slots.py): the process the slot freed on starts its next holder, with no broker
+round trip (a waiting step is not queued behind the worker's other messages). Hand-offs are not
+counted in ``durable_eager_activities``; a delivery takes them for :data:`HANDOFF_SECONDS`, then
+sends them. No lease is taken for a kept hand-off: a process killed before it starts leaves the
+grant to the limit's recovery scan (a granted step that never began is sent again).
+
 Anything else is sent as usual. A kept activity that is not run (the delivery raised after the
 commit, the worker began to stop) is sent at the end of the delivery, so it is never left
 without a message; a process killed between the commit and its start leaves the step to the
@@ -36,6 +44,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -64,12 +73,16 @@ __all__ = [
     "claimed_holder",
     "eagerly",
     "give_back",
+    "handed_off",
     "keep",
     "keeps",
     "run_kept",
 ]
 
 log = logging.getLogger("celery_durable.activity")
+
+#: for how long after its start a delivery runs the steps its ended attempts handed a slot to
+HANDOFF_SECONDS = 60.0
 
 T = TypeVar("T")
 
@@ -114,6 +127,10 @@ class Drain:
     pending: Kept | None = None
     #: the route :func:`keeps` found before the commit, for :func:`keep` after it
     offered: Kept | None = None
+    #: a step a slot was handed to here (``ActivityRequest.handoff``), run when nothing is pending
+    handoff: Kept | None = None
+    #: until when (``time.monotonic()``) it takes hand-offs
+    handoffs_until: float = 0.0
 
 
 _DRAIN: contextvars.ContextVar[Drain | None] = contextvars.ContextVar("celery_durable_eager_drain", default=None)
@@ -121,6 +138,8 @@ _DRAIN: contextvars.ContextVar[Drain | None] = contextvars.ContextVar("celery_du
 _CLAIMED: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar(
     "celery_durable_eager_claim", default=None
 )
+#: the task id of the hand-off (``ActivityRequest.handoff``) running now in this context
+_HANDED: contextvars.ContextVar[str | None] = contextvars.ContextVar("celery_durable_eager_handoff", default=None)
 #: the execution whose commit runs now in this context: only its own sends are kept (what a
 #: local activity or an activity's own code sends, e.g. an eager start, goes out as usual)
 _COMMITTING: contextvars.ContextVar[str | None] = contextvars.ContextVar("celery_durable_eager_commit", default=None)
@@ -188,6 +207,7 @@ def draining(task: Any, budget: int, sender: ActivitySender | None) -> Iterator[
         delivery_info={k: info[k] for k in ("exchange", "routing_key", "priority") if k in info},
         hostname=getattr(request, "hostname", None),
         root_id=getattr(request, "root_id", None) or getattr(request, "id", None),
+        handoffs_until=time.monotonic() + HANDOFF_SECONDS,
     )
     token = _DRAIN.set(drain)
     try:
@@ -198,6 +218,9 @@ def draining(task: Any, budget: int, sender: ActivitySender | None) -> Iterator[
         if left is not None:  # committed and not run: its lease back first, then its message
             give_back(drain.app, left.request)
             drain.sender.publish_activity(left.request)
+        handed, drain.handoff = drain.handoff, None
+        if handed is not None:  # granted and not run (no lease was taken for it): its message
+            drain.sender.publish_activity(handed.request)
 
 
 @contextmanager
@@ -220,17 +243,23 @@ def keeps(request: ActivityRequest) -> bool:
     return kept is not None
 
 
-def _route(request: ActivityRequest) -> Kept | None:
-    """``request`` as the current delivery would keep it, or None: it must be sent."""
+def _route(request: ActivityRequest, handoff: bool = False) -> Kept | None:
+    """``request`` as the current delivery would keep it, or None: it must be sent. A
+    ``handoff`` (a slot granted here, not the commit's own send) has its own place and time."""
     drain = _DRAIN.get()
-    if drain is None or drain.pending is not None or drain.budget <= 0:
+    if drain is None:
         return None
-    if _COMMITTING.get() != request.execution_id:
+    if handoff:
+        if drain.handoff is not None or time.monotonic() > drain.handoffs_until:
+            return None
+    elif drain.pending is not None or drain.budget <= 0 or _COMMITTING.get() != request.execution_id:
         return None  # not the commit's own send: user code the delivery runs (an eager start)
     task = drain.app.tasks.get(request.name)
     if task is None or _rate_limited(task, drain.app) or _stopping():
         return None
-    offered, drain.offered = drain.offered, None
+    offered = None
+    if not handoff:
+        offered, drain.offered = drain.offered, None
     if offered is not None and offered.request.task_id == request.task_id:
         # routed by keeps() before this commit: the same task, options and parent (the
         # checks above may have changed since: a shutdown, a rate limit set meanwhile)
@@ -265,28 +294,41 @@ def keep(request: ActivityRequest) -> bool:
     """The dispatcher's question before it sends an activity: ``True`` if the current delivery
     keeps it to run next (then it must not be sent). Only an activity whose first attempt's
     lease its commit took (``request.holder``: :func:`keeps` said yes before the commit): a
-    process killed before it starts is then recovered when that lease lapses."""
-    if request.holder is None:
+    process killed before it starts is then recovered when that lease lapses; or a step a slot
+    was just handed to here (``request.handoff``), recovered by its limit's scan."""
+    if request.holder is None and not request.handoff:
         return False
-    kept = _route(request)
+    kept = _route(request, handoff=request.holder is None)
     drain = _DRAIN.get()
     if kept is None or drain is None:
         return False
-    drain.pending = kept
+    if request.holder is None:
+        drain.handoff = kept
+    else:
+        drain.pending = kept
     return True
 
 
 def run_kept(drain: Drain) -> None:
     """Run the kept activities one after another (each may keep the next) while the budget
-    lasts; what is left when it ends is sent by :func:`draining`."""
+    lasts, then the hand-offs; what is left when it ends is sent by :func:`draining`."""
     # hide the delivery's request: the kept code calling the delivery's task as a plain function
     # must not look like another delivery of its step (DurableActivityTask.__call__); an empty
     # one (Task.push_request copies the request below it)
     drain.task.request_stack.push(Context())
     try:
-        while drain.pending is not None and drain.budget > 0 and not _stopping():
-            kept, drain.pending = drain.pending, None
-            drain.budget -= 1
+        while not _stopping():
+            if drain.pending is not None and drain.handoff is not None:
+                # its own workflow's next step runs here: the hand-off must not wait behind it
+                handed, drain.handoff = drain.handoff, None
+                drain.sender.publish_activity(handed.request)
+            if drain.pending is not None:  # kept only while the budget lasts
+                kept, drain.pending = drain.pending, None
+                drain.budget -= 1
+            elif drain.handoff is not None:
+                kept, drain.handoff = drain.handoff, None
+            else:
+                break
             request, options = kept.request, kept.options
             task = drain.app.tasks[request.name]
             headers = dict(options["headers"])
@@ -336,10 +378,12 @@ def run_kept(drain: Drain) -> None:
             # Retry already sent its message); the next kept activity, if any, is its drive's
             board = pool_board.board()
             claim = _CLAIMED.set((request.task_id, request.holder) if request.holder else None)
+            handing = _HANDED.set(request.task_id if request.holder is None else None)
             try:
                 with board.running(request.task_id) if board is not None else nullcontext():
                     traced = trace_task(task, request.task_id, args, kwargs, context, app=drain.app, eager=False)
             finally:
+                _HANDED.reset(handing)
                 _CLAIMED.reset(claim)
             send_traced(events, request.task_id, traced)
     finally:
@@ -360,6 +404,12 @@ def claimed_holder(task_id: str | None) -> str | None:
     it as a kept activity (never read from a message: a header cannot claim a lease)."""
     claim = _CLAIMED.get()
     return claim[1] if claim is not None and claim[0] == task_id else None
+
+
+def handed_off(task_id: str | None) -> bool:
+    """Whether this process runs ``task_id`` now as a hand-off: the slot it was granted was freed
+    here, and no read checked it may still run (its begin gives the slot back if it may not)."""
+    return task_id is not None and _HANDED.get() == task_id
 
 
 _SENDERS: dict[type, bool] = {}

@@ -74,6 +74,11 @@ class CeleryDispatcher:
             give_back(self.app, request)
         self.publish_activity(request)
 
+    def hand_off(self, request: ActivityRequest) -> bool:
+        """Will the current delivery run ``request`` (a slot just freed here was granted to it,
+        ``request.handoff``) next? Then it is not sent (engine/limits/grants.py)."""
+        return keep(request)
+
     def keeps(self, request: ActivityRequest) -> bool:
         """Would the current delivery run ``request`` next (``Dispatcher.keeps``)?"""
         return keeps(request)

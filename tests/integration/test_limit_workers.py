@@ -93,6 +93,37 @@ def test_at_most_two_per_key_across_two_workers(fast: Any) -> None:
         assert _max_running(events) == 2, f"key {key}: {events}"
 
 
+def _lanes(marks: Path, key: str) -> tuple[set[str], list[float]]:
+    """The processes that ran ``key``'s steps, and for each step that started after a run of the
+    key had ended, the gap (s) from the latest end in its own process (inf: none there)."""
+    lines = [line.split() for line in (marks / f"span-{key}").read_text().splitlines()]
+    pids = {pid for kind, _, pid in lines if kind == "start"}
+    gaps: list[float] = []
+    last_end: dict[str, float] = {}
+    for kind, at, pid in sorted(lines, key=lambda parts: float(parts[1])):
+        if kind == "end":
+            last_end[pid] = float(at)
+        elif last_end:
+            gaps.append(float(at) - last_end[pid] if pid in last_end else float("inf"))
+    return pids, gaps
+
+
+@pytest.mark.parametrize("cluster", [("redis", "sqlite"), ("redis", "postgres")], indirect=True)
+def test_a_freed_slot_is_handed_to_the_next_step_in_its_own_process(fast: Any) -> None:
+    """One worker of 4 processes, 8 steps of one key under ``max_running=2``: the process whose
+    step frees a slot runs the next holder itself (no broker round trip), so the key's steps run
+    in 2 lanes, each waiting step starting in the process that just ended one, and the worker
+    says so for each (``run here, not sent``). Idle processes were there to take a message."""
+    worker = fast.start_worker(concurrency=4)
+    marks = fast.workers.tmp / "marks"
+    key = f"h{uuid.uuid4().hex[:6]}"
+    assert basic.limited_fan.start(key, 8, 0.3).result(timeout=120) == list(range(8))
+    pids, gaps = _lanes(marks, key)
+    assert len(pids) == 2, f"the key's steps ran in processes {pids}, not in the 2 lanes its slots free on"
+    assert len(gaps) == 6 and max(gaps) < 1.0, gaps
+    assert worker.log().count("): run here, not sent") >= 6
+
+
 def test_a_killed_workers_slots_free_after_their_lease(fast: Any) -> None:
     """The only worker runs the first 2 steps (their slots taken) and is SIGKILLed; a new worker
     and beat take over: the lapsed slots are freed (their steps' leases lapsed too), the steps

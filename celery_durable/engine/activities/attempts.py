@@ -192,6 +192,7 @@ class ActivityRunner:
         supersedes: str | None = None,
         delivery: Delivery | None = None,
         claimed: str | None = None,
+        handoff: bool = False,
     ) -> tuple[Attempt | None, str]:
         """Take the step's lease; ``(None, reason)`` when this delivery must not run.
 
@@ -202,7 +203,9 @@ class ActivityRunner:
         only for callers that hold no message (in-process runs of the marker's own request).
         ``claimed``: the holder the scheduling commit took the lease for (:func:`claim_kept`), known
         only in the process that committed it (never from a message); the attempt is that one,
-        without a write, if the lease is still that holder's.
+        without a write, if the lease is still that holder's. ``handoff``: this process runs it
+        because a slot of its limit freed here was granted to it (engine/limits/grants.py), with
+        no read to check it may still run: refused for good, it gives that slot back.
         """
         eng = self.engine
         if claimed is not None and (found := self._claimed(execution_id, seq, run, claimed)) is not None:
@@ -214,6 +217,8 @@ class ActivityRunner:
             docs = eng.cache.load(execution_id)
             refused = not_runnable(docs, seq, run)
             if refused is not None:
+                if handoff and slot is None and not may_be_stale(refused):
+                    self._give_back_grant(execution_id, seq, run, docs)
                 self._give_back(execution_id, seq, run, slot, slot_number, slot_token, docs)
                 return None, refused
             marker = docs[marker_id(seq, run)]
@@ -300,6 +305,14 @@ class ActivityRunner:
         if slot is None or (marker is not None and count_of(marker, "attempts") >= number):
             return
         self.engine.limits.release(execution_id, run, seq, (number, token), slot)
+
+    def _give_back_grant(self, execution_id: str, seq: int, run: int, docs: Mapping[str, Doc]) -> None:
+        """A hand-off refused for good: the slot granted to its next attempt goes to the next waiter."""
+        marker = docs.get(marker_id(seq, run))
+        record = (marker or {}).get("limit")
+        if marker is not None and isinstance(record, dict):
+            number = count_of(marker, "attempts") + 1
+            self.engine.limits.release(execution_id, run, seq, (number, marker_token(marker)), record)
 
     def _claimed(self, execution_id: str, seq: int, run: int, holder: str) -> tuple[Attempt | None, str] | None:
         """The attempt whose lease the scheduling commit took (``holder``), or None: not (or no

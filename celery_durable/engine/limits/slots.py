@@ -26,11 +26,12 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from celery_durable.engine.activities.delivery import marker_token, not_runnable, request_of
+from celery_durable.engine.activities.delivery import marker_token, not_runnable
 from celery_durable.engine.dispatcher import ActivityRequest, Send
-from celery_durable.engine.documents.model import EXEC_ID, lease_live, marker_id, result_id
+from celery_durable.engine.documents.model import lease_live, marker_id, result_id
 from celery_durable.engine.documents.records import count_of
 from celery_durable.engine.documents.schema import DueKind
+from celery_durable.engine.limits.grants import carry, send_granted
 from celery_durable.engine.limits.spec import LIMIT_RECORD, limit_pk
 from celery_durable.engine.limits.table import (
     admit,
@@ -191,7 +192,8 @@ class Slots:
                 if step in holders and holders[step].get("t") != r.token:
                     del holders[step]  # a forgotten marker's attempt (a reset re-ran the step): not this one's
                 if step not in holders:
-                    enqueue(doc, _waiter(r.execution_id, r.run, r.seq, 1, r.token, r.options[LIMIT_RECORD], now))
+                    waiter = _waiter(r.execution_id, r.run, r.seq, 1, r.token, r.options[LIMIT_RECORD], now)
+                    enqueue(doc, waiter | ({"m": m} if (m := carry(r)) is not None else {}))
             granted = grant(doc, now, eng.settings.lease_ttl)
             waiting = {w["s"] for w in doc.get("waiters") or []}
             try:
@@ -219,7 +221,9 @@ class Slots:
         eng = self.engine
         lpk, step = limit_pk(record), step_key(execution_id, run, seq)
         ttl = eng.settings.lease_ttl
-        fresh = self._contended(lpk)
+        # the cached copy first, even of a contended document: one that shows this attempt's
+        # slot (a grant written here, a hand-off) needs no write; a write reads it first
+        fresh = False
         for _ in range(ROUNDS):
             now = eng.clock.now()
             doc = self._load(lpk, fresh) or _new_doc(lpk, record)
@@ -236,6 +240,9 @@ class Slots:
             late = ours is not None and _has_rate(doc) and float(ours.get("at") or now) < now  # granted earlier
             if ours is not None and not late and float(ours.get("exp") or 0.0) - now > ttl / 2 and not changed:
                 return None  # granted to it (or held by its earlier delivery): nothing to write
+            if not fresh and self._contended(lpk):
+                fresh = True  # other processes write it too: a write on a cached copy would fail
+                continue
             if ours is not None and (not late or has_start(doc, step, now)):
                 ours.update(exp=now + ttl, at=now)  # its grant's start moves to now
                 restart(doc, step, now, moved=True)
@@ -285,7 +292,8 @@ class Slots:
         its marker's token) and grant the room. Never raises."""
         lpk = limit_pk(record)
         try:
-            self._send(lpk, self._leave(lpk, step_key(execution_id, run, seq), attempt))
+            # a hand-off: the delivery whose attempt ended here may run the next holder itself
+            self._send(lpk, self._leave(lpk, step_key(execution_id, run, seq), attempt), handoff=True)
         except Exception as exc:  # noqa: BLE001 - the attempt's outcome must still be recorded
             log.warning("could not give back the slot of %s step %d: %s", execution_id, seq, exc)
 
@@ -436,7 +444,7 @@ class Slots:
 
     # --- grants --------------------------------------------------------------------------
 
-    def _send(self, lpk: str, granted: list[dict[str, Any]]) -> None:
+    def _send(self, lpk: str, granted: list[dict[str, Any]], handoff: bool = False) -> None:
         """Send each step granted a slot of ``lpk`` again; one that needs no slot any more
         (settled, reset, cancelled, purged) gives it straight back, and whom that grants is sent
         in turn (a work list, not recursion: a cancelled fan-out of thousands is a long chain)."""
@@ -444,24 +452,18 @@ class Slots:
         while work:
             w = work.pop(0)
             try:
-                if not self._send_one(w):
+                if not self._send_one(w, handoff):
                     work += self._leave(lpk, str(w["s"]), None)
             except StoreError as exc:  # its slot lapses; the scan grants it again
                 log.warning("could not send %s step %s its slot: %s", w.get("e"), w.get("q"), exc)
 
-    def _send_one(self, w: Mapping[str, Any]) -> bool:
-        """Send the granted step ``w``; False when it needs no slot any more."""
+    def _send_one(self, w: Mapping[str, Any], handoff: bool = False) -> bool:
+        """Send the granted step ``w`` (``handoff``: its slot freed here, ActivityRequest.handoff);
+        False when it needs no slot any more."""
         eng = self.engine
         if is_execution(str(w["s"])):
             return send_execution(eng, str(w["e"]))
-        eid, run, seq = str(w["e"]), int(w["r"]), int(w["q"])
-        docs = eng.cache.load(eid)
-        marker, ex = docs.get(marker_id(seq, run)), docs.get(EXEC_ID)
-        if marker is None or not_runnable(docs, seq, run) is not None:  # settled, or its run ended or moved on
-            return False
-        eng.emit("limit_granted", execution_id=eid, seq=seq, limit=str(w.get("g")))
-        eng.dispatcher.send_activity(request_of(eid, marker, ex))
-        return True
+        return send_granted(eng, w, handoff)
 
     def _check_expired(self, doc: Doc, now: float) -> list[dict[str, Any]]:
         """Settle the expired holders on their steps: a step still running (its lease renewed,
