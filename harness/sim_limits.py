@@ -11,7 +11,7 @@ the middle of a limit document's read-modify-write (the preempting action prefer
 enters or leaves a slot, :func:`limit_work`), skewed clocks, and lapsed slots granted by the
 recovery scan (the healing phase jumps to a limit document's due time as to any other).
 
-Invariant 13 (sim_store.INVARIANTS):
+Invariant 13 (sim_catalog.INVARIANTS):
 
 (a) *slots*, checked as each attempt begins (:func:`check_begun`): of the attempts in flight
     (``sim.inflight``) whose step records the same limit and key, those holding their step's lease

@@ -38,7 +38,7 @@ OPS_BATCH = 4
 #: operator calls planned per seed, at most; ``w_fail`` workflows added per seed, at most
 MAX_CALLS, MAX_FAILING = 6, 2
 #: resets and resumes of these end unlike a fault-free run even without faults: an open bug, so
-#: they are targets only with its trigger (sim_store.KNOWN_BUGS["operator_compensations"]). Every
+#: they are targets only with its trigger (sim_catalog.KNOWN_BUGS["operator_compensations"]). Every
 #: workflow that starts children is one (a cancel also cancels the children and a resume does not
 #: revive them): w_generations as well as w_parent.
 OPEN_BUG_TARGETS = ("w_saga", "w_parent", "w_generations")

@@ -11,13 +11,14 @@ import importlib
 from typing import Any
 
 from celery_durable.errors import ConfigurationError
-from celery_durable.stores.base import MAX_BATCH_OPS, MAX_DOC_BYTES, Doc, DueRef, Op, PartitionRead, Store
+from celery_durable.stores.base import MAX_BATCH_OPS, MAX_DOC_BYTES, Doc, DueRef, Op, PartitionRead, Rewrite, Store
 from celery_durable.stores.offload.store import DEFAULT_MAX_PAYLOAD, offloaded
 
 __all__ = [
     "Store",
     "Doc",
     "Op",
+    "Rewrite",
     "DueRef",
     "PartitionRead",
     "MAX_DOC_BYTES",

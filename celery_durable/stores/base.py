@@ -44,6 +44,9 @@ from celery_durable.stores.search import search_matches
 __all__ = [
     "Doc",
     "Op",
+    "Rewrite",
+    "MAX_REWRITES",
+    "rewritten",
     "DueRef",
     "PartitionRead",
     "ExecFilter",
@@ -82,6 +85,9 @@ BATCH_OP_OVERHEAD = 256
 #: Cosmos' limit on a partition key value (UTF-8 bytes, large partition keys / version 2);
 #: every backend refuses longer keys the same way.
 MAX_PK_BYTES = 2048
+#: Rewrites of one :meth:`Store.batch_with` at most (PostgreSQL numbers a transaction's writes
+#: below 128: a full batch's 100 plus these).
+MAX_REWRITES = 16
 #: The largest page :meth:`Store.list_execs` returns (a bigger ``limit`` is refused, not capped).
 MAX_PAGE_SIZE = 1000
 #: Key a store adds to a listed exec document it could not decode (the value says why).
@@ -125,6 +131,33 @@ class Op:
             return str(self.doc["id"])
         assert self.id is not None
         return self.id
+
+
+@dataclass
+class Rewrite:
+    """A read-modify-write of one document of any partition, committed with a batch (:meth:`Store.batch_with`)."""
+
+    pk: str
+    id: str
+    #: given the document as it is inside the transaction (with its ``_etag``) or ``None``; returns
+    #: the new body to write (reserved keys such as ``_etag`` ignored) or ``None`` to leave it as it
+    #: is. Must be quick and pure-ish: it runs while the store holds its write lock / row lock, and
+    #: PostgreSQL calls it again when a concurrent transaction created the missing document meanwhile.
+    update: Callable[[Doc | None], Doc | None]
+    #: set by the store once committed: the new etag (``None`` when ``update`` returned ``None`` or
+    #: nothing was committed)
+    etag: str | None = None
+
+
+def rewritten(rewrite: Rewrite, new: object) -> Doc:
+    """The body a rewrite's ``update`` returned, checked: a dict with the rewrite's pk and id."""
+    if not isinstance(new, dict):
+        raise ConfigurationError(f"rewrite of {rewrite.id!r}: update returned {type(new).__name__}, not a document")
+    if new.get("pk") != rewrite.pk or new.get("id") != rewrite.id:
+        raise ConfigurationError(
+            f"rewrite of {rewrite.pk!r}/{rewrite.id!r}: update returned {new.get('pk')!r}/{new.get('id')!r}"
+        )
+    return {k: v for k, v in new.items() if k not in RESERVED}
 
 
 @dataclass(frozen=True)
@@ -342,6 +375,16 @@ class Store(ABC):
     max_doc_bytes: int = MAX_DOC_BYTES
     max_batch_ops: int = MAX_BATCH_OPS
     max_batch_bytes: int = MAX_BATCH_BYTES
+    #: whether :meth:`batch_with` is supported (SQLite, PostgreSQL, memory; not Cosmos)
+    cross_partition: bool = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # A subclass that changes batch() (a test's fault injection) but not batch_with() would
+        # still claim the capability, and its batch_with would bypass its batch: it claims none
+        # unless it says so itself.
+        if "batch" in cls.__dict__ and "batch_with" not in cls.__dict__ and "cross_partition" not in cls.__dict__:
+            cls.cross_partition = False
 
     @abstractmethod
     def read(self, pk: str, doc_id: str) -> Doc | None:
@@ -393,6 +436,24 @@ class Store(ABC):
         at most :attr:`max_batch_bytes` in all (:func:`batch_bytes`; more raises
         :class:`DocumentTooLarge` before anything is sent).
         """
+
+    def batch_with(self, pk: str, ops: Sequence[Op], also: Sequence[Rewrite]) -> list[str | None]:
+        """``batch(pk, ops)`` and the ``also`` rewrites (documents of any partition) in one transaction.
+
+        ``ops`` are checked and applied exactly as :meth:`batch` does (they may be empty); then each
+        rewrite, in order, reads its document inside the transaction (PostgreSQL: ``FOR UPDATE``, so
+        concurrent callers serialise), calls ``update`` and writes what it returns unconditionally
+        (due fields and search attributes indexed as for any write, a new etag and change version).
+        Returns the etags of ``ops`` and sets each rewrite's ``etag``. All or nothing: a failing op
+        (:class:`ConflictError`), a document too large (:class:`DocumentTooLarge`) or an ``update``
+        that raises (its exception propagates) leaves nothing applied and every ``etag`` ``None``.
+        At most :data:`MAX_REWRITES` rewrites, each ``(pk, id)`` once and none an op's document
+        (:class:`ConfigurationError`); they do not count against the batch's limits.
+
+        Only when :attr:`cross_partition` is true; this default raises :class:`NotImplementedError`
+        (Cosmos: a transaction never spans partitions).
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no cross-partition batch (cross_partition is False)")
 
     @abstractmethod
     def scan_due(self, kind: str, now: float, limit: int = 100) -> list[DueRef]:
@@ -458,6 +519,21 @@ class Store(ABC):
             ids.add(op.doc_id)
         if check_docs:
             self._check_batch_bytes(pk, ops, sizes)
+
+    def _check_rewrites(self, pk: str, ops: Sequence[Op], also: Sequence[Rewrite]) -> None:
+        """Reset every rewrite's etag; refuse too many, one ``(pk, id)`` twice or an op's document."""
+        for rewrite in also:
+            rewrite.etag = None
+        if len(also) > MAX_REWRITES:
+            raise ConfigurationError(f"batch_with takes at most {MAX_REWRITES} rewrites, got {len(also)}")
+        seen = {(pk, op.doc_id) for op in ops}
+        for rewrite in also:
+            check_pk(rewrite.pk)
+            if not isinstance(rewrite.id, str) or not rewrite.id:
+                raise ConfigurationError(f"a rewrite needs a non-empty string id, got {rewrite.id!r}")
+            if (rewrite.pk, rewrite.id) in seen:
+                raise ConfigurationError(f"batch_with touches {rewrite.pk!r}/{rewrite.id!r} twice")
+            seen.add((rewrite.pk, rewrite.id))
 
     def _check_batch_bytes(self, pk: str, ops: Sequence[Op], sizes: Sequence[int]) -> None:
         total = batch_bytes(ops, sizes)

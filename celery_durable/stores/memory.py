@@ -19,6 +19,7 @@ from celery_durable.stores.base import (
     ExecPage,
     Op,
     PartitionRead,
+    Rewrite,
     Store,
     check_ids,
     check_page_size,
@@ -28,6 +29,7 @@ from celery_durable.stores.base import (
     encode_doc,
     encode_keyset,
     exec_matches,
+    rewritten,
     strip_reserved,
 )
 
@@ -36,6 +38,8 @@ __all__ = ["MemoryStore"]
 
 class MemoryStore(Store):
     """Thread-safe in-memory implementation of the storage contract."""
+
+    cross_partition = True
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
@@ -132,29 +136,64 @@ class MemoryStore(Store):
         self._check_batch(pk, ops)
         with self._lock:
             self._count("batch")
-            part = self._parts.get(pk, {})
-            # validate everything first so a failing op leaves nothing applied
-            for op in ops:
-                entry = part.get(op.doc_id)
-                if op.kind == "create" and entry is not None:
-                    raise ConflictError(f"batch create: {op.doc_id!r} exists")
-                if op.kind in ("replace", "delete"):
-                    if entry is None:
-                        raise ConflictError(f"batch {op.kind}: {op.doc_id!r} does not exist")
-                    if op.if_match is not None and str(entry[0]) != op.if_match:
-                        raise ConflictError(f"batch {op.kind}: {op.doc_id!r} changed since it was read")
-            out: list[str | None] = []
-            part = self._parts.setdefault(pk, {})
-            for op in ops:
-                if op.kind == "delete":
-                    del part[op.doc_id]
-                    out.append(None)
-                else:
-                    assert op.doc is not None
-                    seq = self._next()
-                    part[op.doc_id] = (seq, copy.deepcopy(strip_reserved(op.doc)))
-                    out.append(str(seq))
-            return out
+            self._validate(pk, ops)
+            return self._apply(pk, ops)
+
+    def batch_with(self, pk: str, ops: Sequence[Op], also: Sequence[Rewrite]) -> list[str | None]:
+        self._check_rewrites(pk, ops, also)
+        self._check_batch(pk, ops)
+        with self._lock:
+            self._count("batch_with")
+            self._validate(pk, ops)
+            # Rewrites never touch an op's document, so each reads what it would read after the
+            # ops: every update runs (and may raise) before anything is applied.
+            new: list[Doc | None] = []
+            for rewrite in also:
+                entry = self._parts.get(rewrite.pk, {}).get(rewrite.id)
+                body = rewrite.update(None if entry is None else self._out(*entry))
+                if body is not None:
+                    body = rewritten(rewrite, body)
+                    encode_doc(body, self.max_doc_bytes)
+                new.append(body)
+            out = self._apply(pk, ops)
+            etags: list[str | None] = []
+            for rewrite, body in zip(also, new, strict=True):
+                if body is None:
+                    etags.append(None)
+                    continue
+                seq = self._next()
+                self._parts.setdefault(rewrite.pk, {})[rewrite.id] = (seq, copy.deepcopy(body))
+                etags.append(str(seq))
+        for rewrite, etag in zip(also, etags, strict=True):
+            rewrite.etag = etag
+        return out
+
+    def _validate(self, pk: str, ops: Sequence[Op]) -> None:
+        """Every op checked first, so a failing one leaves nothing applied."""
+        part = self._parts.get(pk, {})
+        for op in ops:
+            entry = part.get(op.doc_id)
+            if op.kind == "create" and entry is not None:
+                raise ConflictError(f"batch create: {op.doc_id!r} exists")
+            if op.kind in ("replace", "delete"):
+                if entry is None:
+                    raise ConflictError(f"batch {op.kind}: {op.doc_id!r} does not exist")
+                if op.if_match is not None and str(entry[0]) != op.if_match:
+                    raise ConflictError(f"batch {op.kind}: {op.doc_id!r} changed since it was read")
+
+    def _apply(self, pk: str, ops: Sequence[Op]) -> list[str | None]:
+        out: list[str | None] = []
+        part = self._parts.setdefault(pk, {})
+        for op in ops:
+            if op.kind == "delete":
+                del part[op.doc_id]
+                out.append(None)
+            else:
+                assert op.doc is not None
+                seq = self._next()
+                part[op.doc_id] = (seq, copy.deepcopy(strip_reserved(op.doc)))
+                out.append(str(seq))
+        return out
 
     def scan_due(self, kind: str, now: float, limit: int = 100) -> list[DueRef]:
         with self._lock:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from celery_durable.observability import span
-from celery_durable.stores.base import Doc, DueRef, ExecFilter, ExecPage, Op, PartitionRead, Store
+from celery_durable.stores.base import Doc, DueRef, ExecFilter, ExecPage, Op, PartitionRead, Rewrite, Store
 
 __all__ = ["TracedStore"]
 
@@ -39,6 +39,11 @@ class TracedStore(Store):
     @max_batch_ops.setter
     def max_batch_ops(self, value: int) -> None:
         self.inner.max_batch_ops = value
+
+    @property
+    def cross_partition(self) -> bool:  # type: ignore[override]
+        """The inner store's: a wrapper must never hide (or claim) :meth:`batch_with`."""
+        return self.inner.cross_partition
 
     def __repr__(self) -> str:
         return f"TracedStore({self.inner!r})"
@@ -74,6 +79,11 @@ class TracedStore(Store):
 
     def batch(self, pk: str, ops: Sequence[Op]) -> list[str | None]:
         return self._traced("batch", pk, lambda: self.inner.batch(pk, ops), ops=len(ops))
+
+    def batch_with(self, pk: str, ops: Sequence[Op], also: Sequence[Rewrite]) -> list[str | None]:
+        return self._traced(
+            "batch_with", pk, lambda: self.inner.batch_with(pk, ops, also), ops=len(ops), rewrites=len(also)
+        )
 
     def scan_due(self, kind: str, now: float, limit: int = 100) -> list[DueRef]:
         return self._traced("scan_due", None, lambda: self.inner.scan_due(kind, now, limit), kind=kind)

@@ -7,8 +7,9 @@
 
 The cost model is the contract's: one call of a :class:`~celery_durable.stores.base.Store`
 method is one round trip, except ``read_many`` with no ids and ``batch`` with no ops, which the
-backends answer without a request and which are not counted. Requests a backend makes on its
-own (Cosmos due-index entries, extra pages of a large answer) are not seen here. A call that
+backends answer without a request and which are not counted (a ``batch_with`` counts once, as
+``"batch_with"``, though PostgreSQL makes a round trip or two per rewrite). Requests a backend
+makes on its own (Cosmos due-index entries, extra pages of a large answer) are not seen here. A call that
 raises is counted: the request was made. ``reopen``/``close`` are not round trips.
 """
 
@@ -19,7 +20,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from celery_durable.stores.base import Doc, DueRef, ExecFilter, ExecPage, Op, PartitionRead, Store, check_ids
+from celery_durable.stores.base import Doc, DueRef, ExecFilter, ExecPage, Op, PartitionRead, Rewrite, Store, check_ids
 
 __all__ = ["CountingStore"]
 
@@ -34,6 +35,11 @@ class CountingStore(Store):
         #: round trips by method name since the last :meth:`reset`
         self.counts: Counter[str] = Counter()
         self._lock = threading.Lock()
+
+    @property
+    def cross_partition(self) -> bool:  # type: ignore[override]
+        """The inner store's: a wrapper must never hide (or claim) :meth:`batch_with`."""
+        return self.inner.cross_partition
 
     def __repr__(self) -> str:
         return f"CountingStore({self.inner!r})"
@@ -94,6 +100,10 @@ class CountingStore(Store):
         if len(ops):
             self._count("batch")
         return self.inner.batch(pk, ops)
+
+    def batch_with(self, pk: str, ops: Sequence[Op], also: Sequence[Rewrite]) -> list[str | None]:
+        self._count("batch_with")  # one transaction, whatever it holds
+        return self.inner.batch_with(pk, ops, also)
 
     def session_token(self, pk: str) -> str | None:
         return self.inner.session_token(pk)  # not a round trip: the token of the last write seen

@@ -21,7 +21,7 @@ from celery_durable.engine.documents.records import record_type, undeclared
 STORE_MODULES = (
     "celery_durable.stores.base",
     "celery_durable.stores.memory",
-    "celery_durable.stores.sqlite.store",
+    "celery_durable.stores.sqlite.writes",
     "celery_durable.stores.postgres.store",
     "celery_durable.stores.cosmos.store",
 )

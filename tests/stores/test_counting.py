@@ -150,6 +150,8 @@ def test_wrappers_delegate_every_store_method(wrapper: type[Store]) -> None:
     store.delete("p", "a")
     store.query_partition("p")
     store.batch("p", [Op.create({"pk": "p", "id": "b"})])
+    store.batch_with("p", [Op.create({"pk": "p", "id": "c"})], [])
+    assert store.cross_partition  # the inner store's capability, neither hidden nor claimed
     store.scan_due("clock", 0.0)
     store.scan_partitions("p")
     store.list_execs()

@@ -119,6 +119,9 @@ _PAGE = 1000  # items per page when a query has to page
 class CosmosStore(CosmosSessions, CosmosReads, CosmosListing, CosmosSearch, CosmosDueScan, Store):
     """The storage contract on one Cosmos DB container (see the module docstring)."""
 
+    #: a transactional batch never spans partitions: no Store.batch_with
+    cross_partition = False
+
     def __init__(
         self,
         endpoint: str,

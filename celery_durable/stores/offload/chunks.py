@@ -15,14 +15,19 @@ __all__ = [
     "DUE_CHUNK",
     "CHUNK_GRACE",
     "CHUNK_RECHECK_MAX",
+    "inline_limit",
     "chunk_ids",
     "is_chunk",
     "chunk_nonce",
     "manifest_of",
     "pieces",
     "recheck_delay",
+    "wrap_etag",
+    "unwrap_etag",
 ]
 
+#: what separates the backend's etag from the chunks it names in an etag of the offloading store
+ETAG_MARK = "~c:"
 #: ids of chunk documents start with this (reserved: the engine's ids never do)
 CHUNK_PREFIX = "~chunk~"
 #: the manifest's key in an offloaded main document (not ``_``-prefixed: backends refuse those)
@@ -35,6 +40,12 @@ DUE_CHUNK = "chunk"
 CHUNK_GRACE = 3600.0
 #: the longest a named version's marker waits before it is looked at again (a week)
 CHUNK_RECHECK_MAX = 7 * 24 * 3600.0
+
+
+def inline_limit(max_doc_bytes: int) -> int:
+    """Documents up to this many bytes are stored as they are (15/16 of the item limit: Cosmos
+    counts its system properties into the limit too)."""
+    return max_doc_bytes * 15 // 16
 
 
 def recheck_delay(checks: int, grace: float = CHUNK_GRACE) -> float:
@@ -92,3 +103,19 @@ def pieces(text: str, budget: int) -> list[str]:
         out.append(piece)
         start += take
     return out
+
+
+def wrap_etag(etag: str | None, ref: tuple[str, int] | None) -> str | None:
+    """The offloading store's etag: the backend's, naming the chunks ``ref`` (nonce, count) of its version."""
+    return etag if etag is None or ref is None else f"{etag}{ETAG_MARK}{ref[0]}.{ref[1]}"
+
+
+def unwrap_etag(etag: str | None) -> tuple[str | None, list[str]]:
+    """``(backend etag, chunk ids of that version)`` from an etag of the offloading store."""
+    if etag is None:
+        return None, []
+    inner, sep, tail = etag.rpartition(ETAG_MARK)
+    nonce, dot, count = tail.rpartition(".")
+    if not sep or not dot or not count.isdigit():
+        return etag, []
+    return inner, chunk_ids(nonce, int(count))

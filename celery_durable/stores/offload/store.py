@@ -57,6 +57,7 @@ from celery_durable.stores.base import (
     ExecPage,
     Op,
     PartitionRead,
+    Rewrite,
     Store,
     batch_bytes,
     check_ids,
@@ -71,10 +72,13 @@ from celery_durable.stores.offload.chunks import (
     DUE_CHUNK,
     MANIFEST_KEY,
     chunk_ids,
+    inline_limit,
     is_chunk,
     manifest_of,
 )
 from celery_durable.stores.offload.chunks import pieces as cut_pieces
+from celery_durable.stores.offload.chunks import unwrap_etag as _unwrap
+from celery_durable.stores.offload.chunks import wrap_etag as _wrap
 
 __all__ = [
     "Offloading",
@@ -91,7 +95,6 @@ log = logging.getLogger("celery_durable.store")
 
 #: ``durable_max_payload``'s default: the largest document stored, offloaded or not
 DEFAULT_MAX_PAYLOAD = 64 * 1024 * 1024
-_ETAG_MARK = "~c:"
 #: fields that always stay on the main document: the backends' scans and listings filter on them
 _PINNED = frozenset(
     {"pk", "id", "type", "status", "workflow", "created_at", "due_kind", "due_at", "search", MANIFEST_KEY}
@@ -111,29 +114,8 @@ _NOT_APPLIED = (ConflictError, DocumentTooLarge, ConfigurationError)
 _UNCONDITIONAL_ROUNDS = 50
 
 
-def inline_limit(max_doc_bytes: int) -> int:
-    """Documents up to this many bytes are stored as they are (15/16 of the item limit: Cosmos
-    counts its system properties into the limit too)."""
-    return max_doc_bytes * 15 // 16
-
-
 class _Missing(Exception):
     """A chunk of the version read is gone (replaced meanwhile, or lost)."""
-
-
-def _wrap(etag: str | None, ref: tuple[str, int] | None) -> str | None:
-    return etag if etag is None or ref is None else f"{etag}{_ETAG_MARK}{ref[0]}.{ref[1]}"
-
-
-def _unwrap(etag: str | None) -> tuple[str | None, list[str]]:
-    """``(backend etag, chunk ids of that version)`` from an etag of ours."""
-    if etag is None:
-        return None, []
-    inner, sep, tail = etag.rpartition(_ETAG_MARK)
-    nonce, dot, count = tail.rpartition(".")
-    if not sep or not dot or not count.isdigit():
-        return etag, []
-    return inner, chunk_ids(nonce, int(count))
 
 
 class _Raw:
@@ -159,6 +141,7 @@ class Offloading(ABC):  # noqa: B024 - a mixin, registered (not inherited) by th
     max_doc_bytes: int
     max_batch_ops: int
     max_batch_bytes: int  # the backend's (no default here: the mixed class must not shadow it)
+    cross_partition: bool  # the backend's, likewise
     #: the clock of the marker chunks' due times (``None``: ``time.time``; the engine sets its own)
     chunk_clock: Callable[[], float] | None = None
     chunk_grace: float = CHUNK_GRACE
@@ -494,6 +477,24 @@ class Offloading(ABC):  # noqa: B024 - a mixin, registered (not inherited) by th
         raise ConflictError(f"{doc_id!r} changed under every delete ({_UNCONDITIONAL_ROUNDS} tries)")
 
     def batch(self, pk: str, ops: Sequence[Op]) -> list[str | None]:
+        return self._ofl_batch(pk, ops, lambda inner_ops: self.backend.batch(pk, inner_ops))
+
+    def batch_with(self, pk: str, ops: Sequence[Op], also: Sequence[Rewrite]) -> list[str | None]:
+        """``ops`` offloaded as :meth:`batch` does, the rewrites' documents written as returned (none in chunks)."""
+        for rewrite in also:
+            rewrite.etag = None
+        if not self.cross_partition:  # before any chunk is written
+            raise NotImplementedError(f"{type(self).__name__} has no cross-partition batch (cross_partition is False)")
+        raised: list[BaseException] = []  # by an update: certainly nothing applied, the fresh chunks can go
+        inner = [Rewrite(rewrite.pk, rewrite.id, _inline_only(rewrite, raised)) for rewrite in also]
+        out = self._ofl_batch(pk, ops, lambda inner_ops: self.backend.batch_with(pk, inner_ops, inner), raised)
+        for rewrite, done in zip(also, inner, strict=True):
+            rewrite.etag = done.etag
+        return out
+
+    def _ofl_batch(
+        self, pk: str, ops: Sequence[Op], commit: Callable[[list[Op]], list[str | None]], raised: Sequence[object] = ()
+    ) -> list[str | None]:
         if len(ops) > self.max_batch_ops:
             raise ConfigurationError(f"a batch holds at most {self.max_batch_ops} operations, got {len(ops)}")
         for op in ops:
@@ -537,13 +538,30 @@ class Offloading(ABC):  # noqa: B024 - a mixin, registered (not inherited) by th
         old += self._ofl_current_chunks(pk, blind)
         self._ofl_put_chunks(pk, fresh)
         try:
-            etags = self.backend.batch(pk, inner_ops)
-        except _NOT_APPLIED:
-            self._ofl_drop(pk, [c["id"] for c in fresh])
+            etags = commit(inner_ops)
+        except BaseException as exc:
+            if isinstance(exc, _NOT_APPLIED) or any(exc is one for one in raised):
+                self._ofl_drop(pk, [c["id"] for c in fresh])
             raise
         if old:
             self._ofl_drop(pk, old)
         return [_wrap(etag, ref) for etag, ref in zip(etags, refs, strict=True)]
+
+
+def _inline_only(rewrite: Rewrite, raised: list[BaseException]) -> Callable[[Doc | None], Doc | None]:
+    """``rewrite.update``, refusing a document stored in chunks (its update would see the manifest);
+    what it raises is kept in ``raised``."""
+
+    def update(doc: Doc | None) -> Doc | None:
+        try:
+            if doc is not None and MANIFEST_KEY in doc:
+                raise ConfigurationError(f"batch_with cannot rewrite {rewrite.pk!r}/{rewrite.id!r}: stored in chunks")
+            return rewrite.update(doc)
+        except BaseException as exc:
+            raised.append(exc)
+            raise
+
+    return update
 
 
 _CLASSES: dict[type[Store], type[Store]] = {}

@@ -59,12 +59,14 @@ from celery_durable.stores.base import (
     ExecPage,
     Op,
     PartitionRead,
+    Rewrite,
     Store,
     check_ids,
     check_page_size,
     created_key,
     decode_keyset,
     encode_doc,
+    rewritten,
     sent_size,
 )
 from celery_durable.stores.postgres.connection import PgConfig, Pool, parse_url
@@ -89,6 +91,8 @@ _EXCLUDED = ", ".join(f"{c} = excluded.{c}" for c in _COLS.split(", "))
 #: what a batch's write that finds no row (of the expected version) casts to an integer: the
 #: error aborts the batch's transaction and is read back as a ConflictError
 _CONFLICT = "celery_durable_batch_conflict"
+#: a rewrite of a missing document whose insert finds it created meanwhile reads it again, this often
+_CREATE_ROUNDS = 5
 
 
 def _checked(write: str) -> str:
@@ -101,6 +105,13 @@ def _checked(write: str) -> str:
 
 
 Row = tuple[str, str | None, float | None, float | None, str | None, str | None, str | None]
+
+
+def _conflict(exc: pge.InvalidTextRepresentation, pk: str) -> Exception:
+    """A batch write that found no row of the expected version (``_CONFLICT``), as a ConflictError."""
+    if _CONFLICT not in str(exc):
+        return exc
+    return ConflictError(f"batch in {pk!r}: a document does not exist or changed since it was read")
 
 
 def _prepare(doc: Doc, limit: int) -> Row:
@@ -163,6 +174,8 @@ def _schema_sql(cfg: PgConfig) -> list[str]:
 
 class PostgresStore(Store):
     """The storage contract on one PostgreSQL table, shared by threads, processes and hosts."""
+
+    cross_partition = True
 
     def __init__(self, cfg: PgConfig) -> None:
         self.cfg = cfg
@@ -317,15 +330,12 @@ class PostgresStore(Store):
         )
 
     def batch(self, pk: str, ops: Sequence[Op]) -> list[str | None]:
-        self._check_batch(pk, ops, check_docs=False)  # _prepare checks each document
+        prepared = self._prepare_batch(pk, ops)
         if not ops:
             return []
-        prepared = [_prepare(op.doc, self.max_doc_bytes) if op.doc is not None else None for op in ops]
-        self._check_batch_bytes(pk, ops, [sent_size(p[0]) if p is not None else 0 for p in prepared])
-        ids = [op.doc_id for op in ops]
         with self._conn() as conn:
             try:
-                return self._batch(conn, pk, ops, ids, prepared)
+                return self._batch(conn, pk, ops, prepared)
             except BaseException:
                 # a failed write aborted the transaction: end it (the connection goes back idle).
                 # rollback(), not execute("ROLLBACK"): it also makes psycopg forget its prepared
@@ -335,52 +345,124 @@ class PostgresStore(Store):
                     conn.rollback()
                 raise
 
+    def _prepare_batch(self, pk: str, ops: Sequence[Op]) -> list[Row | None]:
+        self._check_batch(pk, ops, check_docs=False)  # _prepare checks each document
+        prepared = [_prepare(op.doc, self.max_doc_bytes) if op.doc is not None else None for op in ops]
+        self._check_batch_bytes(pk, ops, [sent_size(p[0]) if p is not None else 0 for p in prepared])
+        return prepared
+
     def _batch(
-        self, conn: psycopg.Connection[Any], pk: str, ops: Sequence[Op], ids: list[str], prepared: list[Row | None]
+        self, conn: psycopg.Connection[Any], pk: str, ops: Sequence[Op], prepared: list[Row | None]
     ) -> list[str | None]:
         # One round trip (pipeline mode): BEGIN, the first version, every write and COMMIT are
         # sent together. Each write checks itself: a create fails on the primary key, a replace or
         # delete that finds no row of the expected version fails a cast (_CONFLICT), which aborts
         # the transaction; the server skips the rest, COMMIT included, and nothing is applied.
-        # Written in id order: row locks are taken in one order, two batches never wait in a circle.
-        def run(sql: str, params: tuple[Any, ...] | None = None) -> psycopg.Cursor[Any]:
-            # prepared once used often (psycopg's threshold: PostgreSQL then skips parsing and
-            # planning, ~40% of its CPU per batch); a prepare that an aborted pipeline skipped is
-            # forgotten by the rollback in batch()
-            return conn.execute(sql, params)
-
         try:
             with conn.pipeline():
-                run("BEGIN")
-                first = run(f"SELECT {_XV}")
-                for i in sorted(range(len(ops)), key=lambda i: ids[i]):
-                    op, prep = ops[i], prepared[i]
-                    expected = _parse_etag(op.if_match)
-                    check = "" if expected is None else " AND version = %s"
-                    where = (pk, op.doc_id) + (() if expected is None else (expected,))
-                    if op.kind == "delete":
-                        run(_checked(f"DELETE FROM {self._t} WHERE pk = %s AND id = %s{check}"), where)
-                        continue
-                    assert prep is not None
-                    body, *cols = prep
-                    version = f"{_XV} + {i}"
-                    if op.kind == "create":  # an existing row (a concurrent creator's too): unique violation
-                        run(self._sql_insert.format(v=version), (pk, op.doc_id, body, *cols))
-                    elif op.kind == "upsert":
-                        run(self._sql_upsert.format(v=version), (pk, op.doc_id, body, *cols))
-                    else:
-                        run(_checked(self._sql_update.format(v=version) + check), (body, *cols, *where))
+                conn.execute("BEGIN")
+                first = conn.execute(f"SELECT {_XV}")
+                self._queue_ops(conn, pk, ops, prepared)
                 if any(self._notifies(op.doc) for op in ops):  # delivered at COMMIT, never before the data
-                    run("SELECT pg_notify(%s, %s)", self._note(pk))
-                run("COMMIT")
+                    conn.execute("SELECT pg_notify(%s, %s)", self._note(pk))
+                conn.execute("COMMIT")
             row = first.fetchone()
         except pge.InvalidTextRepresentation as exc:
-            if _CONFLICT not in str(exc):
-                raise
-            raise ConflictError(f"batch in {pk!r}: a document does not exist or changed since it was read") from None
+            raise _conflict(exc, pk) from None
         assert row is not None
         base = int(row[0])
         return [None if op.kind == "delete" else str(base + i) for i, op in enumerate(ops)]
+
+    def _queue_ops(self, conn: psycopg.Connection[Any], pk: str, ops: Sequence[Op], prepared: list[Row | None]) -> None:
+        """A batch's writes, in id order (row locks are taken in one order: two batches never wait
+        in a circle). Statements are prepared once used often (psycopg's threshold: PostgreSQL then
+        skips parsing and planning, ~40% of its CPU per batch); a prepare that an aborted pipeline
+        skipped is forgotten by the caller's rollback."""
+        ids = [op.doc_id for op in ops]
+        for i in sorted(range(len(ops)), key=lambda i: ids[i]):
+            op, prep = ops[i], prepared[i]
+            expected = _parse_etag(op.if_match)
+            check = "" if expected is None else " AND version = %s"
+            where = (pk, op.doc_id) + (() if expected is None else (expected,))
+            if op.kind == "delete":
+                conn.execute(_checked(f"DELETE FROM {self._t} WHERE pk = %s AND id = %s{check}"), where)
+                continue
+            assert prep is not None
+            body, *cols = prep
+            version = f"{_XV} + {i}"
+            if op.kind == "create":  # an existing row (a concurrent creator's too): unique violation
+                conn.execute(self._sql_insert.format(v=version), (pk, op.doc_id, body, *cols))
+            elif op.kind == "upsert":
+                conn.execute(self._sql_upsert.format(v=version), (pk, op.doc_id, body, *cols))
+            else:
+                conn.execute(_checked(self._sql_update.format(v=version) + check), (body, *cols, *where))
+
+    def batch_with(self, pk: str, ops: Sequence[Op], also: Sequence[Rewrite]) -> list[str | None]:
+        self._check_rewrites(pk, ops, also)
+        prepared = self._prepare_batch(pk, ops)
+        with self._conn() as conn:
+            try:
+                out, etags = self._batch_with(conn, pk, ops, prepared, also)
+            except BaseException:
+                # a failed write (INERROR) or an update that raised (INTRANS): nothing is applied
+                if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                    conn.rollback()
+                raise
+        for rewrite, etag in zip(also, etags, strict=True):
+            rewrite.etag = etag
+        return out
+
+    def _batch_with(
+        self,
+        conn: psycopg.Connection[Any],
+        pk: str,
+        ops: Sequence[Op],
+        prepared: list[Row | None],
+        also: Sequence[Rewrite],
+    ) -> tuple[list[str | None], list[str | None]]:
+        # The ops as batch() sends them, less the COMMIT (one round trip), then a round trip or
+        # two per rewrite in the same transaction; the rewrites' versions follow the ops'.
+        try:
+            with conn.pipeline():
+                conn.execute("BEGIN")
+                first = conn.execute(f"SELECT {_XV}")
+                self._queue_ops(conn, pk, ops, prepared)
+            row = first.fetchone()
+        except pge.InvalidTextRepresentation as exc:
+            raise _conflict(exc, pk) from None
+        assert row is not None
+        base = int(row[0])
+        notify = {pk} if any(self._notifies(op.doc) for op in ops) else set()
+        etags: list[str | None] = []
+        for j, rewrite in enumerate(also):
+            doc = self._rewrite(conn, rewrite, base + len(ops) + j)
+            etags.append(None if doc is None else str(base + len(ops) + j))
+            if self._notifies(doc):
+                notify.add(rewrite.pk)
+        for one in sorted(notify):  # delivered at COMMIT, never before the data
+            conn.execute("SELECT pg_notify(%s, %s)", self._note(one))
+        conn.execute("COMMIT")
+        return [None if op.kind == "delete" else str(base + i) for i, op in enumerate(ops)], etags
+
+    def _rewrite(self, conn: psycopg.Connection[Any], rewrite: Rewrite, version: int) -> Doc | None:
+        """Read ``rewrite``'s document locked (``FOR UPDATE``: a concurrent rewrite of it waits for
+        this transaction), update and write it; the document written, or ``None``."""
+        for _ in range(_CREATE_ROUNDS):
+            row = conn.execute(self._sql_read + " FOR UPDATE", (rewrite.pk, rewrite.id)).fetchone()
+            new = rewrite.update(None if row is None else _decode(row[0], rewrite.pk, rewrite.id, row[1]))
+            if new is None:
+                return None
+            doc = rewritten(rewrite, new)
+            body, *cols = _prepare(doc, self.max_doc_bytes)
+            if row is not None:  # locked: nobody changes or deletes it before this transaction ends
+                conn.execute(self._sql_update.format(v="%s"), (body, version, *cols, rewrite.pk, rewrite.id))
+                return doc
+            # no row to lock: a concurrent creator's insert makes this one wait for its outcome,
+            # then do nothing (read it again, locked, and update what it wrote)
+            sql = self._sql_insert.format(v="%s") + " ON CONFLICT (pk, id) DO NOTHING RETURNING version"
+            if conn.execute(sql, (rewrite.pk, rewrite.id, body, version, *cols)).fetchone() is not None:
+                return doc
+        raise ConflictError(f"rewrite of {rewrite.pk!r}/{rewrite.id!r}: created and deleted under every try")
 
     # scans ------------------------------------------------------------------------------------
 

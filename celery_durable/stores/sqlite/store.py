@@ -40,19 +40,20 @@ from celery_durable.stores.base import (
     ExecPage,
     Op,
     PartitionRead,
+    Rewrite,
     Store,
     check_ids,
     check_page_size,
     decode_keyset,
-    encode_doc,
     sent_size,
 )
 from celery_durable.stores.sql_rows import decode_row as _decode
-from celery_durable.stores.sql_rows import due_columns, exec_page
+from celery_durable.stores.sql_rows import exec_page
 from celery_durable.stores.sql_rows import parse_etag as _parse_etag
 from celery_durable.stores.sql_rows import prefix_upper as _prefix_upper
 from celery_durable.stores.sqlite.files import DEFAULT_FILE_MODE, check_file_mode, create_file
 from celery_durable.stores.sqlite.search import SEARCH_SCHEMA, index_search, search_query
+from celery_durable.stores.sqlite.writes import UPSERT, Prepared, allocate, apply_ops, apply_rewrites, prepare
 
 __all__ = ["SqliteStore", "from_url", "DEFAULT_BUSY_TIMEOUT", "DEFAULT_FILE_MODE"]
 
@@ -111,22 +112,12 @@ def _unavailable(exc: sqlite3.Error, path: str) -> StoreUnavailable:
     return StoreUnavailable(f"sqlite store {path!r}: {exc}")
 
 
-#: ``UPDATE … RETURNING`` (SQLite 3.35+) saves a statement per write transaction
-_RETURNING = sqlite3.sqlite_version_info >= (3, 35, 0)
-
-
-def _prepare(doc: Doc, limit: int) -> tuple[str, str | None, float | None]:
-    """Validate a document; return its JSON body and due columns."""
-    body = encode_doc(doc, limit)
-    kind, at = due_columns(doc)
-    return body, kind, at
-
-
 class SqliteStore(Store):
     """The storage contract on one SQLite file, shared by threads and processes."""
 
     _wait_first = WAIT_FIRST
     _wait_max = WAIT_MAX
+    cross_partition = True
 
     def __init__(
         self, path: str, *, busy_timeout: float = DEFAULT_BUSY_TIMEOUT, file_mode: int = DEFAULT_FILE_MODE
@@ -296,16 +287,6 @@ class SqliteStore(Store):
             time.sleep(min(left, wait * random.uniform(0.5, 1.0)))
             wait = min(wait * 2, self._wait_max)
 
-    @staticmethod
-    def _allocate(conn: sqlite3.Connection, count: int = 1) -> int:
-        """Reserve ``count`` versions in the current write transaction; return the first."""
-        if _RETURNING:
-            (seq,) = conn.execute("UPDATE meta SET seq = seq + ? WHERE k = 0 RETURNING seq", (count,)).fetchone()
-        else:
-            conn.execute("UPDATE meta SET seq = seq + ? WHERE k = 0", (count,))
-            (seq,) = conn.execute("SELECT seq FROM meta WHERE k = 0").fetchone()
-        return int(seq) - count + 1
-
     def reopen(self) -> None:
         if os.getpid() != self._pid:
             self._after_fork()
@@ -346,7 +327,7 @@ class SqliteStore(Store):
         return [None if (row := rows.get(doc_id)) is None else _decode(row[0], pk, doc_id, row[1]) for doc_id in wanted]
 
     def create(self, doc: Doc) -> str | None:
-        body, kind, at = _prepare(doc, self.max_doc_bytes)
+        body, kind, at = prepare(doc, self.max_doc_bytes)
         with self._write() as conn:
             cur = conn.execute(
                 "INSERT INTO docs (pk, id, body, version, due_kind, due_at)"
@@ -356,15 +337,15 @@ class SqliteStore(Store):
             )
             if cur.rowcount == 0:
                 return None  # first writer won; the empty transaction just commits
-            version = self._allocate(conn)
+            version = allocate(conn)
             index_search(conn, doc)
         return str(version)
 
     def replace(self, doc: Doc, if_match: str | None) -> str:
-        body, kind, at = _prepare(doc, self.max_doc_bytes)
+        body, kind, at = prepare(doc, self.max_doc_bytes)
         expected = _parse_etag(if_match)
         with self._write() as conn:
-            version = self._allocate(conn)
+            version = allocate(conn)
             # the etag check and the write in one statement (a failed one rolls the allocation back)
             cur = conn.execute(
                 "UPDATE docs SET body = ?, version = ?, due_kind = ?, due_at = ? WHERE pk = ? AND id = ?"
@@ -378,15 +359,10 @@ class SqliteStore(Store):
         return str(version)
 
     def upsert(self, doc: Doc) -> str:
-        body, kind, at = _prepare(doc, self.max_doc_bytes)
+        body, kind, at = prepare(doc, self.max_doc_bytes)
         with self._write() as conn:
-            version = self._allocate(conn)
-            conn.execute(
-                "INSERT INTO docs (pk, id, body, version, due_kind, due_at) VALUES (?, ?, ?, ?, ?, ?)"
-                " ON CONFLICT (pk, id) DO UPDATE SET body = excluded.body, version = excluded.version,"
-                " due_kind = excluded.due_kind, due_at = excluded.due_at",
-                (doc["pk"], doc["id"], body, version, kind, at),
-            )
+            version = allocate(conn)
+            conn.execute(UPSERT, (doc["pk"], doc["id"], body, version, kind, at))
             index_search(conn, doc)
         return str(version)
 
@@ -407,15 +383,6 @@ class SqliteStore(Store):
     def _version(conn: sqlite3.Connection, pk: str, doc_id: str) -> int | None:
         row = conn.execute("SELECT version FROM docs WHERE pk = ? AND id = ?", (pk, doc_id)).fetchone()
         return None if row is None else int(row[0])
-
-    @staticmethod
-    def _update(
-        conn: sqlite3.Connection, doc: Doc, body: str, version: int, kind: str | None, at: float | None
-    ) -> None:
-        conn.execute(
-            "UPDATE docs SET body = ?, version = ?, due_kind = ?, due_at = ? WHERE pk = ? AND id = ?",
-            (body, version, kind, at, doc["pk"], doc["id"]),
-        )
 
     # partition operations ------------------------------------------------------------------
 
@@ -440,53 +407,27 @@ class SqliteStore(Store):
         return PartitionRead(docs=[_decode(body, pk, doc_id, version) for doc_id, body, version in rows], cursor=cursor)
 
     def batch(self, pk: str, ops: Sequence[Op]) -> list[str | None]:
-        self._check_batch(pk, ops, check_docs=False)  # _prepare checks each document
+        prepared = self._prepare_batch(pk, ops)
         if not ops:
             return []
-        prepared = [_prepare(op.doc, self.max_doc_bytes) if op.doc is not None else None for op in ops]
-        self._check_batch_bytes(pk, ops, [sent_size(p[0]) if p is not None else 0 for p in prepared])
         with self._write() as conn:
-            ids = [op.doc_id for op in ops]
-            marks = ",".join("?" * len(ids))
-            current: dict[str, int] = {
-                str(doc_id): int(version)
-                for doc_id, version in conn.execute(
-                    f"SELECT id, version FROM docs WHERE pk = ? AND id IN ({marks})", (pk, *ids)
-                )
-            }
-            # validate everything first so a failing op leaves nothing applied
-            for op in ops:
-                version = current.get(op.doc_id)
-                if op.kind == "create" and version is not None:
-                    raise ConflictError(f"batch create: {op.doc_id!r} exists")
-                if op.kind in ("replace", "delete"):
-                    if version is None:
-                        raise ConflictError(f"batch {op.kind}: {op.doc_id!r} does not exist")
-                    expected = _parse_etag(op.if_match)
-                    if expected is not None and version != expected:
-                        raise ConflictError(f"batch {op.kind}: {op.doc_id!r} changed since it was read")
-            writes = sum(1 for op in ops if op.kind != "delete")
-            version = self._allocate(conn, writes) if writes else 0
-            out: list[str | None] = []
-            for op, prep in zip(ops, prepared, strict=True):
-                if op.kind == "delete":
-                    conn.execute("DELETE FROM docs WHERE pk = ? AND id = ?", (pk, op.doc_id))
-                    if op.doc_id == "exec":
-                        conn.execute("DELETE FROM search_idx WHERE pk = ?", (pk,))
-                    out.append(None)
-                    continue
-                assert op.doc is not None and prep is not None
-                body, kind, at = prep
-                conn.execute(
-                    "INSERT INTO docs (pk, id, body, version, due_kind, due_at) VALUES (?, ?, ?, ?, ?, ?)"
-                    " ON CONFLICT (pk, id) DO UPDATE SET body = excluded.body, version = excluded.version,"
-                    " due_kind = excluded.due_kind, due_at = excluded.due_at",
-                    (pk, op.doc_id, body, version, kind, at),
-                )
-                index_search(conn, op.doc)
-                out.append(str(version))
-                version += 1
+            return apply_ops(conn, pk, ops, prepared)
+
+    def batch_with(self, pk: str, ops: Sequence[Op], also: Sequence[Rewrite]) -> list[str | None]:
+        self._check_rewrites(pk, ops, also)
+        prepared = self._prepare_batch(pk, ops)
+        with self._write() as conn:  # BEGIN IMMEDIATE: the rewrites read the latest commit
+            out = apply_ops(conn, pk, ops, prepared) if ops else []
+            etags = apply_rewrites(conn, also, self.max_doc_bytes)
+        for rewrite, etag in zip(also, etags, strict=True):
+            rewrite.etag = etag
         return out
+
+    def _prepare_batch(self, pk: str, ops: Sequence[Op]) -> list[Prepared | None]:
+        self._check_batch(pk, ops, check_docs=False)  # prepare checks each document
+        prepared = [prepare(op.doc, self.max_doc_bytes) if op.doc is not None else None for op in ops]
+        self._check_batch_bytes(pk, ops, [sent_size(p[0]) if p is not None else 0 for p in prepared])
+        return prepared
 
     # scans ------------------------------------------------------------------------------------
 
