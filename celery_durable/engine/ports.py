@@ -18,10 +18,11 @@ if TYPE_CHECKING:
     from celery_durable.engine.documents.model import Attempt, Clock
     from celery_durable.engine.documents.records import ExecDoc
     from celery_durable.engine.drive.partition_cache import PartitionCache
+    from celery_durable.engine.limits.leaving import Leaving
     from celery_durable.engine.registry import Registry
     from celery_durable.observability import Counters
     from celery_durable.settings import Settings
-    from celery_durable.stores.base import Doc, Store
+    from celery_durable.stores.base import Doc, Rewrite, Store
 
 __all__ = ["EngineParts", "DriverPort", "ChildrenPort", "SignalsPort", "LeasesPort", "LimitsPort"]
 
@@ -37,6 +38,7 @@ class DriverPort(Protocol):
         tokens: Mapping[int, str | None] | None = None,
         defer: bool = False,
         timing_out: bool = False,
+        also: Sequence[Rewrite] = (),
     ) -> str: ...
 
     def fail_corrupt(self, execution_id: str, error: Exception) -> None: ...
@@ -70,6 +72,10 @@ class LimitsPort(Protocol):
     ) -> str | None: ...
 
     def leave(self, attempt: Attempt) -> None: ...
+
+    def leaving(self, attempt: Attempt) -> Leaving | None: ...
+
+    def left(self, out: Leaving) -> None: ...
 
     def release(
         self, execution_id: str, run: int, seq: int, attempt: tuple[int, str | None], record: Mapping[str, Any]

@@ -434,6 +434,9 @@ class ActivityRunner:
         """Record the outcome (first writer wins) and drive the workflow inline; ``defer``:
         record it only, the caller drives next (``Driver.drive``)."""
         eng = self.engine
+        # its slot goes back in the commit recording its outcome, where the store can (SQLite,
+        # PostgreSQL: engine/limits/leaving.py); else as it stops being tracked, before that commit
+        leaving = eng.limits.leaving(attempt)
         eng.leases.untrack(attempt)
         ok = result.get("ok")
         eng.emit(
@@ -446,14 +449,19 @@ class ActivityRunner:
         # Inline continuation on the partition read by ``begin`` (if recent): no second read.
         # ``tokens``: recorded only on the marker it began on (a reset or retry may have
         # forgotten that one and the re-run taken the step number anew: engine/activities/delivery.py).
-        return eng.driver.drive(
-            attempt.execution_id,
-            carry=[result],
-            release=[attempt.seq],
-            trust_cache=eng.settings.trust_cache_for,
-            tokens={attempt.seq: attempt.token},
-            defer=defer,
-        )
+        try:
+            return eng.driver.drive(
+                attempt.execution_id,
+                carry=[result],
+                release=[attempt.seq],
+                trust_cache=eng.settings.trust_cache_for,
+                tokens={attempt.seq: attempt.token},
+                defer=defer,
+                also=() if leaving is None else (leaving.rewrite,),
+            )
+        finally:
+            if leaving is not None:
+                eng.limits.left(leaving)  # whom it granted sent; not committed: given back apart
 
     def retrying(self, attempt: Attempt, countdown: float, exc: BaseException | None) -> None:
         """The attempt failed and Celery will retry in ``countdown`` s: give the lease back.

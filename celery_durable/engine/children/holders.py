@@ -21,6 +21,7 @@ from celery_durable.stores.base import Doc
 
 __all__ = [
     "CHILD_RERUNS",
+    "cancelled_child_steps",
     "is_child_of",
     "joinable",
     "joiners_of",
@@ -154,3 +155,20 @@ def is_fence(child: Mapping[str, Any]) -> bool:
     operator resumes it (resuming the parent resumes its cancelled children) it is driven and
     is a real child whose outcome its parent is told."""
     return bool(child.get("fence")) and not child.get("drives")
+
+
+def cancelled_child_steps(docs: Mapping[str, Doc], run: int, cancels: set[str]) -> list[Doc]:
+    """The child steps of ``run`` whose children (``cancels``) a replay cancels, to fence.
+
+    Only steps already committed: a child step this replay itself takes is committed with its
+    cancelled outcome, which its creator then finds (and a stale replay's fence of a step that
+    never commits would outlive it).
+    """
+    return [
+        d
+        for d in docs.values()
+        if d.get("type") == "step"
+        and d.get("kind") == "child"
+        and d.get("run", 0) == run
+        and d.get("child_id") in cancels
+    ]

@@ -26,7 +26,7 @@ from celery_durable.engine.activities.delivery import STALE_EVENT, stale_outcome
 from celery_durable.engine.activities.local_activities import LocalRun, LocalRunner
 from celery_durable.engine.admin.pending_ops import settle
 from celery_durable.engine.admin.reruns import reborn
-from celery_durable.engine.children.holders import stale_child_outcomes, withdrawn_cancels
+from celery_durable.engine.children.holders import cancelled_child_steps, stale_child_outcomes, withdrawn_cancels
 from celery_durable.engine.dispatcher import CancelRequest, Send
 from celery_durable.engine.documents.checks import check_partition
 from celery_durable.engine.documents.model import (
@@ -41,6 +41,7 @@ from celery_durable.engine.documents.model import (
 from celery_durable.engine.documents.records import ExecDoc, as_exec, count_of, holder_of, is_terminal
 from celery_durable.engine.documents.schema import NOT_STARTED, Status
 from celery_durable.engine.documents.search import apply_updates as apply_search_updates
+from celery_durable.engine.drive.alongside import Alongside
 from celery_durable.engine.drive.carried import as_of, carry_json, eager_commit, oversized, release_ops, waiting_of
 from celery_durable.engine.drive.corrupt import fail_corrupt
 from celery_durable.engine.drive.partition_cache import Partition
@@ -51,7 +52,7 @@ from celery_durable.engine.replay.sticky import StickyCache
 from celery_durable.engine.starts.deadlines import unmarked_op
 from celery_durable.errors import ConflictError, CorruptDocument, DocumentTooLarge
 from celery_durable.observability import span
-from celery_durable.stores.base import Doc, Op, strip_reserved
+from celery_durable.stores.base import Doc, Op, Rewrite, strip_reserved
 
 if TYPE_CHECKING:
     from celery_durable.engine.ports import EngineParts
@@ -100,6 +101,7 @@ class _Drive:
     committed: tuple[ExecDoc, Replay] | None = None
     #: why this drive fails the execution: a document it must write is too large to store
     oversize: dict[str, Any] | None = None
+    along: Alongside = field(default_factory=lambda: Alongside((), ()))
 
 
 class Driver:
@@ -130,6 +132,7 @@ class Driver:
         tokens: Mapping[int, str | None] | None = None,
         defer: bool = False,
         timing_out: bool = False,
+        also: Sequence[Rewrite] = (),
     ) -> DriveOutcome:
         """Drive once to a suspension or an end; ``carry`` are documents to record with it, and
         ``release`` the steps whose markers they settle (both of the run the documents name: a
@@ -159,9 +162,12 @@ class Driver:
         ``timing_out``: its deadline's clock fired: the exec is marked ``timed_out`` with a cancel
         request in this drive's commit, with the timeout delivered at its suspension point, all or
         nothing (a result landing after that commit is late; engine/starts/deadlines.py).
+        ``also``: rewrites of other partitions committed with the batch that records ``carry``
+        (engine/drive/alongside.py); the caller checks their ``etag``.
         """
         me = self.engine.identity()
         d = _Drive(execution_id, list(carry), list(release), trust_cache, eager, known, tokens, me, defer, timing_out)
+        d.along = Alongside(also, carry)
         try:
             for round_ in range(MAX_ROUNDS):
                 outcome = self._round(d, round_)
@@ -261,7 +267,9 @@ class Driver:
         # fenced by the exec etag an operation changes, or it could land on the execution that
         # operation reopened meanwhile
         try:
-            eng.store.batch(d.execution_id, [*map(Op.create, carry_new), Op.replace(strip_reserved(ex), ex["_etag"])])
+            d.along.batch(
+                eng.store, d.execution_id, [*map(Op.create, carry_new), Op.replace(strip_reserved(ex), ex["_etag"])]
+            )
         except ConflictError:
             eng.cache.suspect(d.execution_id)  # a retry or reset meanwhile: check again
             return AGAIN
@@ -292,7 +300,7 @@ class Driver:
         eng = self.engine
         bumped = strip_reserved(ex) | {"wakeups": count_of(ex, "wakeups") + 1} | fields
         try:
-            eng.store.batch(d.execution_id, self._record_ops(docs, carry_new, d.release, bumped, ex["_etag"]))
+            d.along.batch(eng.store, d.execution_id, self._record_ops(docs, carry_new, d.release, bumped, ex["_etag"]))
         except ConflictError:
             eng.cache.suspect(d.execution_id)
             return AGAIN
@@ -331,7 +339,8 @@ class Driver:
                 "due_at": now + eng.settings.lease_ttl,
             }
             try:
-                eng.store.batch(d.execution_id, self._record_ops(docs, carry_new, d.release, claimed, ex["_etag"]))
+                ops = self._record_ops(docs, carry_new, d.release, claimed, ex["_etag"])
+                d.along.batch(eng.store, d.execution_id, ops)
                 d.holding = True
                 d.carry, d.release = [], []
             except ConflictError:
@@ -386,7 +395,7 @@ class Driver:
         self._fence_cancelled_children(ex, docs, replay)
         try:
             with span("commit", execution_id=d.execution_id, ops=len(ops), outcome=replay.kind):
-                self._apply(d.execution_id, ops, replay, d.orphan_sends)
+                self._apply(d, ops, replay)
             self.sticky.committed(d.execution_id, replay)
         except ConflictError:
             self.sticky.drop(d.execution_id)  # it assumed a commit that did not happen
@@ -503,8 +512,8 @@ class Driver:
         ops.append(Op.replace(new_ex, ex["_etag"]))
         return ops
 
-    def _apply(self, pk: str, ops: list[Op], replay: Replay, orphan_sends: dict[str, Send]) -> None:
-        store = self.engine.store
+    def _apply(self, d: _Drive, ops: list[Op], replay: Replay) -> None:
+        store, pk = self.engine.store, d.execution_id
         limit = store.max_batch_ops
         if len(ops) > limit:
             # Too many for one transactional batch (a wide fan-out): create the overflow first.
@@ -515,31 +524,16 @@ class Driver:
                 assert op.doc is not None and op.kind == "create"
                 store.create(op.doc)
             for req in replay.sends:
-                orphan_sends[req.key] = req
+                d.orphan_sends[req.key] = req
             self.engine.cache.suspect(pk)  # the overflow is not in the batch: read it back
-        etags = store.batch(pk, ops)
+        etags = d.along.batch(store, pk, ops)
         self.engine.cache.committed(pk, ops, etags)  # the next read of ours needs no store call
 
     def _fence_cancelled_children(self, ex: ExecDoc, docs: dict[str, Doc], replay: Replay) -> None:
-        """Claim the ids of the children this replay cancels, before its commit (``Children.fence_children``).
-
-        Only steps already committed: a child step this replay itself takes is committed with its
-        cancelled outcome, which its creator then finds (and a stale replay's fence of a step that
-        never commits would outlive it).
-        """
+        """Claim the ids of the children this replay cancels, before its commit (``Children.fence_children``)."""
         cancels = {s.execution_id for s in replay.sends if isinstance(s, CancelRequest)}
-        if not cancels:
-            return
-        run = run_of(ex)
-        markers = [
-            d
-            for d in docs.values()
-            if d.get("type") == "step"
-            and d.get("kind") == "child"
-            and d.get("run", 0) == run
-            and d.get("child_id") in cancels
-        ]
-        self.engine.children.fence_children(ex, markers)
+        if cancels:
+            self.engine.children.fence_children(ex, cancelled_child_steps(docs, run_of(ex), cancels))
 
     def _drop_stale(
         self, execution_id: str, carry: list[Doc], release: list[int], stale: set[int]

@@ -32,7 +32,8 @@ from celery_durable.engine.documents.model import lease_live, marker_id, result_
 from celery_durable.engine.documents.records import count_of
 from celery_durable.engine.documents.schema import DueKind
 from celery_durable.engine.limits.grants import carry, send_granted
-from celery_durable.engine.limits.spec import LIMIT_RECORD, limit_pk
+from celery_durable.engine.limits.leaving import Leaving, leaving, left
+from celery_durable.engine.limits.spec import LIMIT_DOC_ID, LIMIT_RECORD, limit_pk
 from celery_durable.engine.limits.table import (
     admit,
     drop_waiter,
@@ -67,7 +68,6 @@ __all__ = ["Slots", "LIMIT_DOC_ID", "WAITING", "NOT_QUEUED"]
 
 log = logging.getLogger("celery_durable.limits")
 
-LIMIT_DOC_ID = "slots"
 #: the start of every reason ``enter`` gives for a step that waits
 WAITING = "waiting for a slot of limit"
 #: in the reason of a step that waits recorded nowhere (a full queue, an etag storm)
@@ -108,10 +108,10 @@ class Slots:
                     return copy.deepcopy(doc)
         doc = self.engine.store.read(lpk, LIMIT_DOC_ID)
         if doc is not None:
-            self._remember(lpk, doc)
+            self.remember(lpk, doc)
         return doc
 
-    def _remember(self, lpk: str, doc: Doc) -> None:
+    def remember(self, lpk: str, doc: Doc) -> None:
         doc = copy.deepcopy(doc)  # never the caller's (edited) copy
         with self._lock:
             self._docs[lpk] = doc
@@ -133,14 +133,19 @@ class Slots:
             at = self._stale_at.get(lpk)
         return at is not None and 0.0 <= self.engine.clock.now() - at < CONTENDED_FOR
 
-    def _write(self, lpk: str, doc: Doc, now: float) -> None:
-        """Create or replace (etag-guarded) ``doc``; raises ConflictError if it changed meanwhile."""
+    def body(self, doc: Doc, now: float) -> Doc:
+        """``doc`` as written: due (``limit``) while steps wait, at the scan's next look."""
         due = next_due(doc, now)
         body = strip_reserved(doc)
         body.pop("due_kind", None)
         body.pop("due_at", None)
         if due is not None:
             body.update(due_kind=str(DueKind.LIMIT), due_at=due)
+        return body
+
+    def _write(self, lpk: str, doc: Doc, now: float) -> None:
+        """Create or replace (etag-guarded) ``doc``; raises ConflictError if it changed meanwhile."""
+        body = self.body(doc, now)
         etag = doc.get("_etag")
         try:
             if etag is None:
@@ -152,7 +157,7 @@ class Slots:
         except ConflictError:
             self._forget(lpk)
             raise
-        self._remember(lpk, body | {"_etag": new})
+        self.remember(lpk, body | {"_etag": new})
 
     # --- the drive's side: new steps queued at dispatch -----------------------------------
 
@@ -277,11 +282,30 @@ class Slots:
             return None if go else f"{WAITING} {record['name']!r} (key {record['key']!r})"
         return f"{WAITING} {record['name']!r}: its document kept changing ({NOT_QUEUED})"
 
+    def take_record(self, attempt: Attempt) -> dict[str, Any] | None:
+        """The limit whose slot ``attempt`` holds, taken off it (only one caller gives it back)."""
+        with self._lock:
+            record, attempt.limit = attempt.limit, None
+        return record
+
+    def leaving(self, attempt: Attempt) -> Leaving | None:
+        """The rewrite giving ``attempt``'s slot back in its outcome's commit (engine/limits/leaving.py)."""
+        return leaving(self, attempt)
+
+    def left(self, out: Leaving) -> None:
+        left(self, out)
+
+    def send_granted(self, lpk: str, granted: list[dict[str, Any]]) -> None:
+        """Send the steps an ended attempt's slot was granted to (hand-offs). Never raises."""
+        try:
+            self._send(lpk, granted, handoff=True)
+        except Exception as exc:  # noqa: BLE001 - the scan grants them again
+            log.warning("limit %s: %d granted steps not sent: %s", lpk, len(granted), exc)
+
     def leave(self, attempt: Attempt) -> None:
         """``attempt`` ended: free its step's slot and grant the room. Never raises: a slot not
         given back lapses (the recovery scan frees it once its step's lease has)."""
-        with self._lock:
-            record, attempt.limit = attempt.limit, None
+        record = self.take_record(attempt)
         if record is not None:
             self.release(attempt.execution_id, attempt.run, attempt.seq, (attempt.number, attempt.token), record)
 

@@ -18,6 +18,7 @@ from typing import Any
 from celery_durable.errors import ConfigurationError
 
 __all__ = [
+    "LIMIT_DOC_ID",
     "LIMIT_RECORD",
     "Limit",
     "StepLimit",
@@ -36,6 +37,8 @@ __all__ = [
 ]
 
 MAX_KEY_CHARS = 200
+#: the id of a limit document in its partition (``limit_pk``)
+LIMIT_DOC_ID = "slots"
 #: ``ActivityRequest.options`` key of a new limited step's record (for its admission at dispatch)
 LIMIT_RECORD = "limit_record"
 #: a rate keeps one start time per start in its period: at most this many
