@@ -6,8 +6,9 @@ without the planted bug)."""
 
 from __future__ import annotations
 
+import copy
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -15,7 +16,8 @@ import pytest
 from celery_durable.engine.limits import slots, table
 from celery_durable.engine.limits.table import expired
 from celery_durable.errors import ConflictError
-from celery_durable.stores.base import Doc, strip_reserved
+from celery_durable.stores.base import Doc, Op, Rewrite, strip_reserved
+from celery_durable.stores.memory import MemoryStore
 from harness.sim import Faults, SimResult, check_seed, run_seed
 from tests.sim.test_harness_can_fail import patched_run
 from tests.sim.test_sim import ENABLED
@@ -73,7 +75,7 @@ def unguarded_write(self: slots.Slots, lpk: str, doc: Doc, now: float) -> None:
             raise ConflictError(f"{lpk} was created meanwhile")
     else:
         new = self.engine.store.replace(body, if_match=None)
-    self._remember(lpk, body | {"_etag": new})
+    self.remember(lpk, body | {"_etag": new})
 
 
 def test_a_limit_written_without_its_etag_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -105,3 +107,39 @@ def short_window(doc: Any, now: float) -> list[Any]:
 
 def test_a_rate_window_counted_short_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     _caught(first_caught(patched_run(monkeypatch, table, "_recent_entries", short_window)))
+
+
+class StaleRewrites(MemoryStore):
+    """A broken ``batch_with``: each rewrite works from the copy of its document it last wrote,
+    not from the document as it is inside the transaction (a read made outside it, long ago)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._seen: dict[tuple[str, str], Doc] = {}
+
+    def batch_with(self, pk: str, ops: Sequence[Op], also: Sequence[Rewrite]) -> list[str | None]:
+        stale = [Rewrite(r.pk, r.id, self._stale(r)) for r in also]
+        try:
+            return super().batch_with(pk, ops, stale)
+        finally:
+            for r, s in zip(also, stale, strict=True):
+                r.etag = s.etag
+
+    def _stale(self, rewrite: Rewrite) -> Callable[[Doc | None], Doc | None]:
+        key = (rewrite.pk, rewrite.id)
+
+        def update(doc: Doc | None) -> Doc | None:
+            base = self._seen.get(key, doc)
+            new = rewrite.update(copy.deepcopy(base) if base is not None else None)
+            if new is not None:
+                self._seen[key] = copy.deepcopy(new)
+            return new
+
+        return update
+
+
+def test_a_store_whose_rewrites_read_outside_the_transaction_is_caught() -> None:
+    """The slot given back in the outcome's commit (engine/limits/leaving.py) is only as safe as
+    the store's transaction: a rewrite from a stale copy undoes the holders and waiters written
+    since (lost updates), and more than ``max_running`` of a key run."""
+    _caught(first_caught(lambda seed: run_seed(seed, Faults(), (), store=StaleRewrites())))
