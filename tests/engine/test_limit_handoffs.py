@@ -15,7 +15,7 @@ from celery_durable.engine.replay.context import require_context
 from celery_durable.stores.memory import MemoryStore
 from celery_durable.testing.counting import CountingStore
 from tests.engine.inprocess import InProcess
-from tests.engine.test_limits import _begin, _limit_doc, _queued, _start, _world
+from tests.engine.test_limits import _begin, _drives_then_sent, _limit_doc, _queued, _start, _world
 
 
 class _Handing:
@@ -65,8 +65,7 @@ def test_a_hand_off_reads_nothing_and_is_the_message_its_marker_would_send() -> 
         return [f.result() for f in calls]
 
     w.engine.start(w.workflow(fan_out), (2,), {}, "e1")
-    _drain_drives(w)
-    (first,) = _queued(w)
+    (first,) = _drives_then_sent(w)
     attempt, _ = _begin(w, first)
     assert attempt is not None
     handing = _Handing(w)
@@ -110,7 +109,7 @@ def test_a_hand_off_refused_for_good_gives_its_slot_to_the_next_waiter() -> None
     other = ("e1", 2) if kept.execution_id == "e2" else ("e2", 1)
     assert f"{kept.execution_id}|0|{kept.seq}" in _limit_doc(w, "stripe", "k")["holders"]
     w.engine.cancel(kept.execution_id)
-    _drain_drives(w)
+    _drives_then_sent(w)
     refused, why = w.engine.activities.begin(kept.execution_id, kept.seq, kept.run, handoff=True)
     assert refused is None and "cancel" in why, why
     doc = _limit_doc(w, "stripe", "k")
@@ -128,12 +127,3 @@ def test_a_delivery_refused_as_a_plain_message_keeps_the_grant_to_its_scan() -> 
     _finish(w, attempt)
     refused, _ = w.engine.activities.begin("e1", first.seq, 0)  # a duplicate: settled
     assert refused is None
-
-
-def _drain_drives(w: InProcess) -> None:
-    while any(kind == "drive" for kind, _ in w.dispatcher.queue):
-        kind, item = w.dispatcher.queue.popleft()
-        if kind == "drive":
-            w.engine.drive(item)
-        else:
-            w.dispatcher.queue.append((kind, item))

@@ -228,7 +228,8 @@ class Slots:
         ttl = eng.settings.lease_ttl
         # the cached copy first, even of a contended document: one that shows this attempt's
         # slot (a grant written here, a hand-off) needs no write; a write reads it first
-        fresh = False
+        with self._lock:
+            fresh = lpk not in self._docs  # not cached: the first load reads it
         for _ in range(ROUNDS):
             now = eng.clock.now()
             doc = self._load(lpk, fresh) or _new_doc(lpk, record)
