@@ -409,7 +409,9 @@ class Sim:
         finally:  # by identity: an equal copy (a duplicate) may be handled at the same time
             del self.handling[next(i for i, h in enumerate(self.handling) if h is m)]
 
-    def _handle_message(self, w: Actor, m: Message, claimed: str | None = None) -> None:
+    def _handle_message(
+        self, w: Actor, m: Message, claimed: str | None = None, handoff: tuple[str, int, str | None] | None = None
+    ) -> None:
         eng = w.engine
         if m.kind == "drive":
             self._eager(w, lambda: eng.drive(str(m.item)))
@@ -424,7 +426,9 @@ class Sim:
             try:
                 # claimed: a kept activity's lease its commit took (never a message's)
                 delivery = Delivery.of_request(req)
-                attempt, _why = eng.activities.begin(req.execution_id, req.seq, req.run, None, delivery, claimed)
+                attempt, _why = eng.activities.begin(
+                    req.execution_id, req.seq, req.run, None, delivery, claimed, handoff
+                )
             except StoreUnavailable:
                 self._resend(w, req, 2.0)  # the Celery glue retries the task
                 return
@@ -446,8 +450,8 @@ class Sim:
             commit()
             return
 
-        def begin(req: Any) -> None:
-            self._handle_message(w, Message("activity", req, self.now), req.holder)
+        def begin(req: Any) -> None:  # a kept activity, or a hand-off (its grant: never a message's)
+            self._handle_message(w, Message("activity", req, self.now), req.holder, req.grant())
 
         w.dispatcher.eagerly(commit, begin)
 
@@ -476,10 +480,14 @@ class Sim:
                 # as the glue does (glue/durable_activity.py): a failure for good is recorded
                 # without a replay, Celery reports it, then after_return drives the workflow on;
                 # that drive is a message here, so a lost one (a crash) is recovery's to make up
-                eng.activities.complete(attempt, eng.activities.result_doc(attempt, error=exc), defer=True)
+                failed = eng.activities.result_doc(attempt, error=exc)
+                self._eager(fl.actor, lambda: eng.activities.complete(attempt, failed, defer=True))
                 fl.actor.dispatcher.send_drive(req.execution_id)
                 return
-            eng.activities.complete(attempt, eng.activities.result_doc(attempt, value=value))
+            # as the glue does: the completion's drive keeps its next activity, and a slot it
+            # frees is handed off here (glue/eager_activities.py)
+            done = eng.activities.result_doc(attempt, value=value)
+            self._eager(fl.actor, lambda: eng.activities.complete(attempt, done))
         except StoreUnavailable:
             self._resend(fl.actor, req, 2.0)
 

@@ -91,9 +91,11 @@ class ForgingSim(Sim):
     def _genuine(self, req: ActivityRequest) -> bool:
         return req not in self.sent and not any(req is f for f in self.forged)
 
-    def _handle_message(self, w: Actor, m: Message, claimed: str | None = None) -> None:
+    def _handle_message(
+        self, w: Actor, m: Message, claimed: str | None = None, handoff: tuple[str, int, str | None] | None = None
+    ) -> None:
         """Every delivery (first, duplicate, retried): a stale one must not begin its step."""
-        super()._handle_message(w, m, claimed)
+        super()._handle_message(w, m, claimed, handoff)
         for f in self.inflight:
             if any(f.request is s for s in self.forged):
                 self.violate(FORGE_INVARIANT, f"a stale delivery began {f.request.execution_id} step {f.request.seq}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from dataclasses import replace as dc_replace
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from celery_durable.engine.activities.attempts import Attempt
@@ -137,6 +138,9 @@ class SimDispatcher:
     #: eager activities (``durable_eager_activities``): while a handler's commit runs, the first
     #: activity it sends is kept here, unsent, for the same worker to begin right after
     kept: list[ActivityRequest] | None = None
+    #: hand-offs (``ActivityRequest.handoff``): a step granted the slot an attempt ending in this
+    #: handler freed, kept to begin right after (glue/eager_activities.py ``Drain.handoff``)
+    handed: list[ActivityRequest] | None = None
 
     def _put(self, kind: str, item: Any, at: float) -> None:
         if not self.actor.alive:
@@ -155,7 +159,18 @@ class SimDispatcher:
             self.kept.append(request)
             self.actor.sim.count("eager_kept")
             return
-        self._put("activity", request, self.actor.sim.now)
+        if request.handoff is not None and self.hand_off(request):
+            return
+        self._put("activity", dc_replace(request, handoff=None), self.actor.sim.now)  # not on the wire
+
+    def hand_off(self, request: ActivityRequest) -> bool:
+        """Keep the step a slot freed here was granted to, to begin after the commit (one per
+        handler, as the glue's drain keeps one)."""
+        if self.handed is None or self.handed or not self.actor.alive:
+            return False
+        self.handed.append(request)
+        self.actor.sim.count("handoff_kept")
+        return True
 
     def eagerly(self, commit: Callable[[], object], begin: Callable[[ActivityRequest], None]) -> None:
         """``commit()`` keeping the first activity it sends, then ``begin`` it in this worker (as
@@ -164,11 +179,12 @@ class SimDispatcher:
         glue's drain does on its way out. A handler preempted by another on this worker (a
         thread of its own in a real worker) has a drain of its own."""
         outer, kept = self.kept, list[ActivityRequest]()
-        self.kept = kept
+        outer_handed, handed = self.handed, list[ActivityRequest]()
+        self.kept, self.handed = kept, handed
         try:
             commit()
         except WorkerCrash:
-            raise
+            raise  # the kept and the handed-off are lost with it: recovery and the limit's scan
         except BaseException:
             for request in kept:
                 try:  # its claimed lease back first, as the glue's drain does
@@ -176,10 +192,16 @@ class SimDispatcher:
                 except Exception:  # noqa: BLE001 - sent all the same: recovered once the lease lapses
                     pass
                 self._put("activity", request, self.actor.sim.now)
+            for request in handed:
+                self._put("activity", dc_replace(request, handoff=None), self.actor.sim.now)
             raise
         finally:
-            self.kept = outer
-        for request in kept:
+            self.kept, self.handed = outer, outer_handed
+        if kept:  # its own workflow's step runs here: the hand-off is sent, not kept behind it
+            for request in handed:
+                self._put("activity", dc_replace(request, handoff=None), self.actor.sim.now)
+            handed = []
+        for request in kept + handed:
             begin(request)
 
     def send_drive(self, execution_id: str, countdown: float | None = None) -> None:

@@ -46,9 +46,14 @@ class ActivityRequest:
     #: dispatcher keeps it to run next in this process (``Dispatcher.keeps``); never on a message
     holder: str | None = None
     #: a slot of its limit was just handed to it by an attempt that ended in this process
-    #: (engine/limits/slots.py): the delivery that freed the slot may run it next (no lease is
-    #: taken for it: a process killed first leaves the grant to the limit's recovery scan)
-    handoff: bool = False
+    #: (engine/limits/grants.py): the limit document's partition and the attempt number granted.
+    #: The delivery that freed the slot may run it next (no lease is taken for it: a process
+    #: killed first leaves the grant to the limit's recovery scan); never on a message
+    handoff: tuple[str, int] | None = None
+
+    def grant(self) -> tuple[str, int, str | None] | None:
+        """The slot handed to it (limit partition, attempt number, marker token), if any."""
+        return None if self.handoff is None else (self.handoff[0], self.handoff[1], self.token)
 
     @property
     def key(self) -> str:

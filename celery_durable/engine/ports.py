@@ -75,6 +75,10 @@ class LimitsPort(Protocol):
 
     def leaving(self, attempt: Attempt) -> Leaving | None: ...
 
+    def release_grant(
+        self, lpk: str, execution_id: str, run: int, seq: int, attempt: tuple[int, str | None]
+    ) -> None: ...
+
     def left(self, out: Leaving) -> None: ...
 
     def release(

@@ -138,8 +138,10 @@ _DRAIN: contextvars.ContextVar[Drain | None] = contextvars.ContextVar("celery_du
 _CLAIMED: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar(
     "celery_durable_eager_claim", default=None
 )
-#: the task id of the hand-off (``ActivityRequest.handoff``) running now in this context
-_HANDED: contextvars.ContextVar[str | None] = contextvars.ContextVar("celery_durable_eager_handoff", default=None)
+#: the hand-off (``ActivityRequest.handoff``) running now in this context: its task id and grant
+_HANDED: contextvars.ContextVar[tuple[str, tuple[str, int, str | None]] | None] = contextvars.ContextVar(
+    "celery_durable_eager_handoff", default=None
+)
 #: the execution whose commit runs now in this context: only its own sends are kept (what a
 #: local activity or an activity's own code sends, e.g. an eager start, goes out as usual)
 _COMMITTING: contextvars.ContextVar[str | None] = contextvars.ContextVar("celery_durable_eager_commit", default=None)
@@ -296,7 +298,7 @@ def keep(request: ActivityRequest) -> bool:
     lease its commit took (``request.holder``: :func:`keeps` said yes before the commit): a
     process killed before it starts is then recovered when that lease lapses; or a step a slot
     was just handed to here (``request.handoff``), recovered by its limit's scan."""
-    if request.holder is None and not request.handoff:
+    if request.holder is None and request.handoff is None:
         return False
     kept = _route(request, handoff=request.holder is None)
     drain = _DRAIN.get()
@@ -378,7 +380,8 @@ def run_kept(drain: Drain) -> None:
             # Retry already sent its message); the next kept activity, if any, is its drive's
             board = pool_board.board()
             claim = _CLAIMED.set((request.task_id, request.holder) if request.holder else None)
-            handing = _HANDED.set(request.task_id if request.holder is None else None)
+            grant = request.grant() if request.holder is None else None
+            handing = _HANDED.set((request.task_id, grant) if grant is not None else None)
             try:
                 with board.running(request.task_id) if board is not None else nullcontext():
                     traced = trace_task(task, request.task_id, args, kwargs, context, app=drain.app, eager=False)
@@ -406,10 +409,12 @@ def claimed_holder(task_id: str | None) -> str | None:
     return claim[1] if claim is not None and claim[0] == task_id else None
 
 
-def handed_off(task_id: str | None) -> bool:
-    """Whether this process runs ``task_id`` now as a hand-off: the slot it was granted was freed
-    here, and no read checked it may still run (its begin gives the slot back if it may not)."""
-    return task_id is not None and _HANDED.get() == task_id
+def handed_off(task_id: str | None) -> tuple[str, int, str | None] | None:
+    """The grant (limit partition, attempt number, marker token) of ``task_id`` if this process
+    runs it now as a hand-off: the slot was freed here and no read checked it may still run (its
+    begin gives the slot back if it may not)."""
+    handed = _HANDED.get()
+    return handed[1] if handed is not None and handed[0] == task_id else None
 
 
 _SENDERS: dict[type, bool] = {}

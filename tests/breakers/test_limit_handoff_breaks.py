@@ -1,14 +1,12 @@
 """Breaker round 26: hand-offs of freed limit slots, carried waiter messages, and slots given back
 inside the outcome's commit (engine/limits/grants.py, leaving.py; glue/eager_activities.py).
 
-Each test proves a broken promise and is marked ``xfail(strict=True)``: it fails on the code as
-it is, and turns red (XPASS) once the bug is fixed."""
+Each test proved a broken promise (it failed on the code before its fix; the fix is named in
+it)."""
 
 from __future__ import annotations
 
 from typing import Any
-
-import pytest
 
 from celery_durable import Limit
 from celery_durable.engine.activities.delivery import Delivery
@@ -37,17 +35,12 @@ def _finish(w: InProcess, attempt: Any) -> None:
 
 def _run_handoff(w: InProcess, req: ActivityRequest) -> tuple[Any, str]:
     """What the worker does with a kept hand-off (glue/durable_activity.py ``_run_attempt``): its
-    delivery is the carried message (token, name, arguments), begun with ``handoff=True``."""
+    delivery is the carried message (token, name, arguments), begun with ``handoff=req.grant()``."""
     return w.engine.activities.begin(
-        req.execution_id, req.seq, req.run, None, Delivery.of_request(req), None, handoff=True
+        req.execution_id, req.seq, req.run, None, Delivery.of_request(req), None, handoff=req.grant()
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a stale carried waiter message (from before a reset) is handed off; its begin drops it "
-    "as a stale delivery without giving the granted slot back: the re-run step waits a lease TTL",
-)
 def test_a_stale_carried_message_after_a_reset_strands_the_grant() -> None:
     """Mechanism: e1's step 1 waits with its message carried (token T1). e1 is cancelled (its waiter
     stays queued: nothing withdraws an activity step's waiter) and reset from step 1: the re-run
@@ -60,6 +53,9 @@ def test_a_stale_carried_message_after_a_reset_strands_the_grant() -> None:
     ``not_runnable`` branch, so the holder entry {t: T1} stays. No T2 message exists: e1's step 1 does
     not start until the holder expires (lease TTL, 30 s) and the scan drops it, although the slot's
     only holder will never run. Before hand-offs the grant was rebuilt from the marker (T2) and ran.
+    Fixed: the re-run's dispatch replaces a waiter queued for another marker of the step (its
+    carried message too), and a refused hand-off gives back the grant the limit document names
+    (``ActivityRequest.grant``: partition, attempt number, token), not the marker's.
     """
     w = _world(Limit("stripe", max_running=1, key=lambda key, n: "k"), fan=1)
     (first,) = _start(w, "e0", 1)
@@ -91,11 +87,6 @@ def test_a_stale_carried_message_after_a_reset_strands_the_grant() -> None:
     assert started, (why, _limit_doc(w, "stripe", "k")["holders"], [(r.execution_id, r.token) for r in queued])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a hand-off to a waiter of a purged execution is refused as 'no such execution' (a "
-    "may-be-stale reason): the granted slot is not given back and the next waiter waits a lease TTL",
-)
 def test_a_hand_off_to_a_purged_executions_waiter_strands_the_slot() -> None:
     """Mechanism: a cancel does not withdraw an activity step's waiter, so e1's waiting step stays
     queued (with its carried message) after e1 is cancelled and purged. When e0's attempt ends the
@@ -105,7 +96,9 @@ def test_a_hand_off_to_a_purged_executions_waiter_strands_the_slot() -> None:
     ``_give_back_grant`` is skipped (and would need the marker anyway). Nothing sends anything
     else: e2's step, queued behind it, waits until the stale holder expires (lease TTL, 30 s) and
     the scan drops it. Before hand-offs, ``_send_one`` read e1's partition, found no marker and
-    freed the slot at once (``_leave(lpk, step, None)``), granting e2 in the same call."""
+    freed the slot at once (``_leave(lpk, step, None)``), granting e2 in the same call.
+    Fixed: a refused hand-off, whatever the reason (but another attempt running), gives back the
+    grant the limit document names, with no need of the marker."""
     w = _world(Limit("stripe", max_running=1, key=lambda key, n: "k"), fan=1)
     (first,) = _start(w, "e0", 1)
     attempt, _ = _begin(w, first)

@@ -78,7 +78,7 @@ def test_a_hand_off_reads_nothing_and_is_the_message_its_marker_would_send() -> 
     reads = {op: store.counts[op] - before.get(op, 0) for op in ("query_partition", "read")}
     assert reads == {"query_partition": 0, "read": 0}, reads
     (kept,) = handing.kept
-    assert kept.handoff and (kept.execution_id, kept.seq, kept.name, kept.args, kept.task_id, kept.token) == (
+    assert kept.handoff is not None and (kept.execution_id, kept.seq, kept.name, kept.args, kept.task_id, kept.token) == (
         expected.execution_id,
         expected.seq,
         expected.name,
@@ -110,7 +110,7 @@ def test_a_hand_off_refused_for_good_gives_its_slot_to_the_next_waiter() -> None
     assert f"{kept.execution_id}|0|{kept.seq}" in _limit_doc(w, "stripe", "k")["holders"]
     w.engine.cancel(kept.execution_id)
     _drives_then_sent(w)
-    refused, why = w.engine.activities.begin(kept.execution_id, kept.seq, kept.run, handoff=True)
+    refused, why = w.engine.activities.begin(kept.execution_id, kept.seq, kept.run, handoff=kept.grant())
     assert refused is None and "cancel" in why, why
     doc = _limit_doc(w, "stripe", "k")
     assert list(doc["holders"]) == [f"{other[0]}|0|{other[1]}"], doc["holders"]

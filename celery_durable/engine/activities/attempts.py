@@ -192,7 +192,7 @@ class ActivityRunner:
         supersedes: str | None = None,
         delivery: Delivery | None = None,
         claimed: str | None = None,
-        handoff: bool = False,
+        handoff: tuple[str, int, str | None] | None = None,
     ) -> tuple[Attempt | None, str]:
         """Take the step's lease; ``(None, reason)`` when this delivery must not run.
 
@@ -204,8 +204,9 @@ class ActivityRunner:
         ``claimed``: the holder the scheduling commit took the lease for (:func:`claim_kept`), known
         only in the process that committed it (never from a message); the attempt is that one,
         without a write, if the lease is still that holder's. ``handoff``: this process runs it
-        because a slot of its limit freed here was granted to it (engine/limits/grants.py), with
-        no read to check it may still run: refused for good, it gives that slot back.
+        because a slot of its limit freed here was granted to it (limit partition, attempt number,
+        token: ``ActivityRequest.grant``), with no read to check it may still run: refused, it
+        gives that slot back (a hand-off has no message to try again).
         """
         eng = self.engine
         if claimed is not None and (found := self._claimed(execution_id, seq, run, claimed)) is not None:
@@ -217,14 +218,14 @@ class ActivityRunner:
             docs = eng.cache.load(execution_id)
             refused = not_runnable(docs, seq, run)
             if refused is not None:
-                if handoff and slot is None and not may_be_stale(refused):
-                    self._give_back_grant(execution_id, seq, run, docs)
+                self._give_back_grant(execution_id, seq, run, handoff if slot is None else None)
                 self._give_back(execution_id, seq, run, slot, slot_number, slot_token, docs)
                 return None, refused
             marker = docs[marker_id(seq, run)]
             if delivery is not None and (stale := refusal(marker, delivery)) is not None:
                 log.warning("activity %s (%s step %d) dropped: %s", delivery.name, execution_id, seq, stale)
                 eng.emit(STALE_EVENT, execution_id=execution_id, seq=seq, activity=delivery.name)
+                self._give_back_grant(execution_id, seq, run, handoff if slot is None else None)
                 self._give_back(execution_id, seq, run, slot, slot_number, slot_token, docs)
                 return None, stale
             now = eng.clock.now()
@@ -276,6 +277,7 @@ class ActivityRunner:
             )
             eng.leases.track(attempt)
             return attempt, "started"
+        self._give_back_grant(execution_id, seq, run, handoff if slot is None else None)
         self._give_back(execution_id, seq, run, slot, slot_number, slot_token, eng.cache.load(execution_id))
         return None, "the step kept changing under us"
 
@@ -306,13 +308,13 @@ class ActivityRunner:
             return
         self.engine.limits.release(execution_id, run, seq, (number, token), slot)
 
-    def _give_back_grant(self, execution_id: str, seq: int, run: int, docs: Mapping[str, Doc]) -> None:
-        """A hand-off refused for good: the slot granted to its next attempt goes to the next waiter."""
-        marker = docs.get(marker_id(seq, run))
-        record = (marker or {}).get("limit")
-        if marker is not None and isinstance(record, dict):
-            number = count_of(marker, "attempts") + 1
-            self.engine.limits.release(execution_id, run, seq, (number, marker_token(marker)), record)
+    def _give_back_grant(
+        self, execution_id: str, seq: int, run: int, grant: tuple[str, int, str | None] | None
+    ) -> None:
+        """A hand-off refused: the slot granted to it (as the limit document names it, whatever
+        the partition shows now) goes to the next waiter."""
+        if grant is not None:
+            self.engine.limits.release_grant(grant[0], execution_id, run, seq, (grant[1], grant[2]))
 
     def _claimed(self, execution_id: str, seq: int, run: int, holder: str) -> tuple[Attempt | None, str] | None:
         """The attempt whose lease the scheduling commit took (``holder``), or None: not (or no

@@ -4,7 +4,7 @@ A waiter queued at dispatch carries its own message (``m``: the activity's name,
 arguments, its task id and workflow), when small: a slot freed by an attempt that ended in a
 worker is handed to it there (``ActivityRequest.handoff``, glue/eager_activities.py) without
 reading its partition first — the attempt's own begin reads it, and refuses a step that needs no
-slot any more, giving the slot back (``ActivityRunner.begin(handoff=True)``). Any other grant is
+slot any more, giving the slot back (``ActivityRunner.begin(handoff=request.grant())``). Any other grant is
 sent as the recovery scan re-sends a step: rebuilt from its marker, after checking it may run.
 """
 
@@ -39,7 +39,7 @@ def carry(request: ActivityRequest) -> dict[str, Any] | None:
     return {"n": request.name, "a": request.args, "k": request.kwargs, "i": request.task_id, "w": request.workflow}
 
 
-def _carried(w: Mapping[str, Any]) -> ActivityRequest | None:
+def _carried(w: Mapping[str, Any], lpk: str) -> ActivityRequest | None:
     m = w.get("m")
     if not isinstance(m, dict):
         return None
@@ -53,15 +53,15 @@ def _carried(w: Mapping[str, Any]) -> ActivityRequest | None:
         workflow=str(m["w"]),
         run=int(w["r"]),
         token=w.get("t"),
-        handoff=True,
+        handoff=(lpk, int(w.get("n") or 1)),
     )
 
 
-def send_granted(eng: EngineParts, w: Mapping[str, Any], handoff: bool) -> bool:
-    """Send the granted activity step ``w`` (``handoff``: its slot freed in this process); False
-    when it needs no slot any more (settled, its run ended or moved on)."""
+def send_granted(eng: EngineParts, lpk: str, w: Mapping[str, Any], handoff: bool) -> bool:
+    """Send the step ``w`` granted a slot of ``lpk`` (``handoff``: the slot freed in this
+    process); False when it needs no slot any more (settled, its run ended or moved on)."""
     eid, run, seq = str(w["e"]), int(w["r"]), int(w["q"])
-    request = _carried(w) if handoff else None
+    request = _carried(w, lpk) if handoff else None
     hand_off = getattr(eng.dispatcher, "hand_off", None)
     if request is not None and hand_off is not None and hand_off(request):
         eng.emit("limit_granted", execution_id=eid, seq=seq, limit=str(w.get("g")))
@@ -71,5 +71,6 @@ def send_granted(eng: EngineParts, w: Mapping[str, Any], handoff: bool) -> bool:
     if marker is None or not_runnable(docs, seq, run) is not None:
         return False
     eng.emit("limit_granted", execution_id=eid, seq=seq, limit=str(w.get("g")))
-    eng.dispatcher.send_activity(dc_replace(request_of(eid, marker, ex), handoff=handoff))
+    handed = (lpk, int(w.get("n") or 1)) if handoff else None
+    eng.dispatcher.send_activity(dc_replace(request_of(eid, marker, ex), handoff=handed))
     return True

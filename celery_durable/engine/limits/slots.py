@@ -196,6 +196,8 @@ class Slots:
             for step, r in mine.items():
                 if step in holders and holders[step].get("t") != r.token:
                     del holders[step]  # a forgotten marker's attempt (a reset re-ran the step): not this one's
+                if any(x["s"] == step and x.get("t") != r.token for x in doc.get("waiters") or []):
+                    drop_waiter(doc, step)  # queued for a forgotten marker (its carried message too)
                 if step not in holders:
                     waiter = _waiter(r.execution_id, r.run, r.seq, 1, r.token, r.options[LIMIT_RECORD], now)
                     enqueue(doc, waiter | ({"m": m} if (m := carry(r)) is not None else {}))
@@ -321,6 +323,14 @@ class Slots:
             self._send(lpk, self._leave(lpk, step_key(execution_id, run, seq), attempt), handoff=True)
         except Exception as exc:  # noqa: BLE001 - the attempt's outcome must still be recorded
             log.warning("could not give back the slot of %s step %d: %s", execution_id, seq, exc)
+
+    def release_grant(self, lpk: str, execution_id: str, run: int, seq: int, attempt: tuple[int, str | None]) -> None:
+        """A hand-off refused (engine/activities/attempts.py): the slot of ``lpk`` granted to
+        ``attempt`` of the step goes to the next waiter. Never raises."""
+        try:
+            self._send(lpk, self._leave(lpk, step_key(execution_id, run, seq), attempt), handoff=True)
+        except Exception as exc:  # noqa: BLE001 - it lapses instead: the scan frees it
+            log.warning("limit %s: the slot granted to %s step %d not given back: %s", lpk, execution_id, seq, exc)
 
     def _leave(self, lpk: str, step: str, attempt: tuple[int, str | None] | None) -> list[dict[str, Any]]:
         """Free ``step``'s slot (only ``attempt``'s — its number and marker token — unless None:
@@ -477,18 +487,18 @@ class Slots:
         while work:
             w = work.pop(0)
             try:
-                if not self._send_one(w, handoff):
+                if not self._send_one(lpk, w, handoff):
                     work += self._leave(lpk, str(w["s"]), None)
             except StoreError as exc:  # its slot lapses; the scan grants it again
                 log.warning("could not send %s step %s its slot: %s", w.get("e"), w.get("q"), exc)
 
-    def _send_one(self, w: Mapping[str, Any], handoff: bool = False) -> bool:
+    def _send_one(self, lpk: str, w: Mapping[str, Any], handoff: bool = False) -> bool:
         """Send the granted step ``w`` (``handoff``: its slot freed here, ActivityRequest.handoff);
         False when it needs no slot any more."""
         eng = self.engine
         if is_execution(str(w["s"])):
             return send_execution(eng, str(w["e"]))
-        return send_granted(eng, w, handoff)
+        return send_granted(eng, lpk, w, handoff)
 
     def _check_expired(self, doc: Doc, now: float) -> list[dict[str, Any]]:
         """Settle the expired holders on their steps: a step still running (its lease renewed,
