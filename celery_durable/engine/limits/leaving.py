@@ -15,17 +15,41 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from celery_durable.engine.limits.spec import LIMIT_DOC_ID, limit_pk
 from celery_durable.engine.limits.table import grant, holds, step_key
 from celery_durable.stores.base import Doc, Rewrite
 
 if TYPE_CHECKING:
-    from celery_durable.engine.documents.model import Attempt
-    from celery_durable.engine.limits.slots import Slots
+    from celery_durable.engine.documents.model import Attempt, Clock
+    from celery_durable.settings import Settings
+    from celery_durable.stores.base import Store
 
 __all__ = ["Leaving", "leaving", "left"]
+
+
+class _Engine(Protocol):
+    @property
+    def store(self) -> Store: ...
+    @property
+    def clock(self) -> Clock: ...
+    @property
+    def settings(self) -> Settings: ...
+
+
+class Slots(Protocol):
+    """What this module uses of ``limits.slots.Slots`` (not imported: ports names this module)."""
+
+    @property
+    def engine(self) -> _Engine: ...
+    def take_record(self, attempt: Attempt) -> dict[str, Any] | None: ...
+    def body(self, doc: Doc, now: float) -> Doc: ...
+    def remember(self, lpk: str, doc: Doc) -> None: ...
+    def send_granted(self, lpk: str, granted: list[dict[str, Any]]) -> None: ...
+    def release(
+        self, execution_id: str, run: int, seq: int, attempt: tuple[int, str | None], record: Mapping[str, Any]
+    ) -> None: ...
 
 
 @dataclass
