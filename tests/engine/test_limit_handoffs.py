@@ -78,7 +78,8 @@ def test_a_hand_off_reads_nothing_and_is_the_message_its_marker_would_send() -> 
     reads = {op: store.counts[op] - before.get(op, 0) for op in ("query_partition", "read")}
     assert reads == {"query_partition": 0, "read": 0}, reads
     (kept,) = handing.kept
-    assert kept.handoff is not None and (kept.execution_id, kept.seq, kept.name, kept.args, kept.task_id, kept.token) == (
+    assert kept.handoff is not None
+    assert (kept.execution_id, kept.seq, kept.name, kept.args, kept.task_id, kept.token) == (
         expected.execution_id,
         expected.seq,
         expected.name,
