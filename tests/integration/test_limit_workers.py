@@ -124,6 +124,24 @@ def test_a_freed_slot_is_handed_to_the_next_step_in_its_own_process(fast: Any) -
     assert worker.log().count("): run here, not sent") >= 6
 
 
+def test_a_worker_killed_in_the_middle_of_its_hand_offs_loses_no_step(fast: Any) -> None:
+    """SIGKILL the only worker while its processes run a key's steps one after another as
+    hand-offs (a grant held in a process's memory dies with it): a new worker and beat finish
+    every step (the lapsed slots and the lost grants made up by the limit's scan), never more
+    than 2 at once."""
+    victim = fast.start_worker(concurrency=4)
+    marks = fast.workers.tmp / "marks"
+    key = f"x{uuid.uuid4().hex[:6]}"
+    handle = basic.limited_fan.start(key, 10, 0.5)
+    wait_until(lambda: _started(marks, key) >= 5, timeout=60, what="hand-offs under way")
+    victim.kill()
+    killed_at = time.time()
+    fast.start_worker(concurrency=4)
+    fast.workers.start_beat()
+    assert handle.result(timeout=120) == list(range(10))
+    assert _max_running(_spans(marks, key, killed_at)) == 2
+
+
 def test_a_killed_workers_slots_free_after_their_lease(fast: Any) -> None:
     """The only worker runs the first 2 steps (their slots taken) and is SIGKILLed; a new worker
     and beat take over: the lapsed slots are freed (their steps' leases lapsed too), the steps
