@@ -3,7 +3,6 @@ next waiting step, in the process that freed it, does on real ``celery worker`` 
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +11,12 @@ from typing import Any
 import pytest
 
 from tests.apps import handoff_breaker as hb
-from tests.integration.conftest import cluster, postgres_schema, postgres_url, _postgres_server  # noqa: F401 - the worker tests' fixtures
+from tests.integration.conftest import (  # noqa: F401 - the worker tests' fixtures
+    _postgres_server,
+    cluster,
+    postgres_schema,
+    postgres_url,
+)
 from tests.plugins.workers import wait_until
 
 pytestmark = pytest.mark.worker
@@ -28,7 +32,7 @@ FAST = {
 
 
 @pytest.fixture
-def fx(cluster: Any, tmp_path: Path) -> Iterator[Any]:
+def fx(cluster: Any, tmp_path: Path) -> Iterator[Any]:  # noqa: F811
     cluster.workers.env.update(FAST)
     with cluster.client_of(hb, tmp_path / "marks") as durable:
         yield durable
@@ -45,7 +49,6 @@ def _lines(key: str) -> list[tuple[str, float, int, str]]:
 
 def _at(key: str, what: str, tag: str) -> float:
     return next(at for w, at, _, t in _lines(key) if w == what and t == tag)
-
 
 
 # ---------------------------------------------------------------------------------------------
@@ -69,7 +72,7 @@ def _at(key: str, what: str, tag: str) -> float:
     "after the hand-off chain its freed slot started in the same delivery has run (up to 60 s)",
 )
 @pytest.mark.parametrize("cluster", [("redis", "sqlite"), ("redis", "postgres")], indirect=True)
-def test_a_failed_step_s_workflow_does_not_wait_behind_the_hand_offs_of_its_slot(cluster: Any, fx: Any) -> None:
+def test_a_failed_step_s_workflow_does_not_wait_behind_the_hand_offs_of_its_slot(cluster: Any, fx: Any) -> None:  # noqa: F811
     """max_running=1: F's step (0.5 s) fails for good while 4 other workflows' steps (1.5 s each)
     wait for the key's slot. F catches the failure and stamps the moment it learnt it: that must
     be right after its step ended (as on success), not after the 4 waiters ran one after another
