@@ -480,8 +480,8 @@ class Sim:
                 # as the glue does (glue/durable_activity.py): a failure for good is recorded
                 # without a replay, Celery reports it, then after_return drives the workflow on;
                 # that drive is a message here, so a lost one (a crash) is recovery's to make up
-                failed = eng.activities.result_doc(attempt, error=exc)
-                self._eager(fl.actor, lambda: eng.activities.complete(attempt, failed, defer=True))
+                # (no hand-off here: the failure is reported first; a slot it frees is sent)
+                eng.activities.complete(attempt, eng.activities.result_doc(attempt, error=exc), defer=True)
                 fl.actor.dispatcher.send_drive(req.execution_id)
                 return
             # as the glue does: the completion's drive keeps its next activity, and a slot it

@@ -317,7 +317,10 @@ def _record(task: Task, attempt: Any, doc: dict[str, Any], meta: dict[str, Any],
     engine = durable_of(task.app).engine
     execution_id, seq = attempt.execution_id, attempt.seq
     try:
-        eagerly(task, engine, execution_id, lambda: engine.activities.complete(attempt, doc, defer=defer))
+        # a failure for good (deferred) is reported and its workflow driven before anything else
+        # runs here: a step its slot is granted to is sent, not handed off behind that
+        complete = lambda: engine.activities.complete(attempt, doc, defer=defer)  # noqa: E731
+        eagerly(task, engine, execution_id, complete, handoffs=not defer)
     except StoreUnavailable as exc:
         # Never lose a result to a store outage: re-deliver with the outcome attached, so the
         # next try records it without running the function again.

@@ -180,7 +180,7 @@ def _revoked(task_id: str) -> bool:
 
 
 @contextmanager
-def draining(task: Any, budget: int, sender: ActivitySender | None) -> Iterator[Drain | None]:
+def draining(task: Any, budget: int, sender: ActivitySender | None, handoffs: bool = True) -> Iterator[Drain | None]:
     """Around a broker delivery's commit and what follows it: keep the next activity the
     commit schedules (:func:`keep`); the caller runs it with :func:`run_kept`. ``None`` (nothing
     kept) when eager activities are off, this is itself an eager run (the outer delivery's
@@ -209,7 +209,7 @@ def draining(task: Any, budget: int, sender: ActivitySender | None) -> Iterator[
         delivery_info={k: info[k] for k in ("exchange", "routing_key", "priority") if k in info},
         hostname=getattr(request, "hostname", None),
         root_id=getattr(request, "root_id", None) or getattr(request, "id", None),
-        handoffs_until=time.monotonic() + HANDOFF_SECONDS,
+        handoffs_until=time.monotonic() + HANDOFF_SECONDS if handoffs else 0.0,
     )
     token = _DRAIN.set(drain)
     try:
@@ -429,12 +429,14 @@ def _is_sender(cls: type) -> bool:
     return known
 
 
-def eagerly(task: Any, engine: Any, execution_id: str, commit: Callable[[], T]) -> T:
+def eagerly(task: Any, engine: Any, execution_id: str, commit: Callable[[], T], handoffs: bool = True) -> T:
     """``commit()`` (a delivery's drive of ``execution_id``: an activity's, a drive message's, a
     timer's), then the activities it kept, if ``engine`` sends through a worker's dispatcher
-    (:class:`ActivitySender`) with ``durable_eager_activities`` on."""
+    (:class:`ActivitySender`) with ``durable_eager_activities`` on. ``handoffs=False``: a step
+    granted a slot this commit frees is sent, not run here (the delivery has more to do first:
+    report its failure, drive its workflow)."""
     sender = engine.dispatcher if _is_sender(type(engine.dispatcher)) else None
-    with draining(task, engine.settings.eager_activities, sender) as drain:
+    with draining(task, engine.settings.eager_activities, sender, handoffs) as drain:
         with committing(execution_id):
             outcome = commit()
         if drain is not None:

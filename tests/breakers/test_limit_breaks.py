@@ -227,7 +227,7 @@ def test_a_late_end_from_before_a_reset_does_not_free_the_reruns_slot() -> None:
     assert _run_start(w, "other", 1) == [], "a second step of the key began while the reset's re-run runs"
 
 
-# Found by the breaker (fixed): slots._declare says 'the latest scheduled step's wins' but any step
+# Found by the breaker (fixed): table.declare says 'the latest scheduled step's wins' but any step
 # that enters rewrites the document's max from its own marker: the retry of a step scheduled before a
 # deploy lowered max_running 3 -> 1 raises it back to 3 as it begins, and 3 steps hold slots under the
 # current max_running=1

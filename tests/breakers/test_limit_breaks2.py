@@ -65,7 +65,7 @@ def _run_all(w: InProcess, eids: list[str], seconds: float = 600.0) -> tuple[flo
 
 
 # Found by the breaker (fixed): two activities declaring the same Limit name with different
-# max_running (1 and 5) share one document lim:<name>:<key> whose max is rewritten by slots._declare
+# max_running (1 and 5) share one document lim:<name>:<key> whose max is rewritten by table.declare
 # from the latest scheduled step's record: a refund scheduled after three charges lifts max to 5 and
 # the waiting charges are granted, 3 charges run at once under charge's max_running=1; nothing refuses
 # the conflicting declaration (glue/durable_activity.py keeps no registry of limit names)

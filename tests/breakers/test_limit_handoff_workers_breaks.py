@@ -64,13 +64,10 @@ def _at(key: str, what: str, tag: str) -> float:
 # failed step's own workflow. So a workflow whose limited step failed waits for a chain of
 # other workflows' steps before it learns of it (and Celery reports the failure that late);
 # on success the drive is inside the commit, and its own next step runs before any hand-off.
+# Fixed: a failure for good's commit runs no hand-off (``eagerly(..., handoffs=False)``): the step
+# its slot is granted to is sent at once, and the failure reported and its workflow driven first.
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a failed-for-good limited activity's workflow is driven (and the failure reported) only "
-    "after the hand-off chain its freed slot started in the same delivery has run (up to 60 s)",
-)
 @pytest.mark.parametrize("cluster", [("redis", "sqlite"), ("redis", "postgres")], indirect=True)
 def test_a_failed_step_s_workflow_does_not_wait_behind_the_hand_offs_of_its_slot(cluster: Any, fx: Any) -> None:  # noqa: F811
     """max_running=1: F's step (0.5 s) fails for good while 4 other workflows' steps (1.5 s each)

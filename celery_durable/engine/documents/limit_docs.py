@@ -36,7 +36,7 @@ class LimitDoc(TypedDict, total=False):
     max: int | None
     rate: list[float] | None
     holders: dict[str, Any]
-    #: queued steps (engine/limits/slots.py ``_waiter``); one queued at dispatch may carry its
+    #: queued steps (engine/limits/table.py ``step_waiter``); one queued at dispatch may carry its
     #: message (``m``, engine/limits/grants.py) to be handed a slot without a read
     waiters: list[dict[str, Any]]
     #: ``[time, step]`` of the starts within the rate's period

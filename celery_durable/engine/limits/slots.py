@@ -36,16 +36,19 @@ from celery_durable.engine.limits.leaving import Leaving, leaving, left
 from celery_durable.engine.limits.spec import LIMIT_DOC_ID, LIMIT_RECORD, limit_pk
 from celery_durable.engine.limits.table import (
     admit,
+    declare,
     drop_waiter,
     enqueue,
     expired,
     grant,
     has_start,
     holds,
+    new_doc,
     next_due,
     restart,
     room,
     step_key,
+    step_waiter,
     waits,
 )
 from celery_durable.engine.limits.workflows import (
@@ -188,8 +191,8 @@ class Slots:
         record = reqs[-1].options[LIMIT_RECORD]
         for _ in range(ROUNDS):
             now = eng.clock.now()
-            doc = self._load(lpk, fresh) or _new_doc(lpk, record)
-            _declare(doc, record)
+            doc = self._load(lpk, fresh) or new_doc(lpk, record)
+            declare(doc, record)
             holders: dict[str, Any] = doc.setdefault("holders", {})
             lost = self._check_expired(doc, now) if room(doc, now) < len(reqs) and expired(doc, now) else []
             mine = {step_key(r.execution_id, r.run, r.seq): r for r in reqs}
@@ -199,7 +202,7 @@ class Slots:
                 if any(x["s"] == step and x.get("t") != r.token for x in doc.get("waiters") or []):
                     drop_waiter(doc, step)  # queued for a forgotten marker (its carried message too)
                 if step not in holders:
-                    waiter = _waiter(r.execution_id, r.run, r.seq, 1, r.token, r.options[LIMIT_RECORD], now)
+                    waiter = step_waiter(r.execution_id, r.run, r.seq, 1, r.token, r.options[LIMIT_RECORD], now)
                     enqueue(doc, waiter | ({"m": m} if (m := carry(r)) is not None else {}))
             granted = grant(doc, now, eng.settings.lease_ttl)
             waiting = {w["s"] for w in doc.get("waiters") or []}
@@ -234,7 +237,7 @@ class Slots:
             fresh = lpk not in self._docs  # not cached: the first load reads it
         for _ in range(ROUNDS):
             now = eng.clock.now()
-            doc = self._load(lpk, fresh) or _new_doc(lpk, record)
+            doc = self._load(lpk, fresh) or new_doc(lpk, record)
             holders: dict[str, Any] = doc.setdefault("holders", {})
             mine = holders.get(step)
             ours = mine if holds(mine, (number, token)) else None  # the slot is this attempt's
@@ -242,7 +245,7 @@ class Slots:
                 fresh = True  # a copy that does not show its slot may be older than its grant
                 continue
             granted: list[dict[str, Any]] = []
-            changed = _declare(doc, record)
+            changed = declare(doc, record)
             lost: list[dict[str, Any]] = []
             go = True
             late = ours is not None and _has_rate(doc) and float(ours.get("at") or now) < now  # granted earlier
@@ -267,7 +270,7 @@ class Slots:
                 if room(doc, now) > 0 and not doc.get("waiters"):
                     admit(doc, step, number, str(record.get("g")), now, ttl, token)
                 else:
-                    queued = enqueue(doc, _waiter(execution_id, run, seq, number, token, record, now))
+                    queued = enqueue(doc, step_waiter(execution_id, run, seq, number, token, record, now))
                     granted = grant(doc, now, ttl)
                     go = any(g["s"] == step for g in granted)
                     granted = [g for g in granted if g["s"] != step]
@@ -412,14 +415,14 @@ class Slots:
         fresh = self._contended(lpk)
         for _ in range(ROUNDS):
             now = eng.clock.now()
-            doc = self._load(lpk, fresh) or _new_doc(lpk, record)
+            doc = self._load(lpk, fresh) or new_doc(lpk, record)
             known = step in (doc.get("holders") or {}) or waits(doc, step)
             if known and not fresh:  # a cached copy may be older than its withdrawal
                 fresh = True
                 continue
             if known:
                 return step in (doc.get("holders") or {})
-            _declare(doc, record)
+            declare(doc, record)
             lost = self._check_expired(doc, now) if room(doc, now) == 0 and expired(doc, now) else []
             queued = enqueue(doc, dict(waiter, at=now))
             granted = grant(doc, now, eng.settings.lease_ttl)
@@ -443,7 +446,7 @@ class Slots:
             lpk = limit_pk(record)
             for _ in range(ROUNDS):
                 now = self.engine.clock.now()
-                doc = self._load(lpk, fresh=True) or _new_doc(lpk, record)
+                doc = self._load(lpk, fresh=True) or new_doc(lpk, record)
                 admit(doc, step, 1, str(record.get("g") or ""), now, self.engine.settings.lease_ttl)
                 try:
                     self._write(lpk, doc, now)
@@ -565,44 +568,3 @@ class Slots:
 
 def _has_rate(doc: Mapping[str, Any]) -> bool:
     return isinstance(doc.get("rate"), list)
-
-
-def _declare(doc: Doc, record: Mapping[str, Any]) -> bool:
-    """The limit as the latest *scheduled* step's code declared it (``d``: when it was scheduled,
-    so an older deploy's step beginning late never restores an older limit); changed?"""
-    declared = float(record.get("d") or 0.0)
-    if "max" in doc and declared < float(doc.get("declared_at") or 0.0):
-        return False
-    rate = record.get("rate")
-    if doc.get("max") == record.get("max") and doc.get("rate") == rate and "max" in doc:
-        return False
-    doc["max"], doc["rate"], doc["declared_at"] = record.get("max"), rate, declared
-    return True
-
-
-def _new_doc(lpk: str, record: Mapping[str, Any]) -> Doc:
-    return {
-        "pk": lpk,
-        "id": LIMIT_DOC_ID,
-        "type": "limit",
-        "name": record["name"],
-        "key": record["key"],
-        "holders": {},
-        "waiters": [],
-    }
-
-
-def _waiter(
-    eid: str, run: int, seq: int, number: int, token: str | None, record: Mapping[str, Any], now: float
-) -> dict[str, Any]:
-    return {
-        "s": step_key(eid, run, seq),
-        "e": eid,
-        "r": run,
-        "q": seq,
-        "n": number,
-        "t": token,
-        "p": int(record.get("p") or 0),
-        "g": str(record.get("g")),
-        "at": now,
-    }

@@ -23,6 +23,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from celery_durable.engine.limits.spec import LIMIT_DOC_ID
+from celery_durable.stores.base import Doc
+
 __all__ = [
     "MAX_WAITERS",
     "step_key",
@@ -39,6 +42,9 @@ __all__ = [
     "has_start",
     "queue_order",
     "rate_opens",
+    "declare",
+    "new_doc",
+    "step_waiter",
 ]
 
 #: a queue longer than this is not recorded: a step past it waits for its recovery re-send
@@ -227,3 +233,46 @@ def queue_order(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
         probe["served"] = dict(probe.get("served") or {}) | {str(best.get("g")): float("inf")}
         order.append(best)
     return order
+
+
+def declare(doc: Doc, record: Mapping[str, Any]) -> bool:
+    """The limit as the latest *scheduled* step's code declared it (``d``: when it was scheduled,
+    so an older deploy's step beginning late never restores an older limit); changed?"""
+    declared = float(record.get("d") or 0.0)
+    if "max" in doc and declared < float(doc.get("declared_at") or 0.0):
+        return False
+    rate = record.get("rate")
+    if doc.get("max") == record.get("max") and doc.get("rate") == rate and "max" in doc:
+        return False
+    doc["max"], doc["rate"], doc["declared_at"] = record.get("max"), rate, declared
+    return True
+
+
+def new_doc(lpk: str, record: Mapping[str, Any]) -> Doc:
+    """A limit document with no holder and no waiter."""
+    return {
+        "pk": lpk,
+        "id": LIMIT_DOC_ID,
+        "type": "limit",
+        "name": record["name"],
+        "key": record["key"],
+        "holders": {},
+        "waiters": [],
+    }
+
+
+def step_waiter(
+    eid: str, run: int, seq: int, number: int, token: str | None, record: Mapping[str, Any], now: float
+) -> dict[str, Any]:
+    """The queue entry of attempt ``number`` of a step (of the marker with ``token``)."""
+    return {
+        "s": step_key(eid, run, seq),
+        "e": eid,
+        "r": run,
+        "q": seq,
+        "n": number,
+        "t": token,
+        "p": int(record.get("p") or 0),
+        "g": str(record.get("g")),
+        "at": now,
+    }
