@@ -9,8 +9,9 @@ together and contend), and waits for all by polling their exec documents (in sta
 so concurrency matters) and records, from its own body, its key, start and end (``time.time()``),
 pid, execution, step and attempt. One ``celery worker`` (``-P prefork -c 8`` by default: with the
 benches' usual ``-c 2`` no key could ever run 3 at once, and the limit would not be tested), Redis
-broker, SQLite store file, library defaults otherwise (``apps/limitsapp.py``). No beat runs: a
-waiting step is started only by the hand-off of a freed slot.
+broker, the SQLite store file (``--store postgres``: a fresh PostgreSQL schema), library defaults
+otherwise (``apps/limitsapp.py``). No beat runs: a waiting step is started only by the hand-off
+of a freed slot.
 
 Variants, on the same worker, interleaved after a warm-up of each:
 
@@ -36,6 +37,7 @@ Measured, per the issue's targets:
 
     python bench/limits.py                    # 1,000 activities (20 workflows x 50), 20 keys
     python bench/limits.py --activities 200   # a smaller run
+    python bench/limits.py --store postgres   # on PostgreSQL (a fresh schema)
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ from _common import (
     wait_all,
 )
 
+STORES = {"sqlite": "SQLite", "postgres": "PostgreSQL"}
 FREE = "no limit"
 LIMITED = "Limit(max_running=2, key=...)"
 DELIVERED = "no limit, eager activities off"
@@ -206,7 +209,7 @@ def measure(args: argparse.Namespace) -> None:
     print(f"{load_start} at the start", flush=True)
     per = args.activities // args.workflows
     n = per * args.workflows
-    with bench_env("limits") as env:
+    with bench_env("limits", store=args.store) as env:
         out = env.tmp / "limits-out"
         out.mkdir()
         env.env["BENCH_LIMITS_DIR"] = str(out)
@@ -264,7 +267,7 @@ def measure(args: argparse.Namespace) -> None:
     print(
         f"\nlimits: {n} activities ({args.workflows} workflows fanning out {per} each over {args.keys} keys, "
         f"each activity sleeping {args.ms:g} ms), {args.rounds} round(s) after a warm-up; 1 worker "
-        f"-P {args.pool} -c {args.concurrency}, Redis broker, SQLite store, no beat"
+        f"-P {args.pool} -c {args.concurrency}, Redis broker, {STORES[args.store]} store, no beat"
     )
     free_rate = max(n / r["wall"] for r in runs[FREE])
     rows_t = []
@@ -370,6 +373,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds (default 2)")
     parser.add_argument("--concurrency", type=int, default=8, help="worker concurrency (default 8)")
     parser.add_argument("--pool", default="prefork", help="worker pool (default prefork)")
+    parser.add_argument("--store", default="sqlite", choices=sorted(STORES), help="the store (default sqlite)")
     parser.add_argument(
         "--no-delivered",
         action="store_true",
