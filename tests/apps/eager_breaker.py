@@ -107,8 +107,8 @@ if os.environ.get("TEST_GATE_COMMIT"):
 
     _orig_apply = _driver.Driver._apply
 
-    def _gated_apply(self, pk, ops, replay, orphan_sends):  # type: ignore[no-untyped-def]
-        _orig_apply(self, pk, ops, replay, orphan_sends)
+    def _gated_apply(self, d, ops, replay):  # type: ignore[no-untyped-def]
+        _orig_apply(self, d, ops, replay)
         for req in replay.sends:
             if isinstance(req, ActivityRequest) and req.name == target.name:
                 key = req.args[0]
