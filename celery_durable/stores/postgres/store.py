@@ -420,13 +420,16 @@ class PostgresStore(Store):
         prepared: list[Row | None],
         also: Sequence[Rewrite],
     ) -> tuple[list[str | None], list[str | None]]:
-        # The ops as batch() sends them, less the COMMIT (one round trip), then a round trip or
-        # two per rewrite in the same transaction; the rewrites' versions follow the ops'.
+        # Two round trips: BEGIN, the first version, the ops as batch() sends them and each
+        # rewrite's document read locked (FOR UPDATE: a concurrent rewrite of it waits for this
+        # transaction); then the rewritten documents, the notifies and COMMIT. A rewrite of a
+        # missing document costs more (its create may race another's: _rewrite).
         try:
             with conn.pipeline():
                 conn.execute("BEGIN")
                 first = conn.execute(f"SELECT {_XV}")
                 self._queue_ops(conn, pk, ops, prepared)
+                locked = [conn.execute(self._sql_read + " FOR UPDATE", (r.pk, r.id)) for r in also]
             row = first.fetchone()
         except pge.InvalidTextRepresentation as exc:
             raise _conflict(exc, pk) from None
@@ -434,14 +437,27 @@ class PostgresStore(Store):
         base = int(row[0])
         notify = {pk} if any(self._notifies(op.doc) for op in ops) else set()
         etags: list[str | None] = []
-        for j, rewrite in enumerate(also):
-            doc = self._rewrite(conn, rewrite, base + len(ops) + j)
-            etags.append(None if doc is None else str(base + len(ops) + j))
+        writes: list[tuple[Any, ...]] = []
+        for j, (rewrite, cur) in enumerate(zip(also, locked, strict=True)):
+            version = base + len(ops) + j
+            found = cur.fetchone()
+            if found is None:  # no row to lock
+                doc = self._rewrite(conn, rewrite, version)
+            else:
+                new = rewrite.update(_decode(found[0], rewrite.pk, rewrite.id, found[1]))
+                doc = None if new is None else rewritten(rewrite, new)
+                if doc is not None:
+                    body, *cols = _prepare(doc, self.max_doc_bytes)
+                    writes.append((body, version, *cols, rewrite.pk, rewrite.id))
+            etags.append(None if doc is None else str(version))
             if self._notifies(doc):
                 notify.add(rewrite.pk)
-        for one in sorted(notify):  # delivered at COMMIT, never before the data
-            conn.execute("SELECT pg_notify(%s, %s)", self._note(one))
-        conn.execute("COMMIT")
+        with conn.pipeline():
+            for params in writes:
+                conn.execute(self._sql_update.format(v="%s"), params)
+            for one in sorted(notify):  # delivered at COMMIT, never before the data
+                conn.execute("SELECT pg_notify(%s, %s)", self._note(one))
+            conn.execute("COMMIT")
         return [None if op.kind == "delete" else str(base + i) for i, op in enumerate(ops)], etags
 
     def _rewrite(self, conn: psycopg.Connection[Any], rewrite: Rewrite, version: int) -> Doc | None:
