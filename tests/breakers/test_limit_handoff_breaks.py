@@ -14,23 +14,8 @@ from celery_durable.engine.admin.operator import Admin
 from celery_durable.engine.dispatcher import ActivityRequest
 from celery_durable.engine.documents.schema import marker_id
 from tests.engine.inprocess import InProcess
+from tests.engine.test_limit_handoffs import _finish, _Handing
 from tests.engine.test_limits import _begin, _drives_then_sent, _limit_doc, _queued, _start, _world
-
-
-class _Handing:
-    """A dispatcher's ``hand_off`` that keeps every hand-off (as a worker's delivery does)."""
-
-    def __init__(self, w: InProcess) -> None:
-        self.kept: list[ActivityRequest] = []
-        w.dispatcher.hand_off = self.take  # type: ignore[attr-defined]
-
-    def take(self, request: ActivityRequest) -> bool:
-        self.kept.append(request)
-        return True
-
-
-def _finish(w: InProcess, attempt: Any) -> None:
-    w.engine.activities.complete(attempt, w.engine.activities.result_doc(attempt, value="x"))
 
 
 def _run_handoff(w: InProcess, req: ActivityRequest) -> tuple[Any, str]:
@@ -81,9 +66,7 @@ def test_a_stale_carried_message_after_a_reset_strands_the_grant() -> None:
     w.clock.advance(w.engine.settings.recovery_interval)
     w.engine.limits.scan()
     queued += _queued(w)
-    started = ran is not None or any(
-        r.execution_id == "e1" and r.seq == 1 and r.token == new_token for r in queued
-    )
+    started = ran is not None or any(r.execution_id == "e1" and r.seq == 1 and r.token == new_token for r in queued)
     assert started, (why, _limit_doc(w, "stripe", "k")["holders"], [(r.execution_id, r.token) for r in queued])
 
 
@@ -119,10 +102,10 @@ def test_a_hand_off_to_a_purged_executions_waiter_strands_the_slot() -> None:
     for req in kept:
         a, why = _run_handoff(w, req)
         ran.append((req.execution_id, a is not None, why))
-    queued += _queued(w) + [r for r in handing.kept[len(kept):]]
+    queued += _queued(w) + [r for r in handing.kept[len(kept) :]]
     # within a scan interval (not a lease TTL) e2's step gets the freed slot and is sent/handed off
     w.clock.advance(w.engine.settings.recovery_interval)
     w.engine.limits.scan()
-    queued += _queued(w) + [r for r in handing.kept[len(kept):]]
+    queued += _queued(w) + [r for r in handing.kept[len(kept) :]]
     started = any(e == "e2" and ok for e, ok, _ in ran) or any(r.execution_id == "e2" for r in queued)
     assert started, (ran, _limit_doc(w, "stripe", "k")["holders"], [r.execution_id for r in queued])
