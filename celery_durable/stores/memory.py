@@ -32,6 +32,7 @@ from celery_durable.stores.base import (
     rewritten,
     strip_reserved,
 )
+from celery_durable.stores.op_checks import check_ops
 
 __all__ = ["MemoryStore"]
 
@@ -171,15 +172,8 @@ class MemoryStore(Store):
     def _validate(self, pk: str, ops: Sequence[Op]) -> None:
         """Every op checked first, so a failing one leaves nothing applied."""
         part = self._parts.get(pk, {})
-        for op in ops:
-            entry = part.get(op.doc_id)
-            if op.kind == "create" and entry is not None:
-                raise ConflictError(f"batch create: {op.doc_id!r} exists")
-            if op.kind in ("replace", "delete"):
-                if entry is None:
-                    raise ConflictError(f"batch {op.kind}: {op.doc_id!r} does not exist")
-                if op.if_match is not None and str(entry[0]) != op.if_match:
-                    raise ConflictError(f"batch {op.kind}: {op.doc_id!r} changed since it was read")
+        current = {op.doc_id: part[op.doc_id][0] for op in ops if op.doc_id in part}
+        check_ops(ops, current, lambda seq, etag: str(seq) == etag)
 
     def _apply(self, pk: str, ops: Sequence[Op]) -> list[str | None]:
         out: list[str | None] = []

@@ -6,8 +6,8 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Sequence
 
-from celery_durable.errors import ConflictError
 from celery_durable.stores.base import Doc, Op, Rewrite, encode_doc, rewritten
+from celery_durable.stores.op_checks import check_ops
 from celery_durable.stores.sql_rows import decode_row, due_columns, parse_etag
 from celery_durable.stores.sqlite.search import index_search
 
@@ -57,17 +57,7 @@ def apply_ops(
             f"SELECT id, version FROM docs WHERE pk = ? AND id IN ({marks})", (pk, *ids)
         )
     }
-    # validate everything first so a failing op leaves nothing applied
-    for op in ops:
-        version = current.get(op.doc_id)
-        if op.kind == "create" and version is not None:
-            raise ConflictError(f"batch create: {op.doc_id!r} exists")
-        if op.kind in ("replace", "delete"):
-            if version is None:
-                raise ConflictError(f"batch {op.kind}: {op.doc_id!r} does not exist")
-            expected = parse_etag(op.if_match)
-            if expected is not None and version != expected:
-                raise ConflictError(f"batch {op.kind}: {op.doc_id!r} changed since it was read")
+    check_ops(ops, current, lambda version, etag: version == parse_etag(etag))
     writes = sum(1 for op in ops if op.kind != "delete")
     version = allocate(conn, writes) if writes else 0
     out: list[str | None] = []
