@@ -134,13 +134,9 @@ class Drain:
 
 
 _DRAIN: contextvars.ContextVar[Drain | None] = contextvars.ContextVar("celery_durable_eager_drain", default=None)
-#: the kept activity running now in this context: (its task id, the lease holder its commit took)
-_CLAIMED: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar(
-    "celery_durable_eager_claim", default=None
-)
-#: the hand-off (``ActivityRequest.handoff``) running now in this context: its task id and grant
-_HANDED: contextvars.ContextVar[tuple[str, tuple[str, int, str | None]] | None] = contextvars.ContextVar(
-    "celery_durable_eager_handoff", default=None
+#: the kept activity running now in this context (its lease holder, or its hand-off's grant)
+_RUNNING: contextvars.ContextVar[ActivityRequest | None] = contextvars.ContextVar(
+    "celery_durable_eager_running", default=None
 )
 #: the execution whose commit runs now in this context: only its own sends are kept (what a
 #: local activity or an activity's own code sends, e.g. an eager start, goes out as usual)
@@ -379,15 +375,12 @@ def run_kept(drain: Drain) -> None:
             # the tracer catches what the task raises (as for a delivery: logged, signalled, a
             # Retry already sent its message); the next kept activity, if any, is its drive's
             board = pool_board.board()
-            claim = _CLAIMED.set((request.task_id, request.holder) if request.holder else None)
-            grant = request.grant() if request.holder is None else None
-            handing = _HANDED.set((request.task_id, grant) if grant is not None else None)
+            running = _RUNNING.set(request)
             try:
                 with board.running(request.task_id) if board is not None else nullcontext():
                     traced = trace_task(task, request.task_id, args, kwargs, context, app=drain.app, eager=False)
             finally:
-                _HANDED.reset(handing)
-                _CLAIMED.reset(claim)
+                _RUNNING.reset(running)
             send_traced(events, request.task_id, traced)
     finally:
         drain.task.request_stack.pop()
@@ -405,16 +398,16 @@ def give_back(app: Celery, request: ActivityRequest) -> None:
 def claimed_holder(task_id: str | None) -> str | None:
     """The lease holder the commit that kept ``task_id`` took for it, while this process runs
     it as a kept activity (never read from a message: a header cannot claim a lease)."""
-    claim = _CLAIMED.get()
-    return claim[1] if claim is not None and claim[0] == task_id else None
+    running = _RUNNING.get()
+    return running.holder if running is not None and running.task_id == task_id else None
 
 
 def handed_off(task_id: str | None) -> tuple[str, int, str | None] | None:
     """The grant (limit partition, attempt number, marker token) of ``task_id`` if this process
     runs it now as a hand-off: the slot was freed here and no read checked it may still run (its
     begin gives the slot back if it may not)."""
-    handed = _HANDED.get()
-    return handed[1] if handed is not None and handed[0] == task_id else None
+    running = _RUNNING.get()
+    return running.grant() if running is not None and running.task_id == task_id else None
 
 
 _SENDERS: dict[type, bool] = {}

@@ -218,15 +218,13 @@ class ActivityRunner:
             docs = eng.cache.load(execution_id)
             refused = not_runnable(docs, seq, run)
             if refused is not None:
-                self._give_back_grant(execution_id, seq, run, handoff if slot is None else None)
-                self._give_back(execution_id, seq, run, slot, slot_number, slot_token, docs)
+                self._give_back(execution_id, seq, run, slot, slot_number, slot_token, docs, handoff)
                 return None, refused
             marker = docs[marker_id(seq, run)]
             if delivery is not None and (stale := refusal(marker, delivery)) is not None:
                 log.warning("activity %s (%s step %d) dropped: %s", delivery.name, execution_id, seq, stale)
                 eng.emit(STALE_EVENT, execution_id=execution_id, seq=seq, activity=delivery.name)
-                self._give_back_grant(execution_id, seq, run, handoff if slot is None else None)
-                self._give_back(execution_id, seq, run, slot, slot_number, slot_token, docs)
+                self._give_back(execution_id, seq, run, slot, slot_number, slot_token, docs, handoff)
                 return None, stale
             now = eng.clock.now()
             lease: dict[str, Any] = marker.get("lease") or {}
@@ -277,8 +275,7 @@ class ActivityRunner:
             )
             eng.leases.track(attempt)
             return attempt, "started"
-        self._give_back_grant(execution_id, seq, run, handoff if slot is None else None)
-        self._give_back(execution_id, seq, run, slot, slot_number, slot_token, eng.cache.load(execution_id))
+        self._give_back(execution_id, seq, run, slot, slot_number, slot_token, eng.cache.load(execution_id), handoff)
         return None, "the step kept changing under us"
 
     def _due_soon(self, marker: Doc) -> None:
@@ -299,22 +296,21 @@ class ActivityRunner:
         number: int,
         token: str | None,
         docs: Mapping[str, Doc],
+        handoff: tuple[str, int, str | None] | None = None,
     ) -> None:
         """A delivery that took a slot but will not run: the slot goes to the next waiter — unless
         attempt ``number`` began in another delivery of the step (a duplicate message that won the
-        lease): the slot is that attempt's too, and its own end frees it (sim seed 907)."""
+        lease): the slot is that attempt's too, and its own end frees it (sim seed 907). A refused
+        hand-off that took none gives back the slot granted to it, as the limit document names
+        it (``handoff``: partition, attempt number, token), whatever the partition shows now."""
+        if slot is None:
+            if handoff is not None:
+                self.engine.limits.release_grant(handoff[0], execution_id, run, seq, (handoff[1], handoff[2]))
+            return
         marker = docs.get(marker_id(seq, run))
-        if slot is None or (marker is not None and count_of(marker, "attempts") >= number):
+        if marker is not None and count_of(marker, "attempts") >= number:
             return
         self.engine.limits.release(execution_id, run, seq, (number, token), slot)
-
-    def _give_back_grant(
-        self, execution_id: str, seq: int, run: int, grant: tuple[str, int, str | None] | None
-    ) -> None:
-        """A hand-off refused: the slot granted to it (as the limit document names it, whatever
-        the partition shows now) goes to the next waiter."""
-        if grant is not None:
-            self.engine.limits.release_grant(grant[0], execution_id, run, seq, (grant[1], grant[2]))
 
     def _claimed(self, execution_id: str, seq: int, run: int, holder: str) -> tuple[Attempt | None, str] | None:
         """The attempt whose lease the scheduling commit took (``holder``), or None: not (or no

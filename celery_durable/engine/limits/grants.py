@@ -63,7 +63,8 @@ def send_granted(eng: EngineParts, lpk: str, w: Mapping[str, Any], handoff: bool
     eid, run, seq = str(w["e"]), int(w["r"]), int(w["q"])
     request = _carried(w, lpk) if handoff else None
     hand_off = getattr(eng.dispatcher, "hand_off", None)
-    if request is not None and hand_off is not None and hand_off(request):
+    kept = None if request is None or hand_off is None else bool(hand_off(request))  # None: not asked
+    if kept:
         eng.emit("limit_granted", execution_id=eid, seq=seq, limit=str(w.get("g")))
         return True  # run next in this process: its begin reads the partition (and checks it)
     docs = eng.cache.load(eid)
@@ -71,6 +72,7 @@ def send_granted(eng: EngineParts, lpk: str, w: Mapping[str, Any], handoff: bool
     if marker is None or not_runnable(docs, seq, run) is not None:
         return False
     eng.emit("limit_granted", execution_id=eid, seq=seq, limit=str(w.get("g")))
-    handed = (lpk, int(w.get("n") or 1)) if handoff else None
+    # offered as a hand-off unless the dispatcher already said no to its carried message
+    handed = (lpk, int(w.get("n") or 1)) if handoff and kept is None else None
     eng.dispatcher.send_activity(dc_replace(request_of(eid, marker, ex), handoff=handed))
     return True

@@ -320,20 +320,16 @@ class Slots:
     ) -> None:
         """Free the slot of ``record``'s limit that step ``seq`` holds for ``attempt`` (its number,
         its marker's token) and grant the room. Never raises."""
-        lpk = limit_pk(record)
-        try:
-            # a hand-off: the delivery whose attempt ended here may run the next holder itself
-            self._send(lpk, self._leave(lpk, step_key(execution_id, run, seq), attempt), handoff=True)
-        except Exception as exc:  # noqa: BLE001 - the attempt's outcome must still be recorded
-            log.warning("could not give back the slot of %s step %d: %s", execution_id, seq, exc)
+        self.release_grant(limit_pk(record), execution_id, run, seq, attempt)
 
     def release_grant(self, lpk: str, execution_id: str, run: int, seq: int, attempt: tuple[int, str | None]) -> None:
-        """A hand-off refused (engine/activities/attempts.py): the slot of ``lpk`` granted to
-        ``attempt`` of the step goes to the next waiter. Never raises."""
+        """Free the slot of ``lpk`` that step ``seq`` holds for ``attempt`` (an ended attempt's,
+        or a refused hand-off's grant: engine/activities/attempts.py) and grant the room, handed
+        off here. Never raises: a slot not given back lapses, and the scan frees it."""
         try:
             self._send(lpk, self._leave(lpk, step_key(execution_id, run, seq), attempt), handoff=True)
-        except Exception as exc:  # noqa: BLE001 - it lapses instead: the scan frees it
-            log.warning("limit %s: the slot granted to %s step %d not given back: %s", lpk, execution_id, seq, exc)
+        except Exception as exc:  # noqa: BLE001 - the attempt's outcome must still be recorded
+            log.warning("could not give back the slot of %s step %d (limit %s): %s", execution_id, seq, lpk, exc)
 
     def _leave(self, lpk: str, step: str, attempt: tuple[int, str | None] | None) -> list[dict[str, Any]]:
         """Free ``step``'s slot (only ``attempt``'s — its number and marker token — unless None:
