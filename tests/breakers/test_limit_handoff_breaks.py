@@ -14,8 +14,8 @@ from celery_durable.engine.admin.operator import Admin
 from celery_durable.engine.dispatcher import ActivityRequest
 from celery_durable.engine.documents.schema import marker_id
 from tests.engine.inprocess import InProcess
-from tests.engine.test_limit_handoffs import _finish, _Handing
-from tests.engine.test_limits import _begin, _drives_then_sent, _limit_doc, _queued, _start, _world
+from tests.engine.test_limit_handoffs import _Handing
+from tests.engine.test_limits import _begin, _drives_then_sent, _finish, _limit_doc, _queued, _start, _world
 
 
 def _run_handoff(w: InProcess, req: ActivityRequest) -> tuple[Any, str]:

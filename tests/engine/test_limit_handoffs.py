@@ -11,11 +11,10 @@ from celery_durable.engine.activities.delivery import request_of
 from celery_durable.engine.dispatcher import ActivityRequest
 from celery_durable.engine.documents.schema import EXEC_ID, marker_id
 from celery_durable.engine.limits.grants import CARRY_BYTES
-from celery_durable.engine.replay.context import require_context
 from celery_durable.stores.memory import MemoryStore
 from celery_durable.testing.counting import CountingStore
 from tests.engine.inprocess import InProcess
-from tests.engine.test_limits import _begin, _drives_then_sent, _limit_doc, _queued, _start, _world
+from tests.engine.test_limits import _begin, _drives_then_sent, _finish, _limit_doc, _queued, _start, _world
 
 
 class _Handing:
@@ -29,10 +28,6 @@ class _Handing:
     def take(self, request: ActivityRequest) -> bool:
         self.kept.append(request)
         return True
-
-
-def _finish(w: InProcess, attempt: Any) -> None:
-    w.engine.activities.complete(attempt, w.engine.activities.result_doc(attempt, value="x"))
 
 
 def test_a_waiter_queued_at_dispatch_carries_its_message_when_small() -> None:
@@ -55,17 +50,8 @@ def test_a_large_message_is_not_carried() -> None:
 
 def test_a_hand_off_reads_nothing_and_is_the_message_its_marker_would_send() -> None:
     store = CountingStore(MemoryStore())
-    w = InProcess(store=store)
-    limit = Limit("h", max_running=1, key=lambda key, n: key)
-    act = w.registry.add_activity("charge", lambda key, n: f"{key}:{n}", {"limit": limit})
-
-    def fan_out(count: int) -> list[str]:
-        ctx = require_context("test")
-        calls = [ctx.call_activity(act.name, act.codec, ("k", i), {}, act.options) for i in range(count)]
-        return [f.result() for f in calls]
-
-    w.engine.start(w.workflow(fan_out), (2,), {}, "e1")
-    (first,) = _drives_then_sent(w)
+    w = _world(Limit("h", max_running=1, key=lambda key, n: key), fan=2, store=store)
+    (first,) = _start(w, "e1", 2)
     attempt, _ = _begin(w, first)
     assert attempt is not None
     handing = _Handing(w)

@@ -18,27 +18,19 @@ from celery_durable.stores.memory import MemoryStore
 from celery_durable.stores.sqlite.store import SqliteStore
 from celery_durable.testing.counting import CountingStore
 from tests.engine.inprocess import InProcess
-from tests.engine.test_limits import _begin, _limit_doc, _queued, _start
+from tests.engine.test_limits import _begin, _finish, _limit_doc, _queued, _start
+from tests.engine.test_limits import _world as limits_world
 
 
 def _world(store: Store) -> InProcess:
-    w = InProcess(store=store)
-    act = w.registry.add_activity(
-        "charge", lambda key, n: f"{key}:{n}", {"limit": Limit("stripe", max_running=1, key=lambda key, n: key)}
-    )
-    from celery_durable.engine.replay.context import require_context
-
-    def fan_out(count: int) -> list[str]:
-        ctx = require_context("test")
-        calls = [ctx.call_activity(act.name, act.codec, ("k", i), {}, act.options) for i in range(count)]
-        return [f.result() for f in calls]
-
-    w.fan_out = w.workflow(fan_out)  # type: ignore[attr-defined]
-    return w
+    return limits_world(Limit("stripe", max_running=1, key=lambda key, n: key), fan=0, store=store)
 
 
-def _finish(w: InProcess, attempt: Any) -> None:
-    w.engine.activities.complete(attempt, w.engine.activities.result_doc(attempt, value="x"))
+def _finished(w: InProcess, store: CountingStore, attempt: Any) -> dict[str, int]:
+    """Finish ``attempt``; the store calls that took, by kind."""
+    before = dict(store.counts)
+    _finish(w, attempt)
+    return {op: n - before.get(op, 0) for op, n in store.counts.items() if n != before.get(op, 0)}
 
 
 @pytest.fixture(params=["memory", "sqlite"])
@@ -47,19 +39,13 @@ def counting(request: pytest.FixtureRequest, tmp_path: Any) -> CountingStore:
     return CountingStore(inner)
 
 
-def _limit_calls(store: CountingStore, since: dict[str, int]) -> dict[str, int]:
-    return {op: n - since.get(op, 0) for op, n in store.counts.items() if n != since.get(op, 0)}
-
-
 def test_the_slot_goes_back_in_the_outcomes_commit_with_no_call_of_its_own(counting: CountingStore) -> None:
     assert counting.cross_partition
     w = _world(counting)
     (first,) = _start(w, "e1", 3)
     attempt, _ = _begin(w, first)
     assert attempt is not None
-    before = dict(counting.counts)
-    _finish(w, attempt)
-    calls = _limit_calls(counting, before)
+    calls = _finished(w, counting, attempt)
     # the outcome's commit (one batch_with) and the drive's own reads: no read or write of the limit
     assert calls.get("batch_with") == 1 and "replace" not in calls and "read" not in calls, calls
     doc = _limit_doc(w, "stripe", "k")
@@ -71,9 +57,6 @@ class _FailingBatch(MemoryStore):
     """Fails every batch that carries a rewrite, before applying it."""
 
     cross_partition = True
-
-    def batch(self, pk: str, ops: Sequence[Op]) -> list[str | None]:
-        return super().batch(pk, ops)
 
     def batch_with(self, pk: str, ops: Sequence[Op], also: Sequence[Rewrite]) -> list[str | None]:
         for r in also:
@@ -107,9 +90,7 @@ def test_a_store_without_cross_partition_batches_gives_the_slot_back_apart() -> 
     (first,) = _start(w, "e1", 2)
     attempt, _ = _begin(w, first)
     assert attempt is not None
-    before = dict(store.counts)
-    _finish(w, attempt)
-    calls = _limit_calls(store, before)
+    calls = _finished(w, store, attempt)
     assert "batch_with" not in calls and calls.get("replace", 0) >= 1, calls
     assert list(_limit_doc(w, "stripe", "k")["holders"]) == ["e1|0|2"]
 

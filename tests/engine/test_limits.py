@@ -18,13 +18,14 @@ from celery_durable.engine.limits.spec import limit_pk, parse_rate
 from celery_durable.engine.limits.table import grant, room
 from celery_durable.engine.replay.context import require_context
 from celery_durable.errors import ConfigurationError
+from celery_durable.stores.base import Store
 from tests.engine.inprocess import InProcess
 
 T0 = 1_700_000_000.0
 
 
-def _world(limit: Limit, fan: int, keys: list[str] | None = None) -> InProcess:
-    w = InProcess()
+def _world(limit: Limit, fan: int, keys: list[str] | None = None, store: Store | None = None) -> InProcess:
+    w = InProcess(store=store)
     act = w.registry.add_activity("charge", lambda key, n: f"{key}:{n}", {"limit": limit})
 
     def fan_out(count: int) -> list[str]:
@@ -37,6 +38,11 @@ def _world(limit: Limit, fan: int, keys: list[str] | None = None) -> InProcess:
 
     w.fan_out = w.workflow(fan_out)  # type: ignore[attr-defined]
     return w
+
+
+def _finish(w: InProcess, attempt: Any) -> None:
+    """``attempt`` succeeds (its outcome recorded, its workflow driven)."""
+    w.engine.activities.complete(attempt, w.engine.activities.result_doc(attempt, value="x"))
 
 
 def _queued(w: InProcess) -> list[ActivityRequest]:
